@@ -1,0 +1,13 @@
+"""blendrag: RAG prefill from cached chunk KVs with selective recompute (CacheBlend)."""
+
+from blendrag.config import BlendConfig, GenerationConfig
+from blendrag.engine import BlendEngine, GenerationResult, Prefill, RequestStats
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.store import KVStore, MemoryKVStore
+from blendrag.prompt import PromptBuilder, PromptLayout
+
+__all__ = [
+    "BlendConfig", "BlendEngine", "ChunkKV", "GenerationConfig", "GenerationResult", "KVStore",
+    "MemoryKVStore", "Prefill", "PromptBuilder", "PromptLayout", "RequestStats",
+]
+__version__ = "0.1.0"

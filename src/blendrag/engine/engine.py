@@ -1,0 +1,249 @@
+"""BlendEngine: an in-process HF model with cached chunk KVs, every prefill mode and decoding."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
+from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.generation import GenerationResult, GenerationStream
+from blendrag.engine.prefill import PrefillOutput, PrefillPlan, run_prefill
+from blendrag.engine.selectors import make_selector
+from blendrag.engine.stats import RequestStats
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
+from blendrag.kv.store import KVStore, MemoryKVStore
+from blendrag.model.adapters import adapter_for
+from blendrag.model.loader import load_model_and_tokenizer
+from blendrag.model.rope import RopeTable
+from blendrag.prompt import PromptBuilder, PromptLayout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prefill:
+    """A finished prefill: first-token logits [vocab] (float32) and the request's KV."""
+
+    logits: torch.Tensor
+    fused: FusedKV
+    stats: RequestStats
+    output: PrefillOutput
+
+
+class BlendEngine:
+    """Runs one HF decoder-only model with a chunk-KV store.
+
+    >>> engine = BlendEngine.from_pretrained("mistralai/Mistral-7B-Instruct-v0.2", dtype="bfloat16")
+    >>> layout = engine.build_prompt("Answer from the passages.\\n", passages, "Question: ...\\nAnswer:")
+    >>> engine.generate(layout, BlendConfig(mode="blend", ratio=0.15)).text
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer, store: KVStore | None = None,
+                 chat: bool | None = None, system: str | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.adapter = adapter_for(model)
+        self.store: KVStore = store if store is not None else MemoryKVStore()
+        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.model_fp = model_fingerprint(model)
+        self.tokenizer_fp = tokenizer_fingerprint(tokenizer)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, dtype: str | torch.dtype = "float32",
+                        device: str | torch.device | None = None, store: KVStore | None = None,
+                        chat: bool | None = None, system: str | None = None) -> "BlendEngine":
+        """Load a hub id or local directory with ``AutoModelForCausalLM``."""
+        model, tokenizer = load_model_and_tokenizer(name_or_path, dtype, device)
+        return cls(model, tokenizer, store=store, chat=chat, system=system)
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
+
+    # ---- prompts ---------------------------------------------------------------------------
+
+    def build_prompt(self, prefix: str, chunks: Sequence[str], suffix: str) -> PromptLayout:
+        """Tokenize ``prefix``, each chunk and ``suffix`` separately (chat template around them)."""
+        return self.prompts.build(prefix, chunks, suffix)
+
+    def check_length(self, layout: PromptLayout, new_tokens: int = 0) -> None:
+        limit = self.adapter.max_positions
+        if layout.num_tokens + new_tokens > limit:
+            raise ValueError(f"prompt of {layout.num_tokens} tokens + {new_tokens} new tokens exceeds "
+                             f"the model's context of {limit} positions")
+
+    # ---- chunk KVs -------------------------------------------------------------------------
+
+    def key(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str:
+        """Store key of ``chunk_ids`` computed after ``prefix_ids`` (a prefix: after ())."""
+        return chunk_key(self.model_fp, self.tokenizer_fp, prefix_ids, chunk_ids)
+
+    def prefix_kv(self, prefix_ids: Sequence[int], stats: RequestStats | None = None) -> ChunkKV | None:
+        """KV of the shared prefix (None for an empty prefix); computed and stored on a miss."""
+        if not prefix_ids:
+            return None
+        kv = self._lookup((), prefix_ids)
+        if stats is not None:
+            stats.prefix_hit = kv is not None
+        if kv is None:
+            kv = self._compute(None, (), prefix_ids)
+        return kv
+
+    def chunk_kv(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int], prefix: ChunkKV | None,
+                 stats: RequestStats | None = None) -> ChunkKV:
+        """KV of one chunk after the prefix; computed and stored on a miss."""
+        kv = self._lookup(prefix_ids, chunk_ids)
+        if stats is not None:
+            stats.chunk_hits += kv is not None
+            stats.chunk_misses += kv is None
+        return kv if kv is not None else self._compute(prefix, prefix_ids, chunk_ids)
+
+    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[bool]:
+        """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now."""
+        prefix = self.prefix_kv(prefix_ids)
+        computed = []
+        for ids in chunks:
+            missing = not self.store.contains(self.key(prefix_ids, ids))
+            if missing:
+                self._compute(prefix, prefix_ids, ids)
+            computed.append(missing)
+        return computed
+
+    def _lookup(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
+        key = self.key(prefix_ids, chunk_ids)
+        kv = self.store.get(key)
+        if kv is None:
+            return None
+        a = self.adapter
+        expected = (a.num_layers, a.num_kv_heads, len(chunk_ids), a.head_dim)
+        if (kv.token_ids != tuple(chunk_ids) or kv.prefix_hash != (hash_ids(prefix_ids) if prefix_ids else "")
+                or tuple(kv.keys.shape) != expected or kv.keys.dtype != self.dtype):
+            log.warning("store entry %s does not match the request (collision or foreign entry); recomputing", key[:12])
+            return None
+        return kv
+
+    def _compute(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
+        """Prefill ``chunk_ids`` after the cached prefix and keep the chunk's rows (pre-RoPE keys)."""
+        p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
+        ids = torch.tensor(list(prefix_ids) + list(chunk_ids), device=self.device)
+        cached = [CachedSegment(0, prefix)] if prefix is not None else []
+        plan = PrefillPlan(ids, cached, torch.arange(p, n, device=self.device), capture=True)
+        out = run_prefill(self.adapter, plan, self._buffer(n), self._rope(n))
+        kv = ChunkKV(out.keys, out.values, tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
+        self.store.put(self.key(prefix_ids, chunk_ids), kv)
+        return kv
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def prefill(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND, extra_capacity: int = 0,
+                trace: bool = False) -> Prefill:
+        """Prefill ``layout`` in ``config.mode``; returns first-token logits and the request KV."""
+        self.check_length(layout, extra_capacity)
+        t0 = time.perf_counter()
+        stats = _new_stats(layout, config)
+        cached = self._cached_segments(layout, config, stats)
+        stats.kv_fetch_s = time.perf_counter() - t0
+        n = layout.num_tokens
+        plan = self._plan(layout, config, cached)
+        stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
+        fused = self._buffer(n + extra_capacity)
+        t1 = time.perf_counter()
+        out = run_prefill(self.adapter, plan, fused, self._rope(n), trace=trace)
+        logits = self.logits(out.hidden)
+        stats.prefill_s = time.perf_counter() - t1
+        stats.ttft_s = time.perf_counter() - t0
+        stats.computed_per_layer = out.active_per_layer
+        not_chunk = stats.suffix_tokens + (stats.prefix_tokens if config.mode == "full" else 0)
+        stats.recomputed_chunk_tokens_per_layer = [a - not_chunk for a in out.active_per_layer]
+        stats.store = _store_stats(self.store)
+        return Prefill(logits, fused, stats, out)
+
+    def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
+               generation: GenerationConfig = DEFAULT_GENERATION) -> GenerationStream:
+        """Iterator of text deltas; ``.result`` holds the GenerationResult once exhausted."""
+        t0 = time.perf_counter()
+        self.check_length(layout, generation.max_new_tokens)
+        pre = self.prefill(layout, config, extra_capacity=generation.max_new_tokens)
+        return GenerationStream(self, pre, generation, t0)
+
+    def generate(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
+                 generation: GenerationConfig = DEFAULT_GENERATION) -> GenerationResult:
+        """Prefill + decode; the same token loop as :meth:`stream`."""
+        stream = self.stream(layout, config, generation)
+        for _ in stream:
+            pass
+        return stream.result
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [hidden] (final-normed) -> logits [vocab] in float32."""
+        with torch.inference_mode():
+            return self.adapter.lm_head(hidden[None])[0].float()
+
+    # ---- plans -----------------------------------------------------------------------------
+
+    def _cached_segments(self, layout: PromptLayout, config: BlendConfig, stats: RequestStats) -> list[CachedSegment]:
+        if config.mode == "full":
+            return []
+        prefix = self.prefix_kv(layout.prefix_ids, stats)
+        segments = [CachedSegment(0, prefix)] if prefix is not None else []
+        chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
+        for (start, _), ids in zip(layout.chunk_spans, chunks):
+            segments.append(CachedSegment(start, self.chunk_kv(layout.prefix_ids, ids, prefix, stats)))
+        return segments
+
+    def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment]) -> PrefillPlan:
+        dev = self.device
+        ids = torch.tensor(layout.ids, device=dev)
+        n = layout.num_tokens
+        first_computed = cached[-1].end if cached else 0
+        if config.mode != "blend":
+            return PrefillPlan(ids, cached, torch.arange(first_computed, n, device=dev))
+        selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling)
+        suffix = torch.arange(layout.suffix_start, n, device=dev)
+        return PrefillPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector)
+
+    def _buffer(self, capacity: int) -> FusedKV:
+        a = self.adapter
+        return FusedKV(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype, self.device)
+
+    def _rope(self, n: int) -> RopeTable:
+        return RopeTable(self.adapter.rotary, n, self.dtype, self.device)
+
+
+def _new_stats(layout: PromptLayout, config: BlendConfig) -> RequestStats:
+    blend = config.mode == "blend"
+    return RequestStats(
+        mode=config.mode, selector=config.selector if blend else None, ratio=config.ratio if blend else None,
+        prompt_tokens=layout.num_tokens, prefix_tokens=len(layout.prefix_ids),
+        chunk_tokens=layout.suffix_start - len(layout.prefix_ids), suffix_tokens=len(layout.suffix_ids),
+        chunks=len(layout.chunk_ids),
+    )
+
+
+def _store_stats(store: KVStore) -> dict | None:
+    stats = getattr(store, "stats", None)
+    if callable(stats):
+        snap = stats()
+        return snap.to_dict() if hasattr(snap, "to_dict") else dict(getattr(snap, "__dict__", {}))
+    return None
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    gen = getattr(model, "generation_config", None)
+    for src in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(int(x) for x in src)
+    return ids

@@ -1,0 +1,99 @@
+"""Decoding after a prefill: one token loop shared by streaming and non-streaming generation.
+
+``GenerationStream`` yields text deltas; ``generate`` simply drains it, so both paths produce
+the same text by construction.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+from blendrag.config import GenerationConfig
+from blendrag.engine.prefill import decode_step
+from blendrag.engine.sampling import make_generator, next_token
+from blendrag.engine.stats import RequestStats
+
+if TYPE_CHECKING:
+    from blendrag.engine.engine import BlendEngine, Prefill
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "eos" | "stop" | "length"
+    stats: RequestStats
+
+
+class GenerationStream:
+    """Iterator of text deltas; ``result`` is set once it is exhausted."""
+
+    def __init__(self, engine: "BlendEngine", prefill: "Prefill", cfg: GenerationConfig, t0: float) -> None:
+        self.engine = engine
+        self.prefill = prefill
+        self.cfg = cfg
+        self.t0 = t0
+        self.result: GenerationResult | None = None
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def _run(self) -> Iterator[str]:
+        engine, cfg, stats = self.engine, self.cfg, self.prefill.stats
+        eos = set(cfg.eos_token_ids) if cfg.eos_token_ids is not None else engine.eos_token_ids
+        generator = make_generator(cfg, engine.device)
+        token = next_token(self.prefill.logits, cfg, generator)
+        stats.ttft_s = time.perf_counter() - self.t0
+        t_first = time.perf_counter()
+        ids: list[int] = []
+        emitted, text, reason = 0, "", "length"
+        while True:
+            if token in eos:
+                reason = "eos"
+                break
+            ids.append(token)
+            text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+            cut = _first_stop(text, cfg.stop)
+            if cut is not None:
+                text, reason = text[:cut], "stop"
+                break
+            safe = _safe_end(text, cfg.stop) if cfg.stream_holdback else len(text)
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+            if len(ids) >= cfg.max_new_tokens:
+                break
+            hidden = decode_step(engine.adapter, token, self.prefill.fused)
+            token = next_token(engine.logits(hidden), cfg, generator)
+        if len(text) > emitted:
+            yield text[emitted:]
+        stats.new_tokens = len(ids)
+        stats.decode_s = time.perf_counter() - t_first
+        stats.finish_reason = reason
+        self.result = GenerationResult(text=text, token_ids=ids, finish_reason=reason, stats=stats)
+
+
+def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return min(hits) if hits else None
+
+
+def _safe_end(text: str, stops: tuple[str, ...]) -> int:
+    """Length of ``text`` that can be emitted now: not an incomplete UTF-8 character, and not a
+    tail that may grow into a stop string."""
+    end = len(text)
+    while end and text[end - 1] == "\ufffd":
+        end -= 1
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, end), 0, -1):
+            if text[end - k:end] == s[:k]:
+                hold = max(hold, k)
+                break
+    return end - hold

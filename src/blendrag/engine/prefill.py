@@ -1,0 +1,115 @@
+"""The prefill loop: every mode (full, prefix, reuse, blend) and the chunk precompute are this
+one loop with a different plan.
+
+A plan says which rows come from the cache and which tokens are computed ("active") from
+layer 0; a blend selector may shrink the active set at its check layers. Per layer:
+
+  1. load the cached rows of this layer into the fused KV, keys rotated to their positions
+  2. project the active tokens: q, k, v (fresh)
+  3. at a check layer, score the active chunk tokens against their cached rows and keep the top
+  4. write the fresh k, v of every active token into the fused KV
+  5. attention of the kept tokens over the fused KV (exact causal mask), o_proj, MLP
+
+With every token active at every layer this is exactly a full prefill; rows that are never
+active keep their cached KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.layer import attention_mask, finish, project
+from blendrag.engine.selectors import Selector
+from blendrag.model.adapters import LlamaAdapter
+from blendrag.model.rope import RopeTable
+
+
+@dataclass
+class PrefillPlan:
+    """ids: [N] the request's tokens; cached: rows taken from the cache; active: positions
+    computed from layer 0 (sorted; must end with the last position)."""
+
+    ids: torch.Tensor
+    cached: list[CachedSegment]
+    active: torch.Tensor
+    selector: Selector | None = None
+    capture: bool = False  # keep the pre-RoPE k and v of the active rows (chunk precompute)
+
+
+@dataclass
+class PrefillOutput:
+    hidden: torch.Tensor  # [hidden] final-normed hidden state of the last position
+    active_per_layer: list[int] = field(default_factory=list)
+    keys: torch.Tensor | None = None  # [layers, Hkv, A, D] pre-RoPE (capture only)
+    values: torch.Tensor | None = None  # [layers, Hkv, A, D]
+    trace: list[dict] | None = None
+
+
+@torch.inference_mode()
+def run_prefill(adapter: LlamaAdapter, plan: PrefillPlan, fused: FusedKV, rope: RopeTable,
+                trace: bool = False) -> PrefillOutput:
+    """Run every layer of ``plan``; fills ``fused`` rows [0, N) and returns the last hidden state."""
+    n = plan.ids.shape[0]
+    pos = plan.active  # [A]
+    if pos.numel() == 0 or int(pos[-1]) != n - 1:
+        raise ValueError("the last prompt token must be computed (active)")
+    h = adapter.embed(plan.ids[pos])  # h: [A, hidden]
+    check = {layer: i for i, layer in enumerate(plan.selector.check_layers)} if plan.selector else {}
+    masks: dict[int | None, tuple[torch.Tensor | None, bool]] = {}
+    out = PrefillOutput(hidden=h[-1], trace=[] if trace else None)
+    keys, values = [], []
+
+    for i, layer in enumerate(adapter.layers):
+        fused.load(i, plan.cached, rope)
+        q, k, k_pre, v = project(adapter, layer, h, pos, rope)  # q: [H, A, D]; k, v: [Hkv, A, D]
+        keep = None
+        if i in check:
+            k_old, v_old = fused.k[i][:, pos], fused.v[i][:, pos]  # cached rows of the active tokens
+            fused.write(i, pos, k, v)
+            keep = plan.selector.keep(check[i], i, pos, q, k, v, k_old, v_old, fused, n)
+        else:
+            fused.write(i, pos, k, v)
+        if plan.capture:
+            keys.append(k_pre)
+            values.append(v)
+        if keep is not None:
+            pos, h, q = pos[keep], h[keep], q[:, keep]
+            masks.clear()
+        window = adapter.sliding_window(i)
+        if window not in masks:
+            masks[window] = attention_mask(pos, n, window)
+        mask, causal = masks[window]
+        if out.trace is not None:
+            out.trace.append({"layer": i, "pos": pos.clone(), "q": q.clone()})
+        h = finish(adapter, layer, i, h, q, fused, n, mask, causal)
+        out.active_per_layer.append(int(pos.shape[0]))
+
+    fused.length = n
+    out.hidden = adapter.norm(h[-1:])[0]
+    if plan.capture:
+        out.keys, out.values = torch.stack(keys), torch.stack(values)
+    return out
+
+
+@torch.inference_mode()
+def decode_step(adapter: LlamaAdapter, token: int, fused: FusedKV) -> torch.Tensor:
+    """Append one token at position ``fused.length`` and return its final hidden state [hidden].
+
+    cos/sin are taken from ``rotary_emb`` at this one position, as HF's generate does (it
+    matters for dynamic NTK, whose frequencies depend on the current length)."""
+    p = fused.length
+    if p >= fused.capacity:
+        raise ValueError(f"the KV buffer is full ({fused.capacity} rows)")
+    rope = RopeTable(adapter.rotary, p + 1, fused.k.dtype, fused.k.device, start=p)
+    pos = torch.tensor([p], device=fused.k.device)
+    h = adapter.embed(pos.new_tensor([token]))  # [1, hidden]
+    for i, layer in enumerate(adapter.layers):
+        q, k, _, v = project(adapter, layer, h, pos, rope)
+        fused.write(i, pos, k, v)
+        mask, causal = attention_mask(pos, p + 1, adapter.sliding_window(i))
+        h = finish(adapter, layer, i, h, q, fused, p + 1, mask, causal)
+    fused.length = p + 1
+    return adapter.norm(h)[0]

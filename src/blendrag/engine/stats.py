@@ -1,0 +1,56 @@
+"""Per-request statistics."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class RequestStats:
+    """What one request did and how long it took.
+
+    ``computed_per_layer[i]``: tokens whose layer i was computed (active tokens, suffix included).
+    ``recomputed_chunk_tokens_per_layer[i]``: of those, chunk tokens (blend's recompute).
+    """
+
+    mode: str
+    selector: str | None = None
+    ratio: float | None = None
+    prompt_tokens: int = 0
+    prefix_tokens: int = 0
+    chunk_tokens: int = 0
+    suffix_tokens: int = 0
+    chunks: int = 0
+    chunk_hits: int = 0
+    chunk_misses: int = 0
+    prefix_hit: bool = False
+    tokens_reused: int = 0
+    computed_per_layer: list[int] = field(default_factory=list)
+    recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
+    kv_fetch_s: float = 0.0  # store lookups + computing missing chunk KVs
+    prefill_s: float = 0.0
+    ttft_s: float = 0.0
+    new_tokens: int = 0
+    decode_s: float = 0.0
+    finish_reason: str | None = None
+    store: dict | None = None
+
+    @property
+    def recompute_fraction(self) -> float:
+        """Mean over layers of recomputed chunk tokens / chunk tokens."""
+        per_layer = self.recomputed_chunk_tokens_per_layer
+        if not per_layer or not self.chunk_tokens:
+            return 0.0
+        return sum(per_layer) / (len(per_layer) * self.chunk_tokens)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first one, per second of decoding."""
+        steps = self.new_tokens - 1
+        return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["recompute_fraction"] = self.recompute_fraction
+        d["decode_tokens_per_s"] = self.decode_tokens_per_s
+        return d

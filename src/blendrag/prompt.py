@@ -1,0 +1,113 @@
+"""Prompt layout: [prefix][chunk 1]...[chunk n][suffix], each piece tokenized on its own.
+
+Tokenizing the joined string and searching for chunk boundaries breaks as soon as a merge
+crosses a boundary (DESIGN.md §2), so every piece is tokenized separately and the ids are
+concatenated. All modes, the full-prefill baseline included, run on these very ids.
+
+With a chat template, the template is rendered around a sentinel user message and split at
+the sentinel: its head joins the prefix and its tail (incl. the assistant header) joins the
+suffix, so a chunk's tokens are the same whatever surrounds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+_SENTINEL = "\u2063BLENDRAG_USER_CONTENT\u2063"
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """Token ids of one request, piece by piece."""
+
+    prefix_ids: tuple[int, ...]
+    chunk_ids: tuple[tuple[int, ...], ...]
+    suffix_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefix_ids", tuple(int(t) for t in self.prefix_ids))
+        object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in self.chunk_ids))
+        object.__setattr__(self, "suffix_ids", tuple(int(t) for t in self.suffix_ids))
+        if not self.chunk_ids:
+            raise ValueError("a prompt needs at least one chunk (got none)")
+        for i, c in enumerate(self.chunk_ids):
+            if not c:
+                raise ValueError(f"chunk {i} is empty (0 tokens); drop it or give it text")
+        if not self.suffix_ids:
+            raise ValueError("the suffix is empty: the prompt must end with computed tokens (question / answer cue)")
+
+    @property
+    def ids(self) -> list[int]:
+        out = list(self.prefix_ids)
+        for c in self.chunk_ids:
+            out.extend(c)
+        out.extend(self.suffix_ids)
+        return out
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prefix_ids) + sum(len(c) for c in self.chunk_ids) + len(self.suffix_ids)
+
+    @property
+    def chunk_spans(self) -> list[tuple[int, int]]:
+        """[start, end) positions of each chunk in the full prompt."""
+        spans, pos = [], len(self.prefix_ids)
+        for c in self.chunk_ids:
+            spans.append((pos, pos + len(c)))
+            pos += len(c)
+        return spans
+
+    @property
+    def suffix_start(self) -> int:
+        return self.num_tokens - len(self.suffix_ids)
+
+
+class PromptBuilder:
+    """Turns text pieces into a :class:`PromptLayout` with one tokenizer.
+
+    ``chat``: wrap the user content (prefix + chunks + suffix) in the tokenizer's chat template
+    (with an optional ``system`` message); None = use it when the tokenizer has one.
+    """
+
+    def __init__(self, tokenizer, chat: bool | None = None, system: str | None = None) -> None:
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if chat and not has_template:
+            raise ValueError("chat=True but the tokenizer has no chat_template")
+        self.tokenizer = tokenizer
+        self.chat = has_template if chat is None else chat
+        self.system = system
+        self._head, self._tail = self._template_parts() if self.chat else ("", "")
+
+    def _template_parts(self) -> tuple[str, str]:
+        messages = [{"role": "user", "content": _SENTINEL}]
+        if self.system is not None:
+            messages.insert(0, {"role": "system", "content": self.system})
+        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if rendered.count(_SENTINEL) != 1:
+            raise ValueError("the chat template does not render the user content exactly once")
+        head, tail = rendered.split(_SENTINEL)
+        return head, tail
+
+    def encode(self, text: str, first: bool = False) -> list[int]:
+        # Outside a chat template the prefix gets the tokenizer's own specials (BOS); a rendered
+        # template already spells its specials out as text.
+        specials = first and not self.chat
+        return list(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
+
+    def build(self, prefix: str, chunks: Sequence[str], suffix: str) -> PromptLayout:
+        """Layout of ``prefix + chunks + suffix`` (plus the chat template around them)."""
+        if isinstance(chunks, str):
+            raise ValueError("chunks must be a sequence of strings, not one string")
+        for i, c in enumerate(chunks):
+            if not isinstance(c, str) or not c:
+                raise ValueError(f"chunk {i} is empty or not a string: {c!r}")
+        return PromptLayout(
+            prefix_ids=self.encode(self._head + prefix, first=True),
+            chunk_ids=[self.encode(c) for c in chunks],
+            suffix_ids=self.encode(suffix + self._tail),
+        )
+
+    def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
+        """The prompt as one string (for display and for plain-text baselines)."""
+        return self._head + prefix + "".join(chunks) + suffix + self._tail
