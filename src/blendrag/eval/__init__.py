@@ -1,0 +1,1 @@
+"""Evaluation: deviation from full prefill, answer-quality metrics, quality benchmark."""

@@ -1,0 +1,42 @@
+"""How far a mode's attention is from a full prefill's (CacheBlend's "attention deviation").
+
+For every layer, the suffix (question) tokens' attention distributions over the prompt are
+computed from the mode's fused KV and compared with the full prefill's: the deviation is the
+mean L1 distance between the distributions (0 = identical, 2 = disjoint), averaged over
+suffix tokens and layers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from blendrag.config import BlendConfig
+from blendrag.engine.engine import BlendEngine, Prefill
+from blendrag.prompt import PromptLayout
+
+
+def suffix_attention(engine: BlendEngine, pre: Prefill, layout: PromptLayout, layer: int) -> torch.Tensor:
+    """Attention probabilities of the suffix queries at ``layer``: [H, S, N] (float32)."""
+    n, start = layout.num_tokens, layout.suffix_start
+    step = pre.output.trace[layer]
+    rows = step["pos"] >= start
+    q = step["q"][:, rows].float()  # [H, S, D]
+    k = pre.fused.k[layer, :, :n].float()  # [Hkv, N, D]
+    k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
+    logits = q @ k.transpose(1, 2) * engine.adapter.scaling  # [H, S, N]
+    visible = torch.arange(n)[None] <= step["pos"][rows][:, None]
+    return logits.masked_fill(~visible, float("-inf")).softmax(-1)
+
+
+@torch.inference_mode()
+def attention_deviation(engine: BlendEngine, layout: PromptLayout, config: BlendConfig,
+                        reference: Prefill | None = None) -> float:
+    """Mean L1 distance of suffix attention between ``config`` and a full prefill."""
+    ref = reference or engine.prefill(layout, BlendConfig(mode="full"), trace=True)
+    pre = engine.prefill(layout, config, trace=True)
+    total = 0.0
+    for layer in range(engine.adapter.num_layers):
+        a = suffix_attention(engine, pre, layout, layer)
+        b = suffix_attention(engine, ref, layout, layer)
+        total += (a - b).abs().sum(-1).mean().item()
+    return total / engine.adapter.num_layers

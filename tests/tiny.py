@@ -1,0 +1,89 @@
+"""Tiny random-weight models and a locally trained tokenizer for tests (no hub access).
+
+Models are built from configs, saved with ``save_pretrained`` and loaded back through
+``BlendEngine.from_pretrained`` so the real loading code runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog near the river bank.",
+    "Lionel Messi scored twice for Argentina; Cristiano Ronaldo answered with a header.",
+    "Passage one talks about chemistry, passage two about the history of Oslo and Paris.",
+    "Question: who was born first? Answer: the older player, born in 1985.",
+    "Retrieval augmented generation reuses the key value cache of every chunk.",
+    "She lives in Berlin and works as an engineer at a small company since 2012.",
+    "Numbers 0123456789 and punctuation , . ; : ! ? ( ) [ ] { } - _ / \\ \" ' newline\n tab\t",
+]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIALS = ["<pad>", "<s>", "</s>", "<|end|>"]
+
+
+def build_tokenizer(path: Path, chat: bool = True):
+    """Byte-level BPE trained on CORPUS (real merges, so boundary effects exist)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    if chat:
+        fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def build_config(family: str, *, layers: int = 3, rope: dict | None = None, tie: bool = False,
+                 vocab: int = 420, sliding_window: int | None = None):
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=112, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie)
+    if rope is not None:
+        common["rope_parameters"] = rope
+    if family == "llama":
+        return LlamaConfig(**common)
+    if family == "mistral":
+        return MistralConfig(**common, sliding_window=sliding_window)
+    if family == "qwen2":
+        return Qwen2Config(**common)
+    if family == "qwen3":
+        return Qwen3Config(**common, head_dim=16)
+    raise ValueError(family)
+
+
+def save_model(config, path: Path, seed: int = 0) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    # Random init leaves tiny logits; larger weights make cross-token effects visible.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.mul_(2.5)
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+PASSAGES = [
+    "Lionel Messi was born in Rosario and scored twice for Argentina. ",
+    "He moved to Paris in 2021, then to Miami; the quick brown fox jumps. ",
+    "Cristiano Ronaldo answered with a header; she lives in Berlin since 2012. ",
+    "Retrieval augmented generation reuses the key value cache of every chunk. ",
+]
+PREFIX = "Answer from the passages below.\n"
+SUFFIX = "\nQuestion: who was born first?\nAnswer:"
