@@ -24,9 +24,12 @@ class PromptLayout:
     prefix_ids: tuple[int, ...]
     chunk_ids: tuple[tuple[int, ...], ...]
     suffix_ids: tuple[int, ...]
+    kv_prefix_ids: tuple[int, ...] | None = None  # prefix the chunk KVs are computed after (None: prefix_ids)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix_ids", tuple(int(t) for t in self.prefix_ids))
+        if self.kv_prefix_ids is not None:
+            object.__setattr__(self, "kv_prefix_ids", tuple(int(t) for t in self.kv_prefix_ids))
         object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in self.chunk_ids))
         object.__setattr__(self, "suffix_ids", tuple(int(t) for t in self.suffix_ids))
         if not self.chunk_ids:
@@ -36,6 +39,11 @@ class PromptLayout:
                 raise ValueError(f"chunk {i} is empty (0 tokens); drop it or give it text")
         if not self.suffix_ids:
             raise ValueError("the suffix is empty: the prompt must end with computed tokens (question / answer cue)")
+
+    @property
+    def chunk_prefix_ids(self) -> tuple[int, ...]:
+        """The prefix chunk KVs are computed after (part of their store key)."""
+        return self.prefix_ids if self.kv_prefix_ids is None else self.kv_prefix_ids
 
     @property
     def ids(self) -> list[int]:
@@ -68,15 +76,21 @@ class PromptBuilder:
 
     ``chat``: wrap the user content (prefix + chunks + suffix) in the tokenizer's chat template
     (with an optional ``system`` message); None = use it when the tokenizer has one.
+    ``chunk_prefix``: text (after the template head) that chunk KVs are computed after, whatever
+    the request's own prefix. None: each request's own prefix (exact for a fixed prompt). A
+    canonical one lets ingestion precompute chunks before the prompts that will use them are
+    known (framework chains); the request prefix's KV stays exact either way.
     """
 
-    def __init__(self, tokenizer, chat: bool | None = None, system: str | None = None) -> None:
+    def __init__(self, tokenizer, chat: bool | None = None, system: str | None = None,
+                 chunk_prefix: str | None = None) -> None:
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat and not has_template:
             raise ValueError("chat=True but the tokenizer has no chat_template")
         self.tokenizer = tokenizer
         self.chat = has_template if chat is None else chat
         self.system = system
+        self.chunk_prefix = chunk_prefix
         self._head, self._tail = self._template_parts() if self.chat else ("", "")
 
     def _template_parts(self) -> tuple[str, str]:
@@ -106,7 +120,15 @@ class PromptBuilder:
             prefix_ids=self.encode(self._head + prefix, first=True),
             chunk_ids=[self.encode(c) for c in chunks],
             suffix_ids=self.encode(suffix + self._tail),
+            kv_prefix_ids=None if self.chunk_prefix is None else self.kv_prefix_ids(),
         )
+
+    def kv_prefix_ids(self, prefix: str | None = None) -> list[int]:
+        """Ids of the prefix chunk KVs are computed after: ``chunk_prefix``, else ``prefix``."""
+        text = self.chunk_prefix if self.chunk_prefix is not None else prefix
+        if text is None:
+            raise ValueError("no chunk prefix: pass the prompt prefix or set PromptBuilder(chunk_prefix=...)")
+        return self.encode(self._head + text, first=True)
 
     def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
         """The prompt as one string (for display and for plain-text baselines)."""

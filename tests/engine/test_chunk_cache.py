@@ -63,3 +63,19 @@ def test_keys_depend_on_prefix_not_position(engine_for):
     c = engine.build_prompt("Another prefix\n", PASSAGES[:2], SUFFIX)
     assert engine.key(a.prefix_ids, a.chunk_ids[1]) == engine.key(b.prefix_ids, b.chunk_ids[0])
     assert engine.key(a.prefix_ids, a.chunk_ids[1]) != engine.key(c.prefix_ids, c.chunk_ids[1])
+
+
+def test_canonical_chunk_prefix_blends_exactly_at_ratio_one(model_dir):
+    """Chunks ingested after a canonical prefix serve requests with another prefix: the request
+    prefix stays exact, chunk rows come from the canonical-prefix KVs, ratio 1.0 == full."""
+    from blendrag import BlendEngine
+
+    engine = BlendEngine.from_pretrained(model_dir("llama"), chunk_prefix="Documents:\n", chat=True)
+    assert engine.ingest(PASSAGES) == [True] * 4
+    layout = engine.build_prompt("Use the context to answer.\n", PASSAGES, SUFFIX)
+    assert layout.chunk_prefix_ids != layout.prefix_ids
+    blend = engine.prefill(layout, BlendConfig(ratio=1.0))
+    assert blend.stats.chunk_hits == 4 and blend.stats.chunk_misses == 0
+    full = engine.prefill(layout, BlendConfig(mode="full")).logits
+    assert (blend.logits - full).abs().max() < 1e-4
+    assert engine.prefill(layout, BlendConfig(mode="prefix")).stats.chunk_misses == 1  # exact prefix only

@@ -46,12 +46,12 @@ class BlendEngine:
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, store: KVStore | None = None,
-                 chat: bool | None = None, system: str | None = None) -> None:
+                 chat: bool | None = None, system: str | None = None, chunk_prefix: str | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.adapter = adapter_for(model)
         self.store: KVStore = store if store is not None else MemoryKVStore()
-        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system)
+        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system, chunk_prefix=chunk_prefix)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.model_fp = model_fingerprint(model)
@@ -61,10 +61,11 @@ class BlendEngine:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path, dtype: str | torch.dtype = "float32",
                         device: str | torch.device | None = None, store: KVStore | None = None,
-                        chat: bool | None = None, system: str | None = None) -> "BlendEngine":
+                        chat: bool | None = None, system: str | None = None,
+                        chunk_prefix: str | None = None) -> "BlendEngine":
         """Load a hub id or local directory with ``AutoModelForCausalLM``."""
         model, tokenizer = load_model_and_tokenizer(name_or_path, dtype, device)
-        return cls(model, tokenizer, store=store, chat=chat, system=system)
+        return cls(model, tokenizer, store=store, chat=chat, system=system, chunk_prefix=chunk_prefix)
 
     @property
     def name(self) -> str:
@@ -107,6 +108,11 @@ class BlendEngine:
             stats.chunk_hits += kv is not None
             stats.chunk_misses += kv is None
         return kv if kv is not None else self._compute(prefix, prefix_ids, chunk_ids)
+
+    def ingest(self, chunks: Sequence[str], prefix: str | None = None) -> list[bool]:
+        """Precompute and store the KV of chunk texts, tokenized exactly as prompts tokenize them,
+        after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now."""
+        return self.precompute(self.prompts.kv_prefix_ids(prefix), [self.prompts.encode(c) for c in chunks])
 
     def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[bool]:
         """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now."""
@@ -194,11 +200,15 @@ class BlendEngine:
     def _cached_segments(self, layout: PromptLayout, config: BlendConfig, stats: RequestStats) -> list[CachedSegment]:
         if config.mode == "full":
             return []
-        prefix = self.prefix_kv(layout.prefix_ids, stats)
+        prefix = self.prefix_kv(layout.prefix_ids, stats)  # exact whatever follows it
         segments = [CachedSegment(0, prefix)] if prefix is not None else []
-        chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
+        if config.mode == "prefix":  # only a chunk computed after this very prefix is an exact prefix
+            anchor_ids, anchor, chunks = layout.prefix_ids, prefix, layout.chunk_ids[:1]
+        else:
+            anchor_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
+            anchor = prefix if anchor_ids == layout.prefix_ids else self.prefix_kv(anchor_ids)
         for (start, _), ids in zip(layout.chunk_spans, chunks):
-            segments.append(CachedSegment(start, self.chunk_kv(layout.prefix_ids, ids, prefix, stats)))
+            segments.append(CachedSegment(start, self.chunk_kv(anchor_ids, ids, anchor, stats)))
         return segments
 
     def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment]) -> PrefillPlan:
