@@ -51,11 +51,13 @@ class BlendEngine:
         self.tokenizer = tokenizer
         self.adapter = adapter_for(model)
         self.store: KVStore = store if store is not None else MemoryKVStore()
-        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system, chunk_prefix=chunk_prefix)
+        # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
+        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system, chunk_prefix=chunk_prefix) \
+            if tokenizer is not None else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.model_fp = model_fingerprint(model)
-        self.tokenizer_fp = tokenizer_fingerprint(tokenizer)
+        self.tokenizer_fp = tokenizer_fingerprint(tokenizer) if tokenizer is not None else "no-tokenizer"
         self.eos_token_ids = _eos_ids(model, tokenizer)
 
     @classmethod
@@ -75,7 +77,12 @@ class BlendEngine:
 
     def build_prompt(self, prefix: str, chunks: Sequence[str], suffix: str) -> PromptLayout:
         """Tokenize ``prefix``, each chunk and ``suffix`` separately (chat template around them)."""
-        return self.prompts.build(prefix, chunks, suffix)
+        return self._builder().build(prefix, chunks, suffix)
+
+    def _builder(self) -> PromptBuilder:
+        if self.prompts is None:
+            raise ValueError("this engine has no tokenizer: pass PromptLayouts of token ids")
+        return self.prompts
 
     def check_length(self, layout: PromptLayout, new_tokens: int = 0) -> None:
         limit = self.adapter.max_positions
@@ -112,7 +119,8 @@ class BlendEngine:
     def ingest(self, chunks: Sequence[str], prefix: str | None = None) -> list[bool]:
         """Precompute and store the KV of chunk texts, tokenized exactly as prompts tokenize them,
         after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now."""
-        return self.precompute(self.prompts.kv_prefix_ids(prefix), [self.prompts.encode(c) for c in chunks])
+        builder = self._builder()
+        return self.precompute(builder.kv_prefix_ids(prefix), [builder.encode(c) for c in chunks])
 
     def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[bool]:
         """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now."""
@@ -169,8 +177,7 @@ class BlendEngine:
         stats.prefill_s = time.perf_counter() - t1
         stats.ttft_s = time.perf_counter() - t0
         stats.computed_per_layer = out.active_per_layer
-        not_chunk = stats.suffix_tokens + (stats.prefix_tokens if config.mode == "full" else 0)
-        stats.recomputed_chunk_tokens_per_layer = [a - not_chunk for a in out.active_per_layer]
+        stats.recomputed_chunk_tokens_per_layer = out.chunk_active_per_layer
         stats.store = _store_stats(self.store)
         return Prefill(logits, fused, stats, out)
 
@@ -178,6 +185,8 @@ class BlendEngine:
                generation: GenerationConfig = DEFAULT_GENERATION) -> GenerationStream:
         """Iterator of text deltas; ``.result`` holds the GenerationResult once exhausted."""
         t0 = time.perf_counter()
+        if self.tokenizer is None:
+            raise ValueError("generating text needs a tokenizer; use prefill() on token ids without one")
         self.check_length(layout, generation.max_new_tokens)
         pre = self.prefill(layout, config, extra_capacity=generation.max_new_tokens)
         return GenerationStream(self, pre, generation, t0)
@@ -215,12 +224,13 @@ class BlendEngine:
         dev = self.device
         ids = torch.tensor(layout.ids, device=dev)
         n = layout.num_tokens
+        chunks = (len(layout.prefix_ids), layout.suffix_start)
         first_computed = cached[-1].end if cached else 0
         if config.mode != "blend":
-            return PrefillPlan(ids, cached, torch.arange(first_computed, n, device=dev))
+            return PrefillPlan(ids, cached, torch.arange(first_computed, n, device=dev), chunk_range=chunks)
         selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling)
         suffix = torch.arange(layout.suffix_start, n, device=dev)
-        return PrefillPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector)
+        return PrefillPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector, chunk_range=chunks)
 
     def _buffer(self, capacity: int) -> FusedKV:
         a = self.adapter
@@ -248,7 +258,7 @@ def _store_stats(store: KVStore) -> dict | None:
     return None
 
 
-def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:
+def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:  # tokenizer may be None
     ids: set[int] = set()
     gen = getattr(model, "generation_config", None)
     for src in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):

@@ -7,6 +7,8 @@ Both work on a flat list of active tokens ``h: [A, hidden]`` at positions ``pos:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -24,29 +26,52 @@ def project(adapter: LlamaAdapter, layer: torch.nn.Module, h: torch.Tensor, pos:
 
 
 def finish(adapter: LlamaAdapter, layer: torch.nn.Module, layer_idx: int, h: torch.Tensor,
-           q: torch.Tensor, fused: FusedKV, n: int, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
-    """Attention of q over fused rows [0, n), then o_proj and the MLP. Returns h: [A, hidden]."""
-    k, v = fused.rows(layer_idx, n)  # [Hkv, n, D]
-    o = F.scaled_dot_product_attention(
-        q[None], k[None], v[None], attn_mask=mask, is_causal=causal,
-        scale=adapter.scaling, enable_gqa=True,
-    )[0]  # o: [H, A, D]
+           q: torch.Tensor, fused: FusedKV, blocks: list["AttentionBlock"]) -> torch.Tensor:
+    """Attention of q over the fused KV, then o_proj and the MLP. Returns h: [A, hidden]."""
+    k, v = fused.k[layer_idx], fused.v[layer_idx]  # [Hkv, capacity, D]
+    outs = [
+        F.scaled_dot_product_attention(
+            q[None, :, b.rows], k[None, :, b.keys], v[None, :, b.keys], attn_mask=b.mask,
+            is_causal=b.causal, scale=adapter.scaling, enable_gqa=True)[0]
+        for b in blocks
+    ]  # each: [H, rows, D]
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [H, A, D]
     h = h + layer.self_attn.o_proj(o.transpose(0, 1).reshape(h.shape[0], -1))
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
-def attention_mask(pos: torch.Tensor, n: int, window: int | None) -> tuple[torch.Tensor | None, bool]:
-    """Exact mask for queries at ``pos`` over keys [0, n): key j visible iff j <= p (and within
-    the sliding window). Returns (mask, is_causal); the mask-free fast paths are taken only when
-    they are equivalent."""
-    full_window = window is None or window >= n
+@dataclass
+class AttentionBlock:
+    """Query rows ``rows`` attend to keys ``keys`` under ``mask`` (or plain causal / no mask)."""
+
+    rows: slice
+    keys: slice
+    mask: torch.Tensor | None
+    causal: bool
+
+
+def attention_blocks(pos: torch.Tensor, n: int, window: int | None, block: int = 128) -> list[AttentionBlock]:
+    """Exact attention for queries at ``pos`` (sorted) over keys [0, n): key j is visible iff
+    j <= p (and p - j < window). Mask-free fast paths are taken when equivalent. Otherwise the
+    queries are cut into position-sorted blocks that only see keys up to their own last
+    position: CPU kernels cannot skip masked blocks, so this removes most of the masked work
+    for scattered (blend) queries."""
     a = pos.shape[0]
-    if full_window and a == n:  # pos == arange(n): plain causal
-        return None, True
-    if full_window and a == 1 and int(pos[0]) == n - 1:  # a last token sees everything
-        return None, False
-    k_pos = torch.arange(n, device=pos.device)
-    mask = k_pos[None, :] <= pos[:, None]  # [A, n]
-    if window is not None:
-        mask &= k_pos[None, :] > pos[:, None] - window
-    return mask, False
+    if window is None or window >= n:
+        if a == n:  # every position: plain causal
+            return [AttentionBlock(slice(0, a), slice(0, n), None, True)]
+        if a == 1 and int(pos[0]) == n - 1:  # one last token sees everything
+            return [AttentionBlock(slice(0, 1), slice(0, n), None, False)]
+    bounds = pos.tolist()
+    out = []
+    for start in range(0, a, block):
+        stop = min(a, start + block)
+        lo = 0 if window is None else max(0, bounds[start] - window + 1)
+        hi = bounds[stop - 1] + 1
+        k_pos = torch.arange(lo, hi, device=pos.device)
+        p = pos[start:stop, None]
+        mask = k_pos[None, :] <= p  # [rows, keys]
+        if window is not None:
+            mask &= k_pos[None, :] > p - window
+        out.append(AttentionBlock(slice(start, stop), slice(lo, hi), mask, False))
+    return out

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
-from blendrag.engine.layer import attention_mask, finish, project
+from blendrag.engine.layer import AttentionBlock, attention_blocks, finish, project
 from blendrag.engine.selectors import Selector
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTable
@@ -37,12 +37,14 @@ class PrefillPlan:
     active: torch.Tensor
     selector: Selector | None = None
     capture: bool = False  # keep the pre-RoPE k and v of the active rows (chunk precompute)
+    chunk_range: tuple[int, int] = (0, 0)  # [start, end) of the chunk tokens, for the stats
 
 
 @dataclass
 class PrefillOutput:
     hidden: torch.Tensor  # [hidden] final-normed hidden state of the last position
     active_per_layer: list[int] = field(default_factory=list)
+    chunk_active_per_layer: list[int] = field(default_factory=list)  # active tokens inside chunk_range
     keys: torch.Tensor | None = None  # [layers, Hkv, A, D] pre-RoPE (capture only)
     values: torch.Tensor | None = None  # [layers, Hkv, A, D]
     trace: list[dict] | None = None
@@ -58,9 +60,11 @@ def run_prefill(adapter: LlamaAdapter, plan: PrefillPlan, fused: FusedKV, rope: 
         raise ValueError("the last prompt token must be computed (active)")
     h = adapter.embed(plan.ids[pos])  # h: [A, hidden]
     check = {layer: i for i, layer in enumerate(plan.selector.check_layers)} if plan.selector else {}
-    masks: dict[int | None, tuple[torch.Tensor | None, bool]] = {}
+    blocks: dict[int | None, list[AttentionBlock]] = {}  # per sliding window, for the current active set
     out = PrefillOutput(hidden=h[-1], trace=[] if trace else None)
     keys, values = [], []
+    lo, hi = plan.chunk_range
+    in_chunks = int(((pos >= lo) & (pos < hi)).sum())
 
     for i, layer in enumerate(adapter.layers):
         fused.load(i, plan.cached, rope)
@@ -77,15 +81,16 @@ def run_prefill(adapter: LlamaAdapter, plan: PrefillPlan, fused: FusedKV, rope: 
             values.append(v)
         if keep is not None:
             pos, h, q = pos[keep], h[keep], q[:, keep]
-            masks.clear()
+            blocks.clear()
+            in_chunks = int(((pos >= lo) & (pos < hi)).sum())
         window = adapter.sliding_window(i)
-        if window not in masks:
-            masks[window] = attention_mask(pos, n, window)
-        mask, causal = masks[window]
+        if window not in blocks:
+            blocks[window] = attention_blocks(pos, n, window)
         if out.trace is not None:
             out.trace.append({"layer": i, "pos": pos.clone(), "q": q.clone()})
-        h = finish(adapter, layer, i, h, q, fused, n, mask, causal)
+        h = finish(adapter, layer, i, h, q, fused, blocks[window])
         out.active_per_layer.append(int(pos.shape[0]))
+        out.chunk_active_per_layer.append(in_chunks)
 
     fused.length = n
     out.hidden = adapter.norm(h[-1:])[0]
@@ -109,7 +114,6 @@ def decode_step(adapter: LlamaAdapter, token: int, fused: FusedKV) -> torch.Tens
     for i, layer in enumerate(adapter.layers):
         q, k, _, v = project(adapter, layer, h, pos, rope)
         fused.write(i, pos, k, v)
-        mask, causal = attention_mask(pos, p + 1, adapter.sliding_window(i))
-        h = finish(adapter, layer, i, h, q, fused, p + 1, mask, causal)
+        h = finish(adapter, layer, i, h, q, fused, attention_blocks(pos, p + 1, adapter.sliding_window(i)))
     fused.length = p + 1
     return adapter.norm(h)[0]

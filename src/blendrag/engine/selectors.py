@@ -73,13 +73,18 @@ class ScoringSelector(Selector):
         super().__init__(config, layout, device, scaling)
         self.check_layers = config.check_layers
 
+    def initial(self) -> torch.Tensor:
+        # Every token before the first check, the (exact, cached) prefix included: a complete
+        # causal block takes the fast attention path, and the prefix is a few % of the prompt.
+        return torch.arange(0, self.layout.suffix_start, device=self.device)
+
     def keep(self, step, layer, pos, q, k_new, v_new, k_old, v_old, fused, n):
-        is_chunk = pos < self.layout.suffix_start  # [A]; prefix tokens are never active in blend
+        is_chunk = (pos >= self.chunk_positions[0]) & (pos < self.layout.suffix_start)  # [A]
         scores = self.score(pos, q, k_new, v_new, k_old, v_old, fused, layer, n)  # [A]
         scores = scores.float().masked_fill(~is_chunk, float("-inf"))
         budget = min(self.budget(step), int(is_chunk.sum()))
         top = torch.topk(scores, budget).indices if budget else torch.empty(0, dtype=torch.long, device=pos.device)
-        suffix = torch.nonzero(~is_chunk).flatten()
+        suffix = torch.nonzero(pos >= self.layout.suffix_start).flatten()
         return torch.cat([top, suffix]).sort().values
 
     def score(self, pos, q, k_new, v_new, k_old, v_old, fused, layer, n) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Benchmarks: TTFT and memory per mode, store throughput, answer quality."""

@@ -1,0 +1,44 @@
+"""`blendrag bench ...` sub-commands."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    ttft = bench.add_parser("ttft", help="TTFT and peak memory of every mode, side by side")
+    ttft.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
+    ttft.add_argument("--device", default="cpu")
+    ttft.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ttft.add_argument("--layers", type=int, default=32)
+    ttft.add_argument("--hidden", type=int, default=512)
+    ttft.add_argument("--heads", type=int, default=8)
+    ttft.add_argument("--kv-heads", type=int, default=2)
+    ttft.add_argument("--intermediate", type=int, default=1792)
+    ttft.add_argument("--chunks", type=int, default=6)
+    ttft.add_argument("--chunk-tokens", type=int, default=512)
+    ttft.add_argument("--suffix-tokens", type=int, default=64)
+    ttft.add_argument("--repeats", type=int, default=3)
+    ttft.add_argument("--json", type=Path, help="also write the records as JSON here")
+    ttft.set_defaults(func=_ttft)
+
+
+def _ttft(args: argparse.Namespace) -> int:
+    import torch
+
+    from blendrag.bench.ttft import TTFTWorkload, check_targets, format_table, run, write_json
+
+    w = TTFTWorkload(model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+                     hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate,
+                     chunks=args.chunks, chunk_tokens=args.chunk_tokens, suffix_tokens=args.suffix_tokens,
+                     repeats=args.repeats)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    records = run(w)
+    print(format_table(records, w))
+    print("\n".join(check_targets(records)))
+    if args.json:
+        write_json(records, args.json)
+        print(f"wrote {args.json}")
+    return 0

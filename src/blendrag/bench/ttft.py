@@ -1,0 +1,168 @@
+"""TTFT and peak memory of every prefill mode on identical inputs, side by side.
+
+Default workload: a random-weight model with Mistral-7B's depth and GQA (32 layers, 4:1),
+narrowed to run on 2 CPU cores; 6 chunks x 512 tokens after a 32-token prefix, a 64-token
+suffix. Chunk KVs are precomputed (as ingestion would) before anything is timed; every timed
+call includes fetching them from the store.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from blendrag.bench.memory import peak_bytes, pin_malloc_thresholds
+from blendrag.config import BlendConfig
+from blendrag.engine.engine import BlendEngine
+from blendrag.prompt import PromptLayout
+
+
+@dataclass(frozen=True)
+class TTFTWorkload:
+    """Model shape (ignored with ``model``), prompt shape and what to run."""
+
+    model: str | None = None  # hub id or path; None: random weights of the shape below
+    layers: int = 32
+    hidden: int = 512
+    heads: int = 8
+    kv_heads: int = 2
+    intermediate: int = 1792
+    vocab: int = 32000
+    chunks: int = 6
+    chunk_tokens: int = 512
+    prefix_tokens: int = 32
+    suffix_tokens: int = 64
+    ratios: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30)
+    selectors: tuple[str, ...] = ("cacheblend", "epic")
+    repeats: int = 3
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "kv_heads", "chunks", "chunk_tokens", "suffix_tokens", "repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.heads % self.kv_heads or self.hidden % self.heads:
+            raise ValueError("heads must divide hidden and kv_heads must divide heads")
+
+
+def build_engine(w: TTFTWorkload) -> BlendEngine:
+    if w.model is not None:
+        return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device)
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(w.seed)
+    config = MistralConfig(
+        vocab_size=w.vocab, hidden_size=w.hidden, intermediate_size=w.intermediate,
+        num_hidden_layers=w.layers, num_attention_heads=w.heads, num_key_value_heads=w.kv_heads,
+        max_position_embeddings=32768, sliding_window=None, tie_word_embeddings=False)
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[w.dtype]
+    with torch.device(w.device):
+        model = MistralForCausalLM(config).to(dtype)
+    return BlendEngine(model.eval(), tokenizer=None)
+
+
+def random_layout(w: TTFTWorkload, vocab: int) -> PromptLayout:
+    g = torch.Generator().manual_seed(w.seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+    return PromptLayout(ids(w.prefix_tokens), [ids(w.chunk_tokens) for _ in range(w.chunks)], ids(w.suffix_tokens))
+
+
+def configs(w: TTFTWorkload) -> list[BlendConfig]:
+    out = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode="reuse")]
+    out += [BlendConfig(mode="blend", selector=s, ratio=r) for s in w.selectors for r in w.ratios]
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run(w: TTFTWorkload) -> list[dict]:
+    """Time HF's forward and every mode; returns one record per row."""
+    pin_malloc_thresholds()
+    engine = build_engine(w)
+    layout = random_layout(w, engine.model.config.vocab_size)
+    engine.precompute(layout.prefix_ids, layout.chunk_ids)  # ingestion, not timed
+    ids = torch.tensor([layout.ids], device=engine.device)
+
+    def hf() -> torch.Tensor:
+        with torch.inference_mode():
+            return engine.model(ids, logits_to_keep=1).logits
+
+    runs = {"hf": hf} | {c.label: (lambda c=c: engine.prefill(layout, c)) for c in configs(w)}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for rep in range(w.repeats + 1):  # round-robin so that machine noise hits every mode alike
+        for label, fn in runs.items():
+            _sync(engine.device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(engine.device)
+            if rep:  # the first round warms up
+                times[label].append(time.perf_counter() - t0)
+    peaks = {label: peak_bytes(fn, engine.device) for label, fn in runs.items()}
+    stats = {c.label: engine.prefill(layout, c).stats for c in configs(w)}
+    full_s = statistics.median(times[BlendConfig(mode="full").label])
+    records = [_record("hf", None, None, times["hf"], full_s, peaks["hf"], None)]
+    for c in configs(w):
+        blend = c.mode == "blend"
+        records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
+                               times[c.label], full_s, peaks[c.label], stats[c.label].recompute_fraction))
+    return records
+
+
+def _record(mode, selector, ratio, samples, full_s, peak, recompute) -> dict:
+    ttft = statistics.median(samples)
+    return {"mode": mode, "selector": selector, "ratio": ratio, "ttft_s": ttft,
+            "speedup_vs_full": full_s / ttft, "ttft_min_s": min(samples), "ttft_max_s": max(samples),
+            "peak_extra_mib": peak / 2**20, "recompute_fraction": recompute}
+
+
+def format_table(records: list[dict], w: TTFTWorkload) -> str:
+    n = w.prefix_tokens + w.chunks * w.chunk_tokens + w.suffix_tokens
+    lines = [f"workload: {w.model or f'random Mistral-shaped {w.layers}L h{w.hidden} {w.heads}/{w.kv_heads} heads'}, "
+             f"{w.dtype} on {w.device}, prompt {n} tokens = {w.prefix_tokens} prefix + {w.chunks}x{w.chunk_tokens} "
+             f"chunks + {w.suffix_tokens} suffix; median of {w.repeats}",
+             f"{'mode':<8}{'selector':<12}{'ratio':>6}{'TTFT ms':>10}{'min-max ms':>16}{'speedup':>9}"
+             f"{'peak MiB':>10}{'recomp':>8}"]
+    for r in records:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+        rec = f"{r['recompute_fraction']:.3f}" if r["recompute_fraction"] is not None else "-"
+        span = f"{r['ttft_min_s'] * 1e3:.0f}-{r['ttft_max_s'] * 1e3:.0f}"
+        lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}{span:>16}"
+                     f"{r['speedup_vs_full']:>8.2f}x{r['peak_extra_mib']:>10.1f}{rec:>8}")
+    return "\n".join(lines)
+
+
+def check_targets(records: list[dict]) -> list[str]:
+    """The issue's targets, each with the measured figure and PASS/MISS."""
+    by = {(r["mode"], r["selector"], r["ratio"]): r for r in records}
+    full, hf = by[("full", None, None)], by[("hf", None, None)]
+    out = []
+    gap = full["ttft_s"] / hf["ttft_s"] - 1
+    out.append(f"full vs HF forward: {gap:+.1%} (target within 5%): {'PASS' if gap <= 0.05 else 'MISS'}")
+    blend15 = by.get(("blend", "cacheblend", 0.15))
+    if blend15:
+        s = blend15["speedup_vs_full"]
+        out.append(f"blend cacheblend@15% speedup: {s:.2f}x (target >= 4x): {'PASS' if s >= 4 else 'MISS'}")
+        mem = blend15["peak_extra_mib"] <= full["peak_extra_mib"]
+        out.append(f"blend@15% peak {blend15['peak_extra_mib']:.1f} MiB vs full {full['peak_extra_mib']:.1f} MiB "
+                   f"(target <= full): {'PASS' if mem else 'MISS'}")
+    reuse = by[("reuse", None, None)]["speedup_vs_full"]
+    out.append(f"reuse speedup: {reuse:.2f}x (target >= 10x): {'PASS' if reuse >= 10 else 'MISS'}")
+    return out
+
+
+def write_json(records: list[dict], path: Path) -> None:
+    """The records, each with at least mode, selector, ratio, ttft_s, speedup_vs_full."""
+    path.write_text(json.dumps(records, indent=2))
