@@ -9,6 +9,7 @@ import sys
 # Modules that expose ``register(subparsers)``; each adds its own sub-commands.
 COMMAND_MODULES = [
     "blendrag.bench.cli",
+    "blendrag.store.cli",
 ]
 
 

@@ -43,7 +43,10 @@ def model_fingerprint(model: torch.nn.Module, sample: int = 4096) -> str:
     config = getattr(model, "config", None)
     if config is not None:
         d = config.to_dict()
-        for volatile in ("_name_or_path", "transformers_version", "_commit_hash", "use_cache", "_attn_implementation_autoset"):
+        # Fields that do not change the KV rows. "architectures" is filled in by save_pretrained
+        # and "dtype" records the load argument; the weights' real dtypes are hashed below.
+        for volatile in ("_name_or_path", "transformers_version", "_commit_hash", "use_cache",
+                         "_attn_implementation_autoset", "architectures", "dtype", "torch_dtype"):
             d.pop(volatile, None)
         h.update(json.dumps(d, sort_keys=True, default=str).encode())
     for name, t in model.state_dict().items():

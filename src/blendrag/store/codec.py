@@ -1,0 +1,292 @@
+"""Byte format of one stored chunk KV: a safetensors file, one tensor per layer and kind.
+
+Layout::
+
+    k.{i}, v.{i}    [kv_heads, T, head_dim] of layer i (keys pre-RoPE)
+    __metadata__    format, version, key, prefix_hash, dtype, shape [L, H, T, D],
+                    token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex}),
+                    meta_checksum (xxh3-128 over all the other metadata fields)
+
+Why this shape: safetensors holds plain tensors and never runs code on load (a cache
+directory is an attack surface, ``torch.load``/pickle would execute whatever it is given); one
+tensor per layer lets a reader pull layer i without touching the others (pipelined loading,
+DESIGN.md §4); a checksum per tensor verifies each layer on its own. Anything that fails a
+check raises ``EntryError``, which the tiers turn into a logged miss.
+
+Entries are written by ``safetensors.torch.save`` and read by the small strict reader below
+(positioned reads into the caller's tensors, see ``_Tensors``); any safetensors tool reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import BinaryIO, Union
+
+import safetensors.torch
+import torch
+import xxhash
+
+from blendrag.kv.chunk_kv import ChunkKV
+
+FORMAT_NAME = "blendrag-chunk-kv"
+FORMAT_VERSION = 1
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_MAX_HEADER = 100 << 20  # the safetensors limit
+
+Source = Union[bytes, bytearray, memoryview, str, Path, BinaryIO]
+
+
+class EntryError(ValueError):
+    """A stored entry that is truncated, corrupt, foreign or of another format version."""
+
+
+def encode(key: str, kv: ChunkKV) -> bytes:
+    """Serialize ``kv`` stored under ``key`` (tensors are copied to CPU if needed)."""
+    dtype = _dtype_name(kv.keys.dtype)
+    keys = kv.keys.detach().to("cpu").contiguous()
+    values = kv.values.detach().to("cpu").contiguous()
+    tensors: dict[str, torch.Tensor] = {}
+    for i in range(kv.num_layers):
+        tensors[f"k.{i}"] = keys[i]
+        tensors[f"v.{i}"] = values[i]
+    meta = {
+        "format": FORMAT_NAME,
+        "version": str(FORMAT_VERSION),
+        "key": key,
+        "prefix_hash": kv.prefix_hash,
+        "dtype": dtype,
+        "shape": json.dumps(list(keys.shape)),
+        "token_ids": json.dumps(list(kv.token_ids)),
+        "checksums": json.dumps({name: _digest(t) for name, t in tensors.items()}),
+    }
+    meta["meta_checksum"] = _meta_digest(meta)
+    return safetensors.torch.save(tensors, metadata=meta)
+
+
+def decode(source: Source, key: str) -> ChunkKV:
+    """Read and verify a whole entry; raises ``EntryError`` on any defect."""
+    with open_entry(source, key) as entry:
+        return entry.read_all()
+
+
+def open_entry(source: Source, key: str) -> "EntryReader":
+    """Open an entry for layer-by-layer reading (bytes, a path, or an open binary file)."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return EntryReader(_Tensors(_BufferReader(source)), key)
+    return EntryReader(_Tensors(_FileReader(source)), key)
+
+
+class EntryReader:
+    """A verified entry header; ``layer(i)`` reads and checks one layer's K and V."""
+
+    def __init__(self, tensors: "_Tensors", key: str) -> None:
+        self._tensors = tensors
+        try:
+            self._parse(tensors.metadata, key)
+        except BaseException:
+            tensors.close()
+            raise
+
+    def _parse(self, meta: dict | None, key: str) -> None:
+        if not meta or meta.get("format") != FORMAT_NAME:
+            raise EntryError("foreign file: no blendrag chunk-KV metadata")
+        if meta.get("version") != str(FORMAT_VERSION):
+            raise EntryError(f"format version {meta.get('version')!r}, this build reads {FORMAT_VERSION}")
+        body = {k: v for k, v in meta.items() if k != "meta_checksum"}
+        if meta.get("meta_checksum") != _meta_digest(body):
+            raise EntryError("metadata checksum mismatch")
+        if meta["key"] != key:
+            raise EntryError(f"entry was written for key {str(meta['key'])[:16]}…, not {key[:16]}…")
+        self._parse_fields(meta)
+
+    def _parse_fields(self, meta: dict) -> None:
+        try:
+            self.dtype = _DTYPES[meta["dtype"]]
+            self.shape = tuple(int(x) for x in json.loads(meta["shape"]))
+            self.token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
+            self._checksums = dict(json.loads(meta["checksums"]))
+            self.prefix_hash = str(meta["prefix_hash"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise EntryError(f"malformed metadata: {exc!r}") from None
+        if len(self.shape) != 4 or self.shape[2] != len(self.token_ids):
+            raise EntryError(f"shape {self.shape} does not match {len(self.token_ids)} token ids")
+        names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in "kv"}
+        if set(self._checksums) != names or set(self._tensors.names()) != names:
+            raise EntryError("tensor names do not match the declared layer count")
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape[0]
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of layer ``i``, each [kv_heads, T, head_dim], verified; only that
+        layer's bytes are read."""
+        if not 0 <= i < self.num_layers:
+            raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
+        k = torch.empty(self.shape[1:], dtype=self.dtype)
+        v = torch.empty(self.shape[1:], dtype=self.dtype)
+        self._read_checked(f"k.{i}", k)
+        self._read_checked(f"v.{i}", v)
+        return k, v
+
+    def read_all(self) -> ChunkKV:
+        """Every layer, read straight into one stacked ``ChunkKV`` (one copy from the source)."""
+        keys = torch.empty(self.shape, dtype=self.dtype)
+        values = torch.empty(self.shape, dtype=self.dtype)
+        for i in range(self.num_layers):
+            self._read_checked(f"k.{i}", keys[i])
+            self._read_checked(f"v.{i}", values[i])
+        return ChunkKV(keys, values, self.token_ids, self.prefix_hash)
+
+    def _read_checked(self, name: str, out: torch.Tensor) -> None:
+        self._tensors.read_into(name, out)
+        if _digest(out) != self._checksums[name]:
+            raise EntryError(f"checksum mismatch in {name}")
+
+    def close(self) -> None:
+        self._tensors.close()
+
+    def __enter__(self) -> "EntryReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Tensors:
+    """A strictly checked safetensors header over a reader; tensors are copied into caller memory.
+
+    Why not ``safetensors.safe_open``: it memory-maps the file, and a file truncated while
+    mapped kills the process with SIGBUS. Positioned reads turn that into a short read, i.e.
+    an ``EntryError``, and read exactly one tensor's bytes. Writing still uses safetensors.
+    """
+
+    def __init__(self, reader: "_BufferReader | _FileReader") -> None:
+        self._reader = reader
+        try:
+            header = self._header(reader)
+            meta = header.pop("__metadata__", None)
+            self.metadata = meta if isinstance(meta, dict) else None
+            self._base = 8 + self._header_len
+            data_len = reader.size - self._base
+            self._specs = {name: _spec(name, spec, data_len) for name, spec in header.items()}
+        except BaseException:
+            reader.close()
+            raise
+
+    def _header(self, reader: "_BufferReader | _FileReader") -> dict:
+        head = reader.read(0, 8)
+        if len(head) < 8:
+            raise EntryError("truncated: shorter than a safetensors header")
+        n = int.from_bytes(head, "little")
+        if n > min(_MAX_HEADER, reader.size - 8):
+            raise EntryError(f"truncated or malformed: header length {n} for {reader.size} bytes")
+        self._header_len = n
+        try:
+            header = json.loads(reader.read(8, n))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise EntryError(f"header is not JSON: {exc}") from None
+        if not isinstance(header, dict):
+            raise EntryError("header is not a JSON object")
+        return header
+
+    def names(self) -> list[str]:
+        return list(self._specs)
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        dtype, shape, start, end = self._specs[name]
+        if dtype != out.dtype or shape != tuple(out.shape):
+            raise EntryError(f"{name} is {dtype} {shape}, expected {out.dtype} {tuple(out.shape)}")
+        buf = out.view(torch.uint8).numpy().reshape(-1)  # writes land in ``out``
+        if self._reader.read_into(self._base + start, memoryview(buf)) != end - start:
+            raise EntryError(f"truncated in {name}")
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+class _BufferReader:
+    """Positioned reads from an entry held in memory (Redis)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._data = memoryview(data).cast("B")
+        self.size = len(self._data)
+
+    def read(self, offset: int, n: int) -> bytes:
+        return bytes(self._data[offset : offset + n])
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        chunk = self._data[offset : offset + len(buf)]
+        buf[: len(chunk)] = chunk
+        return len(chunk)
+
+    def close(self) -> None:
+        self._data = memoryview(b"")
+
+
+class _FileReader:
+    """Positioned reads (pread) from an entry file, by path or on a caller's open handle."""
+
+    def __init__(self, source: str | Path | BinaryIO) -> None:
+        self._owned = isinstance(source, (str, Path))
+        try:
+            self._fd = os.open(source, os.O_RDONLY) if self._owned else source.fileno()
+            self.size = os.fstat(self._fd).st_size
+        except OSError as exc:
+            raise EntryError(f"cannot read entry file: {exc}") from None
+
+    def read(self, offset: int, n: int) -> bytes:
+        buf = bytearray(n)
+        return bytes(buf[: self.read_into(offset, memoryview(buf))])
+
+    def read_into(self, offset: int, buf: memoryview) -> int:
+        done = 0
+        try:
+            while done < len(buf):
+                got = os.preadv(self._fd, [buf[done:]], offset + done)
+                if got == 0:
+                    break  # end of file: the caller sees a short read
+                done += got
+        except OSError as exc:
+            raise EntryError(f"cannot read entry file: {exc}") from None
+        return done
+
+    def close(self) -> None:
+        if self._owned and self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1
+
+
+def _spec(name: str, spec: object, data_len: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, start, end) of one header entry, every field checked against the data."""
+    try:
+        dtype = _ST_DTYPES[spec["dtype"]]
+        shape = tuple(int(x) for x in spec["shape"])
+        start, end = (int(x) for x in spec["data_offsets"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EntryError(f"malformed header entry {name!r}: {exc!r}") from None
+    numel = math.prod(shape) if shape else 1
+    if min(shape, default=0) < 0 or not 0 <= start <= end <= data_len:
+        raise EntryError(f"header entry {name!r} points outside the data")
+    if end - start != numel * dtype.itemsize:
+        raise EntryError(f"header entry {name!r}: {end - start} bytes for shape {shape}")
+    return dtype, shape, start, end
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    for name, d in _DTYPES.items():
+        if d == dtype:
+            return name
+    raise ValueError(f"chunk KV dtype {dtype} is not storable; use one of {sorted(_DTYPES)}")
+
+
+def _digest(t: torch.Tensor) -> str:
+    return xxhash.xxh3_128_hexdigest(t.contiguous().view(torch.uint8).numpy())
+
+
+def _meta_digest(meta: dict[str, str]) -> str:
+    return xxhash.xxh3_128_hexdigest(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())

@@ -1,0 +1,55 @@
+"""The one configuration object of the persistent KV store."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# A per-user directory, shared by every process of that user (diskcache is process-safe).
+DEFAULT_DISK_DIR = Path.home() / ".cache" / "blendrag" / "kv"
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass
+class StoreConfig:
+    """Tiers of a ``TieredKVStore``; a tier is off when its size/location is 0/None.
+
+    ram_bytes:     budget of the in-process LRU (0 = no RAM tier)
+    disk_dir:      diskcache directory (None = no disk tier)
+    disk_bytes:    budget of the disk tier, entry files plus the SQLite index
+    disk_timeout_s: how long a writer waits for another process's lock before giving up
+    redis_url:     shared tier, e.g. "redis://127.0.0.1:6379/0" (None = no Redis tier)
+    redis_prefix:  namespace of this store's keys on the Redis server
+    redis_ttl_s:   expiry of Redis entries (None = bounded by the server's maxmemory policy)
+    redis_timeout_s: socket timeout of Redis calls
+    retry_after_s: a tier that failed (read-only/full disk, Redis down) is skipped this long
+    """
+
+    ram_bytes: int = 4 << 30
+    disk_dir: str | Path | None = DEFAULT_DISK_DIR
+    disk_bytes: int = 64 << 30
+    disk_timeout_s: float = 10.0
+    redis_url: str | None = None
+    redis_prefix: str = "blendrag:kv:"
+    redis_ttl_s: int | None = None
+    redis_timeout_s: float = 5.0
+    retry_after_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.ram_bytes < 0:
+            raise ValueError(f"StoreConfig.ram_bytes must be >= 0, got {self.ram_bytes}")
+        if self.disk_bytes <= 0:
+            raise ValueError(f"StoreConfig.disk_bytes must be positive, got {self.disk_bytes}")
+        if self.disk_dir is not None:
+            self.disk_dir = Path(self.disk_dir).expanduser()
+        if self.redis_url is not None and not self.redis_url.startswith(_REDIS_SCHEMES):
+            raise ValueError(f"StoreConfig.redis_url must start with one of {_REDIS_SCHEMES}, got {self.redis_url!r}")
+        if not self.redis_prefix:
+            raise ValueError("StoreConfig.redis_prefix must not be empty (it namespaces clear())")
+        if self.redis_ttl_s is not None and self.redis_ttl_s <= 0:
+            raise ValueError(f"StoreConfig.redis_ttl_s must be positive or None, got {self.redis_ttl_s}")
+        for name in ("disk_timeout_s", "redis_timeout_s", "retry_after_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"StoreConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.ram_bytes == 0 and self.disk_dir is None and self.redis_url is None:
+            raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir or redis_url")

@@ -1,0 +1,83 @@
+"""Redis tier: entries shared by several processes or machines through one Redis server.
+
+Each entry is one Redis string ``{prefix}{key}`` holding the encoded bytes. The tier does not
+bound its own size: configure the server (``maxmemory`` with ``maxmemory-policy allkeys-lru``)
+or give entries a TTL (``StoreConfig.redis_ttl_s``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from blendrag.store.stats import TierUsage
+
+try:  # optional dependency: blendrag[redis]
+    import redis
+except ImportError:  # pragma: no cover - exercised only without the extra installed
+    redis = None
+
+_SCAN_BATCH = 500
+
+
+class RedisTier:
+    """Byte tier on a Redis server, namespaced by ``prefix``."""
+
+    name = "redis"
+
+    def __init__(self, url: str, prefix: str = "blendrag:kv:", ttl_s: int | None = None, timeout_s: float = 5.0) -> None:
+        if redis is None:
+            raise ImportError("the Redis tier needs redis-py: pip install 'blendrag[redis]'")
+        self.url = url
+        self.prefix = prefix
+        self.ttl_s = ttl_s
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self.errors = (redis.exceptions.RedisError, OSError)
+
+    @property
+    def label(self) -> str:
+        return f"redis tier at {self.url}"
+
+    def open(self) -> None:
+        """Check the server answers (raises when it does not)."""
+        self._client.ping()
+
+    def fetch(self, key: str) -> bytes | None:
+        return self._client.get(self._name(key))
+
+    def put(self, key: str, data: bytes) -> bool:
+        self._client.set(self._name(key), data, ex=self.ttl_s)
+        return True
+
+    def contains(self, key: str) -> bool:
+        return bool(self._client.exists(self._name(key)))
+
+    def delete(self, key: str) -> None:
+        self._client.delete(self._name(key))
+
+    def clear(self) -> None:
+        """Delete this store's keys only (the server may be shared with other data)."""
+        batch: list[bytes] = []
+        for name in self._client.scan_iter(match=self._pattern(), count=_SCAN_BATCH):
+            batch.append(name)
+            if len(batch) >= _SCAN_BATCH:
+                self._client.delete(*batch)
+                batch.clear()
+        if batch:
+            self._client.delete(*batch)
+
+    def usage(self) -> TierUsage:
+        # Counting would scan the whole keyspace of a shared server: left to count_entries().
+        return TierUsage(entries=None, used_bytes=None, budget_bytes=None)
+
+    def count_entries(self) -> int:
+        """Number of this store's entries (a full SCAN: for tools, not the request path)."""
+        return sum(1 for _ in self._client.scan_iter(match=self._pattern(), count=_SCAN_BATCH))
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _name(self, key: str) -> str:
+        return self.prefix + key
+
+    def _pattern(self) -> str:
+        return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "*"

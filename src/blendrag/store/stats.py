@@ -1,0 +1,106 @@
+"""Counters of the tiered store and the immutable snapshot ``stats()`` returns."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class TierUsage:
+    """What a tier holds now (None where the tier cannot tell cheaply)."""
+
+    entries: int | None
+    used_bytes: int | None
+    budget_bytes: int | None
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """One tier's activity since the store was opened (or ``reset_stats()``) and its usage."""
+
+    name: str
+    available: bool
+    hits: int
+    misses: int
+    corrupt: int
+    errors: int
+    bytes_read: int
+    bytes_written: int
+    load_seconds: float
+    entries: int | None
+    used_bytes: int | None
+    budget_bytes: int | None
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """Snapshot of a ``TieredKVStore``: store-level gets plus per-tier detail, fastest tier first."""
+
+    gets: int
+    hits: int
+    misses: int
+    tiers: tuple[TierStats, ...]
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.gets if self.gets else 0.0
+
+    def tier(self, name: str) -> TierStats:
+        """The tier called ``name`` ("ram", "disk" or "redis"); KeyError if not configured."""
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError(f"no tier {name!r}; configured: {[t.name for t in self.tiers]}")
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able form (the engine attaches it to request stats)."""
+        return {**asdict(self), "hit_rate": self.hit_rate}
+
+    def format(self) -> str:
+        """A small human-readable table."""
+        lines = [f"gets {self.gets}  hits {self.hits}  misses {self.misses}  hit rate {self.hit_rate:.1%}"]
+        lines.append(f"{'tier':6} {'up':3} {'hits':>7} {'misses':>7} {'corrupt':>7} {'entries':>8} {'used MiB':>9} {'budget MiB':>10} {'load s':>8}")
+        for t in self.tiers:
+            lines.append(
+                f"{t.name:6} {'yes' if t.available else 'no':3} {t.hits:7d} {t.misses:7d} {t.corrupt:7d} "
+                f"{_opt(t.entries):>8} {_mib(t.used_bytes):>9} {_mib(t.budget_bytes):>10} {t.load_seconds:8.3f}"
+            )
+        return "\n".join(lines)
+
+
+@dataclass
+class TierCounters:
+    """Mutable per-tier counters; ``add`` is thread-safe."""
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    errors: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    load_seconds: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **deltas: float) -> None:
+        with self._lock:
+            for name, delta in deltas.items():
+                setattr(self, name, getattr(self, name) + delta)
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+
+    def reset(self) -> None:
+        with self._lock:
+            for f in fields(self):
+                if not f.name.startswith("_"):
+                    setattr(self, f.name, f.default)
+
+
+def _opt(n: int | None) -> str:
+    return "-" if n is None else str(n)
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / (1 << 20):.1f}"

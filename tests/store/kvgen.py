@@ -1,0 +1,37 @@
+"""Deterministic chunk KVs for store tests (identical in every process for the same seed)."""
+
+from __future__ import annotations
+
+import torch
+
+from blendrag.kv.chunk_kv import ChunkKV
+
+
+def make_kv(seed: int, *, layers: int = 3, heads: int = 2, tokens: int = 8, dim: int = 16,
+            dtype: torch.dtype = torch.float32) -> ChunkKV:
+    """Random KV whose bytes depend only on the arguments."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (layers, heads, tokens, dim)
+    keys = torch.randn(shape, generator=g).to(dtype)
+    values = torch.randn(shape, generator=g).to(dtype)
+    ids = tuple(int(x) for x in torch.randint(0, 50_000, (tokens,), generator=g))
+    return ChunkKV(keys, values, ids, prefix_hash=f"prefix-{seed}")
+
+
+def same_bits(a: ChunkKV, b: ChunkKV) -> bool:
+    """Bitwise equality of two entries (NaN payloads and -0.0 included)."""
+    return (
+        a.keys.dtype == b.keys.dtype
+        and a.keys.shape == b.keys.shape
+        and torch.equal(a.keys.view(torch.uint8), b.keys.view(torch.uint8))
+        and torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8))
+        and a.token_ids == b.token_ids
+        and a.prefix_hash == b.prefix_hash
+    )
+
+
+def entry_bytes(**kw) -> int:
+    """Encoded size of an entry made with these make_kv arguments."""
+    from blendrag.store.codec import encode
+
+    return len(encode("k" * 64, make_kv(0, **kw)))
