@@ -1,0 +1,44 @@
+"""BlendKVTransform: precompute node KVs inside a LlamaIndex ``IngestionPipeline``."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.schema import BaseNode, TransformComponent
+
+from blendrag.llamaindex.llm import BlendLLM
+
+
+class BlendKVTransform(TransformComponent):
+    """Stores the KV of every node's exact prompt text (``MetadataMode.LLM`` content in the
+    LLM's chunk template) in the engine's store, records the text for flat-prompt detection,
+    and returns the nodes unchanged.
+
+    Put it after the splitter (it must see the final node texts). The pipeline's
+    ``IngestionCache`` skips the transform on a re-run with the same nodes; nothing depends on
+    it having run: the LLM computes and stores a missing KV at query time. The cache key
+    includes ``kv_identity`` (model, tokenizer, chunk prefix, template), so a different model
+    runs the transform again.
+    """
+
+    kv_identity: str = Field(description="What node KVs depend on besides the node text.")
+    _llm: BlendLLM = PrivateAttr()
+
+    def __init__(self, llm: BlendLLM, **kwargs: Any) -> None:
+        super().__init__(kv_identity=llm.kv_identity, **kwargs)
+        self._llm = llm
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "BlendKVTransform"
+
+    @property
+    def llm(self) -> BlendLLM:
+        """The LLM whose engine stores the KVs."""
+        return self._llm
+
+    def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
+        """Precompute the nodes' KVs; return the nodes as they are."""
+        self._llm.ingest(nodes)
+        return nodes
