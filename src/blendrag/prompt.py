@@ -104,24 +104,42 @@ class PromptBuilder:
         return head, tail
 
     def encode(self, text: str, first: bool = False) -> list[int]:
-        # Outside a chat template the prefix gets the tokenizer's own specials (BOS); a rendered
-        # template already spells its specials out as text.
+        """Ids of one piece. ``first``: the piece that starts the prompt, which gets the
+        tokenizer's own specials (BOS) unless a chat template is used: a rendered template
+        already spells its specials out as text."""
         specials = first and not self.chat
         return list(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
 
-    def build(self, prefix: str, chunks: Sequence[str], suffix: str) -> PromptLayout:
-        """Layout of ``prefix + chunks + suffix`` (plus the chat template around them)."""
+    @property
+    def template_parts(self) -> tuple[str, str]:
+        """(head, tail) of the chat template around the user content; ("", "") without one."""
+        return self._head, self._tail
+
+    def build(self, prefix: str, chunks: Sequence[str], suffix: str, wrap: bool = True) -> PromptLayout:
+        """Layout of ``prefix + chunks + suffix``, with the chat template around them when the
+        builder uses one and ``wrap`` (``wrap=False``: the text already spells the template)."""
         if isinstance(chunks, str):
             raise ValueError("chunks must be a sequence of strings, not one string")
         for i, c in enumerate(chunks):
             if not isinstance(c, str) or not c:
                 raise ValueError(f"chunk {i} is empty or not a string: {c!r}")
+        head, tail = (self._head, self._tail) if wrap else ("", "")
         return PromptLayout(
-            prefix_ids=self.encode(self._head + prefix, first=True),
+            prefix_ids=self.encode(head + prefix, first=True),
             chunk_ids=[self.encode(c) for c in chunks],
-            suffix_ids=self.encode(suffix + self._tail),
+            suffix_ids=self.encode(suffix + tail),
             kv_prefix_ids=None if self.chunk_prefix is None else self.kv_prefix_ids(),
         )
+
+    def whole(self, text: str, wrap: bool = True) -> PromptLayout:
+        """``text`` tokenized as one string, for a plain full prefill of a prompt without
+        known chunks. A layout needs a chunk and a suffix: the last token is the suffix, the
+        rest one chunk (a full prefill does not depend on where pieces are cut)."""
+        rendered = self._head + text + self._tail if wrap else text
+        ids = self.encode(rendered, first=True)
+        if len(ids) < 2:
+            raise ValueError(f"the prompt is too short to run ({len(ids)} token(s)): {text!r}")
+        return PromptLayout((), (tuple(ids[:-1]),), tuple(ids[-1:]))
 
     def kv_prefix_ids(self, prefix: str | None = None) -> list[int]:
         """Ids of the prefix chunk KVs are computed after: ``chunk_prefix``, else ``prefix``."""

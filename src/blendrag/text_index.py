@@ -12,6 +12,7 @@ position and anchor length, and a candidate is accepted only if the whole text m
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -41,6 +42,8 @@ class ChunkTextIndex:
         if min_chars < 1:
             raise ValueError(f"min_chars must be >= 1, got {min_chars}")
         self.min_chars = min_chars
+        # Requests look texts up while ingestion (another thread) adds them.
+        self._lock = threading.RLock()
         self._by_anchor: dict[str, set[str]] = {}
         self._lengths: set[int] = set()
         self._disk = None
@@ -77,18 +80,21 @@ class ChunkTextIndex:
 
     def _index(self, text: str) -> None:
         anchor = text[:ANCHOR]
-        self._by_anchor.setdefault(anchor, set()).add(text)
-        self._lengths.add(len(anchor))
+        with self._lock:
+            self._by_anchor.setdefault(anchor, set()).add(text)
+            self._lengths.add(len(anchor))
 
     def find(self, prompt: str) -> list[tuple[int, int]]:
         """Non-overlapping [start, end) spans of indexed texts in ``prompt``, left to right,
         longest match first at each position."""
+        with self._lock:
+            by_anchor = {a: tuple(t) for a, t in self._by_anchor.items()}
+            lengths = sorted(self._lengths, reverse=True)
         spans, i = [], 0
-        lengths = sorted(self._lengths, reverse=True)
         while i < len(prompt):
             best = 0
             for n in lengths:
-                for text in self._by_anchor.get(prompt[i:i + n], ()):
+                for text in by_anchor.get(prompt[i:i + n], ()):
                     if len(text) > best and prompt.startswith(text, i):
                         best = len(text)
             if best:
