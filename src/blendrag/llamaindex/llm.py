@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import threading
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator, Sequence, Union
 
@@ -39,8 +38,8 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationStream, RequestStats
 from blendrag.kv.keys import hash_ids
-from blendrag.prompt import PromptBuilder, PromptLayout
-from blendrag.text_index import ChunkTextIndex, PromptSplit
+from blendrag.flat_prompt import flat_layout
+from blendrag.text_index import ChunkTextIndex
 
 DEFAULT_CHUNK_TEMPLATE = "{text}\n\n"
 """How a node is written into the prompt; its KV is computed over exactly this text."""
@@ -81,7 +80,6 @@ class BlendLLM(CustomLLM):
     _last_stats: RequestStats | None = PrivateAttr(default=None)
     # ChunkTextIndex is a plain dict of sets: async requests (worker threads) may search it
     # while ingestion or another request adds texts.
-    _index_lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
 
     def __init__(self, engine: BlendEngine, *, text_index: ChunkTextIndex | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -160,10 +158,9 @@ class BlendLLM(CustomLLM):
         """Record chunk texts in the text index, formatted and bare: the last chunk of a stock
         synthesizer's prompt lacks the template's tail, and so may a chat template's trimmed
         message content."""
-        with self._index_lock:
-            for text in self._variants(texts):
-                if text not in self._text_index:
-                    self._text_index.add(text)
+        for text in self._variants(texts):
+            if text not in self._text_index:
+                self._text_index.add(text)
 
     def _variants(self, texts: Sequence[str]) -> list[str]:
         return [v for t in texts for v in dict.fromkeys((t, self._bare(t))) if v]
@@ -193,32 +190,20 @@ class BlendLLM(CustomLLM):
     # ---- requests ----------------------------------------------------------------------------
 
     def _start(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> GenerationStream:
-        """The one prompt-building path: split, tokenize piece by piece, prefill."""
-        engine = self._engine
-        wrap = engine.prompts.chat and not formatted
+        """The one prompt-building path: split at the nodes' texts (else the ingested texts),
+        tokenize piece by piece, start the engine's stream. ``formatted``: the prompt already
+        has the chat template."""
         nodes = kwargs.get("nodes")
+        texts = None
+        if nodes is not None:
+            texts = [self.chunk_text(n) for n in nodes]
+            self.remember(texts)  # later flat prompts find them even if ingestion was skipped
+        flat = flat_layout(self._engine.prompts, prompt, self._text_index, texts=texts, wrap=not formatted)
+        if texts and flat.matched < len(texts):
+            log.debug("%d of %d nodes not found verbatim in the prompt", len(texts) - flat.matched, len(texts))
+        config = FULL_PREFILL if flat.full_only else kwargs.get("blend_config") or self.blend_config
         generation = kwargs.get("generation_config") or self.generation_config
-        split = self._text_index_split(prompt) if nodes is None else self._nodes_split(prompt, nodes)
-        layout = build_layout(engine.prompts, split, wrap) if split.chunks else None
-        if layout is None:
-            return engine.stream(plain_layout(engine.prompts, prompt, wrap), FULL_PREFILL, generation)
-        return engine.stream(layout, kwargs.get("blend_config") or self.blend_config, generation)
-
-    def _text_index_split(self, prompt: str) -> PromptSplit:
-        with self._index_lock:
-            return self._text_index.split(prompt)
-
-    def _nodes_split(self, prompt: str, nodes: Sequence[NodeLike]) -> PromptSplit:
-        """Split at the nodes' texts, with the text index's splitter (same spans and gaps as a
-        flat prompt with the same chunks). A node not found verbatim is left in the text."""
-        chunks = [self.chunk_text(n) for n in nodes]
-        self.remember(chunks)  # later flat prompts find them even if ingestion was skipped
-        local = ChunkTextIndex(min_chars=1)  # known boundaries, however short
-        local.add_many(chunks)
-        split = local.split(prompt)
-        if split.found < len(chunks):
-            log.debug("%d of %d nodes not found verbatim in the prompt", len(chunks) - split.found, len(chunks))
-        return split
+        return self._engine.stream(flat.layout, config, generation)
 
     def _responses(self, stream: GenerationStream) -> CompletionResponseGen:
         """One response per text delta, then a final one (empty delta) carrying the stats."""
@@ -298,41 +283,6 @@ class BlendLLM(CustomLLM):
         prompt, formatted = self._chat_prompt(messages)
         stream = await asyncio.to_thread(self._start, prompt, formatted, kwargs)
         return astream_completion_response_to_chat_response(_in_thread(self._responses(stream)))
-
-
-# ---- prompt splitting and layouts ---------------------------------------------------------
-
-
-def template_parts(prompts: PromptBuilder) -> tuple[str, str]:
-    """(head, tail) the builder wraps around the user content ("" and "" without a template)."""
-    marker = "\u2063blendrag-llamaindex\u2063"
-    head, tail = prompts.render(marker, [], "").split(marker)
-    return head, tail
-
-
-def build_layout(prompts: PromptBuilder, split: PromptSplit, wrap: bool) -> PromptLayout | None:
-    """Layout of ``split``, each piece tokenized on its own as ``PromptBuilder.build`` does;
-    ``wrap=False`` leaves out the chat template (the text already has it). None when no chunk
-    has a token (the prompt is then run as a plain prompt)."""
-    head, tail = template_parts(prompts) if wrap else ("", "")
-    chunks = [ids for ids in (prompts.encode(c) for c in split.chunks) if ids]  # e.g. spaces a tokenizer drops
-    suffix = prompts.encode(split.suffix + tail)
-    if not suffix and chunks:  # the prompt ends with a chunk: compute it as the suffix
-        suffix = chunks.pop()
-    if not chunks:
-        return None
-    kv_prefix = prompts.kv_prefix_ids() if prompts.chunk_prefix is not None else None
-    return PromptLayout(prompts.encode(head + split.prefix, first=True), chunks, suffix, kv_prefix_ids=kv_prefix)
-
-
-def plain_layout(prompts: PromptBuilder, prompt: str, wrap: bool) -> PromptLayout:
-    """A prompt without chunks, tokenized as one string, for a full prefill (whose result does
-    not depend on where the layout puts its piece boundaries)."""
-    text = prompts.render(prompt, [], "") if wrap else prompt
-    ids = prompts.encode(text, first=True)
-    if len(ids) < 2:
-        raise ValueError(f"the prompt is too short to run ({len(ids)} token(s)): {prompt!r}")
-    return PromptLayout((), [ids[:-1]], ids[-1:])
 
 
 async def _in_thread(responses: Iterator[CompletionResponse]) -> AsyncIterator[CompletionResponse]:
