@@ -1,0 +1,83 @@
+"""ChatBlend: a LangChain chat model whose prefill blends cached chunk KVs."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
+from langchain_core.messages import AIMessageChunk, BaseMessage, ChatMessage
+from langchain_core.messages.ai import UsageMetadata
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import model_validator
+
+from blendrag.langchain._base import BlendParams
+from blendrag.langchain._prompt import chat_prompt, split_prompt
+
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
+
+
+class ChatBlend(BlendParams, BaseChatModel):
+    """LangChain ``BaseChatModel`` over a :class:`~blendrag.BlendEngine` (instruct models).
+
+    The messages are rendered with the tokenizer's chat template (the engine's ``system``
+    message is added when the conversation has none); the rendered text is split at the
+    retrieved chunk texts exactly as :class:`BlendLLM` splits a prompt: the Documents given
+    as ``documents=``, else the texts of ``text_index``. The answer's ``usage_metadata``
+    counts prompt and new tokens; ``response_metadata["blendrag"]`` holds the request stats.
+    """
+
+    @model_validator(mode="after")
+    def _check_template(self) -> "ChatBlend":
+        if not getattr(self.engine.tokenizer, "chat_template", None):
+            raise ValueError("ChatBlend needs a tokenizer with a chat_template; use BlendLLM for this model")
+        return self
+
+    @property
+    def _llm_type(self) -> str:
+        return "blendrag-chat"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return self._params()
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        return LangSmithParams(**self._ls_params("chat", stop, kwargs))
+
+    def render(self, messages: list[BaseMessage]) -> str:
+        """The conversation as the model reads it (chat template, assistant header last)."""
+        turns = [{"role": _role(m), "content": str(m.text)} for m in messages]
+        system = self.engine.prompts.system
+        if system is not None and not any(t["role"] == "system" for t in turns):
+            turns.insert(0, {"role": "system", "content": system})
+        return self.engine.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        # The token stream is the only generation path: invoke == stream by construction.
+        # (BaseChatModel itself reports streamed tokens to callbacks.)
+        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
+
+    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+        rendered = self.render(messages)
+        split, source = split_prompt(rendered, self.text_index, self._documents(kwargs), self.document_prompt)
+        request = self._start(chat_prompt(self.engine, rendered, split, source), stop, kwargs)
+        for delta in request.stream:
+            yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+        info = self._finish(request)
+        stats = request.stream.result.stats
+        usage = UsageMetadata(input_tokens=stats.prompt_tokens, output_tokens=stats.new_tokens,
+                              total_tokens=stats.prompt_tokens + stats.new_tokens)
+        last = AIMessageChunk(content="", usage_metadata=usage, chunk_position="last",
+                              response_metadata={"model_name": self.engine.name, "model_provider": "blendrag"})
+        yield ChatGenerationChunk(message=last, generation_info=info)
+
+
+def _role(message: BaseMessage) -> str:
+    if isinstance(message, ChatMessage):
+        return message.role
+    if message.type not in _ROLES:
+        raise ValueError(f"ChatBlend cannot render a {message.type!r} message")
+    return _ROLES[message.type]

