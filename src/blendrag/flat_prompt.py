@@ -56,13 +56,10 @@ def flat_layout(builder: PromptBuilder, prompt: str, index: ChunkTextIndex,
         split, source = split_at(prompt, texts), "documents"
     else:
         split, source = index.split(prompt), "index"
-    layout = _layout(builder, split, wrap)
-    if layout is None:
-        return FlatLayout(builder.whole(prompt, wrap), "none", 0, 0)
-    return FlatLayout(layout, source, split.found, len(split.chunks))
+    return _layout(builder, split, wrap, source) or FlatLayout(builder.whole(prompt, wrap), "none", 0, 0)
 
 
-def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool) -> PromptLayout | None:
+def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool, source: str) -> FlatLayout | None:
     """Pieces tokenized one by one; None when no known chunk is left to reuse."""
     if not split.found:
         return None
@@ -72,8 +69,10 @@ def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool) -> PromptLay
     suffix = builder.encode(split.suffix + tail)
     if not suffix and pieces:  # the prompt ends with a chunk: it is computed, as the suffix
         suffix = pieces.pop()[0]
-    if not any(known for _, known in pieces):
+    matched = sum(known for _, known in pieces)
+    if not matched:
         return None
     kv_prefix = builder.kv_prefix_ids() if builder.chunk_prefix is not None else None
-    return PromptLayout(builder.encode(head + split.prefix, first=True), [ids for ids, _ in pieces], suffix,
-                        kv_prefix_ids=kv_prefix)
+    layout = PromptLayout(builder.encode(head + split.prefix, first=True), [ids for ids, _ in pieces], suffix,
+                          kv_prefix_ids=kv_prefix)
+    return FlatLayout(layout, source, matched, len(pieces))

@@ -13,7 +13,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import model_validator
 
 from blendrag.langchain._base import BlendParams
-from blendrag.langchain._prompt import chat_prompt, split_prompt
+from blendrag.langchain._prompt import blend_prompt
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
 
@@ -62,8 +62,9 @@ class ChatBlend(BlendParams, BaseChatModel):
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         rendered = self.render(messages)
-        split, source = split_prompt(rendered, self.text_index, self._documents(kwargs), self.document_prompt)
-        request = self._start(chat_prompt(self.engine, rendered, split, source), stop, kwargs)
+        flat = blend_prompt(self.engine, rendered, self.text_index, self._documents(kwargs), self.document_prompt,
+                            wrap=False)
+        request = self._start(flat, stop, kwargs)
         for delta in request.stream:
             yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
         info = self._finish(request)

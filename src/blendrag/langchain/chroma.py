@@ -13,7 +13,7 @@ from langchain_core.documents import Document
 from tqdm.auto import tqdm
 
 from blendrag.langchain._base import BlendParams
-from blendrag.langchain._prompt import INDEX_LOCK, format_documents
+from blendrag.langchain._prompt import format_documents
 
 
 @dataclass
@@ -79,8 +79,7 @@ class BlendChroma(Chroma):
         metas = list(metadatas or []) + [{}] * (len(texts) - len(metadatas or []))
         docs = [Document(page_content=t, metadata=m or {}) for t, m in zip(texts, metas)]
         chunks = format_documents(docs, self.llm.document_prompt)
-        with INDEX_LOCK:
-            self.llm.text_index.add_many(chunks)
+        self.llm.text_index.add_many(chunks)
         counts = IngestCounts()
         show = len(chunks) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
         engine = self.llm.engine
