@@ -1,0 +1,247 @@
+"""Answer quality and TTFT of every prefill mode and selector on a dataset (CacheBlend Fig. 16).
+
+Per item: build the layout (pieces tokenized separately), precompute the chunk KVs (ingestion,
+not timed), then for each config: greedy decoding of the answer (up to the first line break
+after some text), its quality (the item's metric, QA F1 by default) and exact match, the
+first-token distribution compared with the full prefill's (argmax agreement, KL(full || mode)),
+and the TTFT (chunk KV fetch + prefill + first token). Per config: means over items, median
+TTFT and the speedup over full prefill (median full TTFT / median TTFT).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
+from blendrag.engine.engine import BlendEngine
+from blendrag.engine.generation import GenerationStream
+from blendrag.eval.datasets import EvalItem, kinds
+from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 1.0)
+FULL = BlendConfig(mode="full")
+RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl", "ttft_s",
+               "speedup_vs_full")
+"""Keys of one JSON record (``ConfigSummary.record``)."""
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """What to evaluate: the model, the modes / selectors / ratios, and decoding limits.
+
+    ``model``: hub id or local path; None = the packaged demo model. ``chat``: wrap prompts in
+    the tokenizer's chat template (None: off for the demo model, which was trained on plain
+    prompts; the tokenizer's template when it has one otherwise). Full prefill is always run:
+    it is the reference of the first-token comparison and of the speedups. Blend runs every
+    selector at every ratio. ``warmup``: run each config's prefill once, untimed, first.
+    """
+
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    chat: bool | None = None
+    modes: tuple[str, ...] = MODES
+    selectors: tuple[str, ...] = SELECTORS
+    ratios: tuple[float, ...] = DEFAULT_RATIOS
+    max_new_tokens: int = 32
+    summary_max_new_tokens: int = 128
+    warmup: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "modes", tuple(self.modes))
+        object.__setattr__(self, "selectors", tuple(self.selectors))
+        object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
+        if "blend" in self.modes:
+            if not self.selectors or any(s not in SELECTORS for s in self.selectors):
+                raise ValueError(f"selectors must be a non-empty subset of {SELECTORS}, got {self.selectors!r}")
+            if not self.ratios or any(not 0.0 < r <= 1.0 for r in self.ratios):
+                raise ValueError(f"ratios must be non-empty values in (0, 1], got {self.ratios!r}")
+        for name in ("max_new_tokens", "summary_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    def configs(self) -> list[BlendConfig]:
+        """Full first, then prefix / reuse, then blend for each selector over the ratios."""
+        out = [FULL] + [BlendConfig(mode=m) for m in ("prefix", "reuse") if m in self.modes]
+        if "blend" in self.modes:
+            out += [BlendConfig(mode="blend", selector=s, ratio=r) for s in self.selectors for r in self.ratios]
+        return out
+
+    @property
+    def model_name(self) -> str:
+        return self.model or "demo"
+
+
+@dataclass(frozen=True)
+class ExampleResult:
+    """One item under one config."""
+
+    item: int
+    kind: str
+    config: BlendConfig
+    answer: str
+    quality: float
+    exact_match: float
+    first_token_agreement: float
+    kl: float
+    ttft_s: float
+    recompute_fraction: float
+
+
+@dataclass(frozen=True)
+class ConfigSummary:
+    """One config aggregated over the items (``selector`` / ``ratio`` are None outside blend)."""
+
+    mode: str
+    selector: str | None
+    ratio: float | None
+    quality: float
+    exact_match: float
+    first_token_agreement: float
+    kl: float
+    ttft_s: float
+    speedup_vs_full: float
+    recompute_fraction: float
+    n: int
+    quality_by_kind: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.mode if self.selector is None else f"{self.mode}-{self.selector}@{self.ratio:g}"
+
+    def record(self) -> dict:
+        """The JSON record: exactly ``RECORD_KEYS``."""
+        return {key: getattr(self, key) for key in RECORD_KEYS}
+
+
+@dataclass(frozen=True)
+class QualityReport:
+    """Everything one run measured."""
+
+    model: str
+    dataset: str
+    device: str
+    dtype: str
+    items: int
+    skipped: int
+    kinds: list[str]
+    metrics: list[str]
+    summaries: list[ConfigSummary]
+    examples: list[ExampleResult]
+
+
+def load_engine(config: QualityConfig) -> BlendEngine:
+    """The model to evaluate: ``config.model``, or the packaged demo model (FileNotFoundError
+    when it is not there)."""
+    if config.model is not None:
+        return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device, chat=config.chat)
+    from blendrag.demo import check_demo_model
+
+    chat = False if config.chat is None else config.chat
+    return BlendEngine.from_pretrained(check_demo_model(), dtype=config.dtype, device=config.device, chat=chat)
+
+
+def _answer(stream: GenerationStream, first_line: bool) -> str:
+    """Drain ``stream`` into the answer; ``first_line``: stop at the first line break after some
+    text (leading blank lines are skipped, as LongBench does), without decoding further."""
+    text = ""
+    for delta in stream:
+        text += delta
+        head = text.lstrip()
+        if first_line and "\n" in head:
+            return head.split("\n", 1)[0].strip()
+    return text.strip()
+
+
+def _generation(item: EvalItem, config: QualityConfig) -> GenerationConfig:
+    short = item.metric == "qa_f1"
+    return GenerationConfig(max_new_tokens=config.max_new_tokens if short else config.summary_max_new_tokens)
+
+
+def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: QualityConfig,
+                  warmup: bool = False) -> list[ExampleResult]:
+    """Every config on one item; the chunk KVs are precomputed first (untimed)."""
+    layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
+    engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids)
+    configs = config.configs()
+    if warmup:
+        for cfg in configs:
+            engine.prefill(layout, cfg)
+    gen = _generation(item, config)
+    reference: torch.Tensor | None = None
+    out = []
+    for cfg in configs:
+        stream = engine.stream(layout, cfg, gen)
+        answer = _answer(stream, first_line=item.metric == "qa_f1")
+        logits, stats = stream.prefill.logits, stream.prefill.stats
+        reference = logits if reference is None else reference  # full comes first
+        out.append(ExampleResult(
+            item=index, kind=item.kind, config=cfg, answer=answer, quality=score(item.metric, answer, item.answers),
+            exact_match=exact_match(answer, item.answers),
+            first_token_agreement=float(first_token_agrees(reference, logits)),
+            kl=first_token_kl(reference, logits), ttft_s=stats.ttft_s, recompute_fraction=stats.recompute_fraction))
+    return out
+
+
+def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig) -> bool:
+    layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
+    try:
+        engine.check_length(layout, _generation(item, config).max_new_tokens)
+    except ValueError as e:
+        log.warning("skipping an item: %s", e)
+        return False
+    return True
+
+
+def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig(),
+                engine: BlendEngine | None = None, dataset: str = "synthetic",
+                on_item: Callable[[int, int], None] | None = None) -> QualityReport:
+    """Evaluate every config of ``config`` on ``items``; ``engine`` defaults to
+    ``load_engine(config)``. Items longer than the model's context are skipped (logged);
+    ``on_item(done, total)`` is called after each item."""
+    engine = engine if engine is not None else load_engine(config)
+    usable = [item for item in items if _fits(engine, item, config)]
+    if not usable:
+        raise ValueError(f"no item of {dataset!r} fits the model's context ({len(items)} given)")
+    examples: list[ExampleResult] = []
+    for i, item in enumerate(usable):
+        examples += evaluate_item(engine, i, item, config, warmup=config.warmup and i == 0)
+        if on_item is not None:
+            on_item(i + 1, len(usable))
+    return QualityReport(model=config.model_name, dataset=dataset, device=str(engine.device),
+                         dtype=str(engine.dtype).removeprefix("torch."), items=len(usable),
+                         skipped=len(items) - len(usable), kinds=kinds(usable),
+                         metrics=list(dict.fromkeys(item.metric for item in usable)),
+                         summaries=summarize(examples, config.configs()), examples=examples)
+
+
+def summarize(examples: Sequence[ExampleResult], configs: Sequence[BlendConfig]) -> list[ConfigSummary]:
+    """One summary per config (in ``configs`` order); speedups relative to full prefill."""
+    by_config = {cfg: [e for e in examples if e.config == cfg] for cfg in configs}
+    full_ttft = statistics.median(e.ttft_s for e in by_config[FULL])
+    return [_summary(cfg, rows, full_ttft) for cfg, rows in by_config.items() if rows]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> ConfigSummary:
+    blend = cfg.mode == "blend"
+    ttft = statistics.median(e.ttft_s for e in rows)
+    by_kind = {k: _mean([e.quality for e in rows if e.kind == k]) for k in dict.fromkeys(e.kind for e in rows)}
+    return ConfigSummary(
+        mode=cfg.mode, selector=cfg.selector if blend else None, ratio=cfg.ratio if blend else None,
+        quality=_mean([e.quality for e in rows]), exact_match=_mean([e.exact_match for e in rows]),
+        first_token_agreement=_mean([e.first_token_agreement for e in rows]), kl=_mean([e.kl for e in rows]),
+        ttft_s=ttft, speedup_vs_full=full_ttft / ttft if ttft > 0 else float("inf"),
+        recompute_fraction=_mean([e.recompute_fraction for e in rows]), n=len(rows), quality_by_kind=by_kind)

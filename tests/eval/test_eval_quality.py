@@ -1,0 +1,103 @@
+"""The quality runner end to end on a tiny random model, and its aggregation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from blendrag.config import BlendConfig
+from blendrag.eval.datasets import EvalItem, load_synthetic
+from blendrag.eval.quality import RECORD_KEYS, ExampleResult, QualityConfig, run_quality, summarize
+from blendrag.eval.report import records, write_report
+
+FULL, BLEND1 = BlendConfig(mode="full"), BlendConfig(mode="blend", selector="cacheblend", ratio=1.0)
+CONFIG = QualityConfig(modes=("full", "blend"), selectors=("cacheblend",), ratios=(0.2, 1.0), max_new_tokens=3,
+                       warmup=False)
+
+
+@pytest.fixture(scope="module")
+def report(engine_for):
+    too_long = EvalItem("p ", ("many words " * 600,), "q?", ("a",), "long")
+    items = [too_long] + load_synthetic(2, num_chunks=(2, 3))
+    return run_quality(items, CONFIG, engine=engine_for("llama"), dataset="synthetic")
+
+
+def _summary(report, mode: str, ratio: float | None = None):
+    return next(s for s in report.summaries if s.mode == mode and s.ratio == ratio)
+
+
+def test_runs_every_config_on_every_fitting_item(report) -> None:
+    assert report.items == 2 and report.skipped == 1
+    assert [s.label for s in report.summaries] == ["full", "blend-cacheblend@0.2", "blend-cacheblend@1"]
+    assert len(report.examples) == 2 * 3
+    assert all(s.n == 2 for s in report.summaries)
+    assert all(0.0 <= e.quality <= 1.0 and e.ttft_s > 0 for e in report.examples)
+
+
+def test_full_agrees_with_itself(report) -> None:
+    full = _summary(report, "full")
+    assert full.first_token_agreement == 1.0 and full.kl == 0.0
+    assert full.speedup_vs_full == 1.0 and full.recompute_fraction == 1.0
+    assert full.selector is None and full.ratio is None
+
+
+def test_blend_at_ratio_one_matches_full(report) -> None:
+    blend = _summary(report, "blend", 1.0)
+    assert blend.first_token_agreement == 1.0
+    assert blend.kl == pytest.approx(0.0, abs=1e-6)
+    answers = {(e.item, e.config): e.answer for e in report.examples}
+    assert all(answers[(i, BLEND1)] == answers[(i, FULL)] for i in range(report.items))
+    partial = _summary(report, "blend", 0.2)
+    assert partial.recompute_fraction < 1.0 and partial.kl >= 0.0
+
+
+def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
+    paths = write_report(report, tmp_path / "out", tmp_path / "q.json")
+    loaded = json.loads(paths["json"].read_text())
+    assert loaded == records(report)
+    assert all(set(r) == set(RECORD_KEYS) == {"mode", "selector", "ratio", "quality", "exact_match",
+                                              "first_token_agreement", "kl", "ttft_s", "speedup_vs_full"}
+               for r in loaded)
+    assert [(r["mode"], r["selector"], r["ratio"]) for r in loaded] == [
+        ("full", None, None), ("blend", "cacheblend", 0.2), ("blend", "cacheblend", 1.0)]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["csv"].read_text().splitlines()[0].startswith("mode,selector,ratio,quality,exact_match")
+    assert len(paths["csv"].read_text().splitlines()) == 1 + 3
+    assert "| mode | selector |" in paths["md"].read_text()
+
+
+def test_no_item_fits(engine_for) -> None:
+    item = EvalItem("p ", ("many words " * 600,), "q?", ("a",), "long")
+    with pytest.raises(ValueError, match="fits"):
+        run_quality([item], CONFIG, engine=engine_for("llama"))
+
+
+def _example(item: int, cfg: BlendConfig, ttft: float, quality: float, kind: str) -> ExampleResult:
+    return ExampleResult(item=item, kind=kind, config=cfg, answer="", quality=quality, exact_match=float(quality == 1),
+                         first_token_agreement=1.0, kl=0.1 * item, ttft_s=ttft, recompute_fraction=0.5)
+
+
+def test_summarize_medians_and_speedup() -> None:
+    blend = BlendConfig(mode="blend", selector="epic", ratio=0.1)
+    rows = [_example(i, FULL, t, 1.0, k) for i, (t, k) in enumerate([(1.0, "a"), (3.0, "b"), (2.0, "a")])]
+    rows += [_example(i, blend, t, q, k) for i, (t, q, k) in enumerate([(0.5, 0.0, "a"), (1.5, 1.0, "b"),
+                                                                          (1.0, 0.5, "a")])]
+    full, b = summarize(rows, [FULL, blend])
+    assert full.ttft_s == 2.0 and full.speedup_vs_full == 1.0
+    assert b.ttft_s == 1.0 and b.speedup_vs_full == 2.0  # median 2.0 / median 1.0
+    assert b.quality == pytest.approx(0.5) and b.exact_match == pytest.approx(1 / 3)
+    assert b.kl == pytest.approx(0.1) and b.quality_by_kind == {"a": 0.25, "b": 1.0}
+    assert (b.selector, b.ratio, b.label) == ("epic", 0.1, "blend-epic@0.1")
+
+
+def test_quality_config_validation() -> None:
+    default = QualityConfig()
+    assert len(default.configs()) == 3 + 4 * 6
+    assert default.configs()[0] == FULL and default.model_name == "demo"
+    assert QualityConfig(modes=("blend",), selectors=("epic",), ratios=(0.5,)).configs()[0] == FULL
+    for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)), dict(ratios=(0.0,)),
+                dict(ratios=(1.5,)), dict(max_new_tokens=0)):
+        with pytest.raises(ValueError):
+            QualityConfig(**bad)
