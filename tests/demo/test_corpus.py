@@ -1,0 +1,173 @@
+"""The synthetic QA corpus: answers derivable from the passages, seeds reproducible, kinds mixed."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+
+from blendrag.demo.corpus import (
+    CROSS_CHUNK_KINDS,
+    KINDS,
+    PREFIX,
+    QAExample,
+    answer_from_facts,
+    encode_pieces,
+    encode_prompt,
+    exact_match,
+    format_chunk,
+    format_suffix,
+    generate_examples,
+    generate_question_groups,
+    normalize_answer,
+    prompt_pieces,
+)
+from blendrag.demo.tokenizer import build_tokenizer
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[QAExample]:
+    return generate_examples(1500, seed=11, num_chunks=(1, 6))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_answers_derivable_by_independent_reader(examples: list[QAExample]) -> None:
+    for ex in examples:
+        assert answer_from_facts(ex.chunks, ex.question) == ex.answers[0], ex
+
+
+def test_group_answers_derivable() -> None:
+    for group in generate_question_groups(150, seed=5, num_chunks=(2, 6)):
+        for ex in group:
+            assert ex.chunks == group[0].chunks
+            assert answer_from_facts(ex.chunks, ex.question) == ex.answers[0], ex
+
+
+def test_answer_in_support_passages(examples: list[QAExample]) -> None:
+    for ex in examples:
+        if ex.kind == "comparison":
+            continue
+        assert any(re.search(rf"\b{ex.answers[0]}\b", ex.chunks[i]) for i in ex.support), ex
+
+
+def test_pronoun_questions_need_two_passages(examples: list[QAExample]) -> None:
+    pronoun = [ex for ex in examples if ex.kind == "pronoun"]
+    assert pronoun
+    for ex in pronoun:
+        named, cont = ex.support
+        assert cont == named + 1
+        name = re.search(r"(?:born|enjoy)", ex.question) and ex.question.split(" was ")[-1].split(" enjoy")[0]
+        person = re.search(r"([A-Z][a-z]+ [A-Z][a-z]+)", ex.question).group(1)
+        assert person in ex.chunks[named] and person not in ex.chunks[cont], name
+        assert re.match(r"(She|He) ", ex.chunks[cont])
+        assert ex.answers[0] in ex.chunks[cont] and ex.answers[0] not in ex.chunks[named]
+
+
+def test_multihop_and_comparison_span_two_passages(examples: list[QAExample]) -> None:
+    for ex in examples:
+        if ex.kind in ("multihop", "comparison"):
+            assert len(set(ex.support)) >= 2, ex
+        if ex.kind == "comparison":
+            a, b = re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", ex.question)
+            assert [i for i, c in enumerate(ex.chunks) if a in c] != [i for i, c in enumerate(ex.chunks) if b in c]
+
+
+def test_continuation_passage_follows_its_person(examples: list[QAExample]) -> None:
+    for ex in examples:
+        for i, chunk in enumerate(ex.chunks):
+            if re.match(r"(She|He) ", chunk):
+                assert i > 0 and re.match(r"[A-Z][a-z]+ [A-Z][a-z]+ (is|comes)", ex.chunks[i - 1])
+
+
+def test_kinds_mix(examples: list[QAExample]) -> None:
+    kinds = Counter(ex.kind for ex in examples)
+    assert set(kinds) == set(KINDS)
+    cross = sum(kinds[k] for k in CROSS_CHUNK_KINDS)
+    assert cross / len(examples) >= 0.4
+    assert min(kinds.values()) / len(examples) >= 0.1
+
+
+def test_distractors_present() -> None:
+    for ex in generate_examples(300, seed=3, num_chunks=(4, 6)):
+        assert len(ex.chunks) - len(set(ex.support)) >= 1
+        assert 4 <= len(ex.chunks) <= 6
+
+
+def test_passage_lengths(examples: list[QAExample]) -> None:
+    lengths = [len(c.split()) for ex in examples for c in ex.chunks]
+    assert 12 <= min(lengths) and max(lengths) <= 60
+
+
+def test_seeds_reproducible() -> None:
+    assert generate_examples(50, seed=4) == generate_examples(50, seed=4)
+    assert generate_examples(50, seed=4) != generate_examples(50, seed=5)
+    assert generate_question_groups(10, seed=4) == generate_question_groups(10, seed=4)
+
+
+def test_group_heads_equal_examples() -> None:
+    heads = [g[0] for g in generate_question_groups(30, seed=8, num_chunks=(2, 5), questions_per_group=5)]
+    assert heads == generate_examples(30, seed=8, num_chunks=(2, 5))
+
+
+def test_fixed_chunk_count_and_kind_weights() -> None:
+    exs = generate_examples(40, seed=1, num_chunks=3, kind_weights={"pronoun": 1.0})
+    assert all(len(ex.chunks) == 3 and ex.kind == "pronoun" for ex in exs)
+    single = generate_examples(10, seed=1, num_chunks=1)
+    assert all(ex.kind == "single" and len(ex.chunks) == 1 for ex in single)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"n": -1, "seed": 0}, {"n": 1, "seed": 0, "num_chunks": 0}, {"n": 1, "seed": 0, "num_chunks": (5, 4)},
+     {"n": 1, "seed": 0, "kind_weights": {"bogus": 1.0}}, {"n": 1, "seed": 0, "kind_weights": {"single": 0.0}}],
+)
+def test_invalid_arguments(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        generate_examples(**kwargs)
+
+
+def test_qaexample_validation() -> None:
+    with pytest.raises(ValueError):
+        QAExample([], "q?", ["a"], "single")
+    with pytest.raises(ValueError):
+        QAExample(["c"], "q?", [], "single")
+    with pytest.raises(ValueError):
+        QAExample(["c"], "q?", ["a"], "bogus")
+    with pytest.raises(ValueError):
+        QAExample(["c"], "q?", ["a"], "single", support=[3])
+
+
+def test_normalize_and_exact_match() -> None:
+    assert normalize_answer("  The Lena-Park. ") == "lenapark"
+    assert exact_match("an Engineer.", ["engineer"])
+    assert not exact_match("Oslo Lima", ["Oslo"])
+
+
+def test_prompt_pieces_format() -> None:
+    pieces = prompt_pieces(["A b.", "C d."], "Who?")
+    assert pieces.prefix == PREFIX
+    assert pieces.chunks == [format_chunk("A b."), format_chunk("C d.")] == ["A b.\n", "C d.\n"]
+    assert pieces.suffix == format_suffix("Who?") == "Question: Who?\nAnswer:"
+
+
+def test_piecewise_encoding_has_no_unknown_words(tok, examples: list[QAExample]) -> None:
+    for ex in examples[:300]:
+        prefix, chunks, suffix = encode_pieces(tok, prompt_pieces(ex.chunks, ex.question))
+        assert prefix[0] == tok.bos_token_id and tok.bos_token_id not in prefix[1:]
+        ids = encode_prompt(tok, ex.chunks, ex.question)
+        assert ids == prefix + [t for c in chunks for t in c] + suffix
+        assert tok.unk_token_id not in ids
+        for answer in ex.answers:
+            assert tok.unk_token_id not in tok(answer, add_special_tokens=False)["input_ids"]
+
+
+def test_check_demo_model_reports_missing(tmp_path) -> None:
+    from blendrag.demo import check_demo_model
+
+    with pytest.raises(FileNotFoundError):
+        check_demo_model(tmp_path)
