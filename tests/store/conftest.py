@@ -7,6 +7,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -47,3 +48,12 @@ def redis_server(tmp_path_factory):
 @pytest.fixture
 def redis_prefix() -> str:
     return f"test:{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (two spin-waiting threads stall on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

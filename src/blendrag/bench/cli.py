@@ -23,6 +23,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     ttft.add_argument("--repeats", type=int, default=3)
     ttft.add_argument("--json", type=Path, help="also write the records as JSON here")
     ttft.set_defaults(func=_ttft)
+    _register_store(bench)
+
+
+def _register_store(bench: argparse._SubParsersAction) -> None:
+    store = bench.add_parser("store", help="stored bytes/token, precompute and per-tier load throughput")
+    store.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
+    store.add_argument("--device", default="cpu")
+    store.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    store.add_argument("--layers", type=int, default=32)
+    store.add_argument("--chunks", type=int, default=6)
+    store.add_argument("--chunk-tokens", type=int, default=512)
+    store.add_argument("--repeats", type=int, default=9, help="timed loads per tier (median reported)")
+    store.add_argument("--dir", type=Path, help="disk tier directory (default: a temporary one, removed after)")
+    store.add_argument("--no-redis", action="store_true", help="skip the Redis tier")
+    store.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    store.add_argument("--json", type=Path, help="also write the figures as one JSON object here")
+    store.set_defaults(func=_store)
 
 
 def _ttft(args: argparse.Namespace) -> int:
@@ -40,5 +57,24 @@ def _ttft(args: argparse.Namespace) -> int:
     print("\n".join(check_targets(records)))
     if args.json:
         write_json(records, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _store(args: argparse.Namespace) -> int:
+    import torch
+
+    from blendrag.bench.store import StoreBenchConfig, check_targets, format_report, run, write_json
+    from blendrag.bench.ttft import TTFTWorkload
+
+    w = TTFTWorkload(model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+                     chunks=args.chunks, chunk_tokens=args.chunk_tokens)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = run(StoreBenchConfig(workload=w, repeats=args.repeats, directory=args.dir, redis=not args.no_redis))
+    print(format_report(report))
+    print("\n".join(check_targets(report)))
+    if args.json:
+        write_json(report, args.json)
         print(f"wrote {args.json}")
     return 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -122,15 +123,27 @@ class BlendEngine:
         builder = self._builder()
         return self.precompute(builder.kv_prefix_ids(prefix), [builder.encode(c) for c in chunks])
 
-    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]]) -> list[bool]:
-        """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now."""
+    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
+                   on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
+        """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now.
+
+        One ``missing`` lookup for the whole list (stores without it: ``contains`` per key);
+        chunks already stored are skipped, so an interrupted job resumes where it stopped. New
+        entries skip the RAM tier where the store has a slower one (``put(..., ram=False)``), so
+        a bulk job does not evict the entries being served. ``on_chunk(i, computed)`` is called
+        after each chunk (progress bars)."""
         prefix = self.prefix_kv(prefix_ids)
+        keys = [self.key(prefix_ids, ids) for ids in chunks]
+        todo = set(_missing(self.store, keys))
         computed = []
-        for ids in chunks:
-            missing = not self.store.contains(self.key(prefix_ids, ids))
-            if missing:
-                self._compute(prefix, prefix_ids, ids)
-            computed.append(missing)
+        for i, (key, ids) in enumerate(zip(keys, chunks)):
+            now = key in todo
+            if now:
+                todo.discard(key)  # a chunk listed twice is computed once
+                _put_bulk(self.store, key, self._chunk_prefill(prefix, prefix_ids, ids))
+            computed.append(now)
+            if on_chunk is not None:
+                on_chunk(i, now)
         return computed
 
     def _lookup(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
@@ -147,15 +160,19 @@ class BlendEngine:
         return kv
 
     def _compute(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
+        """Compute ``chunk_ids``'s KV after the cached prefix and store it."""
+        kv = self._chunk_prefill(prefix, prefix_ids, chunk_ids)
+        self.store.put(self.key(prefix_ids, chunk_ids), kv)
+        return kv
+
+    def _chunk_prefill(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
         """Prefill ``chunk_ids`` after the cached prefix and keep the chunk's rows (pre-RoPE keys)."""
         p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
         ids = torch.tensor(list(prefix_ids) + list(chunk_ids), device=self.device)
         cached = [CachedSegment(0, prefix)] if prefix is not None else []
         plan = PrefillPlan(ids, cached, torch.arange(p, n, device=self.device), capture=True)
         out = run_prefill(self.adapter, plan, self._buffer(n), self._rope(n))
-        kv = ChunkKV(out.keys, out.values, tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
-        self.store.put(self.key(prefix_ids, chunk_ids), kv)
-        return kv
+        return ChunkKV(out.keys, out.values, tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -165,8 +182,10 @@ class BlendEngine:
         self.check_length(layout, extra_capacity)
         t0 = time.perf_counter()
         stats = _new_stats(layout, config)
+        before = _store_snapshot(self.store)
         cached = self._cached_segments(layout, config, stats)
         stats.kv_fetch_s = time.perf_counter() - t0
+        stats.store = _store_delta(self.store, before)
         n = layout.num_tokens
         plan = self._plan(layout, config, cached)
         stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
@@ -178,7 +197,6 @@ class BlendEngine:
         stats.ttft_s = time.perf_counter() - t0
         stats.computed_per_layer = out.active_per_layer
         stats.recomputed_chunk_tokens_per_layer = out.chunk_active_per_layer
-        stats.store = _store_stats(self.store)
         return Prefill(logits, fused, stats, out)
 
     def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
@@ -250,12 +268,36 @@ def _new_stats(layout: PromptLayout, config: BlendConfig) -> RequestStats:
     )
 
 
-def _store_stats(store: KVStore) -> dict | None:
+def _store_snapshot(store: KVStore) -> object | None:
     stats = getattr(store, "stats", None)
-    if callable(stats):
-        snap = stats()
-        return snap.to_dict() if hasattr(snap, "to_dict") else dict(getattr(snap, "__dict__", {}))
-    return None
+    return stats() if callable(stats) else None
+
+
+def _store_delta(store: KVStore, before: object | None) -> dict | None:
+    """The store's activity since ``before`` (this request's fetches, lookups and writes) as a
+    dict; a store without ``since`` on its snapshots reports its snapshot as is."""
+    after = _store_snapshot(store)
+    if after is None:
+        return None
+    if before is not None and hasattr(after, "since"):
+        after = after.since(before)
+    return after.to_dict() if hasattr(after, "to_dict") else dict(getattr(after, "__dict__", {}))
+
+
+def _missing(store: KVStore, keys: list[str]) -> list[str]:
+    missing = getattr(store, "missing", None)
+    return list(missing(keys)) if callable(missing) else [k for k in keys if not store.contains(k)]
+
+
+def _put_bulk(store: KVStore, key: str, kv: ChunkKV) -> None:
+    """Store a precomputed entry outside the RAM tier where the store has another tier that took
+    it; otherwise (RAM-only store, slow tiers down or too small) in RAM as usual."""
+    if "ram" not in inspect.signature(store.put).parameters:  # a KVStore without tiers
+        store.put(key, kv)
+        return
+    store.put(key, kv, ram=False)
+    if not store.contains(key):
+        store.put(key, kv)
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:  # tokenizer may be None

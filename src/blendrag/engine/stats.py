@@ -33,7 +33,7 @@ class RequestStats:
     new_tokens: int = 0
     decode_s: float = 0.0
     finish_reason: str | None = None
-    store: dict | None = None
+    store: dict | None = None  # what this request did to the store: StoreStats.since(before).to_dict()
 
     @property
     def recompute_fraction(self) -> float:

@@ -37,6 +37,17 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _MAX_HEADER = 100 << 20  # the safetensors limit
 
+
+def _iov_max() -> int:
+    """Buffers one ``preadv`` may take (IOV_MAX, 1024 on Linux)."""
+    try:
+        return max(1, min(1024, os.sysconf("SC_IOV_MAX")))
+    except (AttributeError, ValueError, OSError):
+        return 16
+
+
+_IOV_MAX = _iov_max()
+
 Source = Union[bytes, bytearray, memoryview, str, Path, BinaryIO]
 
 
@@ -134,16 +145,21 @@ class EntryReader:
         return k, v
 
     def read_all(self) -> ChunkKV:
-        """Every layer, read straight into one stacked ``ChunkKV`` (one copy from the source)."""
+        """Every layer, read straight into one stacked ``ChunkKV`` (one copy from the source, in
+        one scatter read: as fast as a plain read of the file), then verified."""
         keys = torch.empty(self.shape, dtype=self.dtype)
         values = torch.empty(self.shape, dtype=self.dtype)
-        for i in range(self.num_layers):
-            self._read_checked(f"k.{i}", keys[i])
-            self._read_checked(f"v.{i}", values[i])
+        parts = [(f"{kind}.{i}", t[i]) for i in range(self.num_layers) for kind, t in (("k", keys), ("v", values))]
+        self._tensors.read_many(parts)
+        for name, out in parts:
+            self._verify(name, out)
         return ChunkKV(keys, values, self.token_ids, self.prefix_hash)
 
     def _read_checked(self, name: str, out: torch.Tensor) -> None:
         self._tensors.read_into(name, out)
+        self._verify(name, out)
+
+    def _verify(self, name: str, out: torch.Tensor) -> None:
         if _digest(out) != self._checksums[name]:
             raise EntryError(f"checksum mismatch in {name}")
 
@@ -198,12 +214,35 @@ class _Tensors:
         return list(self._specs)
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
+        start, end, buf = self._place(name, out)
+        if self._reader.read_into(self._base + start, buf) != end - start:
+            raise EntryError(f"truncated in {name}")
+
+    def read_many(self, items: list[tuple[str, torch.Tensor]]) -> None:
+        """Read several tensors with one positioned scatter read per run of tensors that are
+        adjacent in the file (all of an entry's tensors are: one system call per entry)."""
+        placed = sorted(((*self._place(name, out), name) for name, out in items), key=lambda p: (p[0], p[1]))
+        run: list[tuple[int, int, memoryview, str]] = []
+        for item in placed:
+            if run and (item[0] != run[-1][1] or len(run) == _IOV_MAX):
+                self._read_run(run)
+                run = []
+            run.append(item)
+        if run:
+            self._read_run(run)
+
+    def _read_run(self, run: list[tuple[int, int, memoryview, str]]) -> None:
+        got = self._reader.read_into_many(self._base + run[0][0], [buf for _, _, buf, _ in run])
+        if got != run[-1][1] - run[0][0]:
+            short = next(name for start, end, _, name in run if run[0][0] + got < end)
+            raise EntryError(f"truncated in {short}")
+
+    def _place(self, name: str, out: torch.Tensor) -> tuple[int, int, memoryview]:
+        """(start, end) of ``name`` in the data section and a byte view of ``out`` to read into."""
         dtype, shape, start, end = self._specs[name]
         if dtype != out.dtype or shape != tuple(out.shape):
             raise EntryError(f"{name} is {dtype} {shape}, expected {out.dtype} {tuple(out.shape)}")
-        buf = out.view(torch.uint8).numpy().reshape(-1)  # writes land in ``out``
-        if self._reader.read_into(self._base + start, memoryview(buf)) != end - start:
-            raise EntryError(f"truncated in {name}")
+        return start, end, memoryview(out.view(torch.uint8).numpy().reshape(-1))  # writes land in ``out``
 
     def close(self) -> None:
         self._reader.close()
@@ -223,6 +262,15 @@ class _BufferReader:
         chunk = self._data[offset : offset + len(buf)]
         buf[: len(chunk)] = chunk
         return len(chunk)
+
+    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
+        done = 0
+        for buf in bufs:
+            got = self.read_into(offset + done, buf)
+            done += got
+            if got < len(buf):
+                break
+        return done
 
     def close(self) -> None:
         self._data = memoryview(b"")
@@ -244,13 +292,19 @@ class _FileReader:
         return bytes(buf[: self.read_into(offset, memoryview(buf))])
 
     def read_into(self, offset: int, buf: memoryview) -> int:
-        done = 0
+        return self.read_into_many(offset, [buf])
+
+    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
+        """Fill ``bufs`` in order from ``offset`` (scatter reads); returns the bytes read, fewer
+        only at the end of the file."""
+        done, pending = 0, [b for b in bufs if len(b)]
         try:
-            while done < len(buf):
-                got = os.preadv(self._fd, [buf[done:]], offset + done)
+            while pending:
+                got = os.preadv(self._fd, pending, offset + done)
                 if got == 0:
                     break  # end of file: the caller sees a short read
                 done += got
+                pending = _advance(pending, got)
         except OSError as exc:
             raise EntryError(f"cannot read entry file: {exc}") from None
         return done
@@ -259,6 +313,16 @@ class _FileReader:
         if self._owned and self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
+
+
+def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
+    """``bufs`` less their first ``n`` bytes (after a partial scatter read)."""
+    while bufs and n >= len(bufs[0]):
+        n -= len(bufs[0])
+        bufs = bufs[1:]
+    if bufs and n:
+        bufs = [bufs[0][n:], *bufs[1:]]
+    return bufs
 
 
 def _spec(name: str, spec: object, data_len: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:

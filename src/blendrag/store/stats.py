@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+
+# Activity counters (a ``since`` delta subtracts them); the other fields are live usage.
+_COUNTERS = ("hits", "misses", "corrupt", "errors", "bytes_read", "bytes_written", "load_seconds")
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,10 @@ class TierStats:
     used_bytes: int | None
     budget_bytes: int | None
 
+    def since(self, before: "TierStats") -> "TierStats":
+        """Activity between the snapshot ``before`` and this one; usage stays this snapshot's."""
+        return replace(self, **{c: getattr(self, c) - getattr(before, c) for c in _COUNTERS})
+
 
 @dataclass(frozen=True)
 class StoreStats:
@@ -52,6 +59,17 @@ class StoreStats:
             if t.name == name:
                 return t
         raise KeyError(f"no tier {name!r}; configured: {[t.name for t in self.tiers]}")
+
+    def since(self, before: "StoreStats") -> "StoreStats":
+        """What happened between the snapshot ``before`` and this one (e.g. one request):
+        counters are differences, usage figures (entries, bytes used) are this snapshot's.
+
+        The counters are store-wide: requests served concurrently by other threads on the
+        same store are included in each other's deltas."""
+        old = {t.name: t for t in before.tiers}
+        tiers = tuple(t.since(old[t.name]) if t.name in old else t for t in self.tiers)
+        return StoreStats(gets=self.gets - before.gets, hits=self.hits - before.hits,
+                          misses=self.misses - before.misses, tiers=tiers)
 
     def to_dict(self) -> dict:
         """Plain JSON-able form (the engine attaches it to request stats)."""

@@ -1,0 +1,300 @@
+"""Store benchmark: the stored bytes per token against the formula, the precompute throughput
+against a plain HF forward, and the load throughput of each tier against a plain read of the
+same bytes from the same device. Workload: the TTFT benchmark's default (``TTFTWorkload``).
+
+- bytes per token: size of one stored entry file / its tokens, beside
+  2 x layers x kv_heads x head_dim x bytes per element; the difference is the metadata.
+- precompute: ``engine.precompute`` of each chunk after the cached prefix, store writes included
+  (disk tier, RAM skipped as in a bulk job), beside ``model(prefix + chunk, logits_to_keep=1)``;
+  both in chunk tokens per second, alternated chunk by chunk so machine noise hits both alike.
+- load: ``store.get`` of one whole chunk from a store holding only that tier, beside a memcpy
+  (RAM), a plain ``read()`` of the entry file (disk; page cache dropped before both when the
+  kernel lets us, reported), a plain GET (Redis, a local redis-server on a free loopback port).
+  The RAM tier returns its tensors by reference, so its load includes one memcpy into a request
+  buffer: every tier's figure then moves the bytes once. GB/s = 1e9 bytes per second.
+- batching: HF forward of two chunks at once, to tell whether batching the precompute pays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from blendrag.bench.raw_io import copy_bytes, drop_page_cache, file_read_seconds, memcpy_seconds, redis_get_seconds
+from blendrag.bench.redis_server import LocalRedis, RedisUnavailable
+from blendrag.bench.ttft import TTFTWorkload, build_engine, random_layout
+from blendrag.engine.engine import BlendEngine
+from blendrag.prompt import PromptLayout
+from blendrag.store import DiskTier, StoreConfig, TieredKVStore
+
+TIERS = ("ram", "disk", "redis")
+
+
+@dataclass(frozen=True)
+class StoreBenchConfig:
+    """workload: model and chunk shapes; repeats: timed loads per tier (median reported);
+    directory: where the disk tier lives (None: a temporary directory, removed after);
+    redis: also measure a Redis tier (needs a redis-server binary)."""
+
+    workload: TTFTWorkload = field(default_factory=TTFTWorkload)
+    repeats: int = 9
+    directory: Path | None = None
+    redis: bool = True
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+
+
+def run(cfg: StoreBenchConfig) -> dict:
+    """Every figure, as the JSON object ``bench store --json`` writes."""
+    w = cfg.workload
+    engine = build_engine(w)
+    layout = random_layout(w, engine.model.config.vocab_size)
+    with _directory(cfg.directory) as directory:
+        engine.store = TieredKVStore(_config(directory, layout, engine))
+        report = {"workload": _describe(w, engine)}
+        report |= _compute_throughput(engine, layout)
+        key = engine.key(layout.prefix_ids, layout.chunk_ids[0])
+        entry = _entry_path(directory, key)
+        report |= _entry_size(engine, entry, len(layout.chunk_ids[0]))
+        report |= _load_throughput(cfg, engine.store, key, directory, entry)
+        engine.store.close()
+    return report
+
+
+def _config(directory: Path, layout: PromptLayout, engine: BlendEngine) -> StoreConfig:
+    """RAM and disk tiers with room for every entry of the workload (and the warm-up chunk)."""
+    tokens = len(layout.prefix_ids) + sum(len(c) for c in layout.chunk_ids) + len(layout.chunk_ids[0])
+    room = tokens * _formula(engine) + (64 << 20)
+    return StoreConfig(ram_bytes=room, disk_dir=directory, disk_bytes=room)
+
+
+@contextlib.contextmanager
+def _directory(directory: Path | None) -> Iterator[Path]:
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
+        yield directory
+        return
+    with tempfile.TemporaryDirectory(prefix="blendrag-bench-store-") as tmp:
+        yield Path(tmp)
+
+
+def _describe(w: TTFTWorkload, engine: BlendEngine) -> dict:
+    c = engine.model.config
+    return {"model": w.model or "random Mistral-shaped", "layers": c.num_hidden_layers,
+            "kv_heads": c.num_key_value_heads, "head_dim": _head_dim(c), "dtype": w.dtype, "device": w.device, "chunks": w.chunks,
+            "chunk_tokens": w.chunk_tokens, "prefix_tokens": w.prefix_tokens, "threads": torch.get_num_threads()}
+
+
+# ---- bytes per token ---------------------------------------------------------------------------
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _formula(engine: BlendEngine) -> int:
+    """2 (K, V) x layers x kv_heads x head_dim x bytes per element, from the model's config."""
+    c = engine.model.config
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * _head_dim(c) * engine.dtype.itemsize
+
+
+def _entry_path(directory: Path, key: str) -> Path:
+    tier = DiskTier(directory, None)
+    try:
+        path = tier.entry_path(key)
+    finally:
+        tier.close()
+    if path is None:
+        raise RuntimeError("the precomputed entry is not on disk (disk budget too small?)")
+    return path
+
+
+def _entry_size(engine: BlendEngine, entry: Path, tokens: int) -> dict:
+    size, formula = entry.stat().st_size, _formula(engine)
+    return {"entry_bytes": size, "entry_tokens": tokens, "bytes_per_token": size / tokens,
+            "bytes_per_token_formula": formula, "metadata_bytes": size - formula * tokens}
+
+
+# ---- precompute vs HF forward ----------------------------------------------------------------
+
+def _compute_throughput(engine: BlendEngine, layout: PromptLayout) -> dict:
+    prefix = list(layout.prefix_ids)
+    engine.prefix_kv(prefix)  # a job computes its prefix once
+    warm = torch.randint(3, engine.model.config.vocab_size, (len(layout.chunk_ids[0]),)).tolist()
+    _hf_seconds(engine, [prefix + warm])
+    engine.precompute(prefix, [warm])
+    hf_s = pre_s = 0.0
+    for chunk in layout.chunk_ids:  # alternated: noise hits both alike
+        hf_s += _hf_seconds(engine, [prefix + list(chunk)])
+        pre_s += _timed(engine.device, lambda c=chunk: engine.precompute(prefix, [c]))
+    tokens = sum(len(c) for c in layout.chunk_ids)
+    return {"precompute_tokens_per_s": tokens / pre_s, "hf_forward_tokens_per_s": tokens / hf_s,
+            "hf_forward_batched_tokens_per_s": _batched(engine, layout, prefix)}
+
+
+def _batched(engine: BlendEngine, layout: PromptLayout, prefix: list[int]) -> dict[str, float]:
+    """HF forward of chunks two at a time (does batching chunks pay on this device?)."""
+    pairs = [layout.chunk_ids[i:i + 2] for i in range(0, len(layout.chunk_ids) - 1, 2)]
+    if not pairs:
+        return {}
+    seconds = sum(_hf_seconds(engine, [prefix + list(c) for c in pair]) for pair in pairs)
+    return {"2": sum(len(c) for pair in pairs for c in pair) / seconds}
+
+
+def _hf_seconds(engine: BlendEngine, rows: list[list[int]]) -> float:
+    ids = torch.tensor(rows, device=engine.device)
+
+    def forward() -> None:
+        with torch.inference_mode():
+            engine.model(ids, logits_to_keep=1)
+
+    return _timed(engine.device, forward)
+
+
+def _timed(device: torch.device, fn: Callable[[], object]) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t0
+
+
+# ---- loads per tier ----------------------------------------------------------------------------
+
+def _load_throughput(cfg: StoreBenchConfig, store: TieredKVStore, key: str, directory: Path, entry: Path) -> dict:
+    kv = store.get(key)  # from disk; now in RAM too
+    load = {"ram": _ram(cfg, store, key, kv.nbytes)}
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=store.config.disk_bytes)) as disk:
+        load["disk"], cached, cold = _disk(cfg, disk, key, entry)
+    load["redis"], note = _redis(cfg, kv, key) if cfg.redis else ((None, None), "not requested (--no-redis)")
+    return {"load_gbps": {t: load[t][0] for t in TIERS}, "raw_read_gbps": {t: load[t][1] for t in TIERS},
+            "disk_page_cache_dropped": cold, "disk_page_cache_gbps": {"load": cached[0], "raw_read": cached[1]},
+            "redis_note": note}
+
+
+def _gbps(nbytes: int, samples: list[float]) -> float:
+    return nbytes / statistics.median(samples) / 1e9
+
+
+def _ram(cfg: StoreBenchConfig, store: TieredKVStore, key: str, nbytes: int) -> tuple[float, float]:
+    """get (a reference) + one memcpy into a request buffer, beside a memcpy of as many bytes."""
+    dst = torch.zeros(nbytes, dtype=torch.uint8)  # touched: no page faults in the timed copies
+    raw_src, raw_dst = torch.ones(nbytes, dtype=torch.uint8), torch.zeros(nbytes, dtype=torch.uint8)
+    loads, raws = [], []
+    for _ in range(cfg.repeats):
+        t0 = time.perf_counter()
+        kv = store.get(key)
+        copy_bytes(dst, kv.keys)
+        copy_bytes(dst, kv.values, offset=nbytes // 2)
+        loads.append(time.perf_counter() - t0)
+        raws.append(memcpy_seconds(raw_dst, raw_src))
+    return _gbps(nbytes, loads), _gbps(nbytes, raws)
+
+
+def _disk(cfg: StoreBenchConfig, disk: TieredKVStore, key: str, entry: Path):
+    """(cold load, cold raw), (page-cache load, page-cache raw), whether the cache was dropped."""
+    size = entry.stat().st_size
+    cold = {"load": [], "raw": []}
+    warm = {"load": [], "raw": []}
+    dropped = True
+    for _ in range(cfg.repeats):
+        dropped &= drop_page_cache(entry)
+        cold["load"].append(_timed_get(disk, key))
+        warm["load"].append(_timed_get(disk, key))
+        dropped &= drop_page_cache(entry)
+        cold["raw"].append(file_read_seconds(entry))
+        warm["raw"].append(file_read_seconds(entry))
+    pair = lambda d: (_gbps(size, d["load"]), _gbps(size, d["raw"]))  # noqa: E731
+    return pair(cold), pair(warm), dropped
+
+
+def _timed_get(store: TieredKVStore, key: str) -> float:
+    t0 = time.perf_counter()
+    kv = store.get(key)
+    seconds = time.perf_counter() - t0
+    if kv is None:
+        raise RuntimeError("the entry vanished from the store during the benchmark")
+    return seconds
+
+
+def _redis(cfg: StoreBenchConfig, kv, key: str) -> tuple[tuple[float | None, float | None], str | None]:
+    try:
+        server = LocalRedis()
+    except RedisUnavailable as exc:
+        return (None, None), str(exc)
+    with server, TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=None, redis_url=server.url)) as store:
+        store.put(key, kv)
+        name = store.config.redis_prefix + key
+        size = len(server.client.get(name))
+        loads, raws = [], []
+        for _ in range(cfg.repeats):
+            loads.append(_timed_get(store, key))
+            raws.append(redis_get_seconds(server.client, name))
+        return (_gbps(size, loads), _gbps(size, raws)), f"local redis-server at {server.url}"
+
+
+# ---- report ------------------------------------------------------------------------------------
+
+def format_report(r: dict) -> str:
+    w = r["workload"]
+    lines = [f"workload: {w['model']} {w['layers']}L, {w['kv_heads']} kv heads x {w['head_dim']}, {w['dtype']} on "
+             f"{w['device']} ({w['threads']} threads); {w['chunks']} chunks x {w['chunk_tokens']} tokens after a "
+             f"{w['prefix_tokens']}-token prefix",
+             f"bytes/token   stored {r['bytes_per_token']:.2f}   formula {r['bytes_per_token_formula']}   "
+             f"metadata {r['metadata_bytes']} B per {r['entry_tokens']}-token entry "
+             f"({r['metadata_bytes'] / r['entry_bytes']:.3%})",
+             f"precompute    {r['precompute_tokens_per_s']:.0f} tokens/s   "
+             f"HF forward {r['hf_forward_tokens_per_s']:.0f} tokens/s   ratio {r['precompute_tokens_per_s'] / r['hf_forward_tokens_per_s']:.2f}x",
+             *_batching_line(r),
+             f"{'tier':<18}{'load GB/s':>10}{'raw GB/s':>10}{'ratio':>8}"]
+    rows = [(t, r["load_gbps"][t], r["raw_read_gbps"][t]) for t in TIERS]
+    rows.insert(2, ("disk (page cache)", r["disk_page_cache_gbps"]["load"], r["disk_page_cache_gbps"]["raw_read"]))
+    for name, load, raw in rows:
+        if load is None:
+            lines.append(f"{name:<18}{'-':>10}{'-':>10}{'-':>8}   {r['redis_note']}")
+        else:
+            lines.append(f"{name:<18}{load:>10.2f}{raw:>10.2f}{load / raw:>7.2f}x")
+    lines.append(f"disk page cache dropped before each cold read: {'yes' if r['disk_page_cache_dropped'] else 'NO'}")
+    return "\n".join(lines)
+
+
+def _batching_line(r: dict) -> list[str]:
+    two = r["hf_forward_batched_tokens_per_s"].get("2")
+    if two is None:
+        return []
+    return [f"batching      HF forward of 2 chunks at once {two:.0f} tokens/s "
+            f"({two / r['hf_forward_tokens_per_s']:.2f}x one at a time)"]
+
+
+def check_targets(r: dict) -> list[str]:
+    """The issue's targets, each with the measured figure and PASS/MISS."""
+    out = []
+    ratio = r["precompute_tokens_per_s"] / r["hf_forward_tokens_per_s"]
+    out.append(f"precompute vs HF forward: {ratio:.2f}x (target >= 0.9x): {'PASS' if ratio >= 0.9 else 'MISS'}")
+    overhead = r["bytes_per_token"] / r["bytes_per_token_formula"] - 1
+    out.append(f"bytes/token over the formula: {overhead:+.3%} (target: metadata only, < 1%): "
+               f"{'PASS' if 0 <= overhead < 0.01 else 'MISS'}")
+    for t in TIERS:
+        load, raw = r["load_gbps"][t], r["raw_read_gbps"][t]
+        if load is None:
+            out.append(f"{t} load: not measured ({r['redis_note']})")
+        else:
+            verdict = "PASS" if load >= 0.7 * raw else "MISS"
+            out.append(f"{t} load vs raw read: {load / raw:.2f}x (target >= 0.7x): {verdict}")
+    return out
+
+
+def write_json(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))

@@ -1,0 +1,129 @@
+"""`blendrag precompute`: compute and store the KV of every chunk of a collection, folder or file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from blendrag.store.config import DEFAULT_DISK_DIR
+
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``precompute`` command."""
+    p = subparsers.add_parser("precompute", help="precompute and store the KV of every chunk of a source",
+                              description="Compute each chunk's KV once and store it (resumable: stored "
+                                          "chunks are skipped).")
+    _add_model(p)
+    _add_store(p)
+    _add_source(p)
+    _add_prompt(p)
+    p.add_argument("--text-index", type=Path, help="also record the texts in this ChunkTextIndex directory")
+    p.add_argument("--batch-size", type=int, default=32, help="texts looked up in the store at once")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own, one per core)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=_precompute)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="hub id or local directory of the model (and its tokenizer)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+
+
+def _add_store(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store-dir", type=Path, default=DEFAULT_DISK_DIR,
+                   help=f"disk tier directory (default {DEFAULT_DISK_DIR}, as StoreConfig)")
+    p.add_argument("--disk-bytes", type=_size, default=64 << 30, help="disk tier budget, e.g. 64G (default)")
+    p.add_argument("--ram-bytes", type=_size, default=256 << 20,
+                   help="RAM tier budget (holds the prefix KV; new entries go to disk/Redis), default 256M")
+    p.add_argument("--redis-url", default=None, help="also write to the Redis tier at this URL")
+    p.add_argument("--redis-prefix", default="blendrag:kv:", help="namespace of the store's Redis keys")
+
+
+def _add_source(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--chroma-dir", type=Path, help="a chromadb PersistentClient directory (with --collection)")
+    src.add_argument("--folder", type=Path, help="one chunk per file matching --glob")
+    src.add_argument("--jsonl", type=Path, help="one chunk per line: the string under --field")
+    p.add_argument("--collection", help="Chroma collection name")
+    p.add_argument("--glob", default="*.txt", help="file pattern under --folder (default *.txt; **/*.txt recurses)")
+    p.add_argument("--field", default="text", help="JSONL field holding the chunk text (default text)")
+
+
+def _add_prompt(p: argparse.ArgumentParser) -> None:
+    pre = p.add_mutually_exclusive_group(required=True)
+    pre.add_argument("--prefix", help="the prompt prefix queries will use; chunks are computed after it")
+    pre.add_argument("--chunk-prefix", help="the engine's canonical chunk prefix (as BlendEngine(chunk_prefix=...) "
+                                            "of the framework integrations; may be empty)")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap prompts in the tokenizer's chat template (default: when it has one)")
+    p.add_argument("--system", default=None, help="system message of the chat template")
+
+
+def _precompute(args: argparse.Namespace) -> int:
+    try:
+        source, config = _check(args)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"blendrag precompute: error: {exc}", file=sys.stderr)
+        return 2
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    summary = _run(args, source, config)
+    print(json.dumps(summary.to_dict()) if args.json else f"{source.name}\n{summary.format()}")
+    return 0
+
+
+def _check(args: argparse.Namespace):
+    """The source and store configuration, or ValueError/FileNotFoundError/ImportError before
+    the model is loaded."""
+    from blendrag.store import StoreConfig
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir, disk_bytes=args.disk_bytes,
+                         redis_url=args.redis_url, redis_prefix=args.redis_prefix)
+    return _source(args), config
+
+
+def _run(args: argparse.Namespace, source, config):
+    from blendrag.engine.engine import BlendEngine
+    from blendrag.ingest.job import precompute
+    from blendrag.store import TieredKVStore
+    from blendrag.text_index import ChunkTextIndex
+
+    with TieredKVStore(config) as store:
+        engine = BlendEngine.from_pretrained(args.model, dtype=args.dtype, device=args.device, store=store,
+                                             chat=args.chat, system=args.system, chunk_prefix=args.chunk_prefix)
+        index = ChunkTextIndex(args.text_index) if args.text_index else None
+        return precompute(engine, source, prefix=args.prefix, progress=not args.no_progress,
+                          text_index=index, batch_size=args.batch_size)
+
+
+def _source(args: argparse.Namespace):
+    from blendrag.ingest.sources import chunks_from_chroma, chunks_from_folder, chunks_from_jsonl
+
+    if args.chroma_dir is not None:
+        if not args.collection:
+            raise ValueError("--chroma-dir needs --collection NAME")
+        return chunks_from_chroma(args.chroma_dir, args.collection)
+    if args.folder is not None:
+        return chunks_from_folder(args.folder, args.glob)
+    return chunks_from_jsonl(args.jsonl, args.field)
+
+
+def _size(text: str) -> int:
+    """Bytes from ``123``, ``256M``, ``4G``, ``1.5GiB`` (binary units)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 256M, 4G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])

@@ -1,0 +1,109 @@
+"""Where a precompute job reads chunk texts: a Chroma collection, a folder, a JSONL file.
+
+Each source is a :class:`ChunkSource`: iterable (read lazily, in order, again on every
+iteration) and sized (for progress bars). A source yields the texts exactly as they are
+stored; the job tokenizes them as prompts do.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+CHROMA_PAGE = 256
+
+
+@dataclass(frozen=True)
+class ChunkSource:
+    """Chunk texts read lazily by ``read``; ``count`` is how many it yields."""
+
+    name: str
+    count: int
+    read: Callable[[], Iterator[str]]
+
+    def __iter__(self) -> Iterator[str]:
+        return self.read()
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def chunks_from_chroma(persist_dir: str | Path, collection: str, page_size: int = CHROMA_PAGE) -> ChunkSource:
+    """The documents of a persisted Chroma collection (``chromadb.PersistentClient``), read
+    ``page_size`` at a time. Entries stored without a document are left out.
+
+    The collection is opened without an embedding function: reading documents needs none, and
+    chromadb's default one would download a model."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    col = _open_chroma(Path(persist_dir), collection)
+    total = col.count()
+
+    def read() -> Iterator[str]:
+        for offset in range(0, total, page_size):
+            page = col.get(limit=page_size, offset=offset, include=["documents"])
+            yield from (d for d in page["documents"] or () if d is not None)
+
+    return ChunkSource(f"chroma {persist_dir}:{collection}", total, read)
+
+
+def _open_chroma(path: Path, name: str):
+    try:
+        import chromadb
+        from chromadb.errors import NotFoundError
+    except ImportError as exc:
+        raise ImportError("reading a Chroma collection needs chromadb: pip install blendrag[chroma]") from exc
+    if not path.is_dir():  # PersistentClient would create an empty database there
+        raise FileNotFoundError(f"no Chroma directory at {path}")
+    client = chromadb.PersistentClient(path=str(path))
+    try:
+        return client.get_collection(name, embedding_function=None)
+    except NotFoundError:
+        names = sorted(c.name for c in client.list_collections())
+        raise ValueError(f"no collection {name!r} in {path}; it has {names}") from None
+
+
+def chunks_from_folder(directory: str | Path, glob: str = "*.txt", encoding: str = "utf-8") -> ChunkSource:
+    """One chunk per file matching ``glob`` under ``directory`` (``**/*.txt`` recurses), in
+    sorted path order; each file's whole text is the chunk."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no folder at {root}")
+    files = sorted(p for p in root.glob(glob) if p.is_file())
+
+    def read() -> Iterator[str]:
+        for p in files:
+            yield p.read_text(encoding=encoding)
+
+    return ChunkSource(f"folder {root} ({glob})", len(files), read)
+
+
+def chunks_from_jsonl(path: str | Path, field: str = "text") -> ChunkSource:
+    """One chunk per line of a JSON Lines file: the string under ``field`` of each object.
+    Blank lines are skipped; a line that is not an object with a string ``field`` raises
+    ``ValueError`` naming the line."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"no file at {file}")
+    with file.open(encoding="utf-8") as f:
+        count = sum(1 for line in f if line.strip())
+
+    def read() -> Iterator[str]:
+        with file.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    yield _field(line, field, file, n)
+
+    return ChunkSource(f"jsonl {file} ({field})", count, read)
+
+
+def _field(line: str, field: str, file: Path, n: int) -> str:
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"{file}:{n}: not JSON ({exc})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+        raise ValueError(f"{file}:{n}: expected an object with a string field {field!r}")
+    return obj[field]

@@ -1,0 +1,41 @@
+"""`blendrag bench store` on a small workload: every figure is there and the byte count adds up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blendrag.bench.raw_io import drop_page_cache, resident_fraction
+from blendrag.bench.redis_server import REDIS_BINARY
+from blendrag.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_bench_store_writes_every_figure(tmp_path, capsys):
+    out = tmp_path / "store.json"
+    argv = ["bench", "store", "--layers", "2", "--chunks", "2", "--chunk-tokens", "32", "--repeats", "1",
+            "--json", str(out)]
+    assert main(argv) == 0
+    assert "precompute vs HF forward" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["bytes_per_token_formula"] == 2 * 2 * 2 * 64 * 4  # layers x kv_heads x head_dim x fp32, K and V
+    assert r["entry_bytes"] == r["bytes_per_token_formula"] * r["entry_tokens"] + r["metadata_bytes"]
+    assert 0 < r["metadata_bytes"] < 16 << 10
+    assert r["precompute_tokens_per_s"] > 0 and r["hf_forward_tokens_per_s"] > 0
+    assert set(r["load_gbps"]) == set(r["raw_read_gbps"]) == {"ram", "disk", "redis"}
+    assert all(r["load_gbps"][t] > 0 and r["raw_read_gbps"][t] > 0 for t in ("ram", "disk"))
+    if REDIS_BINARY is None:
+        assert r["load_gbps"]["redis"] is None and "redis-server" in r["redis_note"]
+    else:
+        assert r["load_gbps"]["redis"] > 0
+
+
+def test_page_cache_can_be_dropped_and_checked(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * (1 << 20))
+    path.read_bytes()
+    assert resident_fraction(path) in (None, 1.0)
+    if drop_page_cache(path):
+        assert resident_fraction(path) == 0.0

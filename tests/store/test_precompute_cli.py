@@ -1,0 +1,104 @@
+"""`blendrag precompute` end to end on a tiny model, and two such jobs racing on one store."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import procs
+import pytest
+import torch
+from test_precompute_sources import make_chroma
+from tiny import PASSAGES, PREFIX, SUFFIX
+
+from blendrag import BlendConfig, BlendEngine
+from blendrag.cli import main
+from blendrag.ingest import chunks_from_chroma, precompute
+from blendrag.store import StoreConfig, TieredKVStore
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+TEXTS = [p + f"Entry {i}." for i in range(6) for p in PASSAGES]  # 24 distinct chunks
+
+
+def _args(model, store_dir, *source: str) -> list[str]:
+    return ["precompute", "--model", str(model), "--device", "cpu", "--store-dir", str(store_dir),
+            "--disk-bytes", "8M", "--no-chat", "--prefix", PREFIX, "--no-progress", "--json", *source]
+
+
+def _summary(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_cli_precomputes_a_jsonl_file_then_skips_it(model_dir, tmp_path, capsys):
+    f = tmp_path / "chunks.jsonl"
+    f.write_text("".join(json.dumps({"body": t}) + "\n" for t in PASSAGES))
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--field", "body",
+                 "--text-index", str(tmp_path / "index"))
+    assert main(argv) == 0
+    first = _summary(capsys)
+    assert (first["chunks"], first["computed"], first["skipped"]) == (4, 4, 0) and first["tokens_per_s"] > 0
+    assert main(argv) == 0
+    assert _summary(capsys)["computed"] == 0
+
+    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(ratio=0.3)).stats
+    assert (stats.chunk_hits, stats.chunk_misses, stats.prefix_hit) == (4, 0, True)
+    store.close()
+
+
+def test_cli_folder_text_output_and_usage_errors(model_dir, tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text(PASSAGES[0])
+    base = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"))
+    assert main([a for a in base if a != "--json"]) == 0
+    assert "computed 1, already stored 0" in capsys.readouterr().out
+    assert main(_args(model_dir("llama"), tmp_path / "kv", "--chroma-dir", str(tmp_path))) == 2
+    assert "--collection" in capsys.readouterr().err
+    assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(tmp_path / "absent.jsonl"))) == 2
+    assert main([*base, "--threads", "0"]) == 2 and "--threads" in capsys.readouterr().err
+
+
+def test_two_processes_precomputing_one_collection_leave_a_consistent_store(model_dir, tmp_path):
+    """A CLI child and this process run the same job at once, in opposite orders (they meet in the
+    middle and race on the same keys)."""
+    make_chroma(tmp_path / "chroma", TEXTS)
+    model, kv = model_dir("llama"), tmp_path / "kv"
+    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=kv, disk_bytes=8 << 20))
+    engine = BlendEngine.from_pretrained(model, device="cpu", chat=False, store=store)
+    source = list(chunks_from_chroma(tmp_path / "chroma", "docs"))
+    argv = _args(model, kv, "--chroma-dir", str(tmp_path / "chroma"), "--collection", "docs", "--batch-size", "1",
+                 "--threads", "1")  # tiny model: one thread is fastest
+    child = subprocess.Popen([sys.executable, "-m", "blendrag.cli", *argv], env=procs._env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_first_entry(store, child)
+    here = precompute(engine, source[::-1], prefix=PREFIX, progress=False, batch_size=1)
+    there = _finish(child)
+    assert here.chunks == there["chunks"] == len(TEXTS)
+    assert here.computed + there["computed"] >= len(TEXTS)  # each chunk computed at least once
+
+    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix = engine.prefix_kv(prefix_ids)
+    for text in TEXTS:
+        ids = engine.prompts.encode(text)
+        got = store.get(engine.key(prefix_ids, ids))
+        ref = engine._chunk_prefill(prefix, prefix_ids, ids)
+        assert got is not None and torch.equal(got.keys, ref.keys) and torch.equal(got.values, ref.values)
+    disk = store.stats().tier("disk")
+    assert (disk.corrupt, disk.errors, disk.entries) == (0, 0, 1 + len(TEXTS))
+    store.close()
+
+
+def _wait_for_first_entry(store: TieredKVStore, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the child has stored something (its prefix KV): it is computing now."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None and not store.stats().tier("disk").entries:
+        time.sleep(0.05)
+
+
+def _finish(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
