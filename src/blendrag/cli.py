@@ -9,7 +9,6 @@ import sys
 # Modules that expose ``register(subparsers)``; each adds its own sub-commands.
 COMMAND_MODULES = [
     "blendrag.bench.cli",
-    "blendrag.bench.quality_cli",
     "blendrag.demo.cli",
     "blendrag.ingest.cli",
     "blendrag.store.cli",

@@ -16,12 +16,19 @@ ROPES = {
 }
 
 
+# A short chunk is computed after the cached prefix rows; one over 4x the prefix recomputes
+# the prefix with it (engine._chunk_prefill): both paths must give the same rows.
+CHUNKS = {"after-cached-prefix": PASSAGES[1], "prefix-recomputed": "".join(PASSAGES)}
+
+
 @pytest.mark.parametrize("rope", list(ROPES))
 @pytest.mark.parametrize("shift", [0, 37, 300])
-def test_stored_keys_rotate_to_keys_computed_at_new_positions(engine_for, rope, shift):
+@pytest.mark.parametrize("chunk", list(CHUNKS))
+def test_stored_keys_rotate_to_keys_computed_at_new_positions(engine_for, rope, shift, chunk):
     engine = engine_for("llama", rope=ROPES[rope])
     prefix_ids = engine.prompts.encode(PREFIX, first=True)
-    chunk_ids = engine.prompts.encode(PASSAGES[1])
+    chunk_ids = engine.prompts.encode(CHUNKS[chunk])
+    assert (4 * len(prefix_ids) <= len(chunk_ids)) == (chunk == "prefix-recomputed")
     prefix = engine.prefix_kv(prefix_ids)
     stored = engine.chunk_kv(prefix_ids, chunk_ids, prefix)  # computed at positions [P, P+T)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from li_data import GENERATION, QUESTION  # noqa: F401  (fixtures use them)
 
 pytest.importorskip("llama_index.core")
 chromadb = pytest.importorskip("chromadb")
@@ -17,12 +18,10 @@ from llama_index.core.schema import TextNode  # noqa: E402
 from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
 from tiny import PASSAGES  # noqa: E402
 
-from blendrag import BlendEngine, GenerationConfig  # noqa: E402
+from blendrag import BlendEngine  # noqa: E402
 from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbedding  # noqa: E402
 
-# Greedy, no EOS: every answer is exactly 8 tokens, so comparisons are never vacuous.
-GENERATION = GenerationConfig(max_new_tokens=8, eos_token_ids=())
-QUESTION = "Where was Lionel Messi born?"
+# GENERATION (li_data): greedy, no EOS, so every answer is exactly 8 tokens and comparisons are never vacuous.
 
 
 @pytest.fixture(scope="session")

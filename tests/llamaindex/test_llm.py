@@ -7,7 +7,7 @@ import importlib
 import sys
 
 import pytest
-from conftest import GENERATION
+from li_data import GENERATION
 from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
 from llama_index.core.llms import ChatMessage
 from llama_index.core.schema import NodeWithScore, TextNode

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import QUESTION
+from li_data import QUESTION
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.response.schema import Response, StreamingResponse
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline

@@ -7,7 +7,10 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from blendrag.bench import quality_cli
+
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    quality_cli.register(bench)
     ttft = bench.add_parser("ttft", help="TTFT and peak memory of every mode, side by side")
     ttft.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
     ttft.add_argument("--device", default="cpu")

@@ -1,7 +1,6 @@
 """`blendrag bench quality`: answer quality vs TTFT of every mode and selector on a dataset.
 
-Registered from ``blendrag.cli.COMMAND_MODULES`` after ``blendrag.bench.cli``; it adds its
-sub-command to the ``bench`` group that module created.
+``blendrag.bench.cli`` adds it to the ``bench`` group.
 """
 
 from __future__ import annotations
@@ -16,15 +15,6 @@ from blendrag.config import MODES, SELECTORS
 _CHAT = {"auto": None, "on": True, "off": False}
 
 
-def _bench_group(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
-    """The sub-command group of the ``bench`` parser registered on ``sub``."""
-    bench = sub.choices.get("bench")
-    groups = [a for a in getattr(bench, "_actions", ()) if isinstance(a, argparse._SubParsersAction)]
-    if not groups:
-        raise RuntimeError("register blendrag.bench.cli (the `bench` group) before blendrag.bench.quality_cli")
-    return groups[0]
-
-
 def _csv(kind: type) -> Callable[[str], tuple]:
     """argparse type: a comma-separated list of ``kind`` values."""
     def parse(text: str) -> tuple:
@@ -35,9 +25,9 @@ def _csv(kind: type) -> Callable[[str], tuple]:
     return parse
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``quality`` under ``blendrag bench``."""
-    q = _bench_group(sub).add_parser("quality", help="answer quality vs TTFT of every mode and selector")
+def register(bench: argparse._SubParsersAction) -> None:
+    """Add ``quality`` to the ``blendrag bench`` group."""
+    q = bench.add_parser("quality", help="answer quality vs TTFT of every mode and selector")
     q.add_argument("--dataset", default="synthetic",
                    help="'synthetic' (demo corpus, held-out seed), a CacheBlend .json or a LongBench .jsonl file")
     q.add_argument("--model", help="hub id or local path (default: the packaged demo model)")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass
@@ -127,20 +126,19 @@ class BlendEngine:
                    on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now.
 
-        One ``missing`` lookup for the whole list (stores without it: ``contains`` per key);
-        chunks already stored are skipped, so an interrupted job resumes where it stopped. New
+        One ``missing`` lookup for the whole list; chunks already stored are skipped, so an interrupted job resumes where it stopped. New
         entries skip the RAM tier where the store has a slower one (``put(..., ram=False)``), so
         a bulk job does not evict the entries being served. ``on_chunk(i, computed)`` is called
         after each chunk (progress bars)."""
         prefix = self.prefix_kv(prefix_ids)
         keys = [self.key(prefix_ids, ids) for ids in chunks]
-        todo = set(_missing(self.store, keys))
+        todo = set(self.store.missing(keys))
         computed = []
         for i, (key, ids) in enumerate(zip(keys, chunks)):
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                _put_bulk(self.store, key, self._chunk_prefill(prefix, prefix_ids, ids))
+                self.store.put(key, self._chunk_prefill(prefix, prefix_ids, ids), ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
@@ -166,13 +164,21 @@ class BlendEngine:
         return kv
 
     def _chunk_prefill(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
-        """Prefill ``chunk_ids`` after the cached prefix and keep the chunk's rows (pre-RoPE keys)."""
+        """Prefill ``chunk_ids`` after the prefix and keep the chunk's rows (pre-RoPE keys).
+
+        A short prefix is recomputed with the chunk: one plain causal block takes the fast
+        attention kernel, which costs less than the masked attention of chunk queries over
+        cached prefix rows. A long prefix (over a quarter of the chunk) comes from the cache."""
         p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
         ids = torch.tensor(list(prefix_ids) + list(chunk_ids), device=self.device)
-        cached = [CachedSegment(0, prefix)] if prefix is not None else []
-        plan = PrefillPlan(ids, cached, torch.arange(p, n, device=self.device), capture=True)
+        if prefix is None or 4 * p <= n - p:
+            plan = PrefillPlan(ids, [], torch.arange(0, n, device=self.device), capture=True)
+        else:
+            plan = PrefillPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=self.device), capture=True)
         out = run_prefill(self.adapter, plan, self._buffer(n), self._rope(n))
-        return ChunkKV(out.keys, out.values, tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
+        rows = slice(plan.active.numel() - len(chunk_ids), None)  # captured rows = active ones; the chunk's are last
+        keys, values = out.keys[:, :, rows], out.values[:, :, rows]
+        return ChunkKV(keys.contiguous(), values.contiguous(), tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -282,22 +288,6 @@ def _store_delta(store: KVStore, before: object | None) -> dict | None:
     if before is not None and hasattr(after, "since"):
         after = after.since(before)
     return after.to_dict() if hasattr(after, "to_dict") else dict(getattr(after, "__dict__", {}))
-
-
-def _missing(store: KVStore, keys: list[str]) -> list[str]:
-    missing = getattr(store, "missing", None)
-    return list(missing(keys)) if callable(missing) else [k for k in keys if not store.contains(k)]
-
-
-def _put_bulk(store: KVStore, key: str, kv: ChunkKV) -> None:
-    """Store a precomputed entry outside the RAM tier where the store has another tier that took
-    it; otherwise (RAM-only store, slow tiers down or too small) in RAM as usual."""
-    if "ram" not in inspect.signature(store.put).parameters:  # a KVStore without tiers
-        store.put(key, kv)
-        return
-    store.put(key, kv, ram=False)
-    if not store.contains(key):
-        store.put(key, kv)
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:  # tokenizer may be None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Protocol, runtime_checkable
+from typing import Iterable, Protocol, runtime_checkable
 
 from blendrag.kv.chunk_kv import ChunkKV
 
@@ -21,11 +21,15 @@ class KVStore(Protocol):
     def get(self, key: str) -> ChunkKV | None:
         """Return the entry for ``key`` or None on a miss (never raise for a bad entry)."""
 
-    def put(self, key: str, kv: ChunkKV) -> None:
-        """Store ``kv`` under ``key`` (write-through to every tier)."""
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+        """Store ``kv`` under ``key`` (write-through to every tier). ``ram=False``: a bulk write
+        (precompute) that need not displace RAM entries where a slower tier holds it."""
 
     def contains(self, key: str) -> bool:
         """True when ``key`` is present in some tier (cheap, no load)."""
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """The keys no tier holds, in order (one call for a whole precompute batch)."""
 
 
 class MemoryKVStore:
@@ -56,8 +60,9 @@ class MemoryKVStore:
             self.hits += 1
             return kv
 
-    def put(self, key: str, kv: ChunkKV) -> None:
-        """Insert ``kv`` as most recently used, evicting least recently used entries to fit."""
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+        """Insert ``kv`` as most recently used, evicting least recently used entries to fit
+        (``ram`` is moot: RAM is the only tier here)."""
         with self._lock:
             self._pop(key)
             if kv.nbytes > self.max_bytes:
@@ -72,6 +77,11 @@ class MemoryKVStore:
         """True when ``key`` is held (does not count as a use)."""
         with self._lock:
             return key in self._entries
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """The keys not held, in order."""
+        with self._lock:
+            return [k for k in keys if k not in self._entries]
 
     def delete(self, key: str) -> None:
         """Drop ``key`` if present."""

@@ -87,15 +87,16 @@ class TieredKVStore:
         return kv
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
-        """Write ``kv`` to every tier; ``ram=False`` skips the RAM tier (bulk precompute)."""
+        """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the RAM tier so as
+        not to evict the entries being served, unless no slower tier took the entry."""
         kv = _on_cpu(kv)
-        if ram and self._ram is not None:
-            self._put_ram(key, kv)
         live = [s for s in self._slots if s.health.available]
+        stored = False
         if live:
             data = encode(key, kv)
-            for slot in live:
-                self._write(slot, key, data)
+            stored = any([self._write(slot, key, data) for slot in live])
+        if (ram or not stored) and self._ram is not None:
+            self._put_ram(key, kv)
 
     def contains(self, key: str) -> bool:
         """True when some tier holds ``key``; loads nothing and does not count as a use."""
@@ -207,12 +208,13 @@ class TieredKVStore:
             for slot in live:
                 self._write(slot, key, data)
 
-    def _write(self, slot: _Slot, key: str, data: bytes) -> None:
+    def _write(self, slot: _Slot, key: str, data: bytes) -> bool:
         stored = self._call(slot, "write", lambda: slot.tier.put(key, data), False)
         if stored:
             slot.counters.add(bytes_written=len(data))
         elif slot.health.available:
             log.debug("KV store: entry %s (%d bytes) exceeds the %s budget; not stored", key[:16], len(data), slot.tier.name)
+        return bool(stored)
 
     def _call(self, slot: _Slot, action: str, fn, default=None):
         """Run a tier operation unless benched; a storage failure benches the tier."""
