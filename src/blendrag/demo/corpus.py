@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import random
 import re
-import string
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
+
+from blendrag.eval.metrics import exact_match, normalize_answer  # noqa: F401  (one normalization, re-exported)
 
 # --------------------------------------------------------------------------- prompt format
 
@@ -680,21 +681,6 @@ _SOLVERS: tuple[tuple[re.Pattern[str], Callable[..., str]], ...] = (
 
 
 # --------------------------------------------------------------------------- scoring
-
-_PUNCT = str.maketrans("", "", string.punctuation)
-
-
-def normalize_answer(text: str) -> str:
-    """Lowercase, drop punctuation and the articles a/an/the, collapse whitespace."""
-    words = text.lower().translate(_PUNCT).split()
-    return " ".join(w for w in words if w not in {"a", "an", "the"})
-
-
-def exact_match(prediction: str, answers: Sequence[str]) -> bool:
-    """Whether the normalized prediction equals one of the normalized answers."""
-    pred = normalize_answer(prediction)
-    return any(pred == normalize_answer(a) for a in answers)
-
 
 # --------------------------------------------------------------------------- vocabulary
 
