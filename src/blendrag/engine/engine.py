@@ -126,10 +126,10 @@ class BlendEngine:
                    on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now.
 
-        One ``missing`` lookup for the whole list; chunks already stored are skipped, so an interrupted job resumes where it stopped. New
-        entries skip the RAM tier where the store has a slower one (``put(..., ram=False)``), so
-        a bulk job does not evict the entries being served. ``on_chunk(i, computed)`` is called
-        after each chunk (progress bars)."""
+        One ``missing`` lookup for the whole list; chunks already stored are skipped, so an
+        interrupted job resumes where it stopped. New entries skip the RAM tier where the store
+        has a slower one (``put(..., ram=False)``), so a bulk job does not evict the entries
+        being served. ``on_chunk(i, computed)`` is called after each chunk (progress bars)."""
         prefix = self.prefix_kv(prefix_ids)
         keys = [self.key(prefix_ids, ids) for ids in chunks]
         todo = set(self.store.missing(keys))

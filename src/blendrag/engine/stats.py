@@ -37,7 +37,9 @@ class RequestStats:
 
     @property
     def recompute_fraction(self) -> float:
-        """Mean over layers of recomputed chunk tokens / chunk tokens."""
+        """Mean over layers of recomputed chunk tokens / chunk tokens: the compute actually
+        spent, so it includes the layers before a scoring selector's first check, where every
+        token is computed (1 of 32 layers for cacheblend's default on a 32-layer model)."""
         per_layer = self.recomputed_chunk_tokens_per_layer
         if not per_layer or not self.chunk_tokens:
             return 0.0
