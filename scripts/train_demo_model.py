@@ -90,6 +90,18 @@ class TrainConfig:
     attn_weight: float = 1.0  # weight of the attention-supervision loss (0: off)
     attn_heads: int = 1  # heads of the last layer the attention loss applies to
     max_minutes: float = 0.0  # stop early after this wall time (0: no limit)
+    init: str = ""  # a saved model directory to continue from ("": fresh init); its TRAINING.md is kept
+    data_offset: int = 0  # added to the training data seeds, so that a continuation sees new data
+    kind_weights: str = ""  # e.g. "single=0.2,pronoun=0.2,comparison=0.4,multihop=0.2" ("": corpus default)
+
+    def weights(self) -> dict[str, float] | None:
+        """``kind_weights`` parsed (None: the corpus default)."""
+        if not self.kind_weights:
+            return None
+        pairs = [item.split("=") for item in self.kind_weights.split(",")]
+        if any(len(p) != 2 or p[0] not in KINDS for p in pairs):
+            raise ValueError(f"kind_weights must look like 'single=0.3,pronoun=0.3,...' over {KINDS}")
+        return {k: float(v) for k, v in pairs}
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.questions_per_group < 1:
@@ -211,6 +223,12 @@ def build_model(cfg: TrainConfig, tok: Any) -> LlamaForCausalLM:
     return model
 
 
+def load_model(cfg: TrainConfig) -> LlamaForCausalLM:
+    """A saved model to continue training (eager attention: the attention loss reads the probabilities)."""
+    attn = "eager" if cfg.attn_weight > 0 else "sdpa"
+    return LlamaForCausalLM.from_pretrained(cfg.init, attn_implementation=attn)
+
+
 @torch.no_grad()
 def copy_head_init(model: LlamaForCausalLM, seed: int, gain: float = 1.0) -> None:
     """Initialize every attention head's value/output maps as a copy of a random subspace.
@@ -318,7 +336,7 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     tok = build_tokenizer()
-    model = build_model(cfg, tok)
+    model = build_model(cfg, tok) if not cfg.init else load_model(cfg)
     model.train()
     opt = make_optimizer(model, cfg)
     heldout = generate_examples(cfg.eval_n, HELDOUT_SEED, num_chunks=(4, 6))
@@ -329,7 +347,8 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
     tokens = 0
     for step in range(cfg.steps):
         groups = generate_question_groups(
-            cfg.batch_size, TRAIN_SEED_BASE + step, chunk_range(step, cfg.steps), cfg.questions_per_group
+            cfg.batch_size, TRAIN_SEED_BASE + cfg.data_offset + step, chunk_range(step, cfg.steps),
+            cfg.questions_per_group, kind_weights=cfg.weights(),
         )
         batch = make_batch(tok, groups, cfg)
         tokens += int(batch["attention_mask"].sum())
@@ -373,7 +392,11 @@ def save(model: LlamaForCausalLM, tok: Any, out: Path, summary: dict[str, Any]) 
     )
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
-    (out / "TRAINING.md").write_text(report(summary))
+    text = report(summary)
+    previous = Path(summary["config"]["init"]) / "TRAINING.md" if summary["config"]["init"] else None
+    if previous is not None and previous.is_file():  # a continuation: keep the earlier stages' reports
+        text += "\n## Earlier stage (the `init` model)\n\n" + previous.read_text().replace("\n# ", "\n### ", 1)
+    (out / "TRAINING.md").write_text(text)
 
 
 def report(summary: dict[str, Any]) -> str:
@@ -400,6 +423,8 @@ def report(summary: dict[str, Any]) -> str:
         f" supervision of {cfg['attn_heads']} last-layer head(s) x{cfg['attn_weight']};"
         f" init: embeddings std {cfg['embed_std']}, copy heads gain {cfg['copy_init']}",
         f"- wall time: {summary['wall_s']:.0f} s on 1 CPU thread (`torch.set_num_threads(1)`)",
+        f"- started from: {'`' + cfg['init'] + '` (continued training; data seeds offset by ' + str(cfg['data_offset']) + ')' if cfg['init'] else 'a fresh initialization'};"
+        f" question kinds drawn with weights {cfg['kind_weights'] or 'the corpus default'}",
         "",
         f"Held-out accuracy ({cfg['eval_n']} questions, seed `HELDOUT_SEED`, 4-6 passages,",
         "greedy decoding after a full prefill, exact match after normalization):",
