@@ -23,10 +23,14 @@ from langchain_tests.unit_tests import ChatModelUnitTests  # noqa: E402
 from blendrag.langchain import BlendLLM, ChatBlend  # noqa: E402
 
 
-class TestChatBlendStandard(ChatModelUnitTests):
+class _ChatBlendSuite:
+    """What both standard suites need to build ChatBlend and which features it lacks."""
+
+    chat_model_extra: dict = {}
+
     @pytest.fixture(autouse=True)
     def _engine(self, engine) -> None:
-        # The standard suite reads its constructor arguments from a property, not a fixture.
+        # The standard suites read their constructor arguments from a property, not a fixture.
         self.engine = engine
 
     @property
@@ -35,7 +39,7 @@ class TestChatBlendStandard(ChatModelUnitTests):
 
     @property
     def chat_model_params(self) -> dict:
-        return {"engine": self.engine}
+        return {"engine": self.engine, **self.chat_model_extra}
 
     @property
     def has_tool_calling(self) -> bool:
@@ -46,30 +50,16 @@ class TestChatBlendStandard(ChatModelUnitTests):
         return False
 
 
+class TestChatBlendStandard(_ChatBlendSuite, ChatModelUnitTests):
+    pass
+
+
 # The suite's async tests are unmarked coroutines (it expects asyncio_mode=auto): the class mark
 # runs them under pytest-asyncio; its warning about the sync tests the mark also reaches is noise.
 @pytest.mark.asyncio
 @pytest.mark.filterwarnings("ignore:The test <Function:pytest.PytestWarning")
-class TestChatBlendIntegration(ChatModelIntegrationTests):
-    @pytest.fixture(autouse=True)
-    def _engine(self, engine) -> None:
-        self.engine = engine
-
-    @property
-    def chat_model_class(self) -> type[ChatBlend]:
-        return ChatBlend
-
-    @property
-    def chat_model_params(self) -> dict:
-        return {"engine": self.engine, "max_tokens": 8}
-
-    @property
-    def has_tool_calling(self) -> bool:
-        return False
-
-    @property
-    def has_structured_output(self) -> bool:
-        return False
+class TestChatBlendIntegration(_ChatBlendSuite, ChatModelIntegrationTests):
+    chat_model_extra = {"max_tokens": 8}
 
 
 def test_llm_accepts_the_standard_params(engine):

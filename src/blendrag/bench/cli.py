@@ -12,16 +12,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     quality_cli.register(bench)
     ttft = bench.add_parser("ttft", help="TTFT and peak memory of every mode, side by side")
-    ttft.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
-    ttft.add_argument("--device", default="cpu")
-    ttft.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    ttft.add_argument("--layers", type=int, default=32)
+    _add_workload_args(ttft)
     ttft.add_argument("--hidden", type=int, default=512)
     ttft.add_argument("--heads", type=int, default=8)
     ttft.add_argument("--kv-heads", type=int, default=2)
     ttft.add_argument("--intermediate", type=int, default=1792)
-    ttft.add_argument("--chunks", type=int, default=6)
-    ttft.add_argument("--chunk-tokens", type=int, default=512)
     ttft.add_argument("--suffix-tokens", type=int, default=64)
     ttft.add_argument("--repeats", type=int, default=3)
     ttft.add_argument("--json", type=Path, help="also write the records as JSON here")
@@ -29,14 +24,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_store(bench)
 
 
+def _add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of the default benchmark workload (bench/ttft.py's TTFTWorkload) shared by ttft and store."""
+    parser.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--chunks", type=int, default=6)
+    parser.add_argument("--chunk-tokens", type=int, default=512)
+
+
 def _register_store(bench: argparse._SubParsersAction) -> None:
     store = bench.add_parser("store", help="stored bytes/token, precompute and per-tier load throughput")
-    store.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
-    store.add_argument("--device", default="cpu")
-    store.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    store.add_argument("--layers", type=int, default=32)
-    store.add_argument("--chunks", type=int, default=6)
-    store.add_argument("--chunk-tokens", type=int, default=512)
+    _add_workload_args(store)
     store.add_argument("--repeats", type=int, default=9, help="timed loads per tier (median reported)")
     store.add_argument("--dir", type=Path, help="disk tier directory (default: a temporary one, removed after)")
     store.add_argument("--no-redis", action="store_true", help="skip the Redis tier")
