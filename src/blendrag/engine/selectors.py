@@ -42,9 +42,6 @@ class Selector:
         """Indices into ``pos`` of the tokens that go on computing after check layer ``layer``."""
         raise NotImplementedError
 
-    def budget(self, step: int) -> int:
-        return math.ceil(self.config.ratio_schedule[step] * self.num_chunk_tokens - 1e-9)
-
 
 class EpicSelector(Selector):
     """First ceil(ratio * len) tokens of every chunk (EPIC / LegoLink attention-sink repair)."""
@@ -77,6 +74,10 @@ class ScoringSelector(Selector):
         # Every token before the first check, the (exact, cached) prefix included: a complete
         # causal block takes the fast attention path, and the prefix is a few % of the prompt.
         return torch.arange(0, self.layout.suffix_start, device=self.device)
+
+    def budget(self, step: int) -> int:
+        """Chunk tokens kept at check ``step``: ceil(ratio_schedule[step] x chunk tokens)."""
+        return math.ceil(self.config.ratio_schedule[step] * self.num_chunk_tokens - 1e-9)
 
     def keep(self, step, layer, pos, q, k_new, v_new, k_old, v_old, fused, n):
         is_chunk = (pos >= self.chunk_positions[0]) & (pos < self.layout.suffix_start)  # [A]

@@ -39,10 +39,14 @@ def _golds(answers: str | Sequence[str]) -> list[str]:
 def token_f1(prediction: str, gold: str) -> float:
     """F1 of the normalized whitespace tokens of ``prediction`` against one ``gold`` answer."""
     pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    same = sum((Counter(pred) & Counter(ref)).values())
-    if same == 0:
+    return _f_measure(sum((Counter(pred) & Counter(ref)).values()), len(pred), len(ref))
+
+
+def _f_measure(overlap: int, n_pred: int, n_ref: int) -> float:
+    """Harmonic mean of overlap/n_pred and overlap/n_ref (0 without overlap)."""
+    if overlap == 0:
         return 0.0
-    precision, recall = same / len(pred), same / len(ref)
+    precision, recall = overlap / n_pred, overlap / n_ref
     return 2 * precision * recall / (precision + recall)
 
 
@@ -70,11 +74,7 @@ def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
 def rouge_l(prediction: str, gold: str) -> float:
     """ROUGE-L F1 of the normalized whitespace tokens of ``prediction`` against one ``gold``."""
     pred, ref = normalize_answer(prediction).split(), normalize_answer(gold).split()
-    lcs = _lcs_length(pred, ref) if pred and ref else 0
-    if lcs == 0:
-        return 0.0
-    precision, recall = lcs / len(pred), lcs / len(ref)
-    return 2 * precision * recall / (precision + recall)
+    return _f_measure(_lcs_length(pred, ref) if pred and ref else 0, len(pred), len(ref))
 
 
 def rouge_l_score(prediction: str, answers: str | Sequence[str]) -> float:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from langchain_core.embeddings import Embeddings
 
+from blendrag.embedding import load_local_sentence_transformer
+
 
 class SentenceTransformerEmbeddings(Embeddings):
     """Embeds with a sentence-transformers model loaded from a local directory (offline).
@@ -15,13 +17,7 @@ class SentenceTransformerEmbeddings(Embeddings):
     """
 
     def __init__(self, model_path: str | Path, device: str | None = "cpu", normalize: bool = True) -> None:
-        from sentence_transformers import SentenceTransformer
-
-        path = Path(model_path)
-        if not path.is_dir():
-            # A hub id would be fetched from the network; only local directories are taken.
-            raise FileNotFoundError(f"no sentence-transformers model directory at {path}")
-        self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        self.model = load_local_sentence_transformer(model_path, device)
         self.normalize = normalize
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

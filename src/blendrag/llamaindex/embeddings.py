@@ -8,6 +8,8 @@ from typing import Any
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import PrivateAttr
 
+from blendrag.embedding import load_local_sentence_transformer
+
 
 class SentenceTransformerEmbedding(BaseEmbedding):
     """Embeds with ``SentenceTransformer(model_dir)`` loaded from local files only.
@@ -19,10 +21,8 @@ class SentenceTransformerEmbedding(BaseEmbedding):
     _model: Any = PrivateAttr()
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", **kwargs: Any) -> None:
-        from sentence_transformers import SentenceTransformer
-
         super().__init__(model_name=str(model_dir), **kwargs)
-        self._model = SentenceTransformer(str(model_dir), device=device, local_files_only=True)
+        self._model = load_local_sentence_transformer(model_dir, device)
 
     @classmethod
     def class_name(cls) -> str:
