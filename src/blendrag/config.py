@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 MODES = ("full", "prefix", "reuse", "blend")
-SELECTORS = ("cacheblend", "epic", "query", "random")
+SELECTORS = ("cacheblend", "epic", "profile", "query", "random")
 DEVIATIONS = ("value", "key")
 
 
@@ -24,6 +24,9 @@ class BlendConfig:
     selector (blend only):
       ``cacheblend`` KV deviation at ``check_layers`` with gradual filtering down to ``ratio``.
       ``epic``       the first ``ratio`` of each chunk's tokens (attention-sink repair).
+      ``profile``    the ``ratio`` of chunk tokens whose keys their context moves most, measured
+                     at ingestion (``precompute(..., profile=True)``; measured on first use
+                     otherwise). Static: no check layer, so compute is ``ratio`` at every layer.
       ``query``      tokens the suffix attends to most at ``check_layers[0]``.
       ``random``     uniform random tokens (ablation).
     check_layers / ratio_schedule (cacheblend, query): layers at which tokens are scored; before

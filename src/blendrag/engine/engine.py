@@ -14,6 +14,7 @@ from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, Gene
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.prefill import PrefillOutput, PrefillPlan, run_prefill
+from blendrag.engine.profile import key_deviation, neighbour
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
 from blendrag.kv.chunk_kv import ChunkKV
@@ -116,20 +117,26 @@ class BlendEngine:
             stats.chunk_misses += kv is None
         return kv if kv is not None else self._compute(prefix, prefix_ids, chunk_ids)
 
-    def ingest(self, chunks: Sequence[str], prefix: str | None = None) -> list[bool]:
+    def ingest(self, chunks: Sequence[str], prefix: str | None = None, *, profile: bool = False,
+               on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Precompute and store the KV of chunk texts, tokenized exactly as prompts tokenize them,
-        after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now."""
+        after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now.
+        ``profile`` and ``on_chunk``: see :meth:`precompute`."""
         builder = self._builder()
-        return self.precompute(builder.kv_prefix_ids(prefix), [builder.encode(c) for c in chunks])
+        return self.precompute(builder.kv_prefix_ids(prefix), [builder.encode(c) for c in chunks],
+                               profile=profile, on_chunk=on_chunk)
 
-    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
+    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *, profile: bool = False,
                    on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now.
 
         One ``missing`` lookup for the whole list; chunks already stored are skipped, so an
         interrupted job resumes where it stopped. New entries skip the RAM tier where the store
         has a slower one (``put(..., ram=False)``), so a bulk job does not evict the entries
-        being served. ``on_chunk(i, computed)`` is called after each chunk (progress bars)."""
+        being served. ``profile``: also measure each new chunk's context-sensitivity profile
+        (for the ``profile`` selector) after the chunk before it in ``chunks`` (the first after
+        the last; see ``engine/profile.py``): one more forward of neighbour + chunk per chunk.
+        ``on_chunk(i, computed)`` is called after each chunk (progress bars)."""
         prefix = self.prefix_kv(prefix_ids)
         keys = [self.key(prefix_ids, ids) for ids in chunks]
         todo = set(self.store.missing(keys))
@@ -138,11 +145,21 @@ class BlendEngine:
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                self.store.put(key, self._chunk_prefill(prefix, prefix_ids, ids), ram=False)
+                kv = self._chunk_prefill(prefix, prefix_ids, ids)
+                probe = neighbour(chunks, i) if profile else None
+                if probe is not None:
+                    kv = self.profiled(kv, prefix_ids, probe)
+                self.store.put(key, kv, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
         return computed
+
+    def profiled(self, kv: ChunkKV, prefix_ids: Sequence[int], probe_ids: Sequence[int]) -> ChunkKV:
+        """``kv`` (a chunk computed after ``prefix_ids``) with its context-sensitivity profile,
+        measured by computing the chunk again after ``prefix_ids + probe_ids``."""
+        after = self._chunk_prefill(None, list(prefix_ids) + list(probe_ids), kv.token_ids)
+        return kv.with_sensitivity(key_deviation(kv, after))
 
     def _lookup(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
         key = self.key(prefix_ids, chunk_ids)
@@ -240,9 +257,25 @@ class BlendEngine:
         else:
             anchor_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
             anchor = prefix if anchor_ids == layout.prefix_ids else self.prefix_kv(anchor_ids)
-        for (start, _), ids in zip(layout.chunk_spans, chunks):
-            segments.append(CachedSegment(start, self.chunk_kv(anchor_ids, ids, anchor, stats)))
+        profile = config.mode == "blend" and config.selector == "profile"
+        for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
+            kv = self.chunk_kv(anchor_ids, ids, anchor, stats)
+            if profile and kv.sensitivity is None:
+                kv = self._profile_now(kv, anchor_ids, chunks, i, stats)
+            segments.append(CachedSegment(start, kv))
         return segments
+
+    def _profile_now(self, kv: ChunkKV, anchor_ids: Sequence[int], chunks: Sequence[Sequence[int]], i: int,
+                     stats: RequestStats) -> ChunkKV:
+        """A chunk stored without a profile, met by the ``profile`` selector: measure it after its
+        neighbour in this prompt (same rule as :meth:`precompute`) and store it, once."""
+        probe = neighbour(chunks, i)
+        if probe is None:  # a lone chunk: nothing to blend with, the selector has no use for it
+            return kv.with_sensitivity(torch.zeros(kv.num_tokens))
+        kv = self.profiled(kv, anchor_ids, probe)
+        self.store.put(self.key(anchor_ids, kv.token_ids), kv)
+        stats.profiles_computed += 1
+        return kv
 
     def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment]) -> PrefillPlan:
         dev = self.device
@@ -252,7 +285,8 @@ class BlendEngine:
         first_computed = cached[-1].end if cached else 0
         if config.mode != "blend":
             return PrefillPlan(ids, cached, torch.arange(first_computed, n, device=dev), chunk_range=chunks)
-        selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling)
+        profiles = [s.kv.sensitivity for s in cached if s.start >= chunks[0]]  # the chunks' (profile selector)
+        selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling, profiles)
         suffix = torch.arange(layout.suffix_start, n, device=dev)
         return PrefillPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector, chunk_range=chunks)
 

@@ -1,7 +1,7 @@
 """Which chunk tokens blend recomputes.
 
-Static selectors (epic, random) decide before layer 0 and recompute the same tokens at every
-layer. Scoring selectors (cacheblend, query) recompute every chunk token until their first
+Static selectors (epic, profile, random) decide before layer 0 and recompute the same tokens
+at every layer. Scoring selectors (cacheblend, query) recompute every chunk token until their first
 check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chunk tokens at
 ``check_layers[i]`` (gradual filtering). Suffix tokens are always kept.
 """
@@ -9,6 +9,7 @@ check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chu
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 
@@ -59,6 +60,29 @@ class RandomSelector(Selector):
         g = torch.Generator().manual_seed(self.config.seed)
         count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
         chosen = torch.randperm(self.num_chunk_tokens, generator=g)[:count].sort().values
+        return self.chunk_positions[chosen.to(self.device)]
+
+
+class ProfileSelector(Selector):
+    """The top ceil(ratio * C) chunk tokens by their stored context-sensitivity profile, ranked
+    across all chunks (engine/profile.py). The first chunk is left out when it follows the very
+    prefix it was computed after: its cached rows are then exact."""
+
+    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device, scaling: float,
+                 profiles: Sequence[torch.Tensor | None] = ()) -> None:
+        super().__init__(config, layout, device, scaling)
+        if len(profiles) != len(layout.chunk_spans) or any(p is None for p in profiles):
+            raise ValueError("the profile selector needs a sensitivity profile for every chunk "
+                             "(BlendEngine fills them in; got chunk KVs without one)")
+        scores = torch.cat([p.float() for p in profiles])  # [C] on the CPU
+        if layout.chunk_prefix_ids == layout.prefix_ids and layout.chunk_spans:
+            first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
+            scores[:first] = -1.0  # exact rows: chosen last, only if the budget exceeds the rest
+        self.scores = scores
+
+    def initial(self) -> torch.Tensor:
+        count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
+        chosen = torch.topk(self.scores, count).indices.sort().values
         return self.chunk_positions[chosen.to(self.device)]
 
 
@@ -126,14 +150,18 @@ class QuerySelector(ScoringSelector):
 SELECTORS: dict[str, type[Selector]] = {
     "cacheblend": CacheBlendSelector,
     "epic": EpicSelector,
+    "profile": ProfileSelector,
     "query": QuerySelector,
     "random": RandomSelector,
 }
 
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
-                  scaling: float) -> Selector:
-    """The selector of ``config``; its check layers must exist in the model."""
+                  scaling: float, profiles: Sequence[torch.Tensor | None] = ()) -> Selector:
+    """The selector of ``config``; its check layers must exist in the model. ``profiles``: the
+    chunks' sensitivity profiles, in prompt order (profile selector only)."""
     if config.selector in ("cacheblend", "query") and config.check_layers[-1] >= num_layers:
         raise ValueError(f"check_layers {config.check_layers} exceed the model's {num_layers} layers")
+    if config.selector == "profile":
+        return ProfileSelector(config, layout, device, scaling, profiles)
     return SELECTORS[config.selector](config, layout, device, scaling)

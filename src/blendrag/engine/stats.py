@@ -25,6 +25,7 @@ class RequestStats:
     chunk_misses: int = 0
     prefix_hit: bool = False
     tokens_reused: int = 0
+    profiles_computed: int = 0  # chunk profiles measured by this request (profile selector, first use)
     computed_per_layer: list[int] = field(default_factory=list)
     recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
     kv_fetch_s: float = 0.0  # store lookups + computing missing chunk KVs

@@ -19,12 +19,16 @@ class ChunkKV:
     values: [layers, kv_heads, T, head_dim]
     token_ids: the T token ids these rows belong to (collision guard on a cache hit)
     prefix_hash: hex digest of the prefix ids the chunk was computed after ("" for a prefix)
+    sensitivity: [T] float32 or None: how far each token's keys move when the chunk follows
+      another chunk instead of the prefix alone (the ``profile`` selector's prior, see
+      ``engine/profile.py``); None when the chunk was stored without a profile
     """
 
     keys: torch.Tensor
     values: torch.Tensor
     token_ids: tuple[int, ...]
     prefix_hash: str = ""
+    sensitivity: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.keys.shape != self.values.shape:
@@ -40,6 +44,10 @@ class ChunkKV:
                 f"ChunkKV has {self.keys.shape[2]} rows but {len(self.token_ids)} token ids"
             )
         self.token_ids = tuple(int(t) for t in self.token_ids)
+        if self.sensitivity is not None and tuple(self.sensitivity.shape) != (len(self.token_ids),):
+            raise ValueError(
+                f"ChunkKV sensitivity must be [T] = [{len(self.token_ids)}], got {tuple(self.sensitivity.shape)}"
+            )
 
     @property
     def num_tokens(self) -> int:
@@ -61,4 +69,10 @@ class ChunkKV:
             self.values.to(device, non_blocking=True),
             self.token_ids,
             self.prefix_hash,
+            self.sensitivity,
         )
+
+    def with_sensitivity(self, sensitivity: torch.Tensor) -> "ChunkKV":
+        """The same rows with a profile attached (float32 on the CPU: it is read on the host)."""
+        return ChunkKV(self.keys, self.values, self.token_ids, self.prefix_hash,
+                       sensitivity.detach().to("cpu", torch.float32).contiguous())

@@ -3,6 +3,7 @@
 Layout::
 
     k.{i}, v.{i}    [kv_heads, T, head_dim] of layer i (keys pre-RoPE)
+    sensitivity     [T] float32, optional: the chunk's context-sensitivity profile
     __metadata__    format, version, key, prefix_hash, dtype, shape [L, H, T, D],
                     token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex}),
                     meta_checksum (xxh3-128 over all the other metadata fields)
@@ -36,6 +37,7 @@ FORMAT_VERSION = 1
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _MAX_HEADER = 100 << 20  # the safetensors limit
+SENSITIVITY = "sensitivity"
 
 
 def _iov_max() -> int:
@@ -64,6 +66,8 @@ def encode(key: str, kv: ChunkKV) -> bytes:
     for i in range(kv.num_layers):
         tensors[f"k.{i}"] = keys[i]
         tensors[f"v.{i}"] = values[i]
+    if kv.sensitivity is not None:
+        tensors[SENSITIVITY] = kv.sensitivity.detach().to("cpu", torch.float32).contiguous()
     meta = {
         "format": FORMAT_NAME,
         "version": str(FORMAT_VERSION),
@@ -126,6 +130,9 @@ class EntryReader:
         if len(self.shape) != 4 or self.shape[2] != len(self.token_ids):
             raise EntryError(f"shape {self.shape} does not match {len(self.token_ids)} token ids")
         names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in "kv"}
+        self.has_sensitivity = SENSITIVITY in self._checksums
+        if self.has_sensitivity:
+            names.add(SENSITIVITY)
         if set(self._checksums) != names or set(self._tensors.names()) != names:
             raise EntryError("tensor names do not match the declared layer count")
 
@@ -150,10 +157,13 @@ class EntryReader:
         keys = torch.empty(self.shape, dtype=self.dtype)
         values = torch.empty(self.shape, dtype=self.dtype)
         parts = [(f"{kind}.{i}", t[i]) for i in range(self.num_layers) for kind, t in (("k", keys), ("v", values))]
+        sensitivity = torch.empty(self.shape[2], dtype=torch.float32) if self.has_sensitivity else None
+        if sensitivity is not None:
+            parts.append((SENSITIVITY, sensitivity))
         self._tensors.read_many(parts)
         for name, out in parts:
             self._verify(name, out)
-        return ChunkKV(keys, values, self.token_ids, self.prefix_hash)
+        return ChunkKV(keys, values, self.token_ids, self.prefix_hash, sensitivity)
 
     def _read_checked(self, name: str, out: torch.Tensor) -> None:
         self._tensors.read_into(name, out)
