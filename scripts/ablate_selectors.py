@@ -1,50 +1,122 @@
 #!/usr/bin/env python
 """Ablation on the demo model: which tokens must blend recompute for cross-chunk questions?
 
-Exact-match accuracy on the held-out `pronoun` questions (the referent is named in another
-passage) for full, reuse and blend variants at 15 % of the chunk tokens, with the mean
-recompute fraction over layers (the compute actually spent). Usage:
-``python scripts/ablate_selectors.py [--questions N]``.
+Exact-match accuracy on held-out questions (default: the ``pronoun`` kind, whose referent is
+named in another passage) for full, reuse and blend variants at 15 % of the chunk tokens,
+with the mean recompute fraction over layers (the compute actually spent). Besides the
+package's selectors it runs *oracles*, which rank tokens by their true deviation between a
+reuse and a full prefill of the very prompt (so they cost a full prefill and are not usable
+at serving time); they show which signal identifies the tokens worth recomputing. Usage:
+``python scripts/ablate_selectors.py [--kind pronoun|all|...] [--questions N] [--ratio R]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import random
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
 from blendrag.demo import HELDOUT_SEED, PREFIX, demo_model_path, exact_match, format_chunk, format_suffix, generate_examples
+from blendrag.engine import selectors
+from blendrag.kv.store import MemoryKVStore
+from blendrag.prompt import PromptLayout
 
-VARIANTS = {
-    "full": BlendConfig(mode="full"),
-    "reuse": BlendConfig(mode="reuse"),
-    "cacheblend, V deviation, check L1": BlendConfig(ratio=0.15),
-    "cacheblend, K deviation, check L1": BlendConfig(ratio=0.15, deviation="key"),
-    "cacheblend, check L2": BlendConfig(ratio=0.15, check_layers=(2,)),
-    "cacheblend, gradual L1,L2 (30>15%)": BlendConfig(ratio=0.15, check_layers=(1, 2)),
-    "cacheblend, gradual L1-L3 (60>30>15%)": BlendConfig(ratio=0.15, check_layers=(1, 2, 3), ratio_schedule=(0.6, 0.3, 0.15)),
-    "epic": BlendConfig(ratio=0.15, selector="epic"),
-    "query, check L1": BlendConfig(ratio=0.15, selector="query"),
-    "query, check L2": BlendConfig(ratio=0.15, selector="query", check_layers=(2,)),
-    "query, check L3 (last)": BlendConfig(ratio=0.15, selector="query", check_layers=(3,)),
+
+def variants(r: float) -> dict[str, BlendConfig]:
+    return {
+        "full": BlendConfig(mode="full"),
+        "reuse": BlendConfig(mode="reuse"),
+        "cacheblend, V deviation, check L1": BlendConfig(ratio=r),
+        "cacheblend, K deviation, check L1": BlendConfig(ratio=r, deviation="key"),
+        "cacheblend, check L2": BlendConfig(ratio=r, check_layers=(2,)),
+        "cacheblend, gradual L1-L3": BlendConfig(ratio=r, check_layers=(1, 2, 3),
+                                                 ratio_schedule=(min(1.0, 4 * r), min(1.0, 2 * r), r)),
+        "epic": BlendConfig(ratio=r, selector="epic"),
+        "query, check L1": BlendConfig(ratio=r, selector="query"),
+        "query, check L3 (last)": BlendConfig(ratio=r, selector="query", check_layers=(3,)),
+        "random": BlendConfig(ratio=r, selector="random"),
+    }
+
+
+ORACLES = {  # name -> per-token score from the true deviation, d[kind]: [layers, C]
+    "oracle: K deviation, sum over layers": lambda d: d["k"].sum(0),
+    "oracle: V deviation, sum over layers": lambda d: d["v"].sum(0),
+    "oracle: V deviation at layer 1": lambda d: d["v"][1],
 }
+
+
+def true_deviation(engine: BlendEngine, layout: PromptLayout) -> dict[str, torch.Tensor]:
+    """Squared K and V distance between full and reuse prefill per layer and chunk token."""
+    n, start, end = layout.num_tokens, len(layout.prefix_ids), layout.suffix_start
+    full = engine.prefill(layout, BlendConfig(mode="full")).fused
+    reuse = engine.prefill(layout, BlendConfig(mode="reuse")).fused
+    return {kind: (getattr(full, kind)[:, :, :n] - getattr(reuse, kind)[:, :, :n]).float().pow(2).sum(dim=(1, 3))[:, start:end]
+            for kind in ("k", "v")}
+
+
+@contextmanager
+def oracle_selector(score: torch.Tensor) -> Iterator[None]:
+    """Run the next prefills with a static selector that takes the top tokens by ``score``
+    (it borrows the ``random`` slot: an oracle is not a serving-time selector)."""
+
+    class Oracle(selectors.Selector):
+        def initial(self) -> torch.Tensor:
+            count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
+            return self.chunk_positions[torch.topk(score, count).indices.sort().values]
+
+    saved = selectors.SELECTORS["random"]
+    selectors.SELECTORS["random"] = Oracle
+    try:
+        yield
+    finally:
+        selectors.SELECTORS["random"] = saved
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", default="pronoun", help="question kind, or 'all'")
     parser.add_argument("--questions", type=int, default=60)
+    parser.add_argument("--ratio", type=float, default=0.15)
     args = parser.parse_args()
+    torch.manual_seed(0)
     engine = BlendEngine.from_pretrained(demo_model_path(), chat=False)
-    examples = [x for x in generate_examples(300, HELDOUT_SEED) if x.kind == "pronoun"][: args.questions]
+    pool = [x for x in generate_examples(1000, HELDOUT_SEED) if args.kind in ("all", x.kind)]
+    examples = pool[: args.questions]
     layouts = [engine.build_prompt(PREFIX, [format_chunk(c) for c in x.chunks], format_suffix(x.question))
                for x in examples]
     gen = GenerationConfig(max_new_tokens=6)
-    print(f"{len(examples)} held-out pronoun questions, blend at 15 % of chunk tokens")
-    print(f"{'variant':40s} {'accuracy':>9s} {'recompute':>10s}")
-    for name, cfg in VARIANTS.items():
-        results = [engine.generate(lay, cfg, gen) for lay in layouts]
+    print(f"{len(examples)} held-out questions ({args.kind}), blend at {args.ratio:.0%} of chunk tokens")
+    print(f"{'variant':44s} {'accuracy':>9s} {'recompute':>10s}")
+
+    def report(name: str, results: list) -> None:
         acc = sum(exact_match(r.text, x.answers) for r, x in zip(results, examples)) / len(examples)
         recompute = sum(r.stats.recompute_fraction for r in results) / len(results)
-        print(f"{name:40s} {acc:9.3f} {recompute:10.3f}")
+        print(f"{name:44s} {acc:9.3f} {recompute:10.3f}", flush=True)
+
+    for name, cfg in variants(args.ratio).items():
+        report(name, [engine.generate(lay, cfg, gen) for lay in layouts])
+    profile = BlendConfig(ratio=args.ratio, selector="profile")
+    for order in ("prompt", "shuffled"):
+        engine.store = MemoryKVStore()  # fresh profiles, measured in this order at ingestion
+        rng = random.Random(0)
+        for lay in layouts:
+            chunks = list(lay.chunk_ids)
+            if order == "shuffled":
+                rng.shuffle(chunks)
+            engine.precompute(lay.chunk_prefix_ids, chunks, profile=True)
+        report(f"profile, ingested in {order} order", [engine.generate(lay, profile, gen) for lay in layouts])
+    oracle = BlendConfig(ratio=args.ratio, selector="random")
+    for name, rank in ORACLES.items():
+        results = []
+        for lay in layouts:
+            with oracle_selector(rank(true_deviation(engine, lay))):
+                results.append(engine.generate(lay, oracle, gen))
+        report(name, results)
 
 
 if __name__ == "__main__":

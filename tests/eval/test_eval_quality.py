@@ -94,10 +94,35 @@ def test_summarize_medians_and_speedup() -> None:
 
 def test_quality_config_validation() -> None:
     default = QualityConfig()
-    assert len(default.configs()) == 3 + 4 * 6
+    assert len(default.configs()) == 3 + 5 * 6
     assert default.configs()[0] == FULL and default.model_name == "demo"
     assert QualityConfig(modes=("blend",), selectors=("epic",), ratios=(0.5,)).configs()[0] == FULL
     for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)), dict(ratios=(0.0,)),
-                dict(ratios=(1.5,)), dict(max_new_tokens=0)):
+                dict(ratios=(1.5,)), dict(max_new_tokens=0), dict(ingest_order="random")):
         with pytest.raises(ValueError):
             QualityConfig(**bad)
+
+
+@pytest.mark.parametrize("order", ["prompt", "shuffled"])
+def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> None:
+    """Profiles come from ingestion (none measured at query time); the order decides the
+    neighbour: prompt order measures each chunk after its prompt predecessor."""
+    from blendrag.engine.profile import key_deviation
+
+    engine = engine_for("llama")
+    item = load_synthetic(1, num_chunks=(4, 4))[0]
+    config = QualityConfig(modes=("full", "blend"), selectors=("profile",), ratios=(0.3,), max_new_tokens=2,
+                           warmup=False, ingest_order=order, seed=3)
+    report = run_quality([item], config, engine=engine)
+    assert report.ingest_order == order and [s.label for s in report.summaries] == ["full", "blend-profile@0.3"]
+    layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
+    anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
+    after_prev = [key_deviation(engine._chunk_prefill(None, anchor, c),
+                                engine._chunk_prefill(None, anchor + list(ids[i - 1]), c)) for i, c in enumerate(ids)]
+    stored = [engine.store.get(engine.key(anchor, c)).sensitivity for c in ids]
+    same = [bool(s is not None and a.shape == s.shape and (a - s).abs().max() < 1e-3) for a, s in zip(after_prev, stored)]
+    if order == "prompt":
+        assert all(same)
+    else:
+        assert not all(same)
+    assert engine.prefill(layout, config.configs()[1]).stats.profiles_computed == 0

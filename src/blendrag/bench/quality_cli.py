@@ -43,6 +43,9 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--ratios", type=_csv(float), default=(0.05, 0.10, 0.15, 0.20, 0.30, 1.0),
                    help="comma-separated recompute ratios of blend")
     q.add_argument("--max-new-tokens", type=int, default=32)
+    q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],
+                   help="order chunks are precomputed in: the neighbour each context profile is measured "
+                        "after (prompt: the chunk before it in the prompt; shuffled: a seeded shuffle)")
     q.add_argument("--no-warmup", action="store_true", help="time the first item's configs cold")
     q.add_argument("--out-dir", type=Path, default=Path("runs/quality"),
                    help="where table.md, table.csv and quality_vs_ttft.png go")
@@ -58,7 +61,8 @@ def _quality(args: argparse.Namespace) -> int:
     try:
         config = QualityConfig(model=args.model, device=args.device, dtype=args.dtype, chat=_CHAT[args.chat],
                                modes=args.modes, selectors=args.selectors, ratios=args.ratios,
-                               max_new_tokens=args.max_new_tokens, warmup=not args.no_warmup)
+                               max_new_tokens=args.max_new_tokens, warmup=not args.no_warmup,
+                               ingest_order=args.ingest_order)
         items = load_dataset(args.dataset, limit=args.limit, offset=args.offset)
         report = run_quality(items, config, dataset=dataset_name(args.dataset), on_item=_progress)
     except (ValueError, FileNotFoundError) as e:

@@ -11,6 +11,7 @@ TTFT and the speedup over full prefill (median full TTFT / median TTFT).
 from __future__ import annotations
 
 import logging
+import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -22,11 +23,13 @@ from blendrag.engine.engine import BlendEngine
 from blendrag.engine.generation import GenerationStream
 from blendrag.eval.datasets import EvalItem, kinds
 from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
+from blendrag.prompt import PromptLayout
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 1.0)
 FULL = BlendConfig(mode="full")
+INGEST_ORDERS = ("prompt", "shuffled")
 RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl", "ttft_s",
                "speedup_vs_full")
 """Keys of one JSON record (``ConfigSummary.record``)."""
@@ -53,8 +56,12 @@ class QualityConfig:
     max_new_tokens: int = 32
     summary_max_new_tokens: int = 128
     warmup: bool = True
+    ingest_order: str = "prompt"
+    seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.ingest_order not in INGEST_ORDERS:
+            raise ValueError(f"ingest_order must be one of {INGEST_ORDERS}, got {self.ingest_order!r}")
         object.__setattr__(self, "modes", tuple(self.modes))
         object.__setattr__(self, "selectors", tuple(self.selectors))
         object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
@@ -137,6 +144,7 @@ class QualityReport:
     metrics: list[str]
     summaries: list[ConfigSummary]
     examples: list[ExampleResult]
+    ingest_order: str = "prompt"
 
 
 def load_engine(config: QualityConfig) -> BlendEngine:
@@ -171,7 +179,7 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
                   warmup: bool = False) -> list[ExampleResult]:
     """Every config on one item; the chunk KVs are precomputed first (untimed)."""
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
-    engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids)
+    _ingest(engine, layout, index, config)
     configs = config.configs()
     if warmup:
         for cfg in configs:
@@ -190,6 +198,16 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
             first_token_agreement=float(first_token_agrees(reference, logits)),
             kl=first_token_kl(reference, logits), ttft_s=stats.ttft_s, recompute_fraction=stats.recompute_fraction))
     return out
+
+
+def _ingest(engine: BlendEngine, layout: PromptLayout, index: int, config: QualityConfig) -> None:
+    """Precompute the item's chunk KVs (ingestion), with context profiles when the profile
+    selector is evaluated, in ``config.ingest_order``."""
+    chunks = list(layout.chunk_ids)
+    if config.ingest_order == "shuffled":
+        random.Random(config.seed * 1_000_003 + index).shuffle(chunks)
+    profile = "blend" in config.modes and "profile" in config.selectors
+    engine.precompute(layout.chunk_prefix_ids, chunks, profile=profile)
 
 
 def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig) -> bool:
@@ -221,7 +239,8 @@ def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig
                          dtype=str(engine.dtype).removeprefix("torch."), items=len(usable),
                          skipped=len(items) - len(usable), kinds=kinds(usable),
                          metrics=list(dict.fromkeys(item.metric for item in usable)),
-                         summaries=summarize(examples, config.configs()), examples=examples)
+                         summaries=summarize(examples, config.configs()), examples=examples,
+                         ingest_order=config.ingest_order)
 
 
 def summarize(examples: Sequence[ExampleResult], configs: Sequence[BlendConfig]) -> list[ConfigSummary]:

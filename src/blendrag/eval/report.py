@@ -21,7 +21,10 @@ def format_markdown(report: QualityReport) -> str:
     """A heading line, the per-config table and (with several kinds) quality per kind."""
     lines = [f"Quality vs TTFT: model `{report.model}` ({report.dtype} on {report.device}), dataset "
              f"`{report.dataset}`, {report.items} items" + (f" ({report.skipped} skipped: too long)"
-                                                             if report.skipped else ""),
+                                                             if report.skipped else "")
+             + ("; context profiles measured after each chunk's "
+                + ("prompt predecessor" if report.ingest_order == "prompt" else "neighbour in a shuffled order")
+                if any(s.selector == "profile" for s in report.summaries) else ""),
              "",
              "| mode | selector | ratio | quality | EM | first-token agreement | KL(full‖mode) | TTFT ms | "
              "speedup | recompute |",
