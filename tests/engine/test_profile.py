@@ -133,3 +133,19 @@ def test_profile_recompute_brings_the_output_closer_to_full_than_reuse(engine_fo
     reuse = kl(BlendConfig(mode="reuse"))
     at_half = kl(BlendConfig(selector="profile", ratio=0.5))
     assert at_half < reuse
+
+
+def test_precompute_refuses_empty_chunks_by_index(engine_for):
+    engine = engine_for("llama")
+    with pytest.raises(ValueError, match=r"chunks \[1\] have no tokens"):
+        engine.precompute([1], [[5, 6], []])
+
+
+def test_profile_uses_the_cached_prefix_and_matches_a_plain_recompute(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
+    alone = engine._chunk_prefill(None, anchor, ids[1])
+    with_cache = engine.profiled(alone, anchor, ids[0], engine.prefix_kv(anchor))
+    plain = key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[0]), ids[1]))
+    assert torch.allclose(with_cache.sensitivity, plain, rtol=1e-3, atol=1e-4)

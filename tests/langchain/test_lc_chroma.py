@@ -76,7 +76,8 @@ def test_progress_bar_for_large_batches(llm, embedder, chroma_client, collection
     store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client,
                         llm=llm, show_progress=True)
     store.add_texts(PASSAGES[:2])
-    assert "precomputing chunk KVs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "precomputing chunk KVs" in err and "2/2" in err  # moved once per chunk
     store.show_progress = None  # automatic: only for batches of PROGRESS_MIN texts or more
     store.add_texts(PASSAGES[2:4])
     assert "precomputing chunk KVs" not in capsys.readouterr().err
@@ -101,3 +102,91 @@ def test_engine_without_chunk_prefix_is_refused(tiny_model, embedder, chroma_cli
     llm = BlendLLM(engine=BlendEngine(*tiny_model, chat=True))
     with pytest.raises(ValueError, match="chunk_prefix"):
         BlendChroma(embedding_function=embedder, client=chroma_client, llm=llm)
+
+
+def _entry(engine, text: str):
+    prompts = engine.prompts
+    return engine.store.get(engine.key(prompts.kv_prefix_ids(), prompts.encode(text)))
+
+
+def _profile_after(engine, text: str, neighbour: str):
+    """The engine's own measurement of ``text`` after ``neighbour`` (the reference)."""
+    prompts = engine.prompts
+    return engine.profiled(_entry(engine, text), prompts.kv_prefix_ids(), prompts.encode(neighbour)).sensitivity
+
+
+def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client, collection_name,
+                                                           documents):
+    import torch
+
+    from blendrag.langchain import BlendChroma, BlendLLM
+
+    llm = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
+    store = BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                                       collection_name=collection_name, llm=llm, profile=True)
+    assert store.profile is True
+    assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (len(PASSAGES), 0)
+    for i, text in enumerate(PASSAGES):  # after the document before it (the first after the last)
+        got = _entry(engine, text).sensitivity
+        assert got is not None and got.shape == (len(engine.prompts.encode(text)),) and got.max() > 0
+        assert torch.equal(got, _profile_after(engine, text, PASSAGES[i - 1]))
+    assert torch.equal(_entry(engine, "\n\n").sensitivity, _profile_after(engine, "\n\n", PASSAGES[-1]))
+    store.add_documents(documents[:2], ids=["again-0", "again-1"])  # counts as before: stored, skipped
+    assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (len(PASSAGES), 2)
+
+
+@pytest.mark.parametrize("model", ["llm", "chat"])
+def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder, chroma_client, collection_name,
+                                                         documents):
+    from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
+
+    from lc_data import QUESTION, TEMPLATE
+    from blendrag.langchain import BlendChroma, BlendLLM, ChatBlend, create_blend_retrieval_chain
+
+    if model == "llm":
+        answer = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
+        prompt = PromptTemplate.from_template(TEMPLATE)
+    else:
+        answer = ChatBlend(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
+        prompt = ChatPromptTemplate.from_messages([("system", "Answer from these passages:\n\n{context}"),
+                                                   ("human", "{input}")])
+    store = BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                                       collection_name=collection_name, llm=answer, profile=True)
+    result = create_blend_retrieval_chain(store.as_retriever(search_kwargs={"k": 3}), answer, prompt).invoke(
+        {"input": QUESTION})
+    assert isinstance(result["answer"], str) and result["answer"]
+    stats = answer.last_stats
+    # 3 documents + 2 separators, every one stored with its profile at ingestion
+    assert (stats.selector, stats.chunks, stats.chunk_hits, stats.chunk_misses) == ("profile", 5, 5, 0)
+    assert stats.profiles_computed == 0
+
+
+def test_without_profile_the_profile_selector_measures_at_the_first_query(blend_store, engine, prompt):
+    from lc_data import QUESTION
+    from blendrag.langchain import BlendLLM, create_blend_retrieval_chain
+
+    assert blend_store.profile is False
+    assert all(_entry(engine, p).sensitivity is None for p in PASSAGES)
+    llm = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
+    create_blend_retrieval_chain(blend_store.as_retriever(search_kwargs={"k": 3}), llm, prompt).invoke(
+        {"input": QUESTION})
+    # measured now: the 3 documents and the separator (both separators are one stored chunk)
+    assert llm.last_stats.profiles_computed == 4
+
+
+@pytest.mark.parametrize("profile", [False, True])
+def test_an_empty_document_has_no_kv_and_keeps_its_neighbours_apart(profile, llm, engine, embedder, chroma_client,
+                                                                    collection_name):
+    import torch
+
+    from blendrag.langchain import BlendChroma
+
+    store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client, llm=llm,
+                        profile=profile)
+    assert len(store.add_texts([PASSAGES[0], "", PASSAGES[1]])) == 3  # Chroma keeps all three
+    assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (2, 0)
+    assert _stored(engine, PASSAGES[0]) and _stored(engine, PASSAGES[1])
+    if profile:  # measured after the text before it that has tokens
+        assert torch.equal(_entry(engine, PASSAGES[1]).sensitivity, _profile_after(engine, PASSAGES[1], PASSAGES[0]))
+    else:
+        assert _entry(engine, PASSAGES[1]).sensitivity is None

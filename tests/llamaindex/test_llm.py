@@ -132,3 +132,28 @@ def test_missing_llama_index_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "llama_index.core", None)  # makes `import llama_index.core` fail
     with pytest.raises(ImportError, match=r"pip install blendrag\[llamaindex\]"):
         importlib.import_module("blendrag.llamaindex")
+
+
+def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one(make_llm):
+    import torch
+
+    def entry(llm, node):
+        engine = llm.engine
+        return engine.store.get(engine.key(engine.prompts.kv_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
+
+    def profile_after(llm, node, before):
+        engine = llm.engine
+        probe = engine.prompts.encode(llm.chunk_text(before))
+        return engine.profiled(entry(llm, node), engine.prompts.kv_prefix_ids(), probe).sensitivity
+
+    nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
+    llm = make_llm()
+    assert llm.ingest(nodes, profile=True) == 3 and llm.ingest(nodes, profile=True) == 0
+    for i, node in enumerate(nodes):  # after the node before it (the first after the last)
+        assert torch.equal(entry(llm, node).sensitivity, profile_after(llm, node, nodes[i - 1]))
+    bare = make_llm(chunk_template="{text}")  # an empty node is then empty text: no tokens, no KV
+    assert bare.ingest([nodes[0], TextNode(text=""), nodes[1]], profile=True) == 2
+    assert torch.equal(entry(bare, nodes[1]).sensitivity, profile_after(bare, nodes[1], nodes[0]))
+    plain = make_llm()
+    assert plain.ingest(nodes) == 3
+    assert all(entry(plain, n).sensitivity is None for n in nodes)

@@ -134,3 +134,41 @@ def test_chat_template_engine_blends_at_node_boundaries(make_llm, embed, new_vec
 
     index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)  # stock: llm.chat(messages)
     assert llm.last_stats.chunk_hits == TOP_K - 1
+
+
+def _entry(llm, node):
+    engine = llm.engine
+    return engine.store.get(engine.key(engine.prompts.kv_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
+
+
+def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure_none(
+        make_llm, embed, new_vector_store, nodes):
+    import torch
+
+    llm = make_llm()
+    pipeline = IngestionPipeline(transformations=[BlendKVTransform(llm, profile=True), embed],
+                                 vector_store=(store := new_vector_store()))
+    pipeline.run(nodes=nodes)
+    engine, prefix_ids = llm.engine, llm.engine.prompts.kv_prefix_ids()
+    for i, node in enumerate(nodes):  # after the node before it (the first after the last)
+        got = _entry(llm, node).sensitivity
+        before = engine.prompts.encode(llm.chunk_text(nodes[i - 1]))
+        assert got is not None and got.max() > 0
+        assert torch.equal(got, engine.profiled(_entry(llm, node), prefix_ids, before).sensitivity)
+    index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
+    _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
+    assert (stats.selector, stats.chunk_hits, stats.chunk_misses, stats.profiles_computed) == ("profile", TOP_K, 0, 0)
+
+
+def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(make_llm, embed, new_vector_store,
+                                                                                nodes):
+    from llama_index.core.ingestion.pipeline import get_transformation_hash
+
+    llm = make_llm()
+    plain = BlendKVTransform(llm)
+    assert plain.profile is False and BlendKVTransform(llm, profile=True).profile is True
+    assert get_transformation_hash(nodes, plain) != get_transformation_hash(nodes, BlendKVTransform(llm, profile=True))
+    index = ingest(llm, embed, new_vector_store(), nodes)
+    assert all(_entry(llm, n).sensitivity is None for n in nodes)
+    _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
+    assert stats.profiles_computed == TOP_K  # measured at the first query instead

@@ -8,18 +8,20 @@ from blendrag.kv.chunk_kv import ChunkKV
 
 
 def make_kv(seed: int, *, layers: int = 3, heads: int = 2, tokens: int = 8, dim: int = 16,
-            dtype: torch.dtype = torch.float32) -> ChunkKV:
-    """Random KV whose bytes depend only on the arguments."""
+            dtype: torch.dtype = torch.float32, profile: bool = False) -> ChunkKV:
+    """Random KV whose bytes depend only on the arguments; ``profile``: with a random
+    context-sensitivity profile ([T] float32) too."""
     g = torch.Generator().manual_seed(seed)
     shape = (layers, heads, tokens, dim)
     keys = torch.randn(shape, generator=g).to(dtype)
     values = torch.randn(shape, generator=g).to(dtype)
     ids = tuple(int(x) for x in torch.randint(0, 50_000, (tokens,), generator=g))
-    return ChunkKV(keys, values, ids, prefix_hash=f"prefix-{seed}")
+    sensitivity = torch.rand(tokens, generator=g) * 100 if profile else None
+    return ChunkKV(keys, values, ids, prefix_hash=f"prefix-{seed}", sensitivity=sensitivity)
 
 
 def same_bits(a: ChunkKV, b: ChunkKV) -> bool:
-    """Bitwise equality of two entries (NaN payloads and -0.0 included)."""
+    """Bitwise equality of two entries (NaN payloads and -0.0 included), profiles included."""
     return (
         a.keys.dtype == b.keys.dtype
         and a.keys.shape == b.keys.shape
@@ -27,7 +29,16 @@ def same_bits(a: ChunkKV, b: ChunkKV) -> bool:
         and torch.equal(a.values.view(torch.uint8), b.values.view(torch.uint8))
         and a.token_ids == b.token_ids
         and a.prefix_hash == b.prefix_hash
+        and same_profile(a, b)
     )
+
+
+def same_profile(a: ChunkKV, b: ChunkKV) -> bool:
+    """Both without a sensitivity profile, or both with bitwise equal float32 ones."""
+    if a.sensitivity is None or b.sensitivity is None:
+        return a.sensitivity is None and b.sensitivity is None
+    return (a.sensitivity.dtype == b.sensitivity.dtype == torch.float32
+            and torch.equal(a.sensitivity.view(torch.uint8), b.sensitivity.view(torch.uint8)))
 
 
 def entry_bytes(**kw) -> int:

@@ -61,6 +61,40 @@ def test_cli_folder_text_output_and_usage_errors(model_dir, tmp_path, capsys):
     assert main([*base, "--threads", "0"]) == 2 and "--threads" in capsys.readouterr().err
 
 
+def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp_path, capsys):
+    f = tmp_path / "chunks.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "3", "--profile")
+    assert main(argv) == 0
+    summary = _summary(capsys)
+    assert (summary["computed"], summary["profiled"]) == (4, 4)
+    assert main([a for a in argv if a != "--json"]) == 0  # again: nothing new to measure
+    assert "computed 0" in capsys.readouterr().out
+
+    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
+    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    ids = [engine.prompts.encode(t) for t in PASSAGES]
+    stored = [store.get(engine.key(prefix_ids, i)) for i in ids]
+    for i in range(1, len(ids)):  # line 4 opens the second batch: still measured after line 3
+        expected = engine.profiled(stored[i], prefix_ids, ids[i - 1]).sensitivity
+        assert torch.allclose(stored[i].sensitivity, expected, rtol=1e-5, atol=1e-6)
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(selector="profile")).stats
+    assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
+    store.close()
+
+
+def test_cli_text_summary_says_profiles_were_measured(model_dir, tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    for i, text in enumerate(PASSAGES[:2]):
+        (tmp_path / "docs" / f"{i}.txt").write_text(text)
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"), "--profile")
+    assert main([a for a in argv if a != "--json"]) == 0
+    assert "context-sensitivity profiles measured for 2" in capsys.readouterr().out
+    plain = _args(model_dir("llama"), tmp_path / "kv2", "--folder", str(tmp_path / "docs"))
+    assert main(plain) == 0 and _summary(capsys)["profiled"] == 0
+
+
 def test_two_processes_precomputing_one_collection_leave_a_consistent_store(model_dir, tmp_path):
     """A CLI child and this process run the same job at once, in opposite orders (they meet in the
     middle and race on the same keys)."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from test_precompute_sources import DOCS, make_chroma
-from tiny import PASSAGES, PREFIX
+from tiny import PASSAGES, PREFIX, SUFFIX
 
-from blendrag import BlendEngine, MemoryKVStore
+from blendrag import BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, precompute
 from blendrag.text_index import ChunkTextIndex
 
@@ -76,3 +76,65 @@ def test_needs_a_prefix_or_a_chunk_prefix(engine):
         precompute(engine, PASSAGES, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
         precompute(engine, PASSAGES, prefix=PREFIX, batch_size=0)
+
+
+# ---- context-sensitivity profiles (profile=True) -----------------------------------------------
+
+
+def _stored(engine: BlendEngine, text: str):
+    return engine.store.get(_key(engine, text))
+
+
+def _profile_after(engine: BlendEngine, text: str, neighbour: str) -> torch.Tensor:
+    """What the engine measures for ``text`` computed after ``neighbour`` (the reference)."""
+    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    return engine.profiled(_stored(engine, text), prefix_ids, engine.prompts.encode(neighbour)).sensitivity
+
+
+def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
+    p0, p1, p2, p3 = PASSAGES
+    # batches [p0, p1] | ["", p2] | [p3]: p2 and p3 open a batch; their neighbours sit in the one before
+    summary = precompute(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False, batch_size=2, profile=True)
+    assert (summary.chunks, summary.computed, summary.skipped, summary.empty, summary.profiled) == (5, 4, 0, 1, 4)
+    assert summary.to_dict()["profiled"] == 4 and "context-sensitivity profiles measured for 4" in summary.format()
+    neighbours = {p0: p1, p1: p0, p2: p1, p3: p2}  # p0 has no predecessor: the last of its batch (cyclic)
+    for text, before in neighbours.items():
+        got = _stored(engine, text).sensitivity
+        assert got is not None and got.dtype == torch.float32 and got.shape == (len(engine.prompts.encode(text)),)
+        assert torch.equal(got, _profile_after(engine, text, before)), text
+        assert got.max() > 0
+    # the served rows are the stand-alone ones, profile or not
+    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    ref = engine._chunk_prefill(engine.prefix_kv(prefix_ids), prefix_ids, engine.prompts.encode(p2))
+    assert torch.equal(_stored(engine, p2).keys, ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
+    # queries with the profile selector find every profile in the store
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(selector="profile")).stats
+    assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
+
+
+def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(engine, model_dir, make_store):
+    precompute(engine, PASSAGES, prefix=PREFIX, progress=False, batch_size=1, profile=True)
+    whole = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=make_store(disk_dir=None))
+    whole.precompute(whole.prompts.kv_prefix_ids(PREFIX), [whole.prompts.encode(t) for t in PASSAGES], profile=True)
+    for text in PASSAGES[1:]:
+        assert torch.equal(_stored(engine, text).sensitivity, _stored(whole, text).sensitivity)
+    # a first batch of one chunk has no neighbour: no profile (the engine measures it on first use)
+    assert _stored(engine, PASSAGES[0]).sensitivity is None
+
+
+def test_without_profile_entries_have_none(engine):
+    summary = precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
+    assert summary.profiled == 0 and "profiles" not in summary.format()
+    assert all(_stored(engine, t).sensitivity is None for t in PASSAGES)
+
+
+def test_a_resumed_or_repeating_job_measures_after_the_source_predecessor(engine):
+    p0, p1, p2, p3 = PASSAGES
+    precompute(engine, [p0, p1], prefix=PREFIX, progress=False, profile=True)
+    new = "A brand new passage about the history of Oslo and Paris."
+    # p0, p1 are skipped, p0 repeats: the neighbours are still the texts just before in the source
+    summary = precompute(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2, profile=True)
+    assert (summary.chunks, summary.computed, summary.skipped, summary.profiled) == (5, 2, 3, 2)
+    assert torch.equal(_stored(engine, p2).sensitivity, _profile_after(engine, p2, p0))
+    assert torch.equal(_stored(engine, new).sensitivity, _profile_after(engine, new, p2))
+    assert not engine.store.contains(_key(engine, p3))

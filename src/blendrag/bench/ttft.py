@@ -38,7 +38,7 @@ class TTFTWorkload:
     prefix_tokens: int = 32
     suffix_tokens: int = 64
     ratios: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30)
-    selectors: tuple[str, ...] = ("cacheblend", "epic")
+    selectors: tuple[str, ...] = ("cacheblend", "profile", "epic")
     repeats: int = 3
     dtype: str = "float32"
     device: str = "cpu"
@@ -92,7 +92,7 @@ def run(w: TTFTWorkload) -> list[dict]:
     """Time HF's forward and every mode, then measure their peak memory; one record per row."""
     engine = build_engine(w)
     layout = random_layout(w, engine.model.config.vocab_size)
-    engine.precompute(layout.prefix_ids, layout.chunk_ids)  # ingestion, not timed
+    engine.precompute(layout.prefix_ids, layout.chunk_ids, profile="profile" in w.selectors)  # ingestion, not timed
     ids = torch.tensor([layout.ids], device=engine.device)
 
     def hf() -> torch.Tensor:

@@ -50,8 +50,10 @@ def ingest(engine: BlendEngine, index: ChunkTextIndex, examples: Sequence[QAExam
 
     client = chromadb.PersistentClient(path=str(chroma_dir))
     llm = BlendLLM(engine=engine, text_index=index, document_prompt=DOCUMENT_PROMPT)
+    # profile: each passage's context profile is measured after the passage before it (the
+    # demo adds an example's passages in order), for blend's ``profile`` selector.
     store = BlendChroma(collection_name="blendrag_demo", client=client, embedding_function=emb, llm=llm,
-                        separators=())
+                        separators=(), profile=True)
     t0 = time.perf_counter()
     if store._collection.count() == 0:
         docs = [Document(page_content=text, metadata={"example": i})

@@ -38,7 +38,10 @@ class DemoConfig:
             raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
 
     def modes(self) -> list[BlendConfig]:
+        """Full and reuse (the two ends), then blend with each selector at ``ratio``; the first
+        blend (profile: context profiles measured at ingestion) is the one the chains use."""
         return [BlendConfig(mode="full"), BlendConfig(mode="reuse"),
+                BlendConfig(mode="blend", selector="profile", ratio=self.ratio),
                 BlendConfig(mode="blend", selector="cacheblend", ratio=self.ratio),
                 BlendConfig(mode="blend", selector="epic", ratio=self.ratio)]
 

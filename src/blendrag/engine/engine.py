@@ -137,6 +137,9 @@ class BlendEngine:
         (for the ``profile`` selector) after the chunk before it in ``chunks`` (the first after
         the last; see ``engine/profile.py``): one more forward of neighbour + chunk per chunk.
         ``on_chunk(i, computed)`` is called after each chunk (progress bars)."""
+        empty = [i for i, ids in enumerate(chunks) if not len(ids)]
+        if empty:
+            raise ValueError(f"chunks {empty[:5]} have no tokens: an empty chunk has no KV to precompute")
         prefix = self.prefix_kv(prefix_ids)
         keys = [self.key(prefix_ids, ids) for ids in chunks]
         todo = set(self.store.missing(keys))
@@ -148,17 +151,21 @@ class BlendEngine:
                 kv = self._chunk_prefill(prefix, prefix_ids, ids)
                 probe = neighbour(chunks, i) if profile else None
                 if probe is not None:
-                    kv = self.profiled(kv, prefix_ids, probe)
+                    kv = self.profiled(kv, prefix_ids, probe, prefix)
                 self.store.put(key, kv, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
         return computed
 
-    def profiled(self, kv: ChunkKV, prefix_ids: Sequence[int], probe_ids: Sequence[int]) -> ChunkKV:
+    def profiled(self, kv: ChunkKV, prefix_ids: Sequence[int], probe_ids: Sequence[int],
+                 prefix: ChunkKV | None = None) -> ChunkKV:
         """``kv`` (a chunk computed after ``prefix_ids``) with its context-sensitivity profile,
-        measured by computing the chunk again after ``prefix_ids + probe_ids``."""
-        after = self._chunk_prefill(None, list(prefix_ids) + list(probe_ids), kv.token_ids)
+        measured by computing the chunk again after ``prefix_ids + probe_ids`` (the prefix's
+        rows from ``prefix``, its cached KV, when given)."""
+        both = self._chunk_prefill(prefix, prefix_ids, list(probe_ids) + list(kv.token_ids))
+        t = kv.num_tokens
+        after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)  # the chunk's rows
         return kv.with_sensitivity(key_deviation(kv, after))
 
     def _lookup(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
@@ -261,18 +268,18 @@ class BlendEngine:
         for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
             kv = self.chunk_kv(anchor_ids, ids, anchor, stats)
             if profile and kv.sensitivity is None:
-                kv = self._profile_now(kv, anchor_ids, chunks, i, stats)
+                kv = self._profile_now(kv, anchor_ids, anchor, chunks, i, stats)
             segments.append(CachedSegment(start, kv))
         return segments
 
-    def _profile_now(self, kv: ChunkKV, anchor_ids: Sequence[int], chunks: Sequence[Sequence[int]], i: int,
-                     stats: RequestStats) -> ChunkKV:
+    def _profile_now(self, kv: ChunkKV, anchor_ids: Sequence[int], anchor: ChunkKV | None,
+                     chunks: Sequence[Sequence[int]], i: int, stats: RequestStats) -> ChunkKV:
         """A chunk stored without a profile, met by the ``profile`` selector: measure it after its
         neighbour in this prompt (same rule as :meth:`precompute`) and store it, once."""
         probe = neighbour(chunks, i)
         if probe is None:  # a lone chunk: nothing to blend with, the selector has no use for it
             return kv.with_sensitivity(torch.zeros(kv.num_tokens))
-        kv = self.profiled(kv, anchor_ids, probe)
+        kv = self.profiled(kv, anchor_ids, probe, anchor)
         self.store.put(self.key(anchor_ids, kv.token_ids), kv)
         stats.profiles_computed += 1
         return kv

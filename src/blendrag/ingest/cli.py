@@ -24,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_prompt(p)
     p.add_argument("--text-index", type=Path, help="also record the texts in this ChunkTextIndex directory")
     p.add_argument("--batch-size", type=int, default=32, help="texts looked up in the store at once")
+    p.add_argument("--profile", action="store_true",
+                   help="also measure each new chunk's context-sensitivity profile, after the chunk before it in "
+                        "the source, for blending with BlendConfig(selector='profile'); one more forward per chunk. "
+                        "The source must be in document order")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own, one per core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -106,7 +110,7 @@ def _run(args: argparse.Namespace, source, config):
                                              chat=args.chat, system=args.system, chunk_prefix=args.chunk_prefix)
         index = ChunkTextIndex(args.text_index) if args.text_index else None
         return precompute(engine, source, prefix=args.prefix, progress=not args.no_progress,
-                          text_index=index, batch_size=args.batch_size)
+                          text_index=index, batch_size=args.batch_size, profile=args.profile)
 
 
 def _source(args: argparse.Namespace):

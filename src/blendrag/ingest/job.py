@@ -4,6 +4,11 @@ Resumable: chunks whose KV is already stored are skipped (one ``missing`` lookup
 so a job that was interrupted, or run again on a grown collection, computes only what is new.
 Several processes may run it on one store at once: every entry is written whole, and at worst
 both compute the same chunk and write the same bytes.
+
+With ``profile=True`` each new chunk's context-sensitivity profile (``engine/profile.py``) is
+measured after the chunk before it in the source, its document neighbour: every batch is
+handed to ``engine.precompute`` behind the previous batch's last chunk (stored already, so
+only its neighbour role counts), so batch boundaries lose no neighbour.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class PrecomputeSummary:
     tokens:   tokens whose KV was computed
     bytes:    KV bytes computed (tokens x 2 x layers x kv_heads x head_dim x bytes per element)
     seconds:  wall time of the job (reading, tokenizing, computing, storing)
+    profiled: computed chunks stored with a context-sensitivity profile (``profile=True``)
     """
 
     chunks: int
@@ -41,6 +47,7 @@ class PrecomputeSummary:
     tokens: int
     bytes: int
     seconds: float
+    profiled: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -51,9 +58,10 @@ class PrecomputeSummary:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
 
     def format(self) -> str:
+        profiles = f"; context-sensitivity profiles measured for {self.profiled}" if self.profiled else ""
         return (f"chunks {self.chunks}: computed {self.computed}, already stored {self.skipped}, empty {self.empty}; "
                 f"{self.tokens} tokens, {self.bytes / 2**20:.1f} MiB of KV in {self.seconds:.1f} s "
-                f"({self.tokens_per_s:.0f} tokens/s)")
+                f"({self.tokens_per_s:.0f} tokens/s){profiles}")
 
 
 def kv_bytes_per_token(engine: BlendEngine) -> int:
@@ -63,13 +71,23 @@ def kv_bytes_per_token(engine: BlendEngine) -> int:
 
 
 def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = None, progress: bool = True,
-               text_index: ChunkTextIndex | None = None, batch_size: int = BATCH) -> PrecomputeSummary:
+               text_index: ChunkTextIndex | None = None, batch_size: int = BATCH,
+               profile: bool = False) -> PrecomputeSummary:
     """Compute and store the KV of every chunk text not stored yet.
 
     Chunks are tokenized as prompts tokenize them and computed after the engine's
     ``chunk_prefix`` or, without one, after ``prefix`` (the prompt prefix queries will use).
     ``text_index`` also records every text (framework LLMs find chunks in flat prompts with it).
-    ``progress`` shows a tqdm bar (total from ``len(chunks)`` when it has one)."""
+    ``progress`` shows a tqdm bar (total from ``len(chunks)`` when it has one).
+
+    ``profile``: also measure each computed chunk's context-sensitivity profile, for blending
+    with ``BlendConfig(selector="profile")``: one more forward of neighbour + chunk per chunk.
+    ``chunks`` must then come in document order: a chunk is measured after the non-empty chunk
+    before it, across batch boundaries too. The first chunk has no predecessor and, as in
+    ``BlendEngine.precompute``, is measured after the last chunk of its batch (not at all when
+    that batch holds only it; the engine then measures it on first use). Chunks already stored
+    are skipped as ever, so entries stored without a profile keep none (the engine measures
+    them on first use)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if engine.prompts is None:
@@ -77,10 +95,11 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
     prefix_ids = engine.prompts.kv_prefix_ids(prefix)  # raises early when there is no prefix at all
     total = len(chunks) if isinstance(chunks, Sized) else None
     t0 = time.perf_counter()
-    counts = {"chunks": 0, "computed": 0, "skipped": 0, "empty": 0, "tokens": 0}
+    counts = {"chunks": 0, "computed": 0, "skipped": 0, "empty": 0, "tokens": 0, "profiled": 0}
+    previous: list[int] | None = None  # the last non-empty chunk so far: the next one's neighbour
     with tqdm(total=total, unit="chunk", desc="precompute", disable=not progress) as bar:
         for texts in _batches(chunks, batch_size):
-            _run_batch(engine, prefix_ids, texts, counts, bar, t0)
+            previous = _run_batch(engine, prefix_ids, texts, counts, bar, t0, profile, previous)
             if text_index is not None:
                 text_index.add_many(texts)
     return PrecomputeSummary(**counts, bytes=counts["tokens"] * kv_bytes_per_token(engine),
@@ -88,22 +107,31 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
 
 
 def _run_batch(engine: BlendEngine, prefix_ids: list[int], texts: list[str], counts: dict[str, int],
-               bar: tqdm, t0: float) -> None:
+               bar: tqdm, t0: float, profile: bool, previous: list[int] | None) -> list[int] | None:
+    """Compute one batch; returns its last non-empty chunk (else ``previous``)."""
     ids = [engine.prompts.encode(t) for t in texts]
     todo = [i for i in ids if i]
     counts["chunks"] += len(texts)
     counts["empty"] += len(texts) - len(todo)
     bar.update(len(texts) - len(todo))
+    # With profiles, the previous batch's last chunk goes first: the neighbour of this batch's
+    # first chunk. It is stored already, so precompute skips it; it is not counted again.
+    head = [previous] if profile and previous is not None else []
+    profiled = profile and len(head) + len(todo) > 1  # precompute profiles no chunk of a list of one
 
     def done(i: int, computed: bool) -> None:
+        if i < len(head):
+            return
         counts["computed" if computed else "skipped"] += 1
-        counts["tokens"] += len(todo[i]) if computed else 0
+        counts["tokens"] += len(todo[i - len(head)]) if computed else 0
+        counts["profiled"] += computed and profiled
         bar.update(1)
         bar.set_postfix(computed=counts["computed"], skipped=counts["skipped"],
                         tok_s=f"{counts['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f}", refresh=False)
 
     if todo:
-        engine.precompute(prefix_ids, todo, on_chunk=done)
+        engine.precompute(prefix_ids, head + todo, profile=profile, on_chunk=done)
+    return todo[-1] if todo else previous
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -14,6 +14,14 @@ from typing import Iterable, Protocol, runtime_checkable
 from blendrag.kv.chunk_kv import ChunkKV
 
 
+def held_bytes(kv: ChunkKV) -> int:
+    """Host memory an entry holds: its K and V rows (``ChunkKV.nbytes``) plus its
+    context-sensitivity profile where it has one (4 bytes a token). What the RAM tier's byte
+    budget counts; ``ChunkKV.nbytes`` stays the size of the KV rows alone."""
+    extra = kv.sensitivity.numel() * kv.sensitivity.element_size() if kv.sensitivity is not None else 0
+    return kv.nbytes + extra
+
+
 @runtime_checkable
 class KVStore(Protocol):
     """What the engine needs from a chunk-KV store."""
@@ -34,6 +42,8 @@ class KVStore(Protocol):
 
 class MemoryKVStore:
     """In-process LRU bounded in bytes: the default store, and the RAM tier of the tiered store.
+
+    An entry counts its KV rows and its profile (:func:`held_bytes`).
 
     Entries are held by reference: callers must treat returned tensors as read-only.
     Thread-safe (one lock around the ordered dict).
@@ -65,13 +75,14 @@ class MemoryKVStore:
         (``ram`` is moot: RAM is the only tier here)."""
         with self._lock:
             self._pop(key)
-            if kv.nbytes > self.max_bytes:
+            size = held_bytes(kv)
+            if size > self.max_bytes:
                 return  # larger than the whole budget: not cacheable here
             self._entries[key] = kv
-            self.bytes += kv.nbytes
+            self.bytes += size
             while self.bytes > self.max_bytes:
                 _, old = self._entries.popitem(last=False)
-                self.bytes -= old.nbytes
+                self.bytes -= held_bytes(old)
 
     def contains(self, key: str) -> bool:
         """True when ``key`` is held (does not count as a use)."""
@@ -96,7 +107,7 @@ class MemoryKVStore:
     def _pop(self, key: str) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
-            self.bytes -= old.nbytes
+            self.bytes -= held_bytes(old)
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -18,7 +18,8 @@ from blendrag.langchain._prompt import format_documents
 
 @dataclass
 class IngestCounts:
-    """KVs computed by this store's ingestion so far, and texts whose KV was already stored."""
+    """KVs computed by this store's ingestion so far, and texts whose KV was already stored
+    (texts without any token have no KV and count as neither)."""
 
     computed: int = 0
     skipped: int = 0
@@ -40,13 +41,18 @@ class BlendChroma(Chroma):
     ``llm``: the :class:`BlendLLM` / :class:`ChatBlend` that will answer; its engine needs a
     ``chunk_prefix`` (the chains' prompt prefixes are not known at ingestion).
     ``show_progress``: tqdm bar for the KV precompute; None = for batches of at least
-    ``PROGRESS_MIN`` texts. Other arguments are Chroma's.
+    ``PROGRESS_MIN`` texts.
+    ``profile``: also measure each new chunk's context-sensitivity profile, for an ``llm``
+    blending with ``selector="profile"`` (otherwise measured at its first query): one more
+    forward per chunk. Each text of an ``add_texts`` call is measured after the text before it
+    in that call (the first after the last), so add a document's chunks in order, in one call;
+    the separators after the last text. Other arguments are Chroma's.
     """
 
     PROGRESS_MIN = 32
 
     def __init__(self, *args: Any, llm: BlendParams, separators: Sequence[str] = ("\n\n",),
-                 show_progress: bool | None = None, **kwargs: Any) -> None:
+                 show_progress: bool | None = None, profile: bool = False, **kwargs: Any) -> None:
         if llm.engine.prompts.chunk_prefix is None:
             raise ValueError("the engine has no chunk_prefix, so KVs cannot be precomputed before the prompt is "
                              "known: create it with chunk_prefix=... (e.g. \"\")")
@@ -54,6 +60,7 @@ class BlendChroma(Chroma):
         self.llm = llm
         self.separators = tuple(s for s in separators if s)
         self.show_progress = show_progress
+        self.profile = profile
         self.ingest_counts = IngestCounts()
 
     def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
@@ -80,15 +87,19 @@ class BlendChroma(Chroma):
         docs = [Document(page_content=t, metadata=m or {}) for t, m in zip(texts, metas)]
         chunks = format_documents(docs, self.llm.document_prompt)
         self.llm.text_index.add_many(chunks)
-        counts = IngestCounts()
-        show = len(chunks) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
         engine = self.llm.engine
-        for chunk in tqdm(chunks, desc="precomputing chunk KVs", unit="chunk", disable=not show):
-            computed = engine.ingest([chunk])[0]  # one at a time: the bar moves per chunk
-            counts.computed += computed
-            counts.skipped += not computed
-        if chunks and self.separators:
-            engine.ingest(list(self.separators))
+        chunks = [c for c in chunks if engine.prompts.encode(c)]  # a text without tokens has no KV
+        if not chunks:
+            return IngestCounts()
+        show = len(chunks) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
+        with tqdm(total=len(chunks), desc="precomputing chunk KVs", unit="chunk", disable=not show) as bar:
+            computed = engine.ingest(chunks, profile=self.profile, on_chunk=lambda i, now: bar.update(1))
+        counts = IngestCounts(computed=sum(computed), skipped=len(computed) - sum(computed))
+        if self.separators:
+            # With profile, behind the last text (stored now, so skipped): the separators sit
+            # between texts in the prompt and are measured after one.
+            engine.ingest([chunks[-1], *self.separators] if self.profile else list(self.separators),
+                          profile=self.profile)
         self.ingest_counts.computed += counts.computed
         self.ingest_counts.skipped += counts.skipped
         return counts

@@ -20,13 +20,19 @@ class BlendKVTransform(TransformComponent):
     it having run: the LLM computes and stores a missing KV at query time. The cache key
     includes ``kv_identity`` (model, tokenizer, chunk prefix, template), so a different model
     runs the transform again.
+
+    ``profile``: also store each new node's context-sensitivity profile, for an LLM blending
+    with ``BlendConfig(selector="profile")``; one more forward per node. Each node is measured
+    after the node before it in the pipeline (the splitter's document order; the first node of
+    a run after the last), see :meth:`BlendLLM.ingest`. Part of the cache key too.
     """
 
     kv_identity: str = Field(description="What node KVs depend on besides the node text.")
+    profile: bool = Field(default=False, description="Also store each node's context-sensitivity profile.")
     _llm: BlendLLM = PrivateAttr()
 
-    def __init__(self, llm: BlendLLM, **kwargs: Any) -> None:
-        super().__init__(kv_identity=llm.kv_identity, **kwargs)
+    def __init__(self, llm: BlendLLM, *, profile: bool = False, **kwargs: Any) -> None:
+        super().__init__(kv_identity=llm.kv_identity, profile=profile, **kwargs)
         self._llm = llm
 
     @classmethod
@@ -39,6 +45,6 @@ class BlendKVTransform(TransformComponent):
         return self._llm
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
-        """Precompute the nodes' KVs; return the nodes as they are."""
-        self._llm.ingest(nodes)
+        """Precompute the nodes' KVs (in the order given); return the nodes as they are."""
+        self._llm.ingest(nodes, profile=self.profile)
         return nodes

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable, Protocol
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.store import MemoryKVStore
+from blendrag.kv.store import MemoryKVStore, held_bytes
 from blendrag.store.codec import EntryError, decode, encode
 from blendrag.store.config import StoreConfig
 from blendrag.store.disk import DiskTier
@@ -167,14 +167,14 @@ class TieredKVStore:
         t0 = time.perf_counter()
         kv = self._ram.get(key)
         hit = kv is not None
-        self._ram_counters.add(hits=hit, misses=not hit, bytes_read=kv.nbytes if hit else 0,
+        self._ram_counters.add(hits=hit, misses=not hit, bytes_read=held_bytes(kv) if hit else 0,
                                load_seconds=time.perf_counter() - t0)
         return kv
 
     def _put_ram(self, key: str, kv: ChunkKV) -> None:
         self._ram.put(key, kv)
         if self._ram.contains(key):
-            self._ram_counters.add(bytes_written=kv.nbytes)
+            self._ram_counters.add(bytes_written=held_bytes(kv))
 
     def _load(self, slot: _Slot, key: str) -> tuple[ChunkKV | None, bytes | None]:
         if not slot.health.available:
@@ -230,9 +230,11 @@ class TieredKVStore:
 
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded.
-    if kv.keys.device.type == "cpu" and kv.values.device.type == "cpu":
+    tensors = [kv.keys, kv.values] + ([kv.sensitivity] if kv.sensitivity is not None else [])
+    if all(t.device.type == "cpu" for t in tensors):
         return kv
-    return ChunkKV(kv.keys.to("cpu"), kv.values.to("cpu"), kv.token_ids, kv.prefix_hash)
+    sensitivity = kv.sensitivity.to("cpu") if kv.sensitivity is not None else None
+    return ChunkKV(kv.keys.to("cpu"), kv.values.to("cpu"), kv.token_ids, kv.prefix_hash, sensitivity)
 
 
 def _size_of(source: bytes | BinaryIO) -> int:
