@@ -62,3 +62,28 @@ def test_answers_heldout_questions(model_and_tok) -> None:
         assert out[0, -1].item() == tok.eos_token_id or out.shape[1] - ids.shape[1] == 8
         hits += exact_match(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), ex.answers)
     assert hits >= 0.8 * N_QUESTIONS, f"{hits}/{N_QUESTIONS}"
+
+
+def test_profile_blend_recovers_the_pronoun_questions_reuse_loses() -> None:
+    """The claim of docs/benchmarks.md on 20 held-out pronoun questions: full reuse loses most,
+    blend with ingestion-time profiles at 15 % answers them as full prefill does."""
+    from blendrag import BlendConfig, BlendEngine, GenerationConfig
+    from blendrag.demo import PREFIX, format_chunk, format_suffix
+
+    engine = BlendEngine.from_pretrained(check_demo_model(), chat=False)
+    examples = [x for x in generate_examples(200, HELDOUT_SEED) if x.kind == "pronoun"][:20]
+    layouts = [engine.build_prompt(PREFIX, [format_chunk(c) for c in x.chunks], format_suffix(x.question))
+               for x in examples]
+    for layout in layouts:  # ingestion, in prompt (document) order
+        engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=True)
+    gen = GenerationConfig(max_new_tokens=6)
+
+    def accuracy(cfg: BlendConfig) -> float:
+        results = [engine.generate(lay, cfg, gen) for lay in layouts]
+        assert all(r.stats.profiles_computed == 0 for r in results)
+        return sum(exact_match(r.text, x.answers) for r, x in zip(results, examples)) / len(examples)
+
+    full, reuse = accuracy(BlendConfig(mode="full")), accuracy(BlendConfig(mode="reuse"))
+    profile = accuracy(BlendConfig(selector="profile", ratio=0.15))
+    assert full >= 0.95 and reuse <= 0.4
+    assert profile >= full - 0.05
