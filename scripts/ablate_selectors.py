@@ -5,24 +5,21 @@ Exact-match accuracy on held-out questions (default: the ``pronoun`` kind, whose
 named in another passage) for full, reuse and blend variants at 15 % of the chunk tokens,
 with the mean recompute fraction over layers (the compute actually spent). Besides the
 package's selectors it runs *oracles*, which rank tokens by their true deviation between a
-reuse and a full prefill of the very prompt (so they cost a full prefill and are not usable
-at serving time); they show which signal identifies the tokens worth recomputing. Usage:
+reuse and a full prefill of the very prompt, stored as the chunks' profiles for the
+``profile`` selector (so they cost a full prefill and are not usable at serving time); they
+show which signal identifies the tokens worth recomputing. Usage:
 ``python scripts/ablate_selectors.py [--kind pronoun|all|...] [--questions N] [--ratio R]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import random
-from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
 from blendrag.demo import HELDOUT_SEED, PREFIX, demo_model_path, exact_match, format_chunk, format_suffix, generate_examples
-from blendrag.engine import selectors
 from blendrag.kv.store import MemoryKVStore
 from blendrag.prompt import PromptLayout
 
@@ -59,22 +56,13 @@ def true_deviation(engine: BlendEngine, layout: PromptLayout) -> dict[str, torch
             for kind in ("k", "v")}
 
 
-@contextmanager
-def oracle_selector(score: torch.Tensor) -> Iterator[None]:
-    """Run the next prefills with a static selector that takes the top tokens by ``score``
-    (it borrows the ``random`` slot: an oracle is not a serving-time selector)."""
-
-    class Oracle(selectors.Selector):
-        def initial(self) -> torch.Tensor:
-            count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
-            return self.chunk_positions[torch.topk(score, count).indices.sort().values]
-
-    saved = selectors.SELECTORS["random"]
-    selectors.SELECTORS["random"] = Oracle
-    try:
-        yield
-    finally:
-        selectors.SELECTORS["random"] = saved
+def store_oracle(engine: BlendEngine, layout: PromptLayout, score: torch.Tensor) -> None:
+    """Store ``score`` ([C], one value per chunk token) as the chunks' profiles, so that the
+    ``profile`` selector ranks by it: an oracle is a profile measured on the very prompt."""
+    start = len(layout.prefix_ids)
+    for (s, e), ids in zip(layout.chunk_spans, layout.chunk_ids):
+        key = engine.key(layout.chunk_prefix_ids, ids)
+        engine.store.put(key, engine.store.get(key).with_sensitivity(score[s - start : e - start]))
 
 
 def main() -> None:
@@ -110,14 +98,12 @@ def main() -> None:
                 rng.shuffle(chunks)
             engine.precompute(lay.chunk_prefix_ids, chunks, profile=True)
         report(f"profile, ingested in {order} order", [engine.generate(lay, profile, gen) for lay in layouts])
-    oracle = BlendConfig(ratio=args.ratio, selector="random")
     for name, rank in ORACLES.items():
         results = []
         for lay in layouts:
-            with oracle_selector(rank(true_deviation(engine, lay))):
-                results.append(engine.generate(lay, oracle, gen))
+            store_oracle(engine, lay, rank(true_deviation(engine, lay)))
+            results.append(engine.generate(lay, profile, gen))
         report(name, results)
-
 
 if __name__ == "__main__":
     main()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from typing import Callable
+
 import torch
 
 from blendrag.kv.chunk_kv import ChunkKV
@@ -46,3 +49,12 @@ def entry_bytes(**kw) -> int:
     from blendrag.store.codec import encode
 
     return len(encode("k" * 64, make_kv(0, **kw)))
+
+
+def rewrite_header(data: bytes, edit: Callable[[dict], None]) -> bytes:
+    """An encoded entry with its safetensors header JSON changed by ``edit`` (tamper tests)."""
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + data[8 + n :]

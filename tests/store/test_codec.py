@@ -9,7 +9,7 @@ import pytest
 import safetensors.torch
 import torch
 from safetensors import safe_open
-from kvgen import make_kv, same_bits
+from kvgen import make_kv, rewrite_header, same_bits
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import FORMAT_VERSION, EntryError, decode, encode, open_entry
@@ -132,14 +132,6 @@ def test_official_safetensors_reader_reads_our_files(tmp_path):
         assert torch.equal(f.get_tensor("k.1"), kv.keys[1])
 
 
-def _rewrite_header(data: bytes, edit) -> bytes:
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    edit(header)
-    raw = json.dumps(header).encode()
-    return len(raw).to_bytes(8, "little") + raw + data[8 + n :]
-
-
 @pytest.mark.parametrize(
     "edit",
     [
@@ -155,4 +147,4 @@ def _rewrite_header(data: bytes, edit) -> bytes:
 def test_malformed_headers_raise_entry_error(edit):
     data = encode(KEY, make_kv(10))
     with pytest.raises(EntryError):
-        decode(_rewrite_header(data, edit), KEY)
+        decode(rewrite_header(data, edit), KEY)

@@ -8,7 +8,7 @@ import json
 import pytest
 import safetensors.torch
 import torch
-from kvgen import make_kv, same_bits, same_profile
+from kvgen import make_kv, rewrite_header, same_bits, same_profile
 from tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine
@@ -30,14 +30,6 @@ def _data_offsets(data: bytes, name: str) -> tuple[int, int]:
     n = int.from_bytes(data[:8], "little")
     start, end = json.loads(data[8 : 8 + n])[name]["data_offsets"]
     return 8 + n + start, 8 + n + end
-
-
-def _rewrite_header(data: bytes, edit) -> bytes:
-    n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + n])
-    edit(header)
-    raw = json.dumps(header).encode()
-    return len(raw).to_bytes(8, "little") + raw + data[8 + n :]
 
 
 # ---- codec -------------------------------------------------------------------------------------
@@ -121,7 +113,7 @@ def test_a_flipped_byte_in_the_profile_is_a_checksum_error(at):
     ],
 )
 def test_a_tampered_profile_header_is_an_entry_error(edit):
-    data = _rewrite_header(encode(KEY, make_kv(7, profile=True)), edit)
+    data = rewrite_header(encode(KEY, make_kv(7, profile=True)), edit)
     with pytest.raises(EntryError):
         decode(data, KEY)
 

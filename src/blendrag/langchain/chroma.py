@@ -88,18 +88,19 @@ class BlendChroma(Chroma):
         chunks = format_documents(docs, self.llm.document_prompt)
         self.llm.text_index.add_many(chunks)
         engine = self.llm.engine
-        chunks = [c for c in chunks if engine.prompts.encode(c)]  # a text without tokens has no KV
-        if not chunks:
+        ids = [i for i in map(engine.prompts.encode, chunks) if i]  # a text without tokens has no KV
+        if not ids:
             return IngestCounts()
-        show = len(chunks) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
-        with tqdm(total=len(chunks), desc="precomputing chunk KVs", unit="chunk", disable=not show) as bar:
-            computed = engine.ingest(chunks, profile=self.profile, on_chunk=lambda i, now: bar.update(1))
+        show = len(ids) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
+        prefix_ids = engine.prompts.kv_prefix_ids()
+        with tqdm(total=len(ids), desc="precomputing chunk KVs", unit="chunk", disable=not show) as bar:
+            computed = engine.precompute(prefix_ids, ids, profile=self.profile, on_chunk=lambda i, now: bar.update(1))
         counts = IngestCounts(computed=sum(computed), skipped=len(computed) - sum(computed))
         if self.separators:
             # With profile, behind the last text (stored now, so skipped): the separators sit
             # between texts in the prompt and are measured after one.
-            engine.ingest([chunks[-1], *self.separators] if self.profile else list(self.separators),
-                          profile=self.profile)
+            seps = [engine.prompts.encode(s) for s in self.separators]
+            engine.precompute(prefix_ids, [ids[-1], *seps] if self.profile else seps, profile=self.profile)
         self.ingest_counts.computed += counts.computed
         self.ingest_counts.skipped += counts.skipped
         return counts
