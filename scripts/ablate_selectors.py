@@ -89,15 +89,17 @@ def main() -> None:
     for name, cfg in variants(args.ratio).items():
         report(name, [engine.generate(lay, cfg, gen) for lay in layouts])
     profile = BlendConfig(ratio=args.ratio, selector="profile")
-    for order in ("prompt", "shuffled"):
-        engine.store = MemoryKVStore()  # fresh profiles, measured in this order at ingestion
-        rng = random.Random(0)
-        for lay in layouts:
-            chunks = list(lay.chunk_ids)
-            if order == "shuffled":
-                rng.shuffle(chunks)
-            engine.precompute(lay.chunk_prefix_ids, chunks, profile=True)
-        report(f"profile, ingested in {order} order", [engine.generate(lay, profile, gen) for lay in layouts])
+    for k in (1, 3):
+        for order in ("prompt", "shuffled"):
+            engine.store = MemoryKVStore()  # fresh profiles, measured in this order at ingestion
+            rng = random.Random(0)
+            for lay in layouts:
+                chunks = list(lay.chunk_ids)
+                if order == "shuffled":
+                    rng.shuffle(chunks)
+                engine.precompute(lay.chunk_prefix_ids, chunks, profile=k)
+            after = "" if k == 1 else f", after {k} neighbours"
+            report(f"profile, ingested in {order} order{after}", [engine.generate(lay, profile, gen) for lay in layouts])
     for name, rank in ORACLES.items():
         results = []
         for lay in layouts:

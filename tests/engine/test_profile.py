@@ -10,7 +10,7 @@ import torch
 from tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig
-from blendrag.engine.profile import key_deviation, neighbour
+from blendrag.engine.profile import key_deviation, neighbours, profile_depth
 from blendrag.engine.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
 
@@ -37,10 +37,19 @@ def test_key_deviation_refuses_different_chunks():
         key_deviation(a, b)
 
 
-def test_neighbour_is_the_previous_chunk_cyclically():
+def test_neighbours_are_the_previous_chunks_cyclically_nearest_first_never_itself():
     chunks = [[1], [2], [3]]
-    assert [neighbour(chunks, i) for i in range(3)] == [[3], [1], [2]]
-    assert neighbour([[1]], 0) is None
+    assert [neighbours(chunks, i) for i in range(3)] == [[[3]], [[1]], [[2]]]
+    assert neighbours(chunks, 0, 2) == [[3], [2]] and neighbours(chunks, 2, 2) == [[2], [1]]
+    assert neighbours(chunks, 1, 5) == [[1], [3]]  # at most the other chunks
+    assert neighbours([[1]], 0, 3) == [] and neighbours(chunks, 1, 0) == []
+
+
+def test_profile_depth_reads_bools_and_counts_and_refuses_the_rest():
+    assert [profile_depth(p) for p in (False, True, 0, 1, 3)] == [0, 1, 0, 1, 3]
+    for bad in (-1, 1.5, "2", None):
+        with pytest.raises(ValueError, match="profile must be"):
+            profile_depth(bad)
 
 
 def test_sensitivity_must_have_one_value_per_token():
@@ -146,6 +155,40 @@ def test_profile_uses_the_cached_prefix_and_matches_a_plain_recompute(engine_for
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     alone = engine._chunk_prefill(None, anchor, ids[1])
-    with_cache = engine.profiled(alone, anchor, ids[0], engine.prefix_kv(anchor))
+    with_cache = engine.profiled(alone, anchor, [ids[0]], engine.prefix_kv(anchor))
     plain = key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[0]), ids[1]))
     assert torch.allclose(with_cache.sensitivity, plain, rtol=1e-3, atol=1e-4)
+
+
+def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=2)
+    anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
+    for i in range(len(ids)):
+        alone = engine._chunk_prefill(None, anchor, ids[i])
+        devs = [key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[(i - j) % len(ids)]), ids[i]))
+                for j in (1, 2)]
+        expected = torch.maximum(devs[0], devs[1])
+        got = engine.store.get(engine.key(anchor, ids[i])).sensitivity
+        assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4)
+        assert not torch.allclose(devs[0], devs[1])  # the two neighbours really differ
+    # profile=1 is profile=True
+    one = engine_for("llama")
+    one.precompute(anchor, ids, profile=1)
+    true = engine_for("llama")
+    true.precompute(anchor, ids, profile=True)
+    for c in ids:
+        assert torch.equal(one.store.get(one.key(anchor, c)).sensitivity, true.store.get(true.key(anchor, c)).sensitivity)
+
+
+def test_profiled_refuses_no_probe_and_empty_probes(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    anchor = list(layout.chunk_prefix_ids)
+    alone = engine._chunk_prefill(None, anchor, layout.chunk_ids[0])
+    for probes in ([], [[]]):
+        with pytest.raises(ValueError, match="probe"):
+            engine.profiled(alone, anchor, probes)
+    with pytest.raises(ValueError, match="profile must be"):
+        engine.precompute(anchor, layout.chunk_ids, profile=-2)

@@ -98,7 +98,8 @@ def test_quality_config_validation() -> None:
     assert default.configs()[0] == FULL and default.model_name == "demo"
     assert QualityConfig(modes=("blend",), selectors=("epic",), ratios=(0.5,)).configs()[0] == FULL
     for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)), dict(ratios=(0.0,)),
-                dict(ratios=(1.5,)), dict(max_new_tokens=0), dict(ingest_order="random")):
+                dict(ratios=(1.5,)), dict(max_new_tokens=0), dict(ingest_order="random"),
+                dict(profile_neighbours=0)):
         with pytest.raises(ValueError):
             QualityConfig(**bad)
 
@@ -126,3 +127,24 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
     else:
         assert not all(same)
     assert engine.prefill(layout, config.configs()[1]).stats.profiles_computed == 0
+
+
+def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
+    from blendrag.engine.profile import key_deviation
+    import torch
+
+    from blendrag.eval.report import format_markdown
+
+    engine = engine_for("llama")
+    item = load_synthetic(1, num_chunks=(4, 4))[0]
+    config = QualityConfig(modes=("full", "blend"), selectors=("profile",), ratios=(0.3,), max_new_tokens=2,
+                           warmup=False, profile_neighbours=2)
+    report = run_quality([item], config, engine=engine)
+    assert report.profile_neighbours == 2
+    assert "after each chunk's 2 predecessors (largest deviation kept) in prompt order" in format_markdown(report)
+    layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
+    anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
+    alone = engine._chunk_prefill(None, anchor, ids[2])
+    devs = [key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[j]), ids[2])) for j in (1, 0)]
+    stored = engine.store.get(engine.key(anchor, ids[2])).sensitivity
+    assert torch.allclose(stored, torch.maximum(*devs), rtol=1e-3, atol=1e-4)

@@ -109,10 +109,11 @@ def _entry(engine, text: str):
     return engine.store.get(engine.key(prompts.kv_prefix_ids(), prompts.encode(text)))
 
 
-def _profile_after(engine, text: str, neighbour: str):
-    """The engine's own measurement of ``text`` after ``neighbour`` (the reference)."""
+def _profile_after(engine, text: str, *neighbours: str):
+    """The engine's own measurement of ``text`` after each of ``neighbours`` (the reference)."""
     prompts = engine.prompts
-    return engine.profiled(_entry(engine, text), prompts.kv_prefix_ids(), prompts.encode(neighbour)).sensitivity
+    probes = [prompts.encode(n) for n in neighbours]
+    return engine.profiled(_entry(engine, text), prompts.kv_prefix_ids(), probes).sensitivity
 
 
 def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client, collection_name,
@@ -133,6 +134,25 @@ def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chr
     assert torch.equal(_entry(engine, "\n\n").sensitivity, _profile_after(engine, "\n\n", PASSAGES[-1]))
     store.add_documents(documents[:2], ids=["again-0", "again-1"])  # counts as before: stored, skipped
     assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (len(PASSAGES), 2)
+
+
+def test_profile_k_measures_after_the_k_documents_before_and_bad_values_are_refused(
+        engine, embedder, chroma_client, collection_name, documents):
+    import torch
+
+    from blendrag.langchain import BlendChroma, BlendLLM
+
+    llm = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
+    with pytest.raises(ValueError, match="profile must be"):
+        BlendChroma(embedding_function=embedder, client=chroma_client, collection_name=collection_name, llm=llm,
+                    profile=-1)
+    BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                               collection_name=collection_name, llm=llm, profile=2)
+    n = len(PASSAGES)
+    for i, text in enumerate(PASSAGES):  # after the two documents before it, cyclically
+        assert torch.equal(_entry(engine, text).sensitivity,
+                           _profile_after(engine, text, PASSAGES[i - 1], PASSAGES[(i - 2) % n]))
+    assert torch.equal(_entry(engine, "\n\n").sensitivity, _profile_after(engine, "\n\n", PASSAGES[-1], PASSAGES[-2]))
 
 
 @pytest.mark.parametrize("model", ["llm", "chat"])

@@ -141,10 +141,10 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
         engine = llm.engine
         return engine.store.get(engine.key(engine.prompts.kv_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
 
-    def profile_after(llm, node, before):
+    def profile_after(llm, node, *before):
         engine = llm.engine
-        probe = engine.prompts.encode(llm.chunk_text(before))
-        return engine.profiled(entry(llm, node), engine.prompts.kv_prefix_ids(), probe).sensitivity
+        probes = [engine.prompts.encode(llm.chunk_text(b)) for b in before]
+        return engine.profiled(entry(llm, node), engine.prompts.kv_prefix_ids(), probes).sensitivity
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()
@@ -157,3 +157,9 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
     plain = make_llm()
     assert plain.ingest(nodes) == 3
     assert all(entry(plain, n).sensitivity is None for n in nodes)
+    two = make_llm()  # profile=2: after each of the two nodes before it, the largest deviation kept
+    assert two.ingest(nodes, profile=2) == 3
+    for i, node in enumerate(nodes):
+        assert torch.equal(entry(two, node).sensitivity, profile_after(two, node, nodes[i - 1], nodes[i - 2]))
+    with pytest.raises(ValueError, match="profile must be"):
+        make_llm().ingest(nodes, profile=-1)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from li_data import QUESTION
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.response.schema import Response, StreamingResponse
@@ -154,7 +156,7 @@ def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure
         got = _entry(llm, node).sensitivity
         before = engine.prompts.encode(llm.chunk_text(nodes[i - 1]))
         assert got is not None and got.max() > 0
-        assert torch.equal(got, engine.profiled(_entry(llm, node), prefix_ids, before).sensitivity)
+        assert torch.equal(got, engine.profiled(_entry(llm, node), prefix_ids, [before]).sensitivity)
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
     assert (stats.selector, stats.chunk_hits, stats.chunk_misses, stats.profiles_computed) == ("profile", TOP_K, 0, 0)
@@ -167,6 +169,11 @@ def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(m
     llm = make_llm()
     plain = BlendKVTransform(llm)
     assert plain.profile is False and BlendKVTransform(llm, profile=True).profile is True
+    assert BlendKVTransform(llm, profile=3).profile == 3
+    assert get_transformation_hash(nodes, BlendKVTransform(llm, profile=3)) != get_transformation_hash(
+        nodes, BlendKVTransform(llm, profile=True))
+    with pytest.raises(ValueError, match="profile must be"):
+        BlendKVTransform(llm, profile=-1)
     assert get_transformation_hash(nodes, plain) != get_transformation_hash(nodes, BlendKVTransform(llm, profile=True))
     index = ingest(llm, embed, new_vector_store(), nodes)
     assert all(_entry(llm, n).sensitivity is None for n in nodes)

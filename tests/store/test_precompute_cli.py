@@ -77,11 +77,32 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     stored = [store.get(engine.key(prefix_ids, i)) for i in ids]
     for i in range(1, len(ids)):  # line 4 opens the second batch: still measured after line 3
-        expected = engine.profiled(stored[i], prefix_ids, ids[i - 1]).sensitivity
+        expected = engine.profiled(stored[i], prefix_ids, [ids[i - 1]]).sensitivity
         assert torch.allclose(stored[i].sensitivity, expected, rtol=1e-5, atol=1e-6)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(selector="profile")).stats
     assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
     store.close()
+
+
+def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, capsys):
+    f = tmp_path / "chunks.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "2", "--profile", "2")
+    assert main(argv) == 0
+    assert _summary(capsys)["profiled"] == 4
+    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
+    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    ids = [engine.prompts.encode(t) for t in PASSAGES]
+    for i in (2, 3):  # the second batch, behind lines 1-2 of the first
+        expected = engine.profiled(store.get(engine.key(prefix_ids, ids[i])), prefix_ids, [ids[i - 1], ids[i - 2]])
+        got = store.get(engine.key(prefix_ids, ids[i])).sensitivity
+        assert torch.allclose(got, expected.sensitivity, rtol=1e-5, atol=1e-6)
+    store.close()
+    bad = _args(model_dir("llama"), tmp_path / "kv2", "--jsonl", str(f), "--profile", "0")
+    with pytest.raises(SystemExit):
+        main(bad)
+    assert "neighbour count" in capsys.readouterr().err
 
 
 def test_cli_text_summary_says_profiles_were_measured(model_dir, tmp_path, capsys):

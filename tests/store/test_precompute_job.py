@@ -85,10 +85,11 @@ def _stored(engine: BlendEngine, text: str):
     return engine.store.get(_key(engine, text))
 
 
-def _profile_after(engine: BlendEngine, text: str, neighbour: str) -> torch.Tensor:
-    """What the engine measures for ``text`` computed after ``neighbour`` (the reference)."""
+def _profile_after(engine: BlendEngine, text: str, *neighbours: str) -> torch.Tensor:
+    """What the engine measures for ``text`` computed after each of ``neighbours`` (the reference)."""
     prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
-    return engine.profiled(_stored(engine, text), prefix_ids, engine.prompts.encode(neighbour)).sensitivity
+    probes = [engine.prompts.encode(n) for n in neighbours]
+    return engine.profiled(_stored(engine, text), prefix_ids, probes).sensitivity
 
 
 def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
@@ -120,6 +121,17 @@ def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(engine, m
         assert torch.equal(_stored(engine, text).sensitivity, _stored(whole, text).sensitivity)
     # a first batch of one chunk has no neighbour: no profile (the engine measures it on first use)
     assert _stored(engine, PASSAGES[0]).sensitivity is None
+
+
+def test_k_neighbours_follow_source_order_across_batches(engine):
+    p0, p1, p2, p3 = PASSAGES
+    # batches [p0] | [p1] | [p2] | [p3] with profile=2: each batch opens behind the last two chunks so far
+    summary = precompute(engine, [p0, p1, p2, p3], prefix=PREFIX, progress=False, batch_size=1, profile=2)
+    assert (summary.computed, summary.profiled) == (4, 3)
+    assert _stored(engine, p0).sensitivity is None  # a first batch of one: no neighbour yet
+    assert torch.equal(_stored(engine, p1).sensitivity, _profile_after(engine, p1, p0))
+    assert torch.equal(_stored(engine, p2).sensitivity, _profile_after(engine, p2, p1, p0))
+    assert torch.equal(_stored(engine, p3).sensitivity, _profile_after(engine, p3, p2, p1))
 
 
 def test_without_profile_entries_have_none(engine):

@@ -46,6 +46,9 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],
                    help="order chunks are precomputed in: the neighbour each context profile is measured "
                         "after (prompt: the chunk before it in the prompt; shuffled: a seeded shuffle)")
+    q.add_argument("--profile-neighbours", type=int, default=1, metavar="K",
+                   help="measure each context profile after the K chunks before it in the ingestion order, "
+                        "keeping each token's largest deviation (default 1)")
     q.add_argument("--no-warmup", action="store_true", help="time the first item's configs cold")
     q.add_argument("--out-dir", type=Path, default=Path("runs/quality"),
                    help="where table.md, table.csv and quality_vs_ttft.png go")
@@ -62,7 +65,7 @@ def _quality(args: argparse.Namespace) -> int:
         config = QualityConfig(model=args.model, device=args.device, dtype=args.dtype, chat=_CHAT[args.chat],
                                modes=args.modes, selectors=args.selectors, ratios=args.ratios,
                                max_new_tokens=args.max_new_tokens, warmup=not args.no_warmup,
-                               ingest_order=args.ingest_order)
+                               ingest_order=args.ingest_order, profile_neighbours=args.profile_neighbours)
         items = load_dataset(args.dataset, limit=args.limit, offset=args.offset)
         report = run_quality(items, config, dataset=dataset_name(args.dataset), on_item=_progress)
     except (ValueError, FileNotFoundError) as e:

@@ -14,7 +14,7 @@ from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, Gene
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.prefill import PrefillOutput, PrefillPlan, run_prefill
-from blendrag.engine.profile import key_deviation, neighbour
+from blendrag.engine.profile import key_deviation, neighbours, profile_depth
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
 from blendrag.kv.chunk_kv import ChunkKV
@@ -117,7 +117,7 @@ class BlendEngine:
             stats.chunk_misses += kv is None
         return kv if kv is not None else self._compute(prefix, prefix_ids, chunk_ids)
 
-    def ingest(self, chunks: Sequence[str], prefix: str | None = None, *, profile: bool = False,
+    def ingest(self, chunks: Sequence[str], prefix: str | None = None, *, profile: bool | int = False,
                on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Precompute and store the KV of chunk texts, tokenized exactly as prompts tokenize them,
         after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now.
@@ -126,7 +126,7 @@ class BlendEngine:
         return self.precompute(builder.kv_prefix_ids(prefix), [builder.encode(c) for c in chunks],
                                profile=profile, on_chunk=on_chunk)
 
-    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *, profile: bool = False,
+    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *, profile: bool | int = False,
                    on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now.
 
@@ -136,7 +136,10 @@ class BlendEngine:
         being served. ``profile``: also measure each new chunk's context-sensitivity profile
         (for the ``profile`` selector) after the chunk before it in ``chunks`` (the first after
         the last; see ``engine/profile.py``): one more forward of neighbour + chunk per chunk.
+        ``profile=k``: after each of the k chunks before it, keeping each token's largest
+        deviation (k forwards per chunk; robust when prompts order chunks differently).
         ``on_chunk(i, computed)`` is called after each chunk (progress bars)."""
+        depth = profile_depth(profile)
         empty = [i for i, ids in enumerate(chunks) if not len(ids)]
         if empty:
             raise ValueError(f"chunks {empty[:5]} have no tokens: an empty chunk has no KV to precompute")
@@ -149,24 +152,29 @@ class BlendEngine:
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
                 kv = self._chunk_prefill(prefix, prefix_ids, ids)
-                probe = neighbour(chunks, i) if profile else None
-                if probe is not None:
-                    kv = self.profiled(kv, prefix_ids, probe, prefix)
+                probes = neighbours(chunks, i, depth)
+                if probes:
+                    kv = self.profiled(kv, prefix_ids, probes, prefix)
                 self.store.put(key, kv, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
         return computed
 
-    def profiled(self, kv: ChunkKV, prefix_ids: Sequence[int], probe_ids: Sequence[int],
+    def profiled(self, kv: ChunkKV, prefix_ids: Sequence[int], probes: Sequence[Sequence[int]],
                  prefix: ChunkKV | None = None) -> ChunkKV:
-        """``kv`` (a chunk computed after ``prefix_ids``) with its context-sensitivity profile,
-        measured by computing the chunk again after ``prefix_ids + probe_ids`` (the prefix's
-        rows from ``prefix``, its cached KV, when given)."""
-        both = self._chunk_prefill(prefix, prefix_ids, list(probe_ids) + list(kv.token_ids))
+        """``kv`` (a chunk computed after ``prefix_ids``) with its context-sensitivity profile:
+        the chunk is computed again after ``prefix_ids + probe`` for each probe (the prefix's rows
+        from ``prefix``, its cached KV, when given) and each token keeps its largest deviation."""
+        if not probes or any(isinstance(p, int) or not len(p) for p in probes):
+            raise ValueError("profiled needs a list of probes, each a non-empty list of token ids")
         t = kv.num_tokens
-        after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)  # the chunk's rows
-        return kv.with_sensitivity(key_deviation(kv, after))
+        deviations = []
+        for probe in probes:
+            both = self._chunk_prefill(prefix, prefix_ids, list(probe) + list(kv.token_ids))
+            after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)  # the chunk's rows
+            deviations.append(key_deviation(kv, after))
+        return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]
 
     def _lookup(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
         key = self.key(prefix_ids, chunk_ids)
@@ -276,10 +284,10 @@ class BlendEngine:
                      chunks: Sequence[Sequence[int]], i: int, stats: RequestStats) -> ChunkKV:
         """A chunk stored without a profile, met by the ``profile`` selector: measure it after its
         neighbour in this prompt (same rule as :meth:`precompute`) and store it, once."""
-        probe = neighbour(chunks, i)
-        if probe is None:  # a lone chunk: nothing to blend with, the selector has no use for it
+        probes = neighbours(chunks, i)
+        if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
             return kv.with_sensitivity(torch.zeros(kv.num_tokens))
-        kv = self.profiled(kv, anchor_ids, probe, anchor)
+        kv = self.profiled(kv, anchor_ids, probes, anchor)
         self.store.put(self.key(anchor_ids, kv.token_ids), kv)
         stats.profiles_computed += 1
         return kv

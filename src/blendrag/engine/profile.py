@@ -8,7 +8,10 @@ weak guess of which tokens matter later. A profile moves the measurement to inge
 chunk is computed a second time after a neighbour chunk (its predecessor in the ingestion
 order: in a source document, the passage it continues), and each token's key deviation from
 the stand-alone computation, summed over layers and heads, is stored with the chunk KV
-(``ChunkKV.sensitivity``). At query time the ``profile`` selector recomputes the top tokens
+(``ChunkKV.sensitivity``). With ``profile=k`` the chunk is measured after each of its k
+predecessors and a token keeps its largest deviation: retrieval need not return a chunk right
+after the passage it continues, and a token bound to any nearby passage should be marked. At
+query time the ``profile`` selector recomputes the top tokens
 by that prior at every layer, with no check layer.
 
 Why keys, summed over layers: on the demo model an oracle that ranks tokens by the true
@@ -39,9 +42,18 @@ def key_deviation(alone: ChunkKV, after: ChunkKV) -> torch.Tensor:
     return diff.pow(2).sum(dim=(0, 1, 3)).cpu()  # [T]
 
 
-def neighbour(chunks: Sequence[Sequence[int]], i: int) -> Sequence[int] | None:
-    """The chunk a profile of ``chunks[i]`` is measured after: the one before it, cyclically
-    (the first chunk takes the last); None for a lone chunk, which has no neighbour."""
-    if len(chunks) < 2:
-        return None
-    return chunks[i - 1]
+def neighbours(chunks: Sequence[Sequence[int]], i: int, k: int = 1) -> list[Sequence[int]]:
+    """The chunks a profile of ``chunks[i]`` is measured after: the ``k`` before it, nearest
+    first, cyclically (the first chunk takes the last ones) and never itself; none for a lone
+    chunk."""
+    return [chunks[(i - j) % len(chunks)] for j in range(1, min(k, len(chunks) - 1) + 1)]
+
+
+def profile_depth(profile: bool | int) -> int:
+    """How many neighbours ``profile`` asks for: False/0 none, True/1 the predecessor, k the k
+    predecessors."""
+    if isinstance(profile, bool):
+        return int(profile)
+    if not isinstance(profile, int) or profile < 0:
+        raise ValueError(f"profile must be a bool or a neighbour count >= 0, got {profile!r}")
+    return profile

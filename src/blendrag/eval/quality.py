@@ -44,6 +44,9 @@ class QualityConfig:
     prompts; the tokenizer's template when it has one otherwise). Full prefill is always run:
     it is the reference of the first-token comparison and of the speedups. Blend runs every
     selector at every ratio. ``warmup``: run each config's prefill once, untimed, first.
+    ``ingest_order`` and ``profile_neighbours``: chunks are precomputed in prompt order or a
+    seeded shuffle, and profiles are measured after each chunk's ``profile_neighbours``
+    predecessors in that order (``BlendEngine.precompute(..., profile=k)``).
     """
 
     model: str | None = None
@@ -58,8 +61,11 @@ class QualityConfig:
     warmup: bool = True
     ingest_order: str = "prompt"
     seed: int = 0
+    profile_neighbours: int = 1
 
     def __post_init__(self) -> None:
+        if self.profile_neighbours < 1:
+            raise ValueError(f"profile_neighbours must be >= 1, got {self.profile_neighbours}")
         if self.ingest_order not in INGEST_ORDERS:
             raise ValueError(f"ingest_order must be one of {INGEST_ORDERS}, got {self.ingest_order!r}")
         object.__setattr__(self, "modes", tuple(self.modes))
@@ -145,6 +151,7 @@ class QualityReport:
     summaries: list[ConfigSummary]
     examples: list[ExampleResult]
     ingest_order: str = "prompt"
+    profile_neighbours: int = 1
 
 
 def load_engine(config: QualityConfig) -> BlendEngine:
@@ -207,7 +214,7 @@ def _ingest(engine: BlendEngine, layout: PromptLayout, index: int, config: Quali
     if config.ingest_order == "shuffled":
         random.Random(config.seed * 1_000_003 + index).shuffle(chunks)
     profile = "blend" in config.modes and "profile" in config.selectors
-    engine.precompute(layout.chunk_prefix_ids, chunks, profile=profile)
+    engine.precompute(layout.chunk_prefix_ids, chunks, profile=config.profile_neighbours if profile else 0)
 
 
 def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig) -> bool:
@@ -240,7 +247,7 @@ def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig
                          skipped=len(items) - len(usable), kinds=kinds(usable),
                          metrics=list(dict.fromkeys(item.metric for item in usable)),
                          summaries=summarize(examples, config.configs()), examples=examples,
-                         ingest_order=config.ingest_order)
+                         ingest_order=config.ingest_order, profile_neighbours=config.profile_neighbours)
 
 
 def summarize(examples: Sequence[ExampleResult], configs: Sequence[BlendConfig]) -> list[ConfigSummary]:

@@ -17,13 +17,19 @@ def _fmt_ratio(ratio: float | None) -> str:
     return "-" if ratio is None else f"{ratio:.2f}"
 
 
+def _neighbour_words(report: QualityReport) -> str:
+    k = report.profile_neighbours
+    what = "predecessor" if k == 1 else f"{k} predecessors (largest deviation kept)"
+    return f"{what} in " + ("prompt order" if report.ingest_order == "prompt" else "a shuffled order")
+
+
 def format_markdown(report: QualityReport) -> str:
     """A heading line, the per-config table and (with several kinds) quality per kind."""
     lines = [f"Quality vs TTFT: model `{report.model}` ({report.dtype} on {report.device}), dataset "
              f"`{report.dataset}`, {report.items} items" + (f" ({report.skipped} skipped: too long)"
                                                              if report.skipped else "")
              + ("; context profiles measured after each chunk's "
-                + ("prompt predecessor" if report.ingest_order == "prompt" else "neighbour in a shuffled order")
+                + _neighbour_words(report)
                 if any(s.selector == "profile" for s in report.summaries) else ""),
              "",
              "| mode | selector | ratio | quality | EM | first-token agreement | KL(full‖mode) | TTFT ms | "

@@ -24,14 +24,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_prompt(p)
     p.add_argument("--text-index", type=Path, help="also record the texts in this ChunkTextIndex directory")
     p.add_argument("--batch-size", type=int, default=32, help="texts looked up in the store at once")
-    p.add_argument("--profile", action="store_true",
+    p.add_argument("--profile", type=_neighbours, nargs="?", const=1, default=0, metavar="K",
                    help="also measure each new chunk's context-sensitivity profile, after the chunk before it in "
-                        "the source, for blending with BlendConfig(selector='profile'); one more forward per chunk. "
-                        "The source must be in document order")
+                        "the source (--profile K: after each of the K before it), for blending with "
+                        "BlendConfig(selector='profile'); K more forwards per chunk. The source must be in "
+                        "document order")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own, one per core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_precompute)
+
+
+def _neighbours(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--profile takes a neighbour count >= 1, got {text!r}")
+    return int(text)
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:

@@ -6,9 +6,10 @@ Several processes may run it on one store at once: every entry is written whole,
 both compute the same chunk and write the same bytes.
 
 With ``profile=True`` each new chunk's context-sensitivity profile (``engine/profile.py``) is
-measured after the chunk before it in the source, its document neighbour: every batch is
-handed to ``engine.precompute`` behind the previous batch's last chunk (stored already, so
-only its neighbour role counts), so batch boundaries lose no neighbour.
+measured after the chunk before it in the source, its document neighbour (``profile=k``: after
+each of the k before it): every batch is handed to ``engine.precompute`` behind the previous
+batches' last k chunks (stored already, so only their neighbour role counts), so batch
+boundaries lose no neighbour.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Iterable, Iterator
 from tqdm.auto import tqdm
 
 from blendrag.engine.engine import BlendEngine
+from blendrag.engine.profile import profile_depth
 from blendrag.text_index import ChunkTextIndex
 
 BATCH = 32
@@ -72,7 +74,7 @@ def kv_bytes_per_token(engine: BlendEngine) -> int:
 
 def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = None, progress: bool = True,
                text_index: ChunkTextIndex | None = None, batch_size: int = BATCH,
-               profile: bool = False) -> PrecomputeSummary:
+               profile: bool | int = False) -> PrecomputeSummary:
     """Compute and store the KV of every chunk text not stored yet.
 
     Chunks are tokenized as prompts tokenize them and computed after the engine's
@@ -81,8 +83,9 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
     ``progress`` shows a tqdm bar (total from ``len(chunks)`` when it has one).
 
     ``profile``: also measure each computed chunk's context-sensitivity profile, for blending
-    with ``BlendConfig(selector="profile")``: one more forward of neighbour + chunk per chunk.
-    ``chunks`` must then come in document order: a chunk is measured after the non-empty chunk
+    with ``BlendConfig(selector="profile")``: one more forward of neighbour + chunk per chunk
+    (``profile=k``: after each of the k chunks before it, keeping each token's largest deviation).
+    ``chunks`` must then come in document order: a chunk is measured after the non-empty chunks
     before it, across batch boundaries too. The first chunk has no predecessor and, as in
     ``BlendEngine.precompute``, is measured after the last chunk of its batch (not at all when
     that batch holds only it; the engine then measures it on first use). Chunks already stored
@@ -92,14 +95,15 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if engine.prompts is None:
         raise ValueError("precompute needs an engine with a tokenizer")
+    depth = profile_depth(profile)
     prefix_ids = engine.prompts.kv_prefix_ids(prefix)  # raises early when there is no prefix at all
     total = len(chunks) if isinstance(chunks, Sized) else None
     t0 = time.perf_counter()
     counts = {"chunks": 0, "computed": 0, "skipped": 0, "empty": 0, "tokens": 0, "profiled": 0}
-    previous: list[int] | None = None  # the last non-empty chunk so far: the next one's neighbour
+    previous: list[list[int]] = []  # the last non-empty chunks so far (up to depth): the next ones' neighbours
     with tqdm(total=total, unit="chunk", desc="precompute", disable=not progress) as bar:
         for texts in _batches(chunks, batch_size):
-            previous = _run_batch(engine, prefix_ids, texts, counts, bar, t0, profile, previous)
+            previous = _run_batch(engine, prefix_ids, texts, counts, bar, t0, depth, previous)
             if text_index is not None:
                 text_index.add_many(texts)
     return PrecomputeSummary(**counts, bytes=counts["tokens"] * kv_bytes_per_token(engine),
@@ -107,17 +111,17 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
 
 
 def _run_batch(engine: BlendEngine, prefix_ids: list[int], texts: list[str], counts: dict[str, int],
-               bar: tqdm, t0: float, profile: bool, previous: list[int] | None) -> list[int] | None:
-    """Compute one batch; returns its last non-empty chunk (else ``previous``)."""
+               bar: tqdm, t0: float, depth: int, previous: list[list[int]]) -> list[list[int]]:
+    """Compute one batch; returns the last ``depth`` non-empty chunks so far."""
     ids = [engine.prompts.encode(t) for t in texts]
     todo = [i for i in ids if i]
     counts["chunks"] += len(texts)
     counts["empty"] += len(texts) - len(todo)
     bar.update(len(texts) - len(todo))
-    # With profiles, the previous batch's last chunk goes first: the neighbour of this batch's
-    # first chunk. It is stored already, so precompute skips it; it is not counted again.
-    head = [previous] if profile and previous is not None else []
-    profiled = profile and len(head) + len(todo) > 1  # precompute profiles no chunk of a list of one
+    # With profiles, the previous batches' last chunks go first: the neighbours of this batch's
+    # first chunks. They are stored already, so precompute skips them; they are not counted again.
+    head = previous[-depth:] if depth else []
+    profiled = depth > 0 and len(head) + len(todo) > 1  # precompute profiles no chunk of a list of one
 
     def done(i: int, computed: bool) -> None:
         if i < len(head):
@@ -130,8 +134,8 @@ def _run_batch(engine: BlendEngine, prefix_ids: list[int], texts: list[str], cou
                         tok_s=f"{counts['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f}", refresh=False)
 
     if todo:
-        engine.precompute(prefix_ids, head + todo, profile=profile, on_chunk=done)
-    return todo[-1] if todo else previous
+        engine.precompute(prefix_ids, head + todo, profile=depth, on_chunk=done)
+    return (head + todo)[-depth:] if depth else []
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -12,6 +12,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from langchain_core.documents import Document
 from tqdm.auto import tqdm
 
+from blendrag.engine.profile import profile_depth
 from blendrag.langchain._base import BlendParams
 from blendrag.langchain._prompt import format_documents
 
@@ -44,15 +45,16 @@ class BlendChroma(Chroma):
     ``PROGRESS_MIN`` texts.
     ``profile``: also measure each new chunk's context-sensitivity profile, for an ``llm``
     blending with ``selector="profile"`` (otherwise measured at its first query): one more
-    forward per chunk. Each text of an ``add_texts`` call is measured after the text before it
-    in that call (the first after the last), so add a document's chunks in order, in one call;
+    forward per chunk (``profile=k``: after each of the k texts before it, k forwards). Each
+    text of an ``add_texts`` call is measured after the text before it in that call (the first
+    after the last), so add a document's chunks in order, in one call;
     the separators after the last text. Other arguments are Chroma's.
     """
 
     PROGRESS_MIN = 32
 
     def __init__(self, *args: Any, llm: BlendParams, separators: Sequence[str] = ("\n\n",),
-                 show_progress: bool | None = None, profile: bool = False, **kwargs: Any) -> None:
+                 show_progress: bool | None = None, profile: bool | int = False, **kwargs: Any) -> None:
         if llm.engine.prompts.chunk_prefix is None:
             raise ValueError("the engine has no chunk_prefix, so KVs cannot be precomputed before the prompt is "
                              "known: create it with chunk_prefix=... (e.g. \"\")")
@@ -60,6 +62,7 @@ class BlendChroma(Chroma):
         self.llm = llm
         self.separators = tuple(s for s in separators if s)
         self.show_progress = show_progress
+        profile_depth(profile)  # refuse a bad value now, not at the first add_texts
         self.profile = profile
         self.ingest_counts = IngestCounts()
 
@@ -100,7 +103,8 @@ class BlendChroma(Chroma):
             # With profile, behind the last text (stored now, so skipped): the separators sit
             # between texts in the prompt and are measured after one.
             seps = [engine.prompts.encode(s) for s in self.separators]
-            engine.precompute(prefix_ids, [ids[-1], *seps] if self.profile else seps, profile=self.profile)
+            depth = profile_depth(self.profile)
+            engine.precompute(prefix_ids, [*ids[-depth:], *seps] if depth else seps, profile=self.profile)
         self.ingest_counts.computed += counts.computed
         self.ingest_counts.skipped += counts.skipped
         return counts

@@ -7,6 +7,7 @@ from typing import Any, Sequence
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, TransformComponent
 
+from blendrag.engine.profile import profile_depth
 from blendrag.llamaindex.llm import BlendLLM
 
 
@@ -28,10 +29,12 @@ class BlendKVTransform(TransformComponent):
     """
 
     kv_identity: str = Field(description="What node KVs depend on besides the node text.")
-    profile: bool = Field(default=False, description="Also store each node's context-sensitivity profile.")
+    profile: bool | int = Field(default=False, description="Also store each node's context-sensitivity profile "
+                                "(an int: measured after each of that many preceding nodes).")
     _llm: BlendLLM = PrivateAttr()
 
-    def __init__(self, llm: BlendLLM, *, profile: bool = False, **kwargs: Any) -> None:
+    def __init__(self, llm: BlendLLM, *, profile: bool | int = False, **kwargs: Any) -> None:
+        profile_depth(profile)  # refuse a bad value at construction
         super().__init__(kv_identity=llm.kv_identity, profile=profile, **kwargs)
         self._llm = llm
 

@@ -141,14 +141,15 @@ class BlendLLM(CustomLLM):
             node = node.node
         return self.format_chunk(node.get_content(metadata_mode=MetadataMode.LLM))
 
-    def ingest(self, nodes: Sequence[NodeLike], *, profile: bool = False) -> int:
+    def ingest(self, nodes: Sequence[NodeLike], *, profile: bool | int = False) -> int:
         """Precompute and store the KV of each node's chunk text and record the text for
         flat-prompt detection. Returns how many KVs were computed now (others were stored).
 
         ``profile``: also measure each new node's context-sensitivity profile, for blending with
         ``BlendConfig(selector="profile")`` (otherwise measured at its first query): one more
-        forward per node. A node is measured after the non-empty node before it in ``nodes``
-        (the first after the last), so pass a document's nodes in order."""
+        forward per node (``profile=k``: after each of the k nodes before it, k forwards). A node
+        is measured after the non-empty node before it in ``nodes`` (the first after the last), so
+        pass a document's nodes in order."""
         texts = [self.chunk_text(n) for n in nodes]
         self.remember(texts)
         ids = [i for i in (self._engine.prompts.encode(t) for t in texts) if i]  # empty nodes have no KV
