@@ -26,7 +26,7 @@ the answer counts when greedy decoding after a full prefill yields the gold answ
 (checked teacher-forced, which is the same thing, and confirmed with ``model.generate`` on a
 sample).
 
-Usage: ``python scripts/train_demo_model.py [--steps N] [--out DIR]``; single-threaded.
+Usage: ``python scripts/train_demo_model.py [--steps N] [--out DIR]``; single-threaded unless ``--threads``.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import re
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -49,6 +50,7 @@ from blendrag.demo.corpus import (
     TRAIN_SEED_BASE,
     QAExample,
     encode_pieces,
+    read_facts,
     encode_prompt,
     exact_match,
     format_suffix,
@@ -93,6 +95,11 @@ class TrainConfig:
     init: str = ""  # a saved model directory to continue from ("": fresh init); its TRAINING.md is kept
     data_offset: int = 0  # added to the training data seeds, so that a continuation sees new data
     kind_weights: str = ""  # e.g. "single=0.2,pronoun=0.2,comparison=0.4,multihop=0.2" ("": corpus default)
+    grow: str = ""  # with init: new layer plan, e.g. "0,1,2,new,new,3" (old layer indices; "new": identity layer)
+    threads: int = 1  # torch CPU threads
+    curriculum: bool = True  # grow the passage count over training (off: 2-6 passages from the start)
+    evidence_weight: float = 0.0  # weight of the bridge-fact attention loss (0: off), see evidence_position
+    evidence_layer: int = -2  # the layer whose first head that loss applies to
 
     def weights(self) -> dict[str, float] | None:
         """``kind_weights`` parsed (None: the corpus default)."""
@@ -108,10 +115,18 @@ class TrainConfig:
             raise ValueError("steps, batch_size and questions_per_group must be >= 1")
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError("hidden must divide by heads and heads by kv_heads")
+        if self.grow and not self.init:
+            raise ValueError("grow needs init: it deepens a trained model")
+        if self.grow and any(x != "new" and not x.isdigit() for x in self.grow.split(",")):
+            raise ValueError(f"grow must list old layer indices and 'new', got {self.grow!r}")
+        if self.threads < 1:
+            raise ValueError("threads must be >= 1")
 
 
-def chunk_range(step: int, steps: int) -> tuple[int, int]:
+def chunk_range(step: int, steps: int, curriculum: bool = True) -> tuple[int, int]:
     """Curriculum: passage-count range of the batch at ``step``."""
+    if not curriculum:
+        return (2, 6)
     frac = step / steps
     if frac < 0.15:
         return (1, 3)
@@ -122,7 +137,35 @@ def chunk_range(step: int, steps: int) -> tuple[int, int]:
     return (2, 6)
 
 
-Row = tuple[list[int], list[int], list[tuple[int, int, int]]]
+Row = tuple[list[int], list[int], list[tuple[int, int, int]], list[tuple[int, int]]]
+
+
+def evidence_position(tok: Any, ex: QAExample, starts: Sequence[int], ids: Sequence[int]) -> int | None:
+    """Position of the bridge fact a two-passage question hinges on, or None for other kinds.
+
+    comparison: the answer person's birth-year token (the year decides who is older, and in a
+    pronoun-led passage it is bound to the name only through the passage before); multihop:
+    the employer's name in the person's own passage (the hop to the company passage).
+    ``starts``: each passage's first position in ``ids``.
+    """
+    facts = read_facts(ex.chunks)
+    if ex.kind == "comparison":
+        owner, value = ex.answers[0], facts[ex.answers[0]]["year"]
+    elif ex.kind == "multihop":
+        owner = re.search(r"employer of (\w+ \w+)", ex.question).group(1)  # type: ignore[union-attr]
+        value = facts[owner]["employer"]
+    else:
+        return None
+    token = tok(value, add_special_tokens=False)["input_ids"][0]
+    for j in ex.support:
+        text = ex.chunks[j]
+        if ex.kind == "multihop" and owner not in text:
+            continue  # the company's own passage names it too: the hop starts in the person's
+        end = starts[j + 1] if j + 1 < len(starts) else len(ids)
+        hits = [p for p in range(starts[j], end) if ids[p] == token]
+        if hits:
+            return hits[0]
+    return None
 
 
 def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
@@ -137,8 +180,10 @@ def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
     prefix, chunks, _ = encode_pieces(tok, prompt_pieces(head.chunks, head.question))
     ids = prefix + [t for c in chunks for t in c]
     context = len(ids)
+    starts = [len(prefix) + sum(len(c) for c in chunks[:j]) for j in range(len(chunks))]
     labels = [IGNORE] * len(ids)
     targets: list[tuple[int, int, int]] = []
+    evidence: list[tuple[int, int]] = []
     for i, ex in enumerate(group):
         suffix = list(tok(format_suffix(ex.question), add_special_tokens=False)["input_ids"])
         answer = list(tok(ex.answers[0], add_special_tokens=False)["input_ids"])
@@ -146,9 +191,12 @@ def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
             break
         ids += suffix
         targets += [(len(ids) - 1 + j, t, context) for j, t in enumerate(answer) if t in ids[:context]]
+        key = evidence_position(tok, ex, starts, ids[:context])
+        if key is not None:
+            evidence.append((len(ids) - 1, key))
         ids += answer + [tok.eos_token_id]
         labels += [IGNORE] * len(suffix) + answer + [tok.eos_token_id]
-    return ids, labels, targets
+    return ids, labels, targets, evidence
 
 
 def make_batch(tok: Any, groups: Sequence[Sequence[QAExample]], cfg: "TrainConfig") -> dict[str, torch.Tensor]:
@@ -165,12 +213,24 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
     labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     targets = [(r, q, t, c) for r, row in enumerate(rows) for q, t, c in row[2]]
-    for r, (row_ids, row_labels, _) in enumerate(rows):
+    evidence = [(r, q, k) for r, row in enumerate(rows) for q, k in row[3]]
+    for r, (row_ids, row_labels, _, _) in enumerate(rows):
         ids[r, : len(row_ids)] = torch.tensor(row_ids)
         labels[r, : len(row_labels)] = torch.tensor(row_labels)
         mask[r, : len(row_ids)] = 1
     attn_targets = torch.tensor(targets, dtype=torch.long).reshape(-1, 4)
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "attn_targets": attn_targets}
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "attn_targets": attn_targets,
+            "evidence": torch.tensor(evidence, dtype=torch.long).reshape(-1, 3)}
+
+
+def evidence_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+    """-log of the attention the first head of ``layer`` puts on the bridge fact
+    (``evidence_position``) from the position that predicts the answer's first token."""
+    e = batch["evidence"]
+    if e.numel() == 0:
+        return attentions[layer].sum() * 0.0
+    rows, queries, keys = e.unbind(-1)
+    return -attentions[layer][rows, 0, queries, keys].clamp_min(1e-6).log().mean()
 
 
 def attention_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
@@ -226,7 +286,35 @@ def build_model(cfg: TrainConfig, tok: Any) -> LlamaForCausalLM:
 def load_model(cfg: TrainConfig) -> LlamaForCausalLM:
     """A saved model to continue training (eager attention: the attention loss reads the probabilities)."""
     attn = "eager" if cfg.attn_weight > 0 else "sdpa"
-    return LlamaForCausalLM.from_pretrained(cfg.init, attn_implementation=attn)
+    model = LlamaForCausalLM.from_pretrained(cfg.init, attn_implementation=attn)
+    return grow_layers(model, cfg.grow.split(","), cfg.seed) if cfg.grow else model
+
+
+@torch.no_grad()
+def grow_layers(model: LlamaForCausalLM, plan: Sequence[str], seed: int) -> LlamaForCausalLM:
+    """A deeper model that computes the same function: layer ``i`` of the new stack is old layer
+    ``int(plan[i])`` or, for ``"new"``, a fresh layer whose attention output and MLP down
+    projections are zero (an identity block on the residual stream), so training resumes from
+    the old model's accuracy and the new layers only add what the loss asks of them."""
+    old = model.model.layers
+    if any(p != "new" and not 0 <= int(p) < len(old) for p in plan):
+        raise ValueError(f"grow plan {list(plan)} names a layer outside 0..{len(old) - 1}")
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.num_hidden_layers = len(plan)
+    config._attn_implementation = model.config._attn_implementation
+    torch.manual_seed(seed + 3)
+    grown = LlamaForCausalLM(config)
+    grown.model.embed_tokens.load_state_dict(model.model.embed_tokens.state_dict())
+    grown.model.norm.load_state_dict(model.model.norm.state_dict())
+    grown.lm_head.load_state_dict(model.lm_head.state_dict())
+    for i, p in enumerate(plan):
+        layer = grown.model.layers[i]
+        if p == "new":
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        else:
+            layer.load_state_dict(old[int(p)].state_dict())
+    return grown
 
 
 @torch.no_grad()
@@ -314,7 +402,7 @@ def evaluate(model: LlamaForCausalLM, tok: Any, examples: Sequence[QAExample], b
 def _eval_row(tok: Any, ex: QAExample) -> Row:
     prompt = encode_prompt(tok, ex.chunks, ex.question)
     answer = list(tok(ex.answers[0], add_special_tokens=False)["input_ids"]) + [tok.eos_token_id]
-    return prompt + answer, [IGNORE] * len(prompt) + answer, []
+    return prompt + answer, [IGNORE] * len(prompt) + answer, [], []
 
 
 @torch.no_grad()
@@ -332,7 +420,7 @@ def generate_accuracy(model: LlamaForCausalLM, tok: Any, examples: Sequence[QAEx
 
 def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, Any]:
     """Run training; save model and tokenizer to ``out`` when given. Returns a summary."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     tok = build_tokenizer()
@@ -347,7 +435,7 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
     tokens = 0
     for step in range(cfg.steps):
         groups = generate_question_groups(
-            cfg.batch_size, TRAIN_SEED_BASE + cfg.data_offset + step, chunk_range(step, cfg.steps),
+            cfg.batch_size, TRAIN_SEED_BASE + cfg.data_offset + step, chunk_range(step, cfg.steps, cfg.curriculum),
             cfg.questions_per_group, kind_weights=cfg.weights(),
         )
         batch = make_batch(tok, groups, cfg)
@@ -356,16 +444,18 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
             group["lr"] = lr_at(step, cfg)
         # Right padding under a causal mask: real tokens never see pads, so no attention mask
         # is needed (and SDPA keeps its fast causal path).
-        result = model(input_ids=batch["input_ids"], output_attentions=cfg.attn_weight > 0)
+        result = model(input_ids=batch["input_ids"], output_attentions=cfg.attn_weight > 0 or cfg.evidence_weight > 0)
         loss, answer_loss = loss_fn(result.logits, batch, cfg.lm_weight)
         attn_loss = attention_loss(result.attentions, batch, cfg.attn_heads) if cfg.attn_weight > 0 else torch.zeros(())
         loss = loss + cfg.attn_weight * attn_loss
+        if cfg.evidence_weight > 0:
+            loss = loss + cfg.evidence_weight * evidence_loss(result.attentions, batch, cfg.evidence_layer)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % log_every == 0 or step == cfg.steps - 1:
-            print(f"step {step} loss {loss.item():.4f} answer {answer_loss:.4f} attn {attn_loss.item():.4f} lr {lr_at(step, cfg):.2e} chunks {chunk_range(step, cfg.steps)} t {time.perf_counter() - start:.0f}s", flush=True)
+            print(f"step {step} loss {loss.item():.4f} answer {answer_loss:.4f} attn {attn_loss.item():.4f} lr {lr_at(step, cfg):.2e} chunks {chunk_range(step, cfg.steps, cfg.curriculum)} t {time.perf_counter() - start:.0f}s", flush=True)
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             acc = evaluate(model, tok, heldout)
             history.append({"step": step + 1, "time_s": round(time.perf_counter() - start, 1), **acc})
@@ -376,7 +466,8 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
             break
     wall = time.perf_counter() - start
     gen_acc = generate_accuracy(model, tok, heldout[:100])
-    summary = {"params": n_params, "wall_s": wall, "tokens": tokens, "history": history, "generate_acc_100": gen_acc, "config": asdict(cfg)}
+    arch = {k: getattr(model.config, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")}
+    summary = {"arch": arch, "params": n_params, "wall_s": wall, "tokens": tokens, "history": history, "generate_acc_100": gen_acc, "config": asdict(cfg)}
     print(f"done in {wall:.0f}s; generate() accuracy on 100 held-out: {gen_acc:.3f}", flush=True)
     if out is not None:
         save(model, tok, out, summary)
@@ -401,7 +492,7 @@ def save(model: LlamaForCausalLM, tok: Any, out: Path, summary: dict[str, Any]) 
 
 def report(summary: dict[str, Any]) -> str:
     """The training report (markdown)."""
-    cfg = summary["config"]
+    cfg, arch = summary["config"], summary["arch"]
     final = summary["history"][-1]
     lines = [
         "# Demo model: training report",
@@ -411,8 +502,8 @@ def report(summary: dict[str, Any]) -> str:
         "`blendrag.demo.corpus` (word-level tokenizer from `blendrag.demo.tokenizer`).",
         "",
         f"- parameters: {summary['params']:,}",
-        f"- architecture: {cfg['layers']} layers, hidden {cfg['hidden']}, MLP {cfg['intermediate']},"
-        f" {cfg['heads']} heads / {cfg['kv_heads']} KV heads,"
+        f"- architecture: {arch['num_hidden_layers']} layers, hidden {arch['hidden_size']}, MLP {arch['intermediate_size']},"
+        f" {arch['num_attention_heads']} heads / {arch['num_key_value_heads']} KV heads,"
         f" {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings, RoPE theta 10000",
         f"- steps: {cfg['steps']}, batch {cfg['batch_size']} sequences, {cfg['questions_per_group']} questions"
         f" per sequence at most (filled up to {cfg['fill_tokens']} tokens past the longest prompt),"
@@ -422,9 +513,10 @@ def report(summary: dict[str, Any]) -> str:
         f"- losses: answer+EOS cross-entropy, LM on prompt tokens x{cfg['lm_weight']}, attention"
         f" supervision of {cfg['attn_heads']} last-layer head(s) x{cfg['attn_weight']};"
         f" init: embeddings std {cfg['embed_std']}, copy heads gain {cfg['copy_init']}",
-        f"- wall time: {summary['wall_s']:.0f} s on 1 CPU thread (`torch.set_num_threads(1)`)",
+        f"- wall time: {summary['wall_s']:.0f} s on {cfg['threads']} CPU thread(s) (`torch.set_num_threads({cfg['threads']})`)",
         f"- started from: {'`' + cfg['init'] + '` (continued training; data seeds offset by ' + str(cfg['data_offset']) + ')' if cfg['init'] else 'a fresh initialization'};"
-        f" question kinds drawn with weights {cfg['kind_weights'] or 'the corpus default'}",
+        f" question kinds drawn with weights {cfg['kind_weights'] or 'the corpus default'}"
+        + (f"; deepened with layer plan `{cfg['grow']}` (new layers start as identity blocks)" if cfg["grow"] else ""),
         "",
         f"Held-out accuracy ({cfg['eval_n']} questions, seed `HELDOUT_SEED`, 4-6 passages,",
         "greedy decoding after a full prefill, exact match after normalization):",
