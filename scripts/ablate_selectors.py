@@ -79,12 +79,12 @@ def main() -> None:
                for x in examples]
     gen = GenerationConfig(max_new_tokens=6)
     print(f"{len(examples)} held-out questions ({args.kind}), blend at {args.ratio:.0%} of chunk tokens")
-    print(f"{'variant':44s} {'accuracy':>9s} {'recompute':>10s}")
+    print(f"{'variant':56s} {'accuracy':>9s} {'recompute':>10s}")
 
     def report(name: str, results: list) -> None:
         acc = sum(exact_match(r.text, x.answers) for r, x in zip(results, examples)) / len(examples)
         recompute = sum(r.stats.recompute_fraction for r in results) / len(results)
-        print(f"{name:44s} {acc:9.3f} {recompute:10.3f}", flush=True)
+        print(f"{name:56s} {acc:9.3f} {recompute:10.3f}", flush=True)
 
     for name, cfg in variants(args.ratio).items():
         report(name, [engine.generate(lay, cfg, gen) for lay in layouts])
