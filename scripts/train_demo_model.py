@@ -99,7 +99,8 @@ class TrainConfig:
     threads: int = 1  # torch CPU threads
     curriculum: bool = True  # grow the passage count over training (off: 2-6 passages from the start)
     evidence_weight: float = 0.0  # weight of the bridge-fact attention loss (0: off), see evidence_position
-    evidence_layer: int = -2  # the layer whose first head that loss applies to
+    evidence_layer: int = -2  # the layer whose heads 0 (and 1) that loss applies to
+    year_axis: float = 0.0  # add a monotone "year" direction of this norm to year-token embeddings (0: off)
 
     def weights(self) -> dict[str, float] | None:
         """``kind_weights`` parsed (None: the corpus default)."""
@@ -137,35 +138,40 @@ def chunk_range(step: int, steps: int, curriculum: bool = True) -> tuple[int, in
     return (2, 6)
 
 
-Row = tuple[list[int], list[int], list[tuple[int, int, int]], list[tuple[int, int]]]
+Row = tuple[list[int], list[int], list[tuple[int, int, int]], list[tuple[int, int, int]]]
 
 
-def evidence_position(tok: Any, ex: QAExample, starts: Sequence[int], ids: Sequence[int]) -> int | None:
-    """Position of the bridge fact a two-passage question hinges on, or None for other kinds.
+def evidence_positions(tok: Any, ex: QAExample, starts: Sequence[int], ids: Sequence[int]) -> list[tuple[int, int]]:
+    """``(head, position)`` of the bridge facts a two-passage question hinges on (none for
+    other kinds): head h of the evidence layer should look at that position.
 
-    comparison: the answer person's birth-year token (the year decides who is older, and in a
-    pronoun-led passage it is bound to the name only through the passage before); multihop:
-    the employer's name in the person's own passage (the hop to the company passage).
-    ``starts``: each passage's first position in ``ids``.
+    comparison "Who is older, A or B?": head 0 at A's birth-year token, head 1 at B's (each a
+    plain lookup, as for "In which year was A born?"; the comparison is then left to the
+    layers above; in a pronoun-led passage the year is bound to the name only through the
+    passage before); multihop: head 0 at the employer's name in the person's own passage
+    (the hop to the company passage). ``starts``: each passage's first position in ``ids``.
     """
     facts = read_facts(ex.chunks)
     if ex.kind == "comparison":
-        owner, value = ex.answers[0], facts[ex.answers[0]]["year"]
+        people = re.match(r"Who is \w+, (\w+ \w+) or (\w+ \w+)\?", ex.question).groups()  # type: ignore[union-attr]
+        wanted = [(p, facts[p]["year"]) for p in people]
     elif ex.kind == "multihop":
-        owner = re.search(r"employer of (\w+ \w+)", ex.question).group(1)  # type: ignore[union-attr]
-        value = facts[owner]["employer"]
+        person = re.search(r"employer of (\w+ \w+)", ex.question).group(1)  # type: ignore[union-attr]
+        wanted = [(person, facts[person]["employer"])]
     else:
-        return None
-    token = tok(value, add_special_tokens=False)["input_ids"][0]
-    for j in ex.support:
-        text = ex.chunks[j]
-        if ex.kind == "multihop" and owner not in text:
-            continue  # the company's own passage names it too: the hop starts in the person's
-        end = starts[j + 1] if j + 1 < len(starts) else len(ids)
-        hits = [p for p in range(starts[j], end) if ids[p] == token]
-        if hits:
-            return hits[0]
-    return None
+        return []
+    out = []
+    for head, (owner, value) in enumerate(wanted):
+        token = tok(value, add_special_tokens=False)["input_ids"][0]
+        for j in ex.support:
+            if ex.kind == "multihop" and owner not in ex.chunks[j]:
+                continue  # the company's own passage names it too: the hop starts in the person's
+            end = starts[j + 1] if j + 1 < len(starts) else len(ids)
+            hits = [p for p in range(starts[j], end) if ids[p] == token]
+            if hits:
+                out.append((head, hits[0]))
+                break
+    return out
 
 
 def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
@@ -183,7 +189,7 @@ def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
     starts = [len(prefix) + sum(len(c) for c in chunks[:j]) for j in range(len(chunks))]
     labels = [IGNORE] * len(ids)
     targets: list[tuple[int, int, int]] = []
-    evidence: list[tuple[int, int]] = []
+    evidence: list[tuple[int, int, int]] = []
     for i, ex in enumerate(group):
         suffix = list(tok(format_suffix(ex.question), add_special_tokens=False)["input_ids"])
         answer = list(tok(ex.answers[0], add_special_tokens=False)["input_ids"])
@@ -191,9 +197,7 @@ def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
             break
         ids += suffix
         targets += [(len(ids) - 1 + j, t, context) for j, t in enumerate(answer) if t in ids[:context]]
-        key = evidence_position(tok, ex, starts, ids[:context])
-        if key is not None:
-            evidence.append((len(ids) - 1, key))
+        evidence += [(len(ids) - 1, h, key) for h, key in evidence_positions(tok, ex, starts, ids[:context])]
         ids += answer + [tok.eos_token_id]
         labels += [IGNORE] * len(suffix) + answer + [tok.eos_token_id]
     return ids, labels, targets, evidence
@@ -213,24 +217,24 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
     labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     targets = [(r, q, t, c) for r, row in enumerate(rows) for q, t, c in row[2]]
-    evidence = [(r, q, k) for r, row in enumerate(rows) for q, k in row[3]]
+    evidence = [(r, q, h, k) for r, row in enumerate(rows) for q, h, k in row[3]]
     for r, (row_ids, row_labels, _, _) in enumerate(rows):
         ids[r, : len(row_ids)] = torch.tensor(row_ids)
         labels[r, : len(row_labels)] = torch.tensor(row_labels)
         mask[r, : len(row_ids)] = 1
     attn_targets = torch.tensor(targets, dtype=torch.long).reshape(-1, 4)
     return {"input_ids": ids, "labels": labels, "attention_mask": mask, "attn_targets": attn_targets,
-            "evidence": torch.tensor(evidence, dtype=torch.long).reshape(-1, 3)}
+            "evidence": torch.tensor(evidence, dtype=torch.long).reshape(-1, 4)}
 
 
 def evidence_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
-    """-log of the attention the first head of ``layer`` puts on the bridge fact
-    (``evidence_position``) from the position that predicts the answer's first token."""
+    """-log of the attention the heads of ``layer`` put on the bridge facts
+    (``evidence_positions``) from the position that predicts the answer's first token."""
     e = batch["evidence"]
     if e.numel() == 0:
         return attentions[layer].sum() * 0.0
-    rows, queries, keys = e.unbind(-1)
-    return -attentions[layer][rows, 0, queries, keys].clamp_min(1e-6).log().mean()
+    rows, queries, heads, keys = e.unbind(-1)
+    return -attentions[layer][rows, heads, queries, keys].clamp_min(1e-6).log().mean()
 
 
 def attention_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
@@ -288,6 +292,25 @@ def load_model(cfg: TrainConfig) -> LlamaForCausalLM:
     attn = "eager" if cfg.attn_weight > 0 else "sdpa"
     model = LlamaForCausalLM.from_pretrained(cfg.init, attn_implementation=attn)
     return grow_layers(model, cfg.grow.split(","), cfg.seed) if cfg.grow else model
+
+
+@torch.no_grad()
+def add_year_axis(model: LlamaForCausalLM, tok: Any, norm: float, seed: int) -> int:
+    """Give every year token's input embedding a component along one random direction,
+    proportional to the year (-norm for the earliest, +norm for the latest): "who is older"
+    then needs a comparison along one axis instead of an order learned over 150 unrelated
+    embeddings from two-candidate questions alone, which a small model did not learn on a CPU
+    budget. Returns how many tokens were changed."""
+    vocab = tok.get_vocab()
+    years = {int(w): i for w, i in vocab.items() if w.isdigit() and len(w) == 4}
+    gen = torch.Generator().manual_seed(seed + 5)
+    emb = model.get_input_embeddings().weight
+    axis = torch.randn(emb.shape[1], generator=gen)
+    axis /= axis.norm()
+    lo, hi = min(years), max(years)
+    for year, i in years.items():
+        emb[i] += norm * (2 * (year - lo) / (hi - lo) - 1) * axis
+    return len(years)
 
 
 @torch.no_grad()
@@ -425,6 +448,8 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
     random.seed(cfg.seed)
     tok = build_tokenizer()
     model = build_model(cfg, tok) if not cfg.init else load_model(cfg)
+    if cfg.year_axis > 0:
+        print(f"year axis of norm {cfg.year_axis} added to {add_year_axis(model, tok, cfg.year_axis, cfg.seed)} year tokens")
     model.train()
     opt = make_optimizer(model, cfg)
     heldout = generate_examples(cfg.eval_n, HELDOUT_SEED, num_chunks=(4, 6))
@@ -448,14 +473,14 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
         loss, answer_loss = loss_fn(result.logits, batch, cfg.lm_weight)
         attn_loss = attention_loss(result.attentions, batch, cfg.attn_heads) if cfg.attn_weight > 0 else torch.zeros(())
         loss = loss + cfg.attn_weight * attn_loss
-        if cfg.evidence_weight > 0:
-            loss = loss + cfg.evidence_weight * evidence_loss(result.attentions, batch, cfg.evidence_layer)
+        ev_loss = evidence_loss(result.attentions, batch, cfg.evidence_layer) if cfg.evidence_weight > 0 else torch.zeros(())
+        loss = loss + cfg.evidence_weight * ev_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % log_every == 0 or step == cfg.steps - 1:
-            print(f"step {step} loss {loss.item():.4f} answer {answer_loss:.4f} attn {attn_loss.item():.4f} lr {lr_at(step, cfg):.2e} chunks {chunk_range(step, cfg.steps, cfg.curriculum)} t {time.perf_counter() - start:.0f}s", flush=True)
+            print(f"step {step} loss {loss.item():.4f} answer {answer_loss:.4f} attn {attn_loss.item():.4f} evidence {ev_loss.item():.4f} lr {lr_at(step, cfg):.2e} chunks {chunk_range(step, cfg.steps, cfg.curriculum)} t {time.perf_counter() - start:.0f}s", flush=True)
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             acc = evaluate(model, tok, heldout)
             history.append({"step": step + 1, "time_s": round(time.perf_counter() - start, 1), **acc})

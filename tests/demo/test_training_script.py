@@ -48,21 +48,24 @@ def test_grown_model_computes_what_the_old_one_did(train, tok, tmp_path):
             train.TrainConfig(**bad)
 
 
-def test_evidence_is_the_bridge_fact_of_each_two_passage_question(train, tok):
+def test_evidence_is_the_bridge_facts_of_each_two_passage_question(train, tok):
     seen = {"comparison": 0, "multihop": 0}
     for group in generate_question_groups(30, 7, (2, 6), 24):
         ids, labels, _, evidence = train.encode_group(tok, group, 10_000)
         asked = [ex for ex in group if ex.kind in seen]
-        assert len(evidence) == len(asked)
-        for ex, (query, key) in zip(asked, evidence):
+        queries = sorted({q for q, _, _ in evidence})
+        assert len(queries) == len(asked)
+        for ex, query in zip(asked, queries):
             assert tok.decode([labels[query + 1]]) == ex.answers[0].split()[0]  # the query predicts the answer
             facts = read_facts(ex.chunks)
-            if ex.kind == "comparison":
-                assert tok.decode([ids[key]]) == facts[ex.answers[0]]["year"]
+            got = [(h, tok.decode([ids[k]]), k) for q, h, k in evidence if q == query]
+            if ex.kind == "comparison":  # head 0: the first-named person's year, head 1: the other's
+                a, b = re.match(r"Who is \w+, (\w+ \w+) or (\w+ \w+)\?", ex.question).groups()
+                assert [(h, t) for h, t, _ in got] == [(0, facts[a]["year"]), (1, facts[b]["year"])]
             else:
                 person = re.search(r"employer of (\w+ \w+)", ex.question).group(1)
-                assert tok.decode([ids[key]]) == facts[person]["employer"]
-                window = tok.decode(ids[max(0, key - 40): key])
+                assert [(h, t) for h, t, _ in got] == [(0, facts[person]["employer"])]
+                window = tok.decode(ids[max(0, got[0][2] - 40): got[0][2]])
                 assert person.split()[0] in window  # in the person's passage, not the company's
             seen[ex.kind] += 1
     assert min(seen.values()) > 10
@@ -80,3 +83,17 @@ def test_a_few_steps_with_every_loss_run_and_report(train, tok, tmp_path):
     text = (tmp_path / "out" / "TRAINING.md").read_text()
     assert "2 layers, hidden 32" in text and "1 CPU thread(s)" in text
     assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_year_axis_orders_year_embeddings_along_one_direction(train, tok):
+    model = train.build_model(train.TrainConfig(hidden=32, heads=4, kv_heads=2, intermediate=64, layers=2), tok)
+    before = model.get_input_embeddings().weight.clone()
+    assert train.add_year_axis(model, tok, 3.0, seed=0) == 150  # 1850-1999
+    delta = (model.get_input_embeddings().weight - before).detach()  # [V, H]
+    vocab = tok.get_vocab()
+    years = sorted((int(w), i) for w, i in vocab.items() if w.isdigit() and len(w) == 4)
+    axis = delta[years[-1][1]] / delta[years[-1][1]].norm()
+    along = [float(delta[i] @ axis) for _, i in years]
+    assert along == sorted(along) and abs(along[0] + 3.0) < 1e-4 and abs(along[-1] - 3.0) < 1e-4
+    others = [i for w, i in vocab.items() if not (w.isdigit() and len(w) == 4)]
+    assert delta[others].abs().max() == 0  # nothing else moves
