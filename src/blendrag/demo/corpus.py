@@ -18,6 +18,10 @@ Question kinds (``KINDS``):
 Coreference rule of the corpus: a passage that starts with a pronoun continues the person
 named in the passage right before it. Passages are ordered so that the rule always holds.
 
+Word pools live in ``vocab.py``, the prompt format in ``prompt_format.py`` and an independent
+reader of the passages (``read_facts``, ``answer_from_facts``) in ``facts.py``; this module
+re-exports their public names.
+
 The prompt is ``PREFIX + chunk_1 + ... + chunk_n + suffix`` where each chunk is
 ``format_chunk(passage)`` and the suffix is ``format_suffix(question)``; the engine and the
 training script tokenize the pieces separately and concatenate the ids (see
@@ -25,24 +29,38 @@ training script tokenize the pieces separately and concatenate the ids (see
 """
 
 from __future__ import annotations
-
 import random
-import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
+from blendrag.demo.facts import answer_from_facts, read_facts  # noqa: F401  (re-exported)
+from blendrag.demo.prompt_format import (  # noqa: F401  (re-exported: the corpus's public names)
+    CHUNK_TEMPLATE,
+    PREFIX,
+    SUFFIX_TEMPLATE,
+    PromptPieces,
+    encode_pieces,
+    encode_prompt,
+    format_chunk,
+    format_suffix,
+    prompt_pieces,
+)
+from blendrag.demo.vocab import (
+    CITIES,
+    COMPANIES,
+    COMPANY_TYPES,
+    COMPANY_YEARS,
+    FEMALE_FIRST,
+    FILLERS,
+    HOBBIES,
+    JOBS,
+    LAST_NAMES,
+    MALE_FIRST,
+    PERSON_YEARS,
+    PLACE_TEMPLATES,
+    PLACE_YEARS,
+)
 from blendrag.eval.metrics import exact_match, normalize_answer  # noqa: F401  (one normalization, re-exported)
-
-# --------------------------------------------------------------------------- prompt format
-
-PREFIX = "Read the passages and answer the question in a few words.\nPassages:\n"
-"""Instruction that starts every prompt (tokenized with the BOS token)."""
-
-CHUNK_TEMPLATE = "{text}\n"
-"""How one passage is written into the prompt: its text and a newline."""
-
-SUFFIX_TEMPLATE = "Question: {question}\nAnswer:"
-"""The suffix: the question and the answer cue; the answer follows it, then EOS."""
 
 KINDS: tuple[str, ...] = ("single", "pronoun", "comparison", "multihop")
 """Question kinds, see the module docstring."""
@@ -61,116 +79,11 @@ TRAIN_SEED_BASE = 1_000
 """Training batch ``i`` is drawn with seed ``TRAIN_SEED_BASE + i`` (far below ``HELDOUT_SEED``)."""
 
 
-def format_chunk(text: str) -> str:
-    """The prompt piece of one passage."""
-    return CHUNK_TEMPLATE.format(text=text)
-
-
-def format_suffix(question: str) -> str:
-    """The prompt piece after the passages: question and answer cue."""
-    return SUFFIX_TEMPLATE.format(question=question)
-
-
-@dataclass(frozen=True)
-class PromptPieces:
-    """The three kinds of prompt pieces, each tokenized on its own (DESIGN.md section 2)."""
-
-    prefix: str
-    chunks: list[str]
-    suffix: str
-
-
-def prompt_pieces(chunks: Sequence[str], question: str) -> PromptPieces:
-    """Prefix, formatted chunks and suffix of the prompt for ``question`` over ``chunks``."""
-    return PromptPieces(PREFIX, [format_chunk(c) for c in chunks], format_suffix(question))
-
-
-def encode_pieces(tokenizer: Any, pieces: PromptPieces) -> tuple[list[int], list[list[int]], list[int]]:
-    """Token ids of the prefix (with BOS), of each chunk and of the suffix (no specials)."""
-    prefix = list(tokenizer(pieces.prefix, add_special_tokens=True)["input_ids"])
-    chunks = [list(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in pieces.chunks]
-    suffix = list(tokenizer(pieces.suffix, add_special_tokens=False)["input_ids"])
-    return prefix, chunks, suffix
-
-
-def encode_prompt(tokenizer: Any, chunks: Sequence[str], question: str) -> list[int]:
-    """The prompt ids: prefix ids + each chunk's ids + suffix ids, tokenized piece by piece."""
-    prefix, chunk_ids, suffix = encode_pieces(tokenizer, prompt_pieces(chunks, question))
-    return prefix + [t for ids in chunk_ids for t in ids] + suffix
-
-
-# --------------------------------------------------------------------------- vocabulary
-
-FEMALE_FIRST = (
-    "Lena", "Maria", "Sofia", "Anna", "Clara", "Nina", "Emma", "Julia", "Laura", "Sara",
-    "Alice", "Hana", "Mei", "Priya", "Olga", "Rosa", "Elena", "Ines", "Yuki", "Amara",
-    "Greta", "Ida", "Nora", "Zoe", "Lucia", "Maya", "Tara", "Vera", "Aisha", "Leila",
-)
-MALE_FIRST = (
-    "Omar", "Ivan", "Paul", "Marco", "Tomas", "Lukas", "David", "Felix", "Hugo", "Oscar",
-    "Kenji", "Ravi", "Diego", "Samuel", "Victor", "Jonas", "Mateo", "Pedro", "Emil", "Hassan",
-    "Arjun", "Leon", "Noah", "Erik", "Bruno", "Kofi", "Stefan", "Oliver", "Rafael", "Adam",
-)
-LAST_NAMES = (
-    "Park", "Diaz", "Novak", "Berg", "Costa", "Silva", "Tanaka", "Weber", "Rossi", "Khan",
-    "Moreau", "Jensen", "Ortiz", "Kim", "Fischer", "Haddad", "Nowak", "Sato", "Lopez", "Varga",
-    "Eriksen", "Mendes", "Okafor", "Petrov", "Quinn", "Reyes", "Singh", "Torres", "Ueda", "Vance",
-    "Walsh", "Young", "Zhou", "Abbott", "Brandt", "Chen", "Dalton", "Ferreira", "Garcia", "Horvat",
-)
-CITIES = (
-    "Oslo", "Lima", "Cairo", "Dublin", "Lisbon", "Seoul", "Nairobi", "Quito", "Vienna", "Prague",
-    "Madrid", "Lagos", "Manila", "Hanoi", "Bogota", "Athens", "Berlin", "Tokyo", "Delhi", "Havana",
-    "Riga", "Tunis", "Perth", "Denver", "Austin", "Boston", "Geneva", "Porto", "Kyoto", "Santiago",
-)
-JOBS = (
-    "chemist", "pilot", "teacher", "nurse", "architect", "lawyer", "painter", "baker", "engineer",
-    "farmer", "journalist", "dentist", "actor", "librarian", "surgeon", "plumber", "chef", "poet",
-    "sailor", "judge",
-)
-COMPANIES = (
-    "Norvex", "Altura", "Brightwell", "Corvane", "Delmar", "Estrix", "Fenwick", "Glenmoor",
-    "Halvex", "Irondale", "Jaspera", "Kestrel", "Lumora", "Maxwell", "Nortech", "Orbis",
-    "Pinecrest", "Quorra", "Redfield", "Solvane", "Trivex", "Umbra", "Veltra", "Westmark",
-    "Xylon", "Yarrow", "Zentro", "Amberly", "Bluestone", "Cobalt",
-)
-COMPANY_TYPES = (
-    "bank", "airline", "publisher", "shipyard", "brewery", "studio", "insurer", "carmaker",
-    "pharmacy", "bakery", "mine", "hotel",
-)
-HOBBIES = (
-    "chess", "tennis", "fishing", "gardening", "cycling", "swimming", "hiking", "cooking",
-    "knitting", "golf", "surfing", "dancing", "rowing", "skiing", "archery", "singing",
-)
-PERSON_YEARS = tuple(str(y) for y in range(1940, 2000))
-COMPANY_YEARS = tuple(str(y) for y in range(1850, 1940))
-PLACE_YEARS = tuple(str(y) for y in range(1900, 2000))
-FILLERS = (
-    "The weather was mild that year.",
-    "Many visitors come in the summer.",
-    "The local paper wrote about it twice.",
-    "Nobody expected such a quiet start.",
-    "The old bridge nearby is still in use.",
-    "Prices in the area rose quickly.",
-    "The streets there are narrow and busy.",
-    "A small park lies across the road.",
-    "The rainy season lasts for months.",
-    "Trains to the coast leave every hour.",
-    "The town hall was painted green.",
-    "Most shops close early on Sundays.",
-)
-PLACE_TEMPLATES = (
-    "The museum in {city} opened in {year}.",
-    "A new stadium was built in {city} in {year}.",
-    "The old harbor of {city} was rebuilt in {year}.",
-    "{city} hosted a large festival in {year}.",
-)
+# --------------------------------------------------------------------------- entities
 
 
 def _article(noun: str) -> str:
     return "an" if noun[0] in "aeiou" else "a"
-
-
-# --------------------------------------------------------------------------- entities
 
 
 @dataclass(frozen=True)
@@ -571,118 +484,6 @@ def _group(head: QAExample, scene: _Scene, rng: random.Random, size: int) -> lis
         picked.append(pool.pop(idx))
         weights.pop(idx)
     return [head] + [QAExample(list(head.chunks), q, a, k, s) for k, q, a, s in picked]
-
-
-# ----------------------------------------------------------------- reading passages back
-
-_NAME = r"([A-Z][a-z]+ [A-Z][a-z]+)"
-_PERSON_RES = (
-    re.compile(_NAME + r" is an? ([a-z]+) from ([A-Z][a-z]+)\."),
-    re.compile(_NAME + r" comes from ([A-Z][a-z]+) and works as an? ([a-z]+)\."),
-)
-_COMPANY_RES = (
-    re.compile(r"^([A-Z][a-z]+) is an? ([a-z]+) based in ([A-Z][a-z]+)\."),
-    re.compile(r"^The ([a-z]+) ([A-Z][a-z]+) is based in ([A-Z][a-z]+)\."),
-)
-
-
-def read_facts(chunks: Sequence[str]) -> dict[str, dict[str, str]]:
-    """Facts stated by passages, resolving leading pronouns to the previous passage's person.
-
-    Returns ``{entity name: {attribute: value}}`` with attributes ``job``, ``city``,
-    ``employer``, ``year``, ``hobby`` for people and ``city``, ``year`` (founded) for
-    companies. This is an independent reading of the text (used by the tests and by
-    ``answer_from_facts``), not a lookup of the generator's internal state.
-    """
-    facts: dict[str, dict[str, str]] = {}
-    last_person: str | None = None
-    for text in chunks:
-        name = _read_person(text, facts) or _read_company(text, facts)
-        if name is None and re.match(r"^(She|He) ", text) and last_person is not None:
-            name = last_person
-        if name is not None and name in facts and "job" in facts[name]:
-            _read_person_details(text, facts[name])
-            last_person = name
-        else:
-            last_person = None
-    return facts
-
-
-def _read_person(text: str, facts: dict[str, dict[str, str]]) -> str | None:
-    m0, m1 = _PERSON_RES[0].search(text), _PERSON_RES[1].search(text)
-    if m0:
-        name, job, city = m0.groups()
-    elif m1:
-        name, city, job = m1.groups()
-    else:
-        return None
-    entry = facts.setdefault(name, {})
-    entry.update(job=job, city=city)
-    m = re.search(r"(?:She|He) works for ([A-Z][a-z]+)\.", text)
-    if m:
-        entry["employer"] = m.group(1)
-    return name
-
-
-def _read_company(text: str, facts: dict[str, dict[str, str]]) -> str | None:
-    m0, m1 = _COMPANY_RES[0].search(text), _COMPANY_RES[1].search(text)
-    if not (m0 or m1):
-        return None
-    name, city = (m0.group(1), m0.group(3)) if m0 else (m1.group(2), m1.group(3))  # type: ignore[union-attr]
-    entry = facts.setdefault(name, {})
-    entry["city"] = city
-    m = re.search(r"It was founded in (\d{4})\.", text)
-    if m:
-        entry["year"] = m.group(1)
-    return None  # companies are never continued by a pronoun passage
-
-
-def _read_person_details(text: str, entry: dict[str, str]) -> None:
-    m = re.search(r"(?:She|He) was born in (\d{4})", text)
-    if m:
-        entry["year"] = m.group(1)
-    m = re.search(r"free time (?:she|he) enjoys ([a-z]+)\.", text)
-    if m:
-        entry["hobby"] = m.group(1)
-
-
-def answer_from_facts(chunks: Sequence[str], question: str) -> str | None:
-    """Answer a corpus question by reading the passages with ``read_facts`` (a reference solver)."""
-    facts = read_facts(chunks)
-    for pattern, solve in _SOLVERS:
-        m = pattern.fullmatch(question)
-        if m:
-            try:
-                return solve(facts, *m.groups())
-            except KeyError:
-                return None
-    return None
-
-
-def _older(facts: dict[str, dict[str, str]], a: str, b: str, younger: bool) -> str:
-    ya, yb = int(facts[a]["year"]), int(facts[b]["year"])
-    return (a if ya < yb else b) if not younger else (a if ya > yb else b)
-
-
-_N = r"([A-Z][a-z]+ [A-Z][a-z]+)"
-_SOLVERS: tuple[tuple[re.Pattern[str], Callable[..., str]], ...] = (
-    (re.compile(rf"What is the job of {_N}\?"), lambda f, a: f[a]["job"]),
-    (re.compile(rf"Which city is {_N} from\?"), lambda f, a: f[a]["city"]),
-    (re.compile(rf"Which company does {_N} work for\?"), lambda f, a: f[a]["employer"]),
-    (re.compile(rf"In which year was {_N} born\?"), lambda f, a: f[a]["year"]),
-    (re.compile(rf"What does {_N} enjoy in (?:her|his) free time\?"), lambda f, a: f[a]["hobby"]),
-    (re.compile(rf"In which city is the employer of {_N} based\?"), lambda f, a: f[f[a]["employer"]]["city"]),
-    (re.compile(rf"In which year was the employer of {_N} founded\?"), lambda f, a: f[f[a]["employer"]]["year"]),
-    (re.compile(r"Where is ([A-Z][a-z]+) based\?"), lambda f, c: f[c]["city"]),
-    (re.compile(r"In which year was ([A-Z][a-z]+) founded\?"), lambda f, c: f[c]["year"]),
-    (re.compile(rf"Who is older, {_N} or {_N}\?"), lambda f, a, b: _older(f, a, b, younger=False)),
-    (re.compile(rf"Who is younger, {_N} or {_N}\?"), lambda f, a, b: _older(f, a, b, younger=True)),
-)
-
-
-# --------------------------------------------------------------------------- scoring
-
-# --------------------------------------------------------------------------- vocabulary
 
 
 def vocabulary_texts() -> Iterator[str]:
