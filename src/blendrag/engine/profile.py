@@ -11,8 +11,8 @@ the stand-alone computation, summed over layers and heads, is stored with the ch
 (``ChunkKV.sensitivity``). With ``profile=k`` the chunk is measured after each of its k
 predecessors and a token keeps its largest deviation: retrieval need not return a chunk right
 after the passage it continues, and a token bound to any nearby passage should be marked. At
-query time the ``profile`` selector recomputes the top tokens
-by that prior at every layer, with no check layer.
+query time the ``profile`` selector recomputes the top tokens by that prior at every layer,
+with no check layer.
 
 Why keys, summed over layers: on the demo model an oracle that ranks tokens by the true
 deviation between reuse and full prefill recovers 59 of 60 cross-chunk (pronoun) questions
