@@ -26,6 +26,11 @@ the answer counts when greedy decoding after a full prefill yields the gold answ
 (checked teacher-forced, which is the same thing, and confirmed with ``model.generate`` on a
 sample).
 
+Continuing a trained model (``--init DIR``), it can also be deepened with identity-initialized
+layers (``--grow``), given a bridge-fact attention loss for two-passage questions
+(``--evidence-weight``, ``evidence_positions``) and a monotone year direction in its
+embeddings (``--year-axis``); the shipped model's TRAINING.md records what these gave.
+
 Usage: ``python scripts/train_demo_model.py [--steps N] [--out DIR]``; single-threaded unless ``--threads``.
 """
 
@@ -50,13 +55,13 @@ from blendrag.demo.corpus import (
     TRAIN_SEED_BASE,
     QAExample,
     encode_pieces,
-    read_facts,
     encode_prompt,
     exact_match,
     format_suffix,
     generate_examples,
     generate_question_groups,
     prompt_pieces,
+    read_facts,
 )
 from blendrag.demo.tokenizer import build_tokenizer
 
@@ -98,7 +103,7 @@ class TrainConfig:
     grow: str = ""  # with init: new layer plan, e.g. "0,1,2,new,new,3" (old layer indices; "new": identity layer)
     threads: int = 1  # torch CPU threads
     curriculum: bool = True  # grow the passage count over training (off: 2-6 passages from the start)
-    evidence_weight: float = 0.0  # weight of the bridge-fact attention loss (0: off), see evidence_position
+    evidence_weight: float = 0.0  # weight of the bridge-fact attention loss (0: off), see evidence_positions
     evidence_layer: int = -2  # the layer whose heads 0 (and 1) that loss applies to
     year_axis: float = 0.0  # add a monotone "year" direction of this norm to year-token embeddings (0: off)
 
