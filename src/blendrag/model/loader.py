@@ -1,16 +1,33 @@
-"""Load an HF causal LM + tokenizer (hub id or local path) for the engine."""
+"""Load an HF causal LM + tokenizer for the engine: a short name, a local folder, a GGUF file
+or a hub id."""
 
 from __future__ import annotations
 
+import contextlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
+
+from blendrag.model.catalog import CATALOG, converted_model, strip_gguf_quantizer
 
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16,
 }
+
+
+
+def _demo_model() -> Path:
+    from blendrag.demo import check_demo_model
+
+    return check_demo_model()
+
+
+# Short names of models that live in a folder of an installed package (not converted).
+LOCAL_MODELS: dict[str, Callable[[], Path]] = {"demo": _demo_model}
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -24,19 +41,117 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``None``/"auto": cuda when available, else cpu. A device this machine lacks is refused."""
     if device is None or device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"not a device: {device!r} (use cpu, cuda, cuda:N or auto)") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device here (use --device cpu)")
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ValueError(f"unsupported device {device!r} (use cpu, cuda, cuda:N or auto)")
+    return dev
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where ``from_pretrained`` reads a model: a folder or hub id, and a GGUF file in it."""
+
+    path: str
+    gguf_file: str | None = None
+
+
+def known_names() -> list[str]:
+    return sorted([*CATALOG, *LOCAL_MODELS])
+
+
+def resolve_model(name_or_path: str | Path, gguf_file: str | None = None,
+                  cache_dir: Path | None = None) -> ModelSource:
+    """Turn what a user typed into something ``from_pretrained`` can read.
+
+    - a short name (``smollm2-135m-instruct``; see ``known_names()``): the packaged model,
+      converted once to safetensors in ``cache_dir``;
+    - ``path/to/file.gguf``, or a folder with ``gguf_file``: a GGUF file, dequantized at load;
+    - an existing folder: a saved HF model;
+    - ``org/name``: a hub id (needs the hub or its local cache).
+    A path that exists nowhere is refused with FileNotFoundError."""
+    text = str(name_or_path)
+    if gguf_file is None and text in CATALOG:
+        return ModelSource(str(converted_model(text, cache_dir)))
+    if gguf_file is None and text in LOCAL_MODELS:
+        return ModelSource(str(LOCAL_MODELS[text]()))
+    path = Path(text).expanduser()
+    if gguf_file is None and path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {path}")
+        return ModelSource(str(path.parent), path.name)
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{path} is a file, not a model folder (a .gguf file, a folder with config.json, "
+                             f"or a name: {', '.join(known_names())})")
+        if gguf_file is not None and not (path / gguf_file).is_file():
+            raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {path}")
+        if gguf_file is None and not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json: not a saved model folder (a GGUF file needs "
+                                    f"--gguf-file NAME)")
+        return ModelSource(str(path), gguf_file)
+    if _looks_like_path(text):
+        raise FileNotFoundError(f"no model at {text!r}: no such folder or file, and not a known name "
+                                f"({', '.join(known_names())})")
+    return ModelSource(text, gguf_file)  # a hub id
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.startswith((".", "/", "~", "\\")) or text.count("/") > 1 or "\\" in text or text.endswith("/")
 
 
 def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype = "float32",
-                             device: str | torch.device | None = None, **kwargs):
-    """``AutoModelForCausalLM`` + ``AutoTokenizer`` in eval mode on ``device``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+                             device: str | torch.device | None = None, gguf_file: str | None = None,
+                             cache_dir: Path | None = None, **kwargs):
+    """``AutoModelForCausalLM`` + ``AutoTokenizer`` in eval mode on ``device`` (see
+    :func:`resolve_model` for what ``name_or_path`` may be)."""
     torch_dtype = resolve_dtype(dtype)
     dev = resolve_device(device)
-    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
-    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype, **kwargs)
+    source = resolve_model(name_or_path, gguf_file, cache_dir)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    if source.gguf_file:
+        _require_gguf()
+    try:
+        with _quiet_loading():
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra, **kwargs)
+    except OSError as e:
+        if Path(source.path).exists():
+            raise
+        raise FileNotFoundError(f"model {source.path!r} is not a local folder and could not be loaded as a hub id "
+                                f"(offline, or no such repository); known names: {', '.join(known_names())}. "
+                                f"({str(e).splitlines()[0]})") from e
+    if source.gguf_file:
+        strip_gguf_quantizer(model)
     model.to(dev).eval()
     return model, tokenizer
+
+
+def _require_gguf() -> None:
+    try:
+        import gguf  # noqa: F401
+    except ImportError as e:
+        raise ImportError("loading GGUF models needs the gguf package: pip install 'blendrag[gguf]'") from e
+
+
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """No per-tensor "Loading weights" bars (they drown every command's output)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
