@@ -19,8 +19,9 @@ from blendrag.eval.datasets import (
     load_synthetic,
     split_context,
 )
+from blendrag.eval.datasets import MUSIQUE_PATH, fit_tokens, load_musique  # noqa: E402
 
-MUSIQUE = Path("/work/shared/data/musique_s.json")
+MUSIQUE = MUSIQUE_PATH
 AUTHORS_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat the question. "
                   "The answer should be within 5 words. \nQuestion:{q}\nAnswer:")
 
@@ -33,7 +34,7 @@ def test_synthetic_items_use_the_demo_prompt() -> None:
         assert 2 <= len(item.chunks) <= 3
         assert all(c.endswith("\n") and c == format_chunk(c[:-1]) for c in item.chunks)
         assert item.suffix.startswith("Question: ") and item.suffix.endswith("\nAnswer:")
-        assert item.kind in KINDS and item.metric == "qa_f1" and item.answers
+        assert item.kind in KINDS and item.metric == "contains" and item.answers
 
 
 def test_synthetic_offset_and_limit_window_the_same_sequence() -> None:
@@ -76,7 +77,6 @@ def test_cacheblend_json_rejects_other_formats(tmp_path: Path) -> None:
         load_cacheblend_json(bad)
 
 
-@pytest.mark.skipif(not MUSIQUE.is_file(), reason="shared musique_s.json not present")
 def test_real_musique_file_format() -> None:
     raw = json.loads(MUSIQUE.read_text())
     items = load_dataset(MUSIQUE, limit=2)
@@ -87,6 +87,27 @@ def test_real_musique_file_format() -> None:
         assert item.suffix == AUTHORS_SUFFIX.format(q=rec["question"])
         assert item.answers == tuple(rec["answers"]) and item.kind == "musique_s"
     assert items[0].answers[0] == "Exeter College"
+
+
+def test_musique_in_the_paper_shape_keeps_the_answer_passages() -> None:
+    raw = json.loads(MUSIQUE.read_text())
+    items = load_musique(limit=20)
+    assert [i.suffix for i in items] == [AUTHORS_SUFFIX.format(q=r["question"]) for r in raw[:20]]
+    for item, rec in zip(items, raw):
+        assert len(item.chunks) == 6 and item.kind == "musique" and item.metric == "qa_f1"
+        texts = [f"{c['title']}\n\n{c['text']}\n\n" for c in rec["ctxs"]]
+        holding = [t for t in texts if any(a.lower() in t.lower() for a in rec["answers"])]
+        assert set(holding[:6]) <= set(item.chunks)  # every passage holding the answer (up to 6) is in
+        assert [texts.index(c) for c in item.chunks] == sorted(texts.index(c) for c in item.chunks)  # retrieval order
+
+
+def test_fit_tokens_cuts_after_a_word_and_keeps_the_separator() -> None:
+    count = lambda text: len(text.split())  # noqa: E731  (a word tokenizer)
+    text = "one two three four five six\n\n"
+    assert fit_tokens(text, 10, count) == text
+    assert fit_tokens(text, 4, count) == "one two three four\n\n"
+    with pytest.raises(ValueError, match="max_tokens"):
+        fit_tokens(text, 0, count)
 
 
 def test_split_context_at_passages_within_bound() -> None:

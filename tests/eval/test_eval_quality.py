@@ -14,7 +14,7 @@ from blendrag.eval.report import records, write_report
 
 FULL, BLEND1 = BlendConfig(mode="full"), BlendConfig(mode="blend", selector="cacheblend", ratio=1.0)
 CONFIG = QualityConfig(modes=("full", "blend"), selectors=("cacheblend",), ratios=(0.2, 1.0), max_new_tokens=3,
-                       warmup=False)
+                       warmup=False, max_chunk_tokens=None)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,8 @@ def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
     loaded = json.loads(paths["json"].read_text())
     assert loaded == records(report)
     assert all(set(r) == set(RECORD_KEYS) == {"mode", "selector", "ratio", "quality", "exact_match",
-                                              "first_token_agreement", "kl", "ttft_s", "speedup_vs_full"}
+                                              "first_token_agreement", "kl", "ttft_s", "speedup_vs_full",
+                                              "recompute_fraction", "n"}
                for r in loaded)
     assert [(r["mode"], r["selector"], r["ratio"]) for r in loaded] == [
         ("full", None, None), ("blend", "cacheblend", 0.2), ("blend", "cacheblend", 1.0)]
@@ -95,11 +96,11 @@ def test_summarize_medians_and_speedup() -> None:
 def test_quality_config_validation() -> None:
     default = QualityConfig()
     assert len(default.configs()) == 3 + 5 * 6
-    assert default.configs()[0] == FULL and default.model_name == "demo"
+    assert default.configs()[0] == FULL and default.model_name == "smollm2-135m-instruct"
     assert QualityConfig(modes=("blend",), selectors=("epic",), ratios=(0.5,)).configs()[0] == FULL
     for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)), dict(ratios=(0.0,)),
                 dict(ratios=(1.5,)), dict(max_new_tokens=0), dict(ingest_order="random"),
-                dict(profile_neighbours=0)):
+                dict(profile_neighbours=0), dict(max_chunk_tokens=0)):
         with pytest.raises(ValueError):
             QualityConfig(**bad)
 

@@ -51,8 +51,9 @@ def test_cli_bench_quality(model_dir, tmp_path: Path, capsys) -> None:
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| full | - | - |" in printed and "| reuse | - | - |" in printed
-    assert {p.name for p in out.iterdir()} == {"table.md", "table.csv", "quality_vs_ttft.png"}
-    assert [r["mode"] for r in json.loads(js.read_text())] == ["full", "reuse"]
+    assert {p.name for p in (out / "synthetic").iterdir()} == {"table.md", "table.csv", "quality_vs_ttft.png"}
+    assert [(r["dataset"], r["mode"]) for r in json.loads(js.read_text())] == [("synthetic", "full"),
+                                                                              ("synthetic", "reuse")]
 
 
 def test_cli_reports_bad_arguments(tmp_path: Path, capsys) -> None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
+from blendrag.cli_options import add_model_options
 from blendrag.config import MODES, SELECTORS
 
 _CHAT = {"auto": None, "on": True, "off": False}
+DEFAULT_DATASETS = ("synthetic", "musique")
+DEFAULT_LIMITS = {"synthetic": 40, "musique": 10}  # a default run of both: under 30 min on 2 CPU cores
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
@@ -28,14 +32,19 @@ def _csv(kind: type) -> Callable[[str], tuple]:
 def register(bench: argparse._SubParsersAction) -> None:
     """Add ``quality`` to the ``blendrag bench`` group."""
     q = bench.add_parser("quality", help="answer quality vs TTFT of every mode and selector")
-    q.add_argument("--dataset", default="synthetic",
-                   help="'synthetic' (demo corpus, held-out seed), a CacheBlend .json or a LongBench .jsonl file")
-    q.add_argument("--model", help="hub id or local path (default: the packaged demo model)")
-    q.add_argument("--device", default="cpu")
-    q.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    q.add_argument("--dataset", type=_csv(str), default=DEFAULT_DATASETS,
+                   help="comma-separated: 'synthetic' (generated multi-passage questions), 'musique' (shipped "
+                        "MuSiQue subset, 6 passages each), a CacheBlend .json or a LongBench .jsonl file "
+                        f"(default: {','.join(DEFAULT_DATASETS)})")
+    add_model_options(q)
     q.add_argument("--chat", default="auto", choices=list(_CHAT),
                    help="chat template around prompts (auto: off for the demo model, the tokenizer's otherwise)")
-    q.add_argument("--limit", type=int, help="items to evaluate (default: 100 synthetic, every item of a file)")
+    q.add_argument("--limit", type=int,
+                   help="items per dataset (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_LIMITS.items())
+                        + ", every item of a file)")
+    q.add_argument("--max-chunk-tokens", type=int, default=512,
+                   help="cut each passage after a word to at most this many tokens (default 512, as the "
+                        "CacheBlend paper); 0: no cut")
     q.add_argument("--offset", type=int, default=0, help="items to skip first")
     q.add_argument("--modes", type=_csv(str), default=MODES, help=f"comma-separated subset of {','.join(MODES)}")
     q.add_argument("--selectors", type=_csv(str), default=SELECTORS,
@@ -51,31 +60,62 @@ def register(bench: argparse._SubParsersAction) -> None:
                         "keeping each token's largest deviation (default 1)")
     q.add_argument("--no-warmup", action="store_true", help="time the first item's configs cold")
     q.add_argument("--out-dir", type=Path, default=Path("runs/quality"),
-                   help="where table.md, table.csv and quality_vs_ttft.png go")
-    q.add_argument("--json", type=Path, help="also write the per-config records as JSON here")
+                   help="where <dataset>/table.md, table.csv and quality_vs_ttft.png go (default runs/quality)")
+    q.add_argument("--json", type=Path, help="also write the per-config records of every dataset as JSON here")
     q.set_defaults(func=_quality)
 
 
 def _quality(args: argparse.Namespace) -> int:
+    import json
+
     from blendrag.eval.datasets import dataset_name, load_dataset
-    from blendrag.eval.quality import QualityConfig, run_quality
-    from blendrag.eval.report import format_markdown, write_report
+    from blendrag.eval.quality import QualityConfig, load_engine, run_quality
+    from blendrag.eval.report import format_markdown, records, write_report
 
     try:
-        config = QualityConfig(model=args.model, device=args.device, dtype=args.dtype, chat=_CHAT[args.chat],
-                               modes=args.modes, selectors=args.selectors, ratios=args.ratios,
-                               max_new_tokens=args.max_new_tokens, warmup=not args.no_warmup,
-                               ingest_order=args.ingest_order, profile_neighbours=args.profile_neighbours)
-        items = load_dataset(args.dataset, limit=args.limit, offset=args.offset)
-        report = run_quality(items, config, dataset=dataset_name(args.dataset), on_item=_progress)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"blendrag bench quality: {e}", file=sys.stderr)
+        config = QualityConfig(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",
+                               dtype=args.dtype, chat=_CHAT[args.chat], modes=args.modes, selectors=args.selectors,
+                               ratios=args.ratios, max_new_tokens=args.max_new_tokens, warmup=not args.no_warmup,
+                               ingest_order=args.ingest_order, profile_neighbours=args.profile_neighbours,
+                               max_chunk_tokens=args.max_chunk_tokens or None)
+        datasets = [(dataset_name(d), load_dataset(d, limit=_limit(args, d), offset=args.offset))
+                    for d in args.dataset]
+        engine = load_engine(config)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"blendrag bench quality: error: {e}", file=sys.stderr)
         return 2
-    paths = write_report(report, args.out_dir, args.json)
-    print(format_markdown(report))
-    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    all_records: list[dict] = []
+    for name, items in datasets:
+        print(f"{name}: {len(items)} items x {len(config.configs())} configs on {config.model}", file=sys.stderr)
+        try:
+            report = run_quality(items, config, engine=engine, dataset=name, on_item=Progress(name))
+        except ValueError as e:
+            print(f"blendrag bench quality: error: {e}", file=sys.stderr)
+            return 2
+        paths = write_report(report, args.out_dir / name)
+        print(format_markdown(report) + "\n")
+        print("wrote " + ", ".join(str(p) for p in paths.values()) + "\n")
+        all_records += [{"dataset": name, "model": config.model, **r} for r in records(report)]
+        if args.json:  # after every dataset, so a long run leaves what it measured
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(all_records, indent=2))
+    if args.json:
+        print(f"wrote {args.json} ({len(all_records)} records)")
     return 0
 
 
-def _progress(done: int, total: int) -> None:
-    print(f"\ritem {done}/{total}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+def _limit(args: argparse.Namespace, dataset: str) -> int | None:
+    return args.limit if args.limit is not None else DEFAULT_LIMITS.get(dataset)
+
+
+class Progress:
+    """``item n/N`` with the time spent and left, on one stderr line."""
+
+    def __init__(self, label: str) -> None:
+        self.label, self.t0 = label, time.perf_counter()
+
+    def __call__(self, done: int, total: int) -> None:
+        spent = time.perf_counter() - self.t0
+        left = spent / done * (total - done)
+        print(f"\r  {self.label}: item {done}/{total}, {spent:.0f} s spent, ~{left:.0f} s left   ",
+              end="\n" if done == total else "", file=sys.stderr, flush=True)

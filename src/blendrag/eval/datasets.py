@@ -5,12 +5,15 @@ Three sources, each with ``limit`` / ``offset``:
 - ``load_synthetic``: the demo corpus's held-out questions (``blendrag.demo.corpus``), in the
   demo model's own prompt format.
 - ``load_cacheblend_json``: a JSON list in the CacheBlend authors' format (``question``,
-  ``answers``, ``ctxs[{title, text}]``, e.g. ``musique_s.json``) with their prompt (DESIGN.md §7).
+  ``answers``, ``ctxs[{title, text}]``) with their prompt.
+- ``load_musique``: the shipped ``data/musique_s.json`` (MuSiQue, CC BY 4.0) in the CacheBlend
+  paper's shape: 6 of each question's 10 passages, the ones holding a gold answer included.
 - ``load_longbench_jsonl``: a LongBench JSONL file (``input``, ``context``, ``answers``): the
   context is cut at passage / paragraph boundaries into chunks of bounded size, with
   LongBench's multi-document QA prompt.
 
-``load_dataset("synthetic" | path)`` picks one by name or file extension.
+``load_dataset("synthetic" | "musique" | path)`` picks one by name or file extension.
+``fit_tokens`` cuts a chunk to a token budget (the paper's 512 tokens per passage).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from blendrag.eval.metrics import METRICS
 
@@ -74,7 +77,7 @@ def load_synthetic(limit: int | None = None, offset: int = 0, seed: int | None =
     window = _window(SYNTHETIC_DEFAULT_LIMIT if limit is None else limit, offset)
     examples = generate_examples(window.stop, HELDOUT_SEED if seed is None else seed, num_chunks=num_chunks)
     return [EvalItem(PREFIX, tuple(format_chunk(c) for c in ex.chunks), format_suffix(ex.question),
-                     tuple(ex.answers), ex.kind) for ex in examples[window]]
+                     tuple(ex.answers), ex.kind, metric="contains") for ex in examples[window]]
 
 
 # --------------------------------------------------------------------------- CacheBlend JSON
@@ -105,6 +108,59 @@ def load_cacheblend_json(path: str | Path, limit: int | None = None, offset: int
     if not isinstance(records, list):
         raise ValueError(f"{path}: expected a JSON list of records")
     return [cacheblend_item(r, kind=path.stem) for r in records[_window(limit, offset)]]
+
+
+# --------------------------------------------------------------------------- MuSiQue (shipped)
+
+MUSIQUE_PASSAGES = 6
+MUSIQUE_PATH = Path(__file__).resolve().parent / "data" / "musique_s.json"
+
+
+def select_passages(record: dict[str, Any], answers: Sequence[str], k: int = MUSIQUE_PASSAGES) -> list[dict]:
+    """``k`` of a record's passages: every one whose text holds a gold answer first (the
+    supporting ones, as far as the text shows), then the others in retrieval order; the chosen
+    ones keep their retrieval order."""
+    ctxs = record["ctxs"]
+    golds = [a.lower() for a in answers if a.strip()]
+    holding = [i for i, c in enumerate(ctxs) if any(g in c["text"].lower() for g in golds)]
+    rest = [i for i in range(len(ctxs)) if i not in holding]
+    return [ctxs[i] for i in sorted((holding + rest)[:k])]
+
+
+def load_musique(limit: int | None = None, offset: int = 0, passages: int = MUSIQUE_PASSAGES,
+                 path: str | Path | None = None) -> list[EvalItem]:
+    """MuSiQue questions ``offset .. offset + limit`` with ``passages`` passages each, in the
+    CacheBlend prompt; kind ``musique``, scored by QA F1."""
+    if passages < 1:
+        raise ValueError(f"passages must be >= 1, got {passages}")
+    records = json.loads(Path(path or MUSIQUE_PATH).read_text(encoding="utf-8"))
+    items = []
+    for r in records[_window(limit, offset)]:
+        answers = [r["answers"]] if isinstance(r["answers"], str) else r["answers"]
+        items.append(cacheblend_item({**r, "ctxs": select_passages(r, answers, passages)}, kind="musique"))
+    return items
+
+
+def fit_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """``text`` cut after a word so that ``count(text) <= max_tokens``, keeping its trailing
+    whitespace (a passage's separator); unchanged when it fits."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if count(text) <= max_tokens:
+        return text
+    body = text.rstrip()
+    tail = text[len(body):]
+    words = body.split(" ")
+    lo, hi = 0, len(words)  # largest word count that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(" ".join(words[:mid]) + tail) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        raise ValueError(f"no word of the text fits in {max_tokens} tokens: {text[:60]!r}")
+    return " ".join(words[:lo]) + tail
 
 
 # --------------------------------------------------------------------------- LongBench JSONL
@@ -191,12 +247,15 @@ def load_longbench_jsonl(path: str | Path, limit: int | None = None, offset: int
 
 
 def load_dataset(spec: str | Path, limit: int | None = None, offset: int = 0) -> list[EvalItem]:
-    """``"synthetic"``, a ``.json`` file (CacheBlend format) or a ``.jsonl`` file (LongBench)."""
+    """``"synthetic"``, ``"musique"``, a ``.json`` file (CacheBlend format) or a ``.jsonl`` file
+    (LongBench)."""
     if str(spec) == "synthetic":
         return load_synthetic(limit, offset)
+    if str(spec) == "musique":
+        return load_musique(limit, offset)
     path = Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset {spec!r} is neither 'synthetic' nor a file")
+        raise FileNotFoundError(f"dataset {spec!r} is neither 'synthetic', 'musique' nor a file")
     if path.suffix == ".jsonl":
         return load_longbench_jsonl(path, limit, offset)
     if path.suffix == ".json":
@@ -205,8 +264,8 @@ def load_dataset(spec: str | Path, limit: int | None = None, offset: int = 0) ->
 
 
 def dataset_name(spec: str | Path) -> str:
-    """A short name for reports: ``synthetic`` or the file's stem."""
-    return "synthetic" if str(spec) == "synthetic" else Path(spec).stem
+    """A short name for reports: ``synthetic``, ``musique`` or the file's stem."""
+    return str(spec) if str(spec) in ("synthetic", "musique") else Path(spec).stem
 
 
 def kinds(items: Sequence[EvalItem]) -> list[str]:

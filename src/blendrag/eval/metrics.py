@@ -5,6 +5,8 @@
 - ``qa_f1_score``: LongBench's ``qa_f1_score``: token-level F1 of the normalized prediction
   against each gold answer, the best over the golds.
 - ``exact_match``: normalized equality with any gold answer.
+- ``contains_answer``: a normalized gold answer occurs as whole words in the normalized
+  prediction (instruct models answer in sentences).
 - ``rouge_l_score``: ROUGE-L F1 (longest common subsequence of normalized tokens), for summaries.
 - ``first_token_agrees`` / ``first_token_kl``: how a mode's first-token distribution compares
   with the full prefill's (argmax equality; KL(full || mode) of the softmax distributions).
@@ -61,6 +63,13 @@ def exact_match(prediction: str, answers: str | Sequence[str]) -> float:
     return float(any(pred == normalize_answer(gold) for gold in _golds(answers)))
 
 
+def contains_answer(prediction: str, answers: str | Sequence[str]) -> float:
+    """1.0 when a normalized gold answer occurs, as whole words, in the normalized prediction
+    (an instruct model answers in a sentence: "Emil Ferreira was born in 1957.")."""
+    pred = f" {normalize_answer(prediction)} "
+    return float(any(f" {normalize_answer(gold)} " in pred for gold in _golds(answers) if normalize_answer(gold)))
+
+
 def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
     """Length of the longest common subsequence (O(len(a) * len(b)) time, O(len(b)) memory)."""
     row = [0] * (len(b) + 1)
@@ -85,6 +94,7 @@ def rouge_l_score(prediction: str, answers: str | Sequence[str]) -> float:
 METRICS: dict[str, Callable[[str, str | Sequence[str]], float]] = {
     "qa_f1": qa_f1_score,
     "rouge_l": rouge_l_score,
+    "contains": contains_answer,
 }
 """Quality metrics by name, as datasets name them (``EvalItem.metric``)."""
 

@@ -10,6 +10,7 @@ TTFT and the speedup over full prefill (median full TTFT / median TTFT).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import statistics
@@ -20,8 +21,9 @@ import torch
 
 from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
+from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.engine.generation import GenerationStream
-from blendrag.eval.datasets import EvalItem, kinds
+from blendrag.eval.datasets import EvalItem, fit_tokens, kinds
 from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
 from blendrag.prompt import PromptLayout
 
@@ -31,7 +33,7 @@ DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 1.0)
 FULL = BlendConfig(mode="full")
 INGEST_ORDERS = ("prompt", "shuffled")
 RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl", "ttft_s",
-               "speedup_vs_full")
+               "speedup_vs_full", "recompute_fraction", "n")
 """Keys of one JSON record (``ConfigSummary.record``)."""
 
 
@@ -39,9 +41,11 @@ RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_tok
 class QualityConfig:
     """What to evaluate: the model, the modes / selectors / ratios, and decoding limits.
 
-    ``model``: hub id or local path; None = the packaged demo model. ``chat``: wrap prompts in
-    the tokenizer's chat template (None: off for the demo model, which was trained on plain
-    prompts; the tokenizer's template when it has one otherwise). Full prefill is always run:
+    ``model``: a short name, folder, GGUF file or hub id (``BlendEngine.from_pretrained``);
+    ``"demo"`` is the packaged tiny model. ``chat``: wrap prompts in the tokenizer's chat
+    template (None: off for the demo model, which was trained on plain prompts; the
+    tokenizer's template when it has one otherwise). ``max_chunk_tokens``: each chunk is cut
+    (after a word) to this many tokens, as the CacheBlend paper cuts passages to 512. Full prefill is always run:
     it is the reference of the first-token comparison and of the speedups. Blend runs every
     selector at every ratio. ``warmup``: run each config's prefill once, untimed, first.
     ``ingest_order`` and ``profile_neighbours``: chunks are precomputed in prompt order or a
@@ -49,7 +53,8 @@ class QualityConfig:
     predecessors in that order (``BlendEngine.precompute(..., profile=k)``).
     """
 
-    model: str | None = None
+    model: str = DEFAULT_MODEL
+    gguf_file: str | None = None
     device: str = "cpu"
     dtype: str = "float32"
     chat: bool | None = None
@@ -62,8 +67,11 @@ class QualityConfig:
     ingest_order: str = "prompt"
     seed: int = 0
     profile_neighbours: int = 1
+    max_chunk_tokens: int | None = 512
 
     def __post_init__(self) -> None:
+        if self.max_chunk_tokens is not None and self.max_chunk_tokens < 1:
+            raise ValueError(f"max_chunk_tokens must be >= 1 or None, got {self.max_chunk_tokens}")
         if self.profile_neighbours < 1:
             raise ValueError(f"profile_neighbours must be >= 1, got {self.profile_neighbours}")
         if self.ingest_order not in INGEST_ORDERS:
@@ -91,7 +99,7 @@ class QualityConfig:
 
     @property
     def model_name(self) -> str:
-        return self.model or "demo"
+        return self.model
 
 
 @dataclass(frozen=True)
@@ -155,14 +163,20 @@ class QualityReport:
 
 
 def load_engine(config: QualityConfig) -> BlendEngine:
-    """The model to evaluate: ``config.model``, or the packaged demo model (FileNotFoundError
-    when it is not there)."""
-    if config.model is not None:
-        return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device, chat=config.chat)
-    from blendrag.demo import check_demo_model
+    """The model to evaluate (the demo model was trained on plain prompts: no chat template
+    unless asked for)."""
+    chat = False if config.chat is None and config.model == "demo" else config.chat
+    return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device, chat=chat,
+                                       gguf_file=config.gguf_file)
 
-    chat = False if config.chat is None else config.chat
-    return BlendEngine.from_pretrained(check_demo_model(), dtype=config.dtype, device=config.device, chat=chat)
+
+def fit_item(engine: BlendEngine, item: EvalItem, max_chunk_tokens: int | None) -> EvalItem:
+    """``item`` with each chunk cut to ``max_chunk_tokens`` tokens of the engine's tokenizer."""
+    if max_chunk_tokens is None:
+        return item
+    count = lambda text: len(engine.prompts.encode(text))  # noqa: E731
+    chunks = tuple(fit_tokens(c, max_chunk_tokens, count) for c in item.chunks)
+    return item if chunks == item.chunks else dataclasses.replace(item, chunks=chunks)
 
 
 def _answer(stream: GenerationStream, first_line: bool) -> str:
@@ -234,6 +248,7 @@ def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig
     ``load_engine(config)``. Items longer than the model's context are skipped (logged);
     ``on_item(done, total)`` is called after each item."""
     engine = engine if engine is not None else load_engine(config)
+    items = [fit_item(engine, item, config.max_chunk_tokens) for item in items]
     usable = [item for item in items if _fits(engine, item, config)]
     if not usable:
         raise ValueError(f"no item of {dataset!r} fits the model's context ({len(items)} given)")
