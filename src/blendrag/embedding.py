@@ -13,7 +13,10 @@ def load_local_sentence_transformer(model_dir: str | Path, device: str | None = 
     would be fetched from the network) raises FileNotFoundError."""
     from sentence_transformers import SentenceTransformer
 
+    from blendrag.model.loader import quiet_loading
+
     path = Path(model_dir)
     if not path.is_dir():
         raise FileNotFoundError(f"no sentence-transformers model directory at {path}")
-    return SentenceTransformer(str(path), device=device, local_files_only=True)
+    with quiet_loading():
+        return SentenceTransformer(str(path), device=device, local_files_only=True)

@@ -121,7 +121,7 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype 
     if source.gguf_file:
         _require_gguf()
     try:
-        with _quiet_loading():
+        with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
             model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra, **kwargs)
     except OSError as e:
@@ -144,7 +144,7 @@ def _require_gguf() -> None:
 
 
 @contextlib.contextmanager
-def _quiet_loading() -> Iterator[None]:
+def quiet_loading() -> Iterator[None]:
     """No per-tensor "Loading weights" bars (they drown every command's output)."""
     from transformers.utils import logging as hf_logging
 
