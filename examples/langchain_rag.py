@@ -8,8 +8,9 @@ go through two retrieval chains over the same BlendLLM:
 - LangChain's own ``create_retrieval_chain`` + ``create_stuff_documents_chain``: the LLM only
   sees the flat prompt and finds the cached passages in it by their text;
 
-and, for comparison, a full-prefill LLM. Uses the embedded demo model (``blendrag.demo``) when it
-is installed, else a random tiny model (the pipeline runs, the answers are noise).
+and, for comparison, a full-prefill LLM. Uses the embedded demo model (``blendrag_demo``) when its
+weights are there, else a random tiny model with the demo tokenizer (the pipeline runs, the answers
+are noise).
 
     python examples/langchain_rag.py [--model DIR] [--questions 5] [--ratio 0.15]
 """
@@ -33,7 +34,7 @@ from langchain_core.documents import Document  # noqa: E402
 from langchain_core.prompts import PromptTemplate  # noqa: E402
 
 from blendrag import BlendEngine  # noqa: E402
-from blendrag.demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, exact_match, generate_examples  # noqa: E402
+from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, exact_match, generate_examples  # noqa: E402
 from blendrag.langchain import (  # noqa: E402
     BlendChroma,
     BlendLLM,
@@ -41,7 +42,7 @@ from blendrag.langchain import (  # noqa: E402
     create_blend_retrieval_chain,
 )
 
-# The demo model reads "PREFIX" + each passage + "\n" + "Question: ...\nAnswer:" (blendrag.demo).
+# The demo model reads "PREFIX" + each passage + "\n" + "Question: ...\nAnswer:" (blendrag_demo).
 DOCUMENT_PROMPT = "{page_content}\n"
 TEMPLATE = PREFIX + "{context}" + SUFFIX_TEMPLATE.replace("{question}", "{input}")
 
@@ -50,7 +51,7 @@ def model_dir(explicit: str | None, scratch: Path) -> Path:
     """The demo model, else a random tiny Llama with the demo tokenizer."""
     if explicit:
         return Path(explicit)
-    from blendrag.demo import check_demo_model
+    from blendrag_demo import check_demo_model
 
     try:
         return check_demo_model()
@@ -61,11 +62,12 @@ def model_dir(explicit: str | None, scratch: Path) -> Path:
 
 def random_model(path: Path) -> Path:
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from blendrag.demo.tokenizer import save_tokenizer
+    from blendrag_demo import demo_model_path
 
-    tok = save_tokenizer(path)
+    tok = AutoTokenizer.from_pretrained(str(demo_model_path()))  # the demo's word-level tokenizer
+    tok.save_pretrained(str(path))
     config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)

@@ -33,8 +33,8 @@ from llama_index.core.vector_stores import ExactMatchFilter, MetadataFilters
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from blendrag import BlendConfig, GenerationConfig
-from blendrag.demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, check_demo_model, exact_match, generate_examples
-from blendrag.demo.corpus import CHUNK_TEMPLATE
+from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, check_demo_model, exact_match, generate_examples
+from blendrag_demo.corpus import CHUNK_TEMPLATE
 from blendrag.llamaindex import BlendKVTransform, BlendLLM, SentenceTransformerEmbedding, blend_query_engine
 
 QA_TEMPLATE = PromptTemplate(PREFIX + "{context_str}" + SUFFIX_TEMPLATE.replace("{question}", "{query_str}"))

@@ -19,7 +19,7 @@ import random
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
-from blendrag.demo import HELDOUT_SEED, PREFIX, demo_model_path, exact_match, format_chunk, format_suffix, generate_examples
+from blendrag_demo import HELDOUT_SEED, PREFIX, demo_model_path, exact_match, format_chunk, format_suffix, generate_examples
 from blendrag.kv.store import MemoryKVStore
 from blendrag.prompt import PromptLayout
 

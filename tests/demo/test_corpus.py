@@ -7,23 +7,23 @@ from collections import Counter
 
 import pytest
 
-from blendrag.demo.corpus import (
+from blendrag_demo.corpus import (
     CROSS_CHUNK_KINDS,
     KINDS,
     PREFIX,
     QAExample,
-    answer_from_facts,
     encode_pieces,
     encode_prompt,
     exact_match,
     format_chunk,
     format_suffix,
     generate_examples,
-    generate_question_groups,
     normalize_answer,
     prompt_pieces,
 )
-from blendrag.demo.tokenizer import build_tokenizer
+from demo_facts import answer_from_facts
+from demo_tokenizer import build_tokenizer
+from training_data import generate_question_groups
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +167,7 @@ def test_piecewise_encoding_has_no_unknown_words(tok, examples: list[QAExample])
 
 
 def test_check_demo_model_reports_missing(tmp_path) -> None:
-    from blendrag.demo import check_demo_model
+    from blendrag_demo import check_demo_model
 
     with pytest.raises(FileNotFoundError):
         check_demo_model(tmp_path)

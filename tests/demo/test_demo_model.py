@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from blendrag.demo import (
+from blendrag_demo import (
     HELDOUT_SEED,
     check_demo_model,
     demo_model_path,
@@ -68,7 +68,7 @@ def test_profile_blend_recovers_the_pronoun_questions_reuse_loses() -> None:
     """The claim of docs/benchmarks.md on 20 held-out pronoun questions: full reuse loses most,
     blend with ingestion-time profiles at 15 % answers them as full prefill does."""
     from blendrag import BlendConfig, BlendEngine, GenerationConfig
-    from blendrag.demo import PREFIX, format_chunk, format_suffix
+    from blendrag_demo import PREFIX, format_chunk, format_suffix
 
     engine = BlendEngine.from_pretrained(check_demo_model(), chat=False)
     examples = [x for x in generate_examples(200, HELDOUT_SEED) if x.kind == "pronoun"][:20]

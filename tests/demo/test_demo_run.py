@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from blendrag.cli import main
-from blendrag.demo.corpora import real_corpus
-from blendrag.demo.run import DemoConfig, run
+from blendrag_demo.corpora import real_corpus
+from blendrag_demo.run import DemoConfig, run
 
 
 def test_real_corpus_is_well_formed() -> None:

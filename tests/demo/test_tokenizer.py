@@ -6,7 +6,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from blendrag.demo.tokenizer import CHAT_TEMPLATE, build_tokenizer, save_tokenizer
+from demo_tokenizer import CHAT_TEMPLATE, build_tokenizer, save_tokenizer
 
 
 def test_entities_are_single_tokens() -> None:

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from blendrag.demo.corpus import generate_question_groups, read_facts
-from blendrag.demo.tokenizer import build_tokenizer
+from demo_facts import read_facts
+from demo_tokenizer import build_tokenizer
+from training_data import generate_question_groups
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train_demo_model.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "training" / "train_demo_model.py"
 
 
 @pytest.fixture(scope="module")

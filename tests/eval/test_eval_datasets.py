@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from blendrag.demo.corpus import KINDS, PREFIX, format_chunk, format_suffix
-from blendrag.eval.datasets import (
+from blendrag_demo.corpus import KINDS, PREFIX, format_chunk, format_suffix
+from blendrag_bench.datasets import (
     CACHEBLEND_PREFIX,
     LONGBENCH_PREFIX,
     EvalItem,
@@ -19,7 +19,7 @@ from blendrag.eval.datasets import (
     load_synthetic,
     split_context,
 )
-from blendrag.eval.datasets import MUSIQUE_PATH, fit_tokens, load_musique  # noqa: E402
+from blendrag_bench.datasets import MUSIQUE_PATH, fit_tokens, load_musique  # noqa: E402
 
 MUSIQUE = MUSIQUE_PATH
 AUTHORS_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat the question. "

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from blendrag.config import BlendConfig
-from blendrag.eval.datasets import EvalItem, load_synthetic
-from blendrag.eval.quality import RECORD_KEYS, ExampleResult, QualityConfig, run_quality, summarize
-from blendrag.eval.report import records, write_report
+from blendrag_bench.datasets import EvalItem, load_synthetic
+from blendrag_bench.quality import RECORD_KEYS, ExampleResult, QualityConfig, run_quality, summarize
+from blendrag_bench.report import records, write_report
 
 FULL, BLEND1 = BlendConfig(mode="full"), BlendConfig(mode="blend", selector="cacheblend", ratio=1.0)
 CONFIG = QualityConfig(modes=("full", "blend"), selectors=("cacheblend",), ratios=(0.2, 1.0), max_new_tokens=3,
@@ -134,7 +134,7 @@ def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
     from blendrag.engine.profile import key_deviation
     import torch
 
-    from blendrag.eval.report import format_markdown
+    from blendrag_bench.report import format_markdown
 
     engine = engine_for("llama")
     item = load_synthetic(1, num_chunks=(4, 4))[0]

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from blendrag.cli import main
-from blendrag.eval.quality import ConfigSummary, QualityReport
-from blendrag.eval.report import format_markdown, write_report
+from blendrag_bench.quality import ConfigSummary, QualityReport
+from blendrag_bench.report import format_markdown, write_report
 
 
 def _summary(mode, selector, ratio, quality, ttft) -> ConfigSummary:

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from redisproc import REDIS_SERVER, RedisServer  # noqa: E402
+from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis  # noqa: E402
 
 from blendrag.store import StoreConfig, TieredKVStore  # noqa: E402
 
@@ -37,10 +37,10 @@ def make_store(tmp_path):
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
     """One server per test module; tests keep apart by using their own key prefix."""
-    if REDIS_SERVER is None:
+    if REDIS_BINARY is None:
         pytest.skip("redis-server binary not found (apt-get install redis-server) - Redis tier untested")
     pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server = LocalRedis(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 

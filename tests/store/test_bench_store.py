@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from blendrag.bench.raw_io import drop_page_cache, resident_fraction
-from blendrag.bench.redis_server import REDIS_BINARY
+from blendrag_bench.raw_io import drop_page_cache, resident_fraction
+from blendrag_bench.redis_server import REDIS_BINARY
 from blendrag.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,7 +9,7 @@ import pytest
 from kvgen import make_kv
 
 from blendrag.store import StoreConfig, TieredKVStore
-from blendrag.store import cli as store_cli
+from blendrag.cli import cache as store_cli
 
 
 def _run(argv: list[str]) -> int:

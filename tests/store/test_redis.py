@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from redisproc import REDIS_SERVER, RedisServer, free_port
+from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis, free_port
 from kvgen import make_kv, same_bits
 
 from blendrag.store import encode
@@ -76,10 +76,10 @@ def test_ttl_is_applied(redis_store, redis_server, redis_prefix):
     assert 0 < redis_server.client().ttl(redis_prefix + "k") <= 600
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server binary not found (apt-get install redis-server)")
+@pytest.mark.skipif(REDIS_BINARY is None, reason="redis-server binary not found (apt-get install redis-server)")
 def test_redis_going_down_degrades_with_a_warning(make_store, tmp_path, caplog):
     pytest.importorskip("redis")
-    server = RedisServer(tmp_path)
+    server = LocalRedis(tmp_path)
     try:
         store = make_store(disk_dir=None, redis_url=server.url, redis_timeout_s=1.0)
         store.put("k0", make_kv(0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -19,15 +20,20 @@ DTYPES = {
 }
 
 
+MODEL_GROUP = "blendrag.models"
+"""Entry-point group of short model names that live in a folder of an installed package (not
+converted): ``name = "module:function"``, the function returning the folder. ``blendrag_demo``
+provides ``demo``; the core never imports it."""
 
-def _demo_model() -> Path:
-    from blendrag.demo import check_demo_model
 
-    return check_demo_model()
+def local_models() -> dict[str, Callable[[], Path]]:
+    """Short names of packaged model folders, read from the ``blendrag.models`` entry points
+    (each loaded only when its name is asked for)."""
+    return {ep.name: _lazy(ep) for ep in entry_points(group=MODEL_GROUP)}
 
 
-# Short names of models that live in a folder of an installed package (not converted).
-LOCAL_MODELS: dict[str, Callable[[], Path]] = {"demo": _demo_model}
+def _lazy(ep: EntryPoint) -> Callable[[], Path]:
+    return lambda: Path(ep.load()())
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -64,7 +70,7 @@ class ModelSource:
 
 
 def known_names() -> list[str]:
-    return sorted([*CATALOG, *LOCAL_MODELS])
+    return sorted([*CATALOG, *local_models()])
 
 
 def resolve_model(name_or_path: str | Path, gguf_file: str | None = None,
@@ -80,8 +86,9 @@ def resolve_model(name_or_path: str | Path, gguf_file: str | None = None,
     text = str(name_or_path)
     if gguf_file is None and text in CATALOG:
         return ModelSource(str(converted_model(text, cache_dir)))
-    if gguf_file is None and text in LOCAL_MODELS:
-        return ModelSource(str(LOCAL_MODELS[text]()))
+    local = local_models() if gguf_file is None else {}
+    if text in local:
+        return ModelSource(str(local[text]()))
     path = Path(text).expanduser()
     if gguf_file is None and path.suffix == ".gguf":
         if not path.is_file():

@@ -58,7 +58,7 @@ def real_corpus(path: Path = REAL_CORPUS) -> DemoCorpus:
 
 def synthetic_corpus(questions: int, seed: int | None = None) -> DemoCorpus:
     """Held-out questions of the tiny model's synthetic corpus, each with its own passages."""
-    from blendrag.demo.corpus import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, generate_examples
+    from blendrag_demo.corpus import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, generate_examples
 
     examples = generate_examples(questions, HELDOUT_SEED if seed is None else seed)
     passages = tuple(Passage(f"{g}-{i}", text, g) for g, ex in enumerate(examples) for i, text in enumerate(ex.chunks))

@@ -28,9 +28,9 @@ from typing import Callable, Iterator
 
 import torch
 
-from blendrag.bench.raw_io import copy_bytes, drop_page_cache, file_read_seconds, memcpy_seconds, redis_get_seconds
-from blendrag.bench.redis_server import LocalRedis, RedisUnavailable
-from blendrag.bench.ttft import TTFTWorkload, build_engine, random_layout
+from blendrag_bench.raw_io import copy_bytes, drop_page_cache, file_read_seconds, memcpy_seconds, redis_get_seconds
+from blendrag_bench.redis_server import LocalRedis, RedisUnavailable
+from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.store import DiskTier, StoreConfig, TieredKVStore
@@ -234,13 +234,15 @@ def _redis(cfg: StoreBenchConfig, kv, key: str) -> tuple[tuple[float | None, flo
     except RedisUnavailable as exc:
         return (None, None), str(exc)
     with server, TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=None, redis_url=server.url)) as store:
+        client = server.client()
         store.put(key, kv)
         name = store.config.redis_prefix + key
-        size = len(server.client.get(name))
+        size = len(client.get(name))
         loads, raws = [], []
         for _ in range(cfg.repeats):
             loads.append(_timed_get(store, key))
-            raws.append(redis_get_seconds(server.client, name))
+            raws.append(redis_get_seconds(client, name))
+        client.close()
         return (_gbps(size, loads), _gbps(size, raws)), f"local redis-server at {server.url}"
 
 
@@ -277,21 +279,17 @@ def _batching_line(r: dict) -> list[str]:
             f"({two / r['hf_forward_tokens_per_s']:.2f}x one at a time)"]
 
 
-def check_targets(r: dict) -> list[str]:
-    """The issue's targets, each with the measured figure and PASS/MISS."""
-    out = []
-    ratio = r["precompute_tokens_per_s"] / r["hf_forward_tokens_per_s"]
-    out.append(f"precompute vs HF forward: {ratio:.2f}x (target >= 0.9x): {'PASS' if ratio >= 0.9 else 'MISS'}")
-    overhead = r["bytes_per_token"] / r["bytes_per_token_formula"] - 1
-    out.append(f"bytes/token over the formula: {overhead:+.3%} (target: metadata only, < 1%): "
-               f"{'PASS' if 0 <= overhead < 0.01 else 'MISS'}")
+def ratios(r: dict) -> list[str]:
+    """The headline ratios of a run, one line each (figures only; the project's targets for
+    them are in docs/benchmarks.md)."""
+    out = [f"precompute vs HF forward: {r['precompute_tokens_per_s'] / r['hf_forward_tokens_per_s']:.2f}x",
+           f"bytes/token over the formula: {r['bytes_per_token'] / r['bytes_per_token_formula'] - 1:+.3%}"]
     for t in TIERS:
         load, raw = r["load_gbps"][t], r["raw_read_gbps"][t]
         if load is None:
             out.append(f"{t} load: not measured ({r['redis_note']})")
         else:
-            verdict = "PASS" if load >= 0.7 * raw else "MISS"
-            out.append(f"{t} load vs raw read: {load / raw:.2f}x (target >= 0.7x): {verdict}")
+            out.append(f"{t} load vs raw read: {load / raw:.2f}x")
     return out
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from blendrag.config import BlendConfig, GenerationConfig
-from blendrag.demo.corpora import DemoCorpus, Question, real_corpus, synthetic_corpus
+from blendrag_demo.corpora import DemoCorpus, Question, real_corpus, synthetic_corpus
 from blendrag.engine import BlendEngine
 from blendrag.eval.metrics import contains_answer
 from blendrag.model.catalog import DEFAULT_MODEL

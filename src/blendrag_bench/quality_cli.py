@@ -1,6 +1,6 @@
 """`blendrag bench quality`: answer quality vs TTFT of every mode and selector on a dataset.
 
-``blendrag.bench.cli`` adds it to the ``bench`` group.
+``blendrag_bench.cli`` adds it to the ``bench`` group.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from blendrag.cli_options import add_model_options
+from blendrag.cli.options import add_model_options
 from blendrag.config import MODES, SELECTORS
 
 _CHAT = {"auto": None, "on": True, "off": False}
@@ -68,9 +68,9 @@ def register(bench: argparse._SubParsersAction) -> None:
 def _quality(args: argparse.Namespace) -> int:
     import json
 
-    from blendrag.eval.datasets import dataset_name, load_dataset
-    from blendrag.eval.quality import QualityConfig, load_engine, run_quality
-    from blendrag.eval.report import format_markdown, records, write_report
+    from blendrag_bench.datasets import dataset_name, load_dataset
+    from blendrag_bench.quality import QualityConfig, load_engine, run_quality
+    from blendrag_bench.report import format_markdown, records, write_report
 
     try:
         config = QualityConfig(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",

@@ -12,7 +12,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from blendrag.demo.corpus import vocabulary_texts
+from training_data import vocabulary_texts
 
 BOS, EOS, PAD, UNK = "<s>", "</s>", "<pad>", "<unk>"
 ROLE_TOKENS: tuple[str, ...] = ("<|system|>", "<|user|>", "<|assistant|>")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from blendrag.cli_options import add_model_options
+from blendrag.cli.options import add_model_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from blendrag.bench import quality_cli
+    from blendrag_bench import quality_cli
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     quality_cli.register(bench)
@@ -48,7 +48,7 @@ def _register_store(bench: argparse._SubParsersAction) -> None:
 def _ttft(args: argparse.Namespace) -> int:
     import torch
 
-    from blendrag.bench.ttft import TTFTWorkload, check_targets, format_table, run, write_json
+    from blendrag_bench.ttft import TTFTWorkload, ratios, format_table, run, write_json
 
     w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
                      layers=args.layers,
@@ -58,7 +58,7 @@ def _ttft(args: argparse.Namespace) -> int:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     records = run(w)
     print(format_table(records, w))
-    print("\n".join(check_targets(records)))
+    print("\n".join(ratios(records)))
     if args.json:
         write_json(records, args.json)
         print(f"wrote {args.json}")
@@ -68,8 +68,8 @@ def _ttft(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> int:
     import torch
 
-    from blendrag.bench.store import StoreBenchConfig, check_targets, format_report, run, write_json
-    from blendrag.bench.ttft import TTFTWorkload
+    from blendrag_bench.store import StoreBenchConfig, ratios, format_report, run, write_json
+    from blendrag_bench.ttft import TTFTWorkload
 
     w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
                      layers=args.layers,
@@ -78,7 +78,7 @@ def _store(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     report = run(StoreBenchConfig(workload=w, repeats=args.repeats, directory=args.dir, redis=not args.no_redis))
     print(format_report(report))
-    print("\n".join(check_targets(report)))
+    print("\n".join(ratios(report)))
     if args.json:
         write_json(report, args.json)
         print(f"wrote {args.json}")

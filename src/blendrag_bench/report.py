@@ -6,7 +6,7 @@ import csv
 import json
 from pathlib import Path
 
-from blendrag.eval.quality import ConfigSummary, QualityReport
+from blendrag_bench.quality import ConfigSummary, QualityReport
 
 TABLE_MD, TABLE_CSV, PLOT_PNG = "table.md", "table.csv", "quality_vs_ttft.png"
 CSV_COLUMNS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl", "ttft_s",
@@ -50,7 +50,7 @@ def format_markdown(report: QualityReport) -> str:
 
 
 def records(report: QualityReport) -> list[dict]:
-    """One JSON record per config with exactly the keys of ``blendrag.eval.quality.RECORD_KEYS``."""
+    """One JSON record per config with exactly the keys of ``blendrag_bench.quality.RECORD_KEYS``."""
     return [s.record() for s in report.summaries]
 
 

@@ -1,18 +1,23 @@
-"""The embedded demo: a tiny Llama trained on a synthetic multi-document QA corpus.
+"""blendrag's demo: ``blendrag demo`` (``run.py``), its corpora, and the embedded tiny model.
 
+The tiny model is a Llama trained on a synthetic multi-document QA corpus (``corpus.py``).
 ``demo_model_path()`` is the packaged model directory (safetensors weights, config,
 word-level tokenizer with a chat template); it loads offline with
 ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``. Prompts are
 ``PREFIX`` + ``format_chunk(passage)`` for each passage + ``format_suffix(question)``,
 tokenized piece by piece (``encode_pieces`` / ``encode_prompt``); the model answers with a
-few words and EOS. See ``blendrag.demo.corpus`` and ``model/TRAINING.md``.
+few words and EOS. See ``blendrag_demo.corpus`` and ``model/TRAINING.md``.
+
+This package depends on the core (``blendrag``), never the reverse: it adds the ``demo``
+command and the model name ``demo`` through the entry-point groups ``blendrag.commands`` and
+``blendrag.models`` (see ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from blendrag.demo.corpus import (
+from blendrag_demo.corpus import (
     CROSS_CHUNK_KINDS,
     HELDOUT_SEED,
     KINDS,
@@ -64,7 +69,7 @@ def check_demo_model(path: Path | None = None) -> Path:
 
     Raises ``FileNotFoundError`` naming the missing files (e.g. when the package was
     installed without its data, or the model was not trained yet: run
-    ``scripts/train_demo_model.py``).
+    ``scripts/training/train_demo_model.py``).
     """
     directory = demo_model_path() if path is None else Path(path)
     missing = [name for name in _REQUIRED_FILES if not (directory / name).is_file()]

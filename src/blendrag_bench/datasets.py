@@ -2,7 +2,7 @@
 
 Three sources, each with ``limit`` / ``offset``:
 
-- ``load_synthetic``: the demo corpus's held-out questions (``blendrag.demo.corpus``), in the
+- ``load_synthetic``: the demo corpus's held-out questions (``blendrag_demo.corpus``), in the
   demo model's own prompt format.
 - ``load_cacheblend_json``: a JSON list in the CacheBlend authors' format (``question``,
   ``answers``, ``ctxs[{title, text}]``) with their prompt.
@@ -72,7 +72,7 @@ SYNTHETIC_DEFAULT_LIMIT = 100
 def load_synthetic(limit: int | None = None, offset: int = 0, seed: int | None = None,
                    num_chunks: int | tuple[int, int] = (4, 6)) -> list[EvalItem]:
     """Held-out demo-corpus questions ``offset .. offset + limit`` (default seed ``HELDOUT_SEED``)."""
-    from blendrag.demo.corpus import HELDOUT_SEED, PREFIX, format_chunk, format_suffix, generate_examples
+    from blendrag_demo.corpus import HELDOUT_SEED, PREFIX, format_chunk, format_suffix, generate_examples
 
     window = _window(SYNTHETIC_DEFAULT_LIMIT if limit is None else limit, offset)
     examples = generate_examples(window.stop, HELDOUT_SEED if seed is None else seed, num_chunks=num_chunks)

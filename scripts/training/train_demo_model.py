@@ -31,7 +31,7 @@ layers (``--grow``), given a bridge-fact attention loss for two-passage question
 (``--evidence-weight``, ``evidence_positions``) and a monotone year direction in its
 embeddings (``--year-axis``); the shipped model's TRAINING.md records what these gave.
 
-Usage: ``python scripts/train_demo_model.py [--steps N] [--out DIR]``; single-threaded unless ``--threads``.
+Usage: ``python scripts/training/train_demo_model.py [--steps N] [--out DIR]``; single-threaded unless ``--threads``.
 """
 
 from __future__ import annotations
@@ -49,23 +49,23 @@ from typing import Any, Sequence
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from blendrag.demo.corpus import (
+from demo_facts import read_facts
+from demo_tokenizer import build_tokenizer
+from training_data import TRAIN_SEED_BASE, generate_question_groups
+
+from blendrag_demo.corpus import (
     HELDOUT_SEED,
     KINDS,
-    TRAIN_SEED_BASE,
     QAExample,
     encode_pieces,
     encode_prompt,
     exact_match,
     format_suffix,
     generate_examples,
-    generate_question_groups,
     prompt_pieces,
-    read_facts,
 )
-from blendrag.demo.tokenizer import build_tokenizer
 
-DEFAULT_OUT = Path(__file__).resolve().parents[1] / "src" / "blendrag" / "demo" / "model"
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "src" / "blendrag_demo" / "model"
 IGNORE = -100
 
 
@@ -527,9 +527,9 @@ def report(summary: dict[str, Any]) -> str:
     lines = [
         "# Demo model: training report",
         "",
-        "Produced by `scripts/train_demo_model.py` (fixed seeds; rerun gives the same model on",
+        "Produced by `scripts/training/train_demo_model.py` (fixed seeds; rerun gives the same model on",
         "the same torch build). Tiny `LlamaForCausalLM` trained from scratch on",
-        "`blendrag.demo.corpus` (word-level tokenizer from `blendrag.demo.tokenizer`).",
+        "`blendrag_demo.corpus` (word-level tokenizer from `scripts/training/demo_tokenizer.py`).",
         "",
         f"- parameters: {summary['params']:,}",
         f"- architecture: {arch['num_hidden_layers']} layers, hidden {arch['hidden_size']}, MLP {arch['intermediate_size']},"

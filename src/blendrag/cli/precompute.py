@@ -8,7 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from blendrag.cli_options import add_model_options, model_kwargs
+from blendrag.cli.options import add_model_options, model_kwargs
 from blendrag.store.config import DEFAULT_DISK_DIR
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}

@@ -18,9 +18,10 @@ Question kinds (``KINDS``):
 Coreference rule of the corpus: a passage that starts with a pronoun continues the person
 named in the passage right before it. Passages are ordered so that the rule always holds.
 
-Word pools live in ``vocab.py``, the prompt format in ``prompt_format.py`` and an independent
-reader of the passages (``read_facts``, ``answer_from_facts``) in ``facts.py``; this module
-re-exports their public names.
+Word pools live in ``vocab.py`` and the prompt format in ``prompt_format.py``; this module
+re-exports the prompt format's public names. What only the training script needs (question
+groups, the tokenizer's vocabulary, an independent reader of the passages) lives beside it in
+``scripts/training/``.
 
 The prompt is ``PREFIX + chunk_1 + ... + chunk_n + suffix`` where each chunk is
 ``format_chunk(passage)`` and the suffix is ``format_suffix(question)``; the engine and the
@@ -29,12 +30,12 @@ training script tokenize the pieces separately and concatenate the ids (see
 """
 
 from __future__ import annotations
+
 import random
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Sequence
 
-from blendrag.demo.facts import answer_from_facts, read_facts  # noqa: F401  (re-exported)
-from blendrag.demo.prompt_format import (  # noqa: F401  (re-exported: the corpus's public names)
+from blendrag_demo.prompt_format import (  # noqa: F401  (re-exported: the corpus's public names)
     CHUNK_TEMPLATE,
     PREFIX,
     SUFFIX_TEMPLATE,
@@ -45,7 +46,7 @@ from blendrag.demo.prompt_format import (  # noqa: F401  (re-exported: the corpu
     format_suffix,
     prompt_pieces,
 )
-from blendrag.demo.vocab import (
+from blendrag_demo.vocab import (
     CITIES,
     COMPANIES,
     COMPANY_TYPES,
@@ -75,8 +76,6 @@ DEFAULT_KIND_WEIGHTS: dict[str, float] = {"single": 0.3, "pronoun": 0.3, "compar
 HELDOUT_SEED = 9_000_001
 """Seed of the held-out evaluation set; training draws its data from other seeds."""
 
-TRAIN_SEED_BASE = 1_000
-"""Training batch ``i`` is drawn with seed ``TRAIN_SEED_BASE + i`` (far below ``HELDOUT_SEED``)."""
 
 
 # --------------------------------------------------------------------------- entities
@@ -245,7 +244,9 @@ class _Unit:
 
 
 @dataclass
-class _Scene:
+class Scene:
+    """One example's passages and the entities they describe (with their passage indices)."""
+
     chunks: list[str]
     persons: list[tuple[_Person, int]]  # person, index of the intro passage
     companies: dict[str, tuple[_Company, int]]  # name -> company, passage index
@@ -298,7 +299,7 @@ def _render(entity: _Person | _Company | None, pools: _Pools) -> _Unit:
     return _Unit((_place_passage(pools),), None)
 
 
-def _build_scene(kind: str, num_chunks: int, rng: random.Random) -> tuple[_Scene, list[_Person | _Company]]:
+def build_scene(kind: str, num_chunks: int, rng: random.Random) -> tuple[Scene, list[_Person | _Company]]:
     pools = _Pools(rng)
     targets = _required_units(kind, pools, num_chunks)
     entities: list[_Person | _Company | None] = list(targets)
@@ -309,7 +310,7 @@ def _build_scene(kind: str, num_chunks: int, rng: random.Random) -> tuple[_Scene
         entities.append(extra)
         room -= _n_texts(extra)
     rng.shuffle(entities)
-    scene = _Scene(chunks=[], persons=[], companies={})
+    scene = Scene(chunks=[], persons=[], companies={})
     for entity in entities:
         unit = _render(entity, pools)
         if isinstance(entity, _Person):
@@ -320,15 +321,15 @@ def _build_scene(kind: str, num_chunks: int, rng: random.Random) -> tuple[_Scene
     return scene, targets
 
 
-def _intro_index(scene: _Scene, person: _Person) -> int:
+def _intro_index(scene: Scene, person: _Person) -> int:
     return next(i for p, i in scene.persons if p is person)
 
 
-def _year_index(scene: _Scene, person: _Person) -> int:
+def _year_index(scene: Scene, person: _Person) -> int:
     return _intro_index(scene, person) + (1 if person.split else 0)
 
 
-def _person_questions(scene: _Scene, p: _Person) -> list[tuple[str, str, list[str], list[int]]]:
+def _person_questions(scene: Scene, p: _Person) -> list[tuple[str, str, list[str], list[int]]]:
     """All (kind, question, answers, support) about one person."""
     i = _intro_index(scene, p)
     j = _year_index(scene, p)
@@ -348,7 +349,7 @@ def _person_questions(scene: _Scene, p: _Person) -> list[tuple[str, str, list[st
     return out
 
 
-def _company_questions(scene: _Scene, c: _Company) -> list[tuple[str, str, list[str], list[int]]]:
+def _company_questions(scene: Scene, c: _Company) -> list[tuple[str, str, list[str], list[int]]]:
     k = scene.companies[c.name][1]
     return [
         ("single", f"Where is {c.name} based?", [c.city], [k]),
@@ -356,7 +357,7 @@ def _company_questions(scene: _Scene, c: _Company) -> list[tuple[str, str, list[
     ]
 
 
-def _comparison_questions(scene: _Scene, a: _Person, b: _Person) -> list[tuple[str, str, list[str], list[int]]]:
+def _comparison_questions(scene: Scene, a: _Person, b: _Person) -> list[tuple[str, str, list[str], list[int]]]:
     older, younger = (a, b) if int(a.year) < int(b.year) else (b, a)
     support = sorted({_year_index(scene, a), _year_index(scene, b), _intro_index(scene, a), _intro_index(scene, b)})
     return [
@@ -365,7 +366,7 @@ def _comparison_questions(scene: _Scene, a: _Person, b: _Person) -> list[tuple[s
     ]
 
 
-def _all_questions(scene: _Scene) -> list[tuple[str, str, list[str], list[int]]]:
+def scene_questions(scene: Scene) -> list[tuple[str, str, list[str], list[int]]]:
     out: list[tuple[str, str, list[str], list[int]]] = []
     for p, _ in scene.persons:
         out += _person_questions(scene, p)
@@ -378,7 +379,7 @@ def _all_questions(scene: _Scene) -> list[tuple[str, str, list[str], list[int]]]
     return out
 
 
-def _target_questions(scene: _Scene, kind: str, targets: list[_Person | _Company]) -> list[tuple[str, str, list[str], list[int]]]:
+def _target_questions(scene: Scene, kind: str, targets: list[_Person | _Company]) -> list[tuple[str, str, list[str], list[int]]]:
     if kind == "comparison":
         a, b = targets
         return _comparison_questions(scene, a, b)  # type: ignore[arg-type]
@@ -426,82 +427,31 @@ def generate_examples(
     drawn with ``kind_weights`` (default ``DEFAULT_KIND_WEIGHTS``); kinds that need two
     passages fall back to ``single`` when an example has one passage.
     """
+    return [example for example, _ in generate_with_scenes(n, seed, num_chunks, kind_weights)]
+
+
+def generate_with_scenes(
+    n: int,
+    seed: int,
+    num_chunks: int | tuple[int, int] = (4, 6),
+    kind_weights: dict[str, float] | None = None,
+) -> list[tuple[QAExample, Scene]]:
+    """``generate_examples`` with each example's ``Scene`` (its entities and every question
+    they support, ``scene_questions``): what the training script draws more questions from."""
     if n < 0:
         raise ValueError("n must be >= 0")
     _check_num_chunks(num_chunks)
     weights = dict(DEFAULT_KIND_WEIGHTS if kind_weights is None else kind_weights)
     _check_weights(weights)
-    return [example for example, _ in _generate(n, seed, num_chunks, weights)]
-
-
-def _generate(
-    n: int, seed: int, num_chunks: int | tuple[int, int], weights: dict[str, float]
-) -> list[tuple[QAExample, _Scene]]:
     rng = random.Random(seed)
     return [_one_example(rng, num_chunks, weights) for _ in range(n)]
 
 
 def _one_example(
     rng: random.Random, num_chunks: int | tuple[int, int], weights: dict[str, float]
-) -> tuple[QAExample, _Scene]:
+) -> tuple[QAExample, Scene]:
     count = _resolve_num_chunks(num_chunks, rng)
     kind = _pick_kind(rng, weights, count)
-    scene, targets = _build_scene(kind, count, rng)
+    scene, targets = build_scene(kind, count, rng)
     q_kind, question, answers, support = rng.choice(_target_questions(scene, kind, targets))
     return QAExample(list(scene.chunks), question, answers, q_kind, support), scene
-
-
-def generate_question_groups(
-    n: int,
-    seed: int,
-    num_chunks: int | tuple[int, int] = (4, 6),
-    questions_per_group: int = 6,
-    kind_weights: dict[str, float] | None = None,
-) -> list[list[QAExample]]:
-    """``n`` groups of examples that share their passages (for training).
-
-    The first example of each group is ``generate_examples(n, seed, ...)[i]``; up to
-    ``questions_per_group - 1`` more questions about the same passages follow, drawn
-    without repetition with cross-chunk kinds preferred.
-    """
-    if n < 0:
-        raise ValueError("n must be >= 0")
-    if questions_per_group < 1:
-        raise ValueError("questions_per_group must be >= 1")
-    _check_num_chunks(num_chunks)
-    weights = dict(DEFAULT_KIND_WEIGHTS if kind_weights is None else kind_weights)
-    _check_weights(weights)
-    rng = random.Random(seed ^ 0x5EED)
-    return [_group(head, scene, rng, questions_per_group) for head, scene in _generate(n, seed, num_chunks, weights)]
-
-
-def _group(head: QAExample, scene: _Scene, rng: random.Random, size: int) -> list[QAExample]:
-    pool = [q for q in _all_questions(scene) if q[1] != head.question]
-    weights = [2.0 if q[0] in CROSS_CHUNK_KINDS else 1.0 for q in pool]
-    picked: list[tuple[str, str, list[str], list[int]]] = []
-    while pool and len(picked) < size - 1:
-        idx = rng.choices(range(len(pool)), weights=weights)[0]
-        picked.append(pool.pop(idx))
-        weights.pop(idx)
-    return [head] + [QAExample(list(head.chunks), q, a, k, s) for k, q, a, s in picked]
-
-
-def vocabulary_texts() -> Iterator[str]:
-    """Every string the generator can emit words from (for building the tokenizer)."""
-    yield PREFIX
-    yield SUFFIX_TEMPLATE
-    yield from FILLERS
-    yield from PLACE_TEMPLATES
-    for pool in (FEMALE_FIRST, MALE_FIRST, LAST_NAMES, CITIES, JOBS, COMPANIES, COMPANY_TYPES, HOBBIES):
-        yield from pool
-    yield from PERSON_YEARS
-    yield from COMPANY_YEARS
-    yield from PLACE_YEARS
-    yield from (" ".join(q for _, q, _, _ in _all_questions(s)) + " " + " ".join(s.chunks) for s in _sample_scenes())
-
-
-def _sample_scenes() -> Iterator[_Scene]:
-    rng = random.Random(12345)
-    for kind in KINDS:
-        for _ in range(40):
-            yield _build_scene(kind, 6, rng)[0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from blendrag.cli_options import add_model_options
+from blendrag.cli.options import add_model_options
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="ingest passages into Chroma, precompute their KVs, answer with full / reuse / "
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _demo(args: argparse.Namespace) -> int:
 
     from blendrag.config import BlendConfig
-    from blendrag.demo.run import DemoConfig, main_cli
+    from blendrag_demo.run import DemoConfig, main_cli
 
     blend = BlendConfig() if args.ratio is None else BlendConfig(ratio=args.ratio)
     return main_cli(DemoConfig(model=args.model, gguf_file=args.gguf_file, workdir=args.workdir,

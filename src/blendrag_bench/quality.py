@@ -23,7 +23,7 @@ from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.engine.generation import GenerationStream
-from blendrag.eval.datasets import EvalItem, fit_tokens, kinds
+from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
 from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
 from blendrag.prompt import PromptLayout
 
