@@ -1,15 +1,19 @@
+"""Fixtures shared by every test folder: tiny models built on the fly (no hub access), chunk-KV
+stores on a temporary directory, and a real redis-server. Helpers live in the ``helpers``
+package (``tests/`` is on pytest's ``pythonpath``)."""
+
 from __future__ import annotations
 
-import sys
+import shutil
+import uuid
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-torch.set_num_threads(2)
+from helpers.tiny import build_config, build_tokenizer, save_model
 
-from tiny import build_config, build_tokenizer, save_model  # noqa: E402
+torch.set_num_threads(2)
 
 
 @pytest.fixture(scope="session")
@@ -22,8 +26,6 @@ def tokenizer_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, tokenizer_dir):
     """factory(family, **config kwargs) -> directory with model + tokenizer, built once per args."""
-    import shutil
-
     made: dict[tuple, Path] = {}
 
     def make(family: str = "llama", **kw) -> Path:
@@ -48,3 +50,50 @@ def engine_for(model_dir):
         return BlendEngine.from_pretrained(model_dir(family, **kw), dtype=dtype, device="cpu", chat=chat)
 
     return make
+
+
+@pytest.fixture
+def make_store(tmp_path):
+    """factory(**StoreConfig overrides) -> TieredKVStore on tmp_path/'kv' by default; closed after."""
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    stores: list[TieredKVStore] = []
+
+    def make(**kw) -> TieredKVStore:
+        kw.setdefault("disk_dir", tmp_path / "kv")
+        kw.setdefault("ram_bytes", 1 << 20)
+        kw.setdefault("disk_bytes", 4 << 20)
+        store = TieredKVStore(StoreConfig(**kw))
+        stores.append(store)
+        return store
+
+    yield make
+    for s in stores:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    """One server per test module; tests keep apart by using their own key prefix."""
+    from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis
+
+    if REDIS_BINARY is None:
+        pytest.skip("redis-server binary not found (apt-get install redis-server) - Redis tier untested")
+    pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
+    server = LocalRedis(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    return f"test:{uuid.uuid4().hex[:8]}:"
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (two spin-waiting threads stall on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from importlib.metadata import entry_points
 
 # Core modules that expose ``register(subparsers)``; each adds its own sub-commands.
@@ -33,6 +32,3 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

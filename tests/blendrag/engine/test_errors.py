@@ -1,0 +1,76 @@
+"""Bad input raises a ValueError that names the problem."""
+
+from __future__ import annotations
+
+import pytest
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+from blendrag import BlendConfig, GenerationConfig, PromptLayout
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5, float("nan")])
+def test_ratio_outside_unit_interval(ratio):
+    with pytest.raises(ValueError, match="ratio must be in"):
+        BlendConfig(ratio=ratio)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"mode": "fast"}, "mode must be one of"),
+    ({"selector": "magic"}, "selector must be one of"),
+    ({"check_layers": ()}, "check_layers"),
+    ({"check_layers": (2, 1)}, "strictly increasing"),
+    ({"ratio": 0.1, "check_layers": (1, 2), "ratio_schedule": (0.1, 0.2)}, "non-increasing"),
+    ({"ratio": 0.1, "check_layers": (1, 2), "ratio_schedule": (0.3, 0.2)}, "end at ratio"),
+    ({"deviation": "l1"}, "deviation must be"),
+])
+def test_bad_blend_config(kw, message):
+    with pytest.raises(ValueError, match=message):
+        BlendConfig(**kw)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_k": -2}, "top_k"),
+    ({"stop": ("",)}, "stop strings"),
+])
+def test_bad_generation_config(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GenerationConfig(**kw)
+
+
+def test_prompt_longer_than_context(engine_for):
+    engine = engine_for("llama")
+    long_chunk = tuple(range(5, 300)) * 4  # 1180 tokens > 1024 positions
+    layout = PromptLayout((1,), (long_chunk,), (7, 8))
+    with pytest.raises(ValueError, match="exceeds the model's context of 1024"):
+        engine.prefill(layout, BlendConfig(mode="full"))
+    ok = PromptLayout((1,), (long_chunk[:1000],), (7, 8))
+    with pytest.raises(ValueError, match="new tokens exceeds"):
+        engine.generate(ok, BlendConfig(mode="full"), GenerationConfig(max_new_tokens=100))
+
+
+def test_check_layer_beyond_model(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    with pytest.raises(ValueError, match="exceed the model's 3 layers"):
+        engine.prefill(layout, BlendConfig(check_layers=(1, 5)))
+    with pytest.raises(ValueError, match="cacheblend check layers must be >= 1"):
+        engine.prefill(layout, BlendConfig(check_layers=(0,)))
+
+
+def test_unsupported_architecture_lists_supported():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from blendrag.model.adapters import adapter_for
+
+    with pytest.raises(ValueError, match="supports LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+        adapter_for(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)))
+
+
+def test_bad_dtype(model_dir):
+    from blendrag import BlendEngine
+
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        BlendEngine.from_pretrained(model_dir("llama"), dtype="int8")

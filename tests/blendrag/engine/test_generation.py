@@ -1,0 +1,93 @@
+"""Decoding: greedy equals HF generate; sampling, stop strings, EOS, streaming, stats."""
+
+from __future__ import annotations
+
+import torch
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+from blendrag import BlendConfig, GenerationConfig
+
+FULL = BlendConfig(mode="full")
+
+
+def test_greedy_after_full_equals_hf_generate(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    gen = GenerationConfig(max_new_tokens=24, eos_token_ids=())  # never stop early: compare 24 tokens
+    ours = engine.generate(layout, FULL, gen)
+    with torch.no_grad():
+        ref = engine.model.generate(torch.tensor([layout.ids]), max_new_tokens=24, do_sample=False,
+                                    eos_token_id=None, pad_token_id=0)
+    assert ours.token_ids == ref[0, layout.num_tokens:].tolist()
+    assert ours.finish_reason == "length" and ours.stats.new_tokens == 24
+
+
+def test_greedy_with_sliding_window_and_qk_norm_equals_hf_generate(engine_for):
+    for engine in (engine_for("mistral", sliding_window=24), engine_for("qwen3")):
+        layout = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX)
+        ours = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=12, eos_token_ids=()))
+        with torch.no_grad():
+            ref = engine.model.generate(torch.tensor([layout.ids]), max_new_tokens=12, do_sample=False,
+                                        eos_token_id=None, pad_token_id=0)
+        assert ours.token_ids == ref[0, layout.num_tokens:].tolist()
+
+
+def test_stream_yields_the_text_of_generate(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for cfg in (FULL, BlendConfig(ratio=0.2)):
+        gen = GenerationConfig(max_new_tokens=20, eos_token_ids=())
+        stream = engine.stream(layout, cfg, gen)
+        deltas = list(stream)
+        assert "".join(deltas) == engine.generate(layout, cfg, gen).text == stream.result.text
+        assert len(deltas) > 1
+
+
+def test_sampling_is_seeded_and_respects_top_k(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    gen = GenerationConfig(max_new_tokens=16, temperature=1.5, top_p=0.9, seed=7, eos_token_ids=())
+    a = engine.generate(layout, FULL, gen).token_ids
+    b = engine.generate(layout, FULL, gen).token_ids
+    c = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=16, temperature=1.5, top_p=0.9, seed=8,
+                                                       eos_token_ids=())).token_ids
+    assert a == b and a != c
+    # top_k=1 sampling is greedy whatever the temperature
+    greedy = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=8, eos_token_ids=())).token_ids
+    k1 = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=8, temperature=2.0, top_k=1, seed=3,
+                                                        eos_token_ids=())).token_ids
+    assert k1 == greedy
+
+
+def test_stop_string_truncates_and_is_never_streamed(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    text = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=30, eos_token_ids=())).text
+    stop = text[5:8]  # a string the model really produces
+    gen = GenerationConfig(max_new_tokens=30, stop=(stop,), eos_token_ids=())
+    res = engine.generate(layout, FULL, gen)
+    assert res.finish_reason == "stop" and res.text == text[: text.find(stop)]
+    streamed = "".join(engine.stream(layout, FULL, gen))
+    assert streamed == res.text and stop not in streamed
+
+
+def test_eos_ends_generation(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    ids = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=10, eos_token_ids=())).token_ids
+    res = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=10, eos_token_ids=(ids[3],)))
+    assert res.finish_reason == "eos" and res.token_ids == ids[: ids.index(ids[3])]
+
+
+def test_stats_report_reuse_and_recompute(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    res = engine.generate(layout, BlendConfig(ratio=0.25), GenerationConfig(max_new_tokens=6, eos_token_ids=()))
+    s = res.stats
+    layers = engine.adapter.num_layers
+    assert s.chunks == 4 and s.chunk_hits + s.chunk_misses == 4
+    assert s.tokens_reused == len(layout.prefix_ids) + s.chunk_tokens
+    expected = -(-s.chunk_tokens // 4)  # ceil(0.25 * chunk tokens)
+    assert s.recomputed_chunk_tokens_per_layer == [s.chunk_tokens] + [expected] * (layers - 1)
+    assert s.computed_per_layer[-1] == expected + len(layout.suffix_ids)
+    assert s.ttft_s > 0 and s.new_tokens == 6 and s.decode_tokens_per_s > 0

@@ -1,0 +1,88 @@
+"""Selectors choose the tokens they promise; more recompute means less deviation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+from blendrag import BlendConfig
+from blendrag.engine.selectors import make_selector
+from blendrag.eval.deviation import attention_deviation
+
+
+def selector(engine, layout, **kw):
+    return make_selector(BlendConfig(**kw), layout, engine.adapter.num_layers, engine.device, engine.adapter.scaling)
+
+
+def test_epic_picks_the_first_tokens_of_every_chunk(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    picked = selector(engine, layout, selector="epic", ratio=0.3).initial().tolist()
+    expected = []
+    for s, e in layout.chunk_spans:
+        expected += list(range(s, s + math.ceil(0.3 * (e - s))))
+    assert picked == expected
+
+
+def test_random_is_seeded_and_inside_chunks(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    a = selector(engine, layout, selector="random", ratio=0.2, seed=1).initial()
+    b = selector(engine, layout, selector="random", ratio=0.2, seed=1).initial()
+    c = selector(engine, layout, selector="random", ratio=0.2, seed=2).initial()
+    chunk_tokens = layout.suffix_start - len(layout.prefix_ids)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert a.numel() == math.ceil(0.2 * chunk_tokens)
+    assert a.min() >= len(layout.prefix_ids) and a.max() < layout.suffix_start
+
+
+def test_cacheblend_keeps_the_most_deviating_tokens(engine_for):
+    """Deviation is real: kept tokens deviate more than dropped ones at the check layer."""
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    full = engine.prefill(layout, BlendConfig(mode="full"))
+    reuse = engine.prefill(layout, BlendConfig(mode="reuse"))
+    pre = engine.prefill(layout, BlendConfig(ratio=0.2), trace=True)
+    kept = pre.output.trace[1]["pos"]
+    kept = kept[kept < layout.suffix_start]
+    # at layer 1, all chunk tokens were recomputed at layer 0: fresh v at layer 1 == full's v
+    chunk = torch.arange(len(layout.prefix_ids), layout.suffix_start)
+    dev = (full.fused.v[1][:, chunk] - reuse.fused.v[1][:, chunk]).pow(2).sum(dim=(0, 2))
+    top = chunk[torch.topk(dev, kept.numel()).indices].sort().values
+    assert torch.equal(kept, top)
+
+
+def test_gradual_filtering_follows_the_schedule(engine_for):
+    engine = engine_for("llama", layers=5)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    cfg = BlendConfig(ratio=0.1, check_layers=(1, 2, 3))
+    assert cfg.ratio_schedule == (0.4, 0.2, 0.1)
+    s = engine.prefill(layout, cfg).stats
+    c = s.chunk_tokens
+    budgets = [math.ceil(r * c) for r in cfg.ratio_schedule]
+    assert s.recomputed_chunk_tokens_per_layer == [c, budgets[0], budgets[1], budgets[2], budgets[2]]
+
+
+def test_query_selector_prefers_tokens_the_question_attends(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    pre = engine.prefill(layout, BlendConfig(selector="query", ratio=0.25), trace=True)
+    s = pre.stats
+    assert s.recomputed_chunk_tokens_per_layer[1:] == [math.ceil(0.25 * s.chunk_tokens)] * 2
+    kept = set(pre.output.trace[1]["pos"].tolist())
+    assert set(range(layout.suffix_start, layout.num_tokens)) <= kept
+
+
+def test_attention_deviation_falls_as_ratio_rises(engine_for):
+    engine = engine_for("llama", layers=4)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    ref = engine.prefill(layout, BlendConfig(mode="full"), trace=True)
+    for sel in ("cacheblend", "random"):
+        devs = [attention_deviation(engine, layout, BlendConfig(selector=sel, ratio=r), ref)
+                for r in (0.0, 0.15, 0.5, 1.0)]
+        reuse = attention_deviation(engine, layout, BlendConfig(mode="reuse"), ref)
+        assert all(b <= a + 1e-6 for a, b in zip(devs, devs[1:])), (sel, devs)
+        assert devs[-1] < 1e-4 and devs[0] > 10 * max(devs[-1], 1e-5)
+        assert devs[1] < reuse

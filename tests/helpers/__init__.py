@@ -1,0 +1,9 @@
+"""Helpers shared by the tests (importable because ``tests/`` is on pytest's ``pythonpath``).
+
+- ``tiny``: tiny random-weight models and a locally trained BPE tokenizer, plus a passage set;
+- ``tiny_gguf``: a tiny Llama written as a GGUF file;
+- ``kvgen``: deterministic chunk KVs and bitwise comparisons for store tests;
+- ``procs`` / ``store_worker``: store operations in child processes;
+- ``sources``: a persisted Chroma collection with explicit embeddings;
+- ``lc_data`` / ``li_data``: the corpus and settings of the LangChain / LlamaIndex tests.
+"""
