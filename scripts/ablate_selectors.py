@@ -20,7 +20,7 @@ import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
 from blendrag_demo import HELDOUT_SEED, PREFIX, demo_model_path, exact_match, format_chunk, format_suffix, generate_examples
-from blendrag.kv.store import MemoryKVStore
+from blendrag.store.ram import MemoryKVStore
 from blendrag.prompt import PromptLayout
 
 

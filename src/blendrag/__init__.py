@@ -3,8 +3,9 @@
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationResult, Prefill, RequestStats
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.store import KVStore, MemoryKVStore
 from blendrag.prompt import PromptBuilder, PromptLayout
+from blendrag.store.protocol import KVStore
+from blendrag.store.ram import MemoryKVStore
 
 __all__ = [
     "BlendConfig", "BlendEngine", "ChunkKV", "GenerationConfig", "GenerationResult", "KVStore",

@@ -19,12 +19,13 @@ from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
-from blendrag.kv.store import KVStore, MemoryKVStore
 from blendrag.model.adapters import adapter_for
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
 from blendrag.model.rope import RopeTable
 from blendrag.prompt import PromptBuilder, PromptLayout
+from blendrag.store.protocol import KVStore
+from blendrag.store.ram import MemoryKVStore
 
 log = logging.getLogger(__name__)
 
@@ -226,10 +227,10 @@ class BlendEngine:
         self.check_length(layout, extra_capacity)
         t0 = time.perf_counter()
         stats = _new_stats(layout, config)
-        before = _store_snapshot(self.store)
+        before = self.store.stats()
         cached = self._cached_segments(layout, config, stats)
         stats.kv_fetch_s = time.perf_counter() - t0
-        stats.store = _store_delta(self.store, before)
+        stats.store = self.store.stats().since(before).to_dict()  # this request's fetches and writes
         n = layout.num_tokens
         plan = self._plan(layout, config, cached)
         stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
@@ -327,22 +328,6 @@ def _new_stats(layout: PromptLayout, config: BlendConfig) -> RequestStats:
         chunk_tokens=layout.suffix_start - len(layout.prefix_ids), suffix_tokens=len(layout.suffix_ids),
         chunks=len(layout.chunk_ids),
     )
-
-
-def _store_snapshot(store: KVStore) -> object | None:
-    stats = getattr(store, "stats", None)
-    return stats() if callable(stats) else None
-
-
-def _store_delta(store: KVStore, before: object | None) -> dict | None:
-    """The store's activity since ``before`` (this request's fetches, lookups and writes) as a
-    dict; a store without ``since`` on its snapshots reports its snapshot as is."""
-    after = _store_snapshot(store)
-    if after is None:
-        return None
-    if before is not None and hasattr(after, "since"):
-        after = after.since(before)
-    return after.to_dict() if hasattr(after, "to_dict") else dict(getattr(after, "__dict__", {}))
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:  # tokenizer may be None

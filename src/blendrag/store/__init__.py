@@ -1,28 +1,36 @@
-"""Persistent chunk-KV store: RAM LRU → disk (diskcache) → Redis, safetensors entries.
+"""The chunk-KV store: the ``KVStore`` protocol with typed stats, RAM, disk and Redis tiers, the
+tiered store over them, and the entries' byte format.
 
-See docs/store.md. The engine uses ``TieredKVStore`` through the ``KVStore`` protocol
-(``get``/``put``/``contains``); everything else here is for tools and precompute jobs.
+See docs/store.md. The engine uses a store through ``KVStore`` (``protocol.py``): by default
+``MemoryKVStore`` (``ram.py``); ``TieredKVStore`` (``tiered.py``) adds persistence. Names are
+imported on first use, so ``import blendrag`` does not load the disk and Redis clients.
 """
 
-from blendrag.store.codec import EntryError, EntryReader, decode, encode, open_entry
-from blendrag.store.config import DEFAULT_DISK_DIR, StoreConfig
-from blendrag.store.disk import DiskTier
-from blendrag.store.redis_tier import RedisTier
-from blendrag.store.stats import StoreStats, TierStats, TierUsage
-from blendrag.store.tiered import TieredKVStore
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_DISK_DIR",
-    "DiskTier",
-    "EntryError",
-    "EntryReader",
-    "RedisTier",
-    "StoreConfig",
-    "StoreStats",
-    "TierStats",
-    "TierUsage",
-    "TieredKVStore",
-    "decode",
-    "encode",
-    "open_entry",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ByteTier": "protocol", "KVStore": "protocol", "StoreStats": "protocol", "TierStats": "protocol",
+    "TierUsage": "protocol",
+    "MemoryKVStore": "ram", "RamTier": "ram", "held_bytes": "ram",
+    "DiskTier": "disk",
+    "RedisTier": "redis_tier",
+    "EncodedTier": "tiered", "TieredKVStore": "tiered",
+    "Entry": "codec", "EntryError": "codec", "EntryReader": "codec", "decode": "codec", "encode": "codec",
+    "open_entry": "codec",
+    "DEFAULT_DISK_DIR": "config", "StoreConfig": "config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'blendrag.store' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"blendrag.store.{_EXPORTS[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

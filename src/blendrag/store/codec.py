@@ -57,6 +57,22 @@ class EntryError(ValueError):
     """A stored entry that is truncated, corrupt, foreign or of another format version."""
 
 
+class Entry:
+    """A chunk KV on its way into a store's tiers, encoded at most once: a tier that stores bytes
+    reads ``data`` (encoded on first use, or the bytes it was read from); RAM keeps ``kv``."""
+
+    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None) -> None:
+        self.key = key
+        self.kv = kv
+        self._data = data
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            self._data = encode(self.key, self.kv)
+        return self._data
+
+
 def encode(key: str, kv: ChunkKV) -> bytes:
     """Serialize ``kv`` stored under ``key`` (tensors are copied to CPU if needed)."""
     dtype = _dtype_name(kv.keys.dtype)

@@ -24,7 +24,7 @@ from typing import BinaryIO
 import diskcache
 from diskcache.core import MODE_BINARY, MODE_RAW
 
-from blendrag.store.stats import TierUsage
+from blendrag.store.protocol import TierUsage
 
 log = logging.getLogger("blendrag.store")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from blendrag.store.stats import TierUsage
+from blendrag.store.protocol import TierUsage
 
 try:  # optional dependency: blendrag[redis]
     import redis

@@ -11,31 +11,38 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import BinaryIO, Iterable, Protocol
+from typing import BinaryIO, Protocol
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.store import MemoryKVStore, held_bytes
-from blendrag.store.codec import EntryError, decode, encode
+from blendrag.store.codec import Entry, EntryError, decode
 from blendrag.store.config import StoreConfig
 from blendrag.store.disk import DiskTier
 from blendrag.store.health import TierHealth
+from blendrag.store.protocol import ByteTier, StoreStats, TierCounters, TierStats, TierUsage
+from blendrag.store.ram import RamTier
 from blendrag.store.redis_tier import RedisTier
-from blendrag.store.stats import StoreStats, TierCounters, TierStats, TierUsage
 
 log = logging.getLogger("blendrag.store")
 
 
-class ByteTier(Protocol):
-    """A tier that stores encoded entries (disk, Redis)."""
+class Tier(Protocol):
+    """One level of a ``TieredKVStore`` (``RamTier``, or a ``ByteTier`` behind ``EncodedTier``).
+
+    ``read`` returns the entry and the bytes it read, or None; it raises ``EntryError`` for a
+    defective entry and one of ``errors`` for a storage failure. ``write`` returns the bytes
+    stored, 0 when the entry does not fit. ``volatile``: lives in this process's memory (bulk
+    writes skip it when a persistent tier takes the entry)."""
 
     name: str
     label: str
     errors: tuple[type[BaseException], ...]
+    volatile: bool
 
     def open(self) -> object: ...
-    def fetch(self, key: str) -> bytes | BinaryIO | None: ...
-    def put(self, key: str, data: bytes) -> bool: ...
+    def read(self, key: str) -> tuple[Entry, int] | None: ...
+    def write(self, entry: Entry) -> int: ...
     def contains(self, key: str) -> bool: ...
     def delete(self, key: str) -> None: ...
     def clear(self) -> None: ...
@@ -43,9 +50,54 @@ class ByteTier(Protocol):
     def close(self) -> None: ...
 
 
+class EncodedTier:
+    """A ``ByteTier`` (disk, Redis) as a ``Tier``: entries encoded on the way in, decoded and
+    verified on the way out."""
+
+    volatile = False
+
+    def __init__(self, tier: ByteTier) -> None:
+        self.tier = tier
+        self.name, self.label, self.errors = tier.name, tier.label, tier.errors
+
+    def open(self) -> object:
+        return self.tier.open()
+
+    def read(self, key: str) -> tuple[Entry, int] | None:
+        source = self.tier.fetch(key)
+        if source is None:
+            return None
+        try:
+            size = _size_of(source)
+            kv = decode(source, key)
+        finally:
+            if hasattr(source, "close"):
+                source.close()
+        return Entry(key, kv, source if isinstance(source, bytes) else None), size
+
+    def write(self, entry: Entry) -> int:
+        data = entry.data
+        return len(data) if self.tier.put(entry.key, data) else 0
+
+    def contains(self, key: str) -> bool:
+        return self.tier.contains(key)
+
+    def delete(self, key: str) -> None:
+        self.tier.delete(key)
+
+    def clear(self) -> None:
+        self.tier.clear()
+
+    def usage(self) -> TierUsage:
+        return self.tier.usage()
+
+    def close(self) -> None:
+        self.tier.close()
+
+
 @dataclass
 class _Slot:
-    tier: ByteTier
+    tier: Tier
     health: TierHealth
     counters: TierCounters = field(default_factory=TierCounters)
 
@@ -53,21 +105,24 @@ class _Slot:
 class TieredKVStore:
     """Chunk-KV store over the tiers ``config`` enables (see ``StoreConfig``); a ``KVStore``.
 
-    Returned entries are shared with the RAM tier: treat their tensors as read-only.
+    Tiers, fastest first: RAM (``RamTier``), disk (``DiskTier``), Redis (``RedisTier``); every
+    one is used through the same ``Tier`` interface. Returned entries are shared with the RAM
+    tier: treat their tensors as read-only.
     """
 
     def __init__(self, config: StoreConfig | None = None) -> None:
         self.config = config = config if config is not None else StoreConfig()
-        self._ram = MemoryKVStore(config.ram_bytes) if config.ram_bytes else None
-        self._ram_counters = TierCounters()
         self._gets = TierCounters()  # store level: hits/misses over all tiers
         self._slots: list[_Slot] = []
+        if config.ram_bytes:
+            self._add(RamTier(config.ram_bytes))
         if config.disk_dir is not None:
-            self._add(DiskTier(config.disk_dir, config.disk_bytes, config.disk_timeout_s))
+            self._add(EncodedTier(DiskTier(config.disk_dir, config.disk_bytes, config.disk_timeout_s)))
         if config.redis_url is not None:
-            self._add(RedisTier(config.redis_url, config.redis_prefix, config.redis_ttl_s, config.redis_timeout_s))
+            self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix, config.redis_ttl_s,
+                                            config.redis_timeout_s)))
 
-    def _add(self, tier: ByteTier) -> None:
+    def _add(self, tier: Tier) -> None:
         slot = _Slot(tier, TierHealth(tier.label, self.config.retry_after_s))
         self._slots.append(slot)
         self._call(slot, "open", tier.open)  # warn at start-up, not at the first request
@@ -75,40 +130,48 @@ class TieredKVStore:
     # -- KVStore protocol ------------------------------------------------------------------
 
     def get(self, key: str) -> ChunkKV | None:
-        """The entry for ``key`` from the fastest tier that has a valid one, or None."""
-        kv = self._get_ram(key)
-        if kv is None:
-            for i, slot in enumerate(self._slots):
-                kv, data = self._load(slot, key)
-                if kv is not None:
-                    self._promote(key, kv, data, self._slots[:i])
-                    break
-        self._gets.add(hits=kv is not None, misses=kv is None)
-        return kv
+        """The entry for ``key`` from the fastest tier that has a valid one, or None; a hit is
+        copied into every faster tier."""
+        entry = None
+        for i, slot in enumerate(self._slots):
+            entry = self._read(slot, key)
+            if entry is not None:
+                for faster in self._slots[:i]:
+                    self._write(faster, entry)
+                break
+        self._gets.add(hits=entry is not None, misses=entry is None)
+        return entry.kv if entry is not None else None
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
-        """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the RAM tier so as
-        not to evict the entries being served, unless no slower tier took the entry."""
-        kv = _on_cpu(kv)
-        live = [s for s in self._slots if s.health.available]
-        stored = False
-        if live:
-            data = encode(key, kv)
-            stored = any([self._write(slot, key, data) for slot in live])
-        if (ram or not stored) and self._ram is not None:
-            self._put_ram(key, kv)
+        """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
+        tier so as not to evict the entries being served, unless no persistent tier took it."""
+        entry = Entry(key, _on_cpu(kv))
+        stored = any([self._write(s, entry) for s in self._slots if not s.tier.volatile])
+        if ram or not stored:
+            for slot in self._slots:
+                if slot.tier.volatile:
+                    self._write(slot, entry)
 
     def contains(self, key: str) -> bool:
         """True when some tier holds ``key``; loads nothing and does not count as a use."""
-        if self._ram is not None and self._ram.contains(key):
-            return True
         return any(self._call(s, "look up", lambda s=s: s.tier.contains(key), False) for s in self._slots)
-
-    # -- bulk and maintenance ----------------------------------------------------------------
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys no tier holds, in order: what a precompute job still has to compute."""
         return [k for k in keys if not self.contains(k)]
+
+    def stats(self) -> StoreStats:
+        """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""
+        tiers = []
+        for slot in self._slots:
+            usage = self._call(slot, "report usage", slot.tier.usage, TierUsage(None, None, None))
+            tiers.append(TierStats(name=slot.tier.name, available=slot.health.available, entries=usage.entries,
+                                   used_bytes=usage.used_bytes, budget_bytes=usage.budget_bytes,
+                                   **slot.counters.snapshot()))
+        g = self._gets.snapshot()
+        return StoreStats(gets=g["hits"] + g["misses"], hits=g["hits"], misses=g["misses"], tiers=tuple(tiers))
+
+    # -- bulk and maintenance ----------------------------------------------------------------
 
     def put_many(self, items: Iterable[tuple[str, ChunkKV]], *, ram: bool = False) -> int:
         """``put`` each (key, kv); by default not into RAM, so a bulk job does not flush it."""
@@ -120,40 +183,24 @@ class TieredKVStore:
 
     def delete(self, key: str) -> None:
         """Drop ``key`` from every tier."""
-        if self._ram is not None:
-            self._ram.delete(key)
         for slot in self._slots:
             self._call(slot, "delete", lambda s=slot: s.tier.delete(key))
 
     def clear(self) -> None:
         """Drop every entry from every tier (Redis: only keys under this store's prefix)."""
-        if self._ram is not None:
-            self._ram.clear()
         for slot in self._slots:
             self._call(slot, "clear", slot.tier.clear)
 
-    def stats(self) -> StoreStats:
-        """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""
-        tiers = []
-        if self._ram is not None:
-            usage = TierUsage(len(self._ram), self._ram.bytes, self._ram.max_bytes)
-            tiers.append(_tier_stats("ram", True, self._ram_counters, usage))
-        for slot in self._slots:
-            usage = self._call(slot, "report usage", slot.tier.usage, TierUsage(None, None, None))
-            tiers.append(_tier_stats(slot.tier.name, slot.health.available, slot.counters, usage))
-        g = self._gets.snapshot()
-        return StoreStats(gets=g["hits"] + g["misses"], hits=g["hits"], misses=g["misses"], tiers=tuple(tiers))
-
     def reset_stats(self) -> None:
         """Zero every counter (usage figures are live and are not affected)."""
-        for c in [self._gets, self._ram_counters, *(s.counters for s in self._slots)]:
+        for c in [self._gets, *(s.counters for s in self._slots)]:
             c.reset()
 
     def close(self) -> None:
         for slot in self._slots:
             self._call(slot, "close", slot.tier.close)
 
-    def __enter__(self) -> "TieredKVStore":
+    def __enter__(self) -> TieredKVStore:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,59 +208,32 @@ class TieredKVStore:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _get_ram(self, key: str) -> ChunkKV | None:
-        if self._ram is None:
+    def _read(self, slot: _Slot, key: str) -> Entry | None:
+        """The tier's entry for ``key``, counted; a defective entry is a logged miss and is deleted."""
+        if not slot.health.available:
             return None
         t0 = time.perf_counter()
-        kv = self._ram.get(key)
-        hit = kv is not None
-        self._ram_counters.add(hits=hit, misses=not hit, bytes_read=held_bytes(kv) if hit else 0,
-                               load_seconds=time.perf_counter() - t0)
-        return kv
-
-    def _put_ram(self, key: str, kv: ChunkKV) -> None:
-        self._ram.put(key, kv)
-        if self._ram.contains(key):
-            self._ram_counters.add(bytes_written=held_bytes(kv))
-
-    def _load(self, slot: _Slot, key: str) -> tuple[ChunkKV | None, bytes | None]:
-        if not slot.health.available:
-            return None, None
-        t0 = time.perf_counter()
-        source = self._call(slot, "read", lambda: slot.tier.fetch(key))
-        if source is None:
-            slot.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
-            return None, None
         try:
-            size = _size_of(source)
-            kv = decode(source, key)
+            found = self._call(slot, "read", lambda: slot.tier.read(key))
         except EntryError as exc:
             log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
                         slot.tier.name, key[:16], exc)
             slot.counters.add(misses=1, corrupt=1, load_seconds=time.perf_counter() - t0)
             self._call(slot, "delete", lambda: slot.tier.delete(key))
-            return None, None
-        finally:
-            if hasattr(source, "close"):
-                source.close()
+            return None
+        if found is None:
+            slot.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
+            return None
+        entry, size = found
         slot.counters.add(hits=1, bytes_read=size, load_seconds=time.perf_counter() - t0)
-        return kv, source if isinstance(source, bytes) else None
+        return entry
 
-    def _promote(self, key: str, kv: ChunkKV, data: bytes | None, faster: list[_Slot]) -> None:
-        if self._ram is not None:
-            self._put_ram(key, kv)
-        live = [s for s in faster if s.health.available]
-        if live:
-            data = data if data is not None else encode(key, kv)
-            for slot in live:
-                self._write(slot, key, data)
-
-    def _write(self, slot: _Slot, key: str, data: bytes) -> bool:
-        stored = self._call(slot, "write", lambda: slot.tier.put(key, data), False)
+    def _write(self, slot: _Slot, entry: Entry) -> bool:
+        stored = self._call(slot, "write", lambda: slot.tier.write(entry), 0)
         if stored:
-            slot.counters.add(bytes_written=len(data))
+            slot.counters.add(bytes_written=stored)
         elif slot.health.available:
-            log.debug("KV store: entry %s (%d bytes) exceeds the %s budget; not stored", key[:16], len(data), slot.tier.name)
+            log.debug("KV store: entry %s exceeds the %s budget; not stored", entry.key[:16], slot.tier.name)
         return bool(stored)
 
     def _call(self, slot: _Slot, action: str, fn, default=None):
@@ -239,8 +259,3 @@ def _on_cpu(kv: ChunkKV) -> ChunkKV:
 
 def _size_of(source: bytes | BinaryIO) -> int:
     return len(source) if isinstance(source, bytes) else os.fstat(source.fileno()).st_size
-
-
-def _tier_stats(name: str, available: bool, counters: TierCounters, usage: TierUsage) -> TierStats:
-    return TierStats(name=name, available=available, entries=usage.entries, used_bytes=usage.used_bytes,
-                     budget_bytes=usage.budget_bytes, **counters.snapshot())

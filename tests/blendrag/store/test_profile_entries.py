@@ -13,7 +13,7 @@ from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.store import MemoryKVStore, held_bytes
+from blendrag.store.ram import MemoryKVStore, held_bytes
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.codec import SENSITIVITY, EntryError, decode, encode, open_entry
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers.kvgen import make_kv, same_bits
 
-from blendrag.kv.store import KVStore
+from blendrag.store.protocol import KVStore
 from blendrag.store import StoreConfig, TieredKVStore
 
 

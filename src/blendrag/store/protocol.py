@@ -1,9 +1,25 @@
-"""Counters of the tiered store and the immutable snapshot ``stats()`` returns."""
+"""What the engine needs from a chunk-KV store, and the typed statistics every store returns.
+
+The engine calls ``get``, ``put``, ``contains``, ``missing`` and ``stats`` with content keys
+(``blendrag.kv.keys``); how and where the bytes live is the store's business. Two stores
+implement ``KVStore``: ``MemoryKVStore`` (``ram.py``, the engine's default) and
+``TieredKVStore`` (``tiered.py``: RAM, disk and Redis tiers). ``ByteTier`` is what a persistent
+tier implements (``disk.py``, ``redis_tier.py``); ``TieredKVStore`` encodes entries for it.
+
+Every store reports a ``StoreStats`` snapshot: store-level gets, hits and misses, and one
+``TierStats`` per tier (counters since the store was opened, plus what the tier holds now).
+The engine attaches ``stats().since(before)`` of each request to its ``RequestStats``.
+"""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from blendrag.kv.chunk_kv import ChunkKV
 
 # Activity counters (a ``since`` delta subtracts them); the other fields are live usage.
 _COUNTERS = ("hits", "misses", "corrupt", "errors", "bytes_read", "bytes_written", "load_seconds")
@@ -42,7 +58,7 @@ class TierStats:
 
 @dataclass(frozen=True)
 class StoreStats:
-    """Snapshot of a ``TieredKVStore``: store-level gets plus per-tier detail, fastest tier first."""
+    """Snapshot of a store: store-level gets plus per-tier detail, fastest tier first."""
 
     gets: int
     hits: int
@@ -122,3 +138,42 @@ def _opt(n: int | None) -> str:
 
 def _mib(n: int | None) -> str:
     return "-" if n is None else f"{n / (1 << 20):.1f}"
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    """What the engine needs from a chunk-KV store."""
+
+    def get(self, key: str) -> ChunkKV | None:
+        """Return the entry for ``key`` or None on a miss (never raise for a bad entry)."""
+
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+        """Store ``kv`` under ``key`` (write-through to every tier). ``ram=False``: a bulk write
+        (precompute) that need not displace RAM entries where a slower tier holds it."""
+
+    def contains(self, key: str) -> bool:
+        """True when ``key`` is present in some tier (cheap, no load)."""
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """The keys no tier holds, in order (one call for a whole precompute batch)."""
+
+    def stats(self) -> StoreStats:
+        """Snapshot of the store's counters and of what each tier holds."""
+
+
+class ByteTier(Protocol):
+    """A tier that stores encoded entries (disk, Redis). Failures raise one of ``errors``, which
+    bench the tier for a while (``health.TierHealth``)."""
+
+    name: str
+    label: str
+    errors: tuple[type[BaseException], ...]
+
+    def open(self) -> object: ...
+    def fetch(self, key: str) -> bytes | BinaryIO | None: ...
+    def put(self, key: str, data: bytes) -> bool: ...
+    def contains(self, key: str) -> bool: ...
+    def delete(self, key: str) -> None: ...
+    def clear(self) -> None: ...
+    def usage(self) -> TierUsage: ...
+    def close(self) -> None: ...

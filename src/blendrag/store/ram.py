@@ -1,0 +1,170 @@
+"""RAM: an in-process LRU bounded in bytes, the engine's default store and the tiered store's
+fastest tier.
+
+``MemoryKVStore`` is a ``KVStore`` on its own; ``RamTier`` puts one in front of the persistent
+tiers of a ``TieredKVStore``. Both hold entries by reference: treat returned tensors as read-only.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.codec import Entry
+from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
+
+
+def held_bytes(kv: ChunkKV) -> int:
+    """Host memory an entry holds: its K and V rows (``ChunkKV.nbytes``) plus its
+    context-sensitivity profile where it has one (4 bytes a token). What the RAM tier's byte
+    budget counts; ``ChunkKV.nbytes`` stays the size of the KV rows alone."""
+    extra = kv.sensitivity.numel() * kv.sensitivity.element_size() if kv.sensitivity is not None else 0
+    return kv.nbytes + extra
+
+
+class MemoryKVStore:
+    """In-process LRU bounded in bytes: the default store, and the RAM tier of the tiered store.
+
+    An entry counts its KV rows and its profile (:func:`held_bytes`).
+
+    Entries are held by reference: callers must treat returned tensors as read-only.
+    Thread-safe (one lock around the ordered dict).
+    """
+
+    def __init__(self, max_bytes: int = 8 << 30) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"MemoryKVStore max_bytes must be positive, got {max_bytes}")
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._entries: OrderedDict[str, ChunkKV] = OrderedDict()
+        self._lock = threading.Lock()
+        self._counters = TierCounters()
+
+    @property
+    def hits(self) -> int:
+        return int(self._counters.hits)
+
+    @property
+    def misses(self) -> int:
+        return int(self._counters.misses)
+
+    def get(self, key: str) -> ChunkKV | None:
+        """The entry for ``key`` (now the most recently used) or None."""
+        t0 = time.perf_counter()
+        with self._lock:
+            kv = self._entries.get(key)
+            if kv is not None:
+                self._entries.move_to_end(key)
+        hit = kv is not None
+        self._counters.add(hits=hit, misses=not hit, bytes_read=held_bytes(kv) if hit else 0,
+                           load_seconds=time.perf_counter() - t0)
+        return kv
+
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+        """Insert ``kv`` as most recently used, evicting least recently used entries to fit
+        (``ram`` is moot: RAM is the only tier here)."""
+        size = held_bytes(kv)
+        with self._lock:
+            self._pop(key)
+            if size > self.max_bytes:
+                return  # larger than the whole budget: not cacheable here
+            self._entries[key] = kv
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                self.bytes -= held_bytes(old)
+        self._counters.add(bytes_written=size)
+
+    def contains(self, key: str) -> bool:
+        """True when ``key`` is held (does not count as a use)."""
+        with self._lock:
+            return key in self._entries
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """The keys not held, in order."""
+        with self._lock:
+            return [k for k in keys if k not in self._entries]
+
+    def delete(self, key: str) -> None:
+        """Drop ``key`` if present."""
+        with self._lock:
+            self._pop(key)
+
+    def keys(self) -> list[str]:
+        """Keys from least to most recently used."""
+        with self._lock:
+            return list(self._entries)
+
+    def usage(self) -> TierUsage:
+        """Entries and bytes held now, and the byte budget."""
+        with self._lock:
+            return TierUsage(len(self._entries), self.bytes, self.max_bytes)
+
+    def stats(self) -> StoreStats:
+        """Gets since creation, as one ``ram`` tier."""
+        c = self._counters.snapshot()
+        u = self.usage()
+        tier = TierStats(name="ram", available=True, entries=u.entries, used_bytes=u.used_bytes,
+                         budget_bytes=u.budget_bytes, **c)
+        return StoreStats(gets=int(c["hits"] + c["misses"]), hits=int(c["hits"]), misses=int(c["misses"]),
+                          tiers=(tier,))
+
+    def _pop(self, key: str) -> None:
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self.bytes -= held_bytes(old)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop every entry."""
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+
+class RamTier:
+    """The fastest tier of a ``TieredKVStore``: a ``MemoryKVStore`` of ``max_bytes``.
+
+    ``volatile``: it lives and dies with the process, so a bulk write (``put(..., ram=False)``)
+    skips it when a persistent tier takes the entry."""
+
+    name = "ram"
+    label = "RAM tier"
+    errors: tuple[type[BaseException], ...] = ()  # nothing here fails for storage reasons
+    volatile = True
+
+    def __init__(self, max_bytes: int) -> None:
+        self.lru = MemoryKVStore(max_bytes)
+
+    def open(self) -> None:
+        return None
+
+    def read(self, key: str) -> tuple[Entry, int] | None:
+        """The entry and the bytes it holds, or None."""
+        kv = self.lru.get(key)
+        return None if kv is None else (Entry(key, kv), held_bytes(kv))
+
+    def write(self, entry: Entry) -> int:
+        """Hold ``entry.kv``; the bytes it holds, 0 when it exceeds the budget."""
+        self.lru.put(entry.key, entry.kv)
+        return held_bytes(entry.kv) if self.lru.contains(entry.key) else 0
+
+    def contains(self, key: str) -> bool:
+        return self.lru.contains(key)
+
+    def delete(self, key: str) -> None:
+        self.lru.delete(key)
+
+    def clear(self) -> None:
+        self.lru.clear()
+
+    def usage(self) -> TierUsage:
+        return self.lru.usage()
+
+    def close(self) -> None:
+        return None
