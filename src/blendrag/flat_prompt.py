@@ -72,7 +72,7 @@ def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool, source: str)
     matched = sum(known for _, known in pieces)
     if not matched:
         return None
-    kv_prefix = builder.kv_prefix_ids() if builder.chunk_prefix is not None else None
+    chunk_prefix_ids = builder.chunk_prefix_ids() if builder.chunk_prefix is not None else None
     layout = PromptLayout(builder.encode(head + split.prefix, first=True), [ids for ids, _ in pieces], suffix,
-                          kv_prefix_ids=kv_prefix)
+                          chunk_prefix_ids=chunk_prefix_ids)
     return FlatLayout(layout, source, matched, len(pieces))

@@ -11,25 +11,30 @@ suffix, so a chunk's tokens are the same whatever surrounds it.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 _SENTINEL = "\u2063BLENDRAG_USER_CONTENT\u2063"
 
 
 @dataclass(frozen=True)
 class PromptLayout:
-    """Token ids of one request, piece by piece."""
+    """Token ids of one request, piece by piece.
+
+    ``chunk_prefix_ids``: the chunk prefix, the ids the chunk KVs are computed after (part of
+    their store key); not given: the request's own ``prefix_ids``.
+    """
 
     prefix_ids: tuple[int, ...]
     chunk_ids: tuple[tuple[int, ...], ...]
     suffix_ids: tuple[int, ...]
-    kv_prefix_ids: tuple[int, ...] | None = None  # prefix the chunk KVs are computed after (None: prefix_ids)
+    chunk_prefix_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix_ids", tuple(int(t) for t in self.prefix_ids))
-        if self.kv_prefix_ids is not None:
-            object.__setattr__(self, "kv_prefix_ids", tuple(int(t) for t in self.kv_prefix_ids))
+        chunk_prefix = self.prefix_ids if self.chunk_prefix_ids is None else self.chunk_prefix_ids
+        object.__setattr__(self, "chunk_prefix_ids", tuple(int(t) for t in chunk_prefix))
         object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in self.chunk_ids))
         object.__setattr__(self, "suffix_ids", tuple(int(t) for t in self.suffix_ids))
         if not self.chunk_ids:
@@ -39,11 +44,6 @@ class PromptLayout:
                 raise ValueError(f"chunk {i} is empty (0 tokens); drop it or give it text")
         if not self.suffix_ids:
             raise ValueError("the suffix is empty: the prompt must end with computed tokens (question / answer cue)")
-
-    @property
-    def chunk_prefix_ids(self) -> tuple[int, ...]:
-        """The prefix chunk KVs are computed after (part of their store key)."""
-        return self.prefix_ids if self.kv_prefix_ids is None else self.kv_prefix_ids
 
     @property
     def ids(self) -> list[int]:
@@ -76,8 +76,8 @@ class PromptBuilder:
 
     ``chat``: wrap the user content (prefix + chunks + suffix) in the tokenizer's chat template
     (with an optional ``system`` message); None = use it when the tokenizer has one.
-    ``chunk_prefix``: text (after the template head) that chunk KVs are computed after, whatever
-    the request's own prefix. None: each request's own prefix (exact for a fixed prompt). A
+    ``chunk_prefix``: the chunk prefix, text (after the template head) that chunk KVs are computed
+    after, whatever the request's own prefix. None: each request's own prefix (exact for a fixed prompt). A
     canonical one lets ingestion precompute chunks before the prompts that will use them are
     known (framework chains); the request prefix's KV stays exact either way.
     """
@@ -128,7 +128,7 @@ class PromptBuilder:
             prefix_ids=self.encode(head + prefix, first=True),
             chunk_ids=[self.encode(c) for c in chunks],
             suffix_ids=self.encode(suffix + tail),
-            kv_prefix_ids=None if self.chunk_prefix is None else self.kv_prefix_ids(),
+            chunk_prefix_ids=None if self.chunk_prefix is None else self.chunk_prefix_ids(),
         )
 
     def whole(self, text: str, wrap: bool = True) -> PromptLayout:
@@ -141,12 +141,19 @@ class PromptBuilder:
             raise ValueError(f"the prompt is too short to run ({len(ids)} token(s)): {text!r}")
         return PromptLayout((), (tuple(ids[:-1]),), tuple(ids[-1:]))
 
-    def kv_prefix_ids(self, prefix: str | None = None) -> list[int]:
-        """Ids of the prefix chunk KVs are computed after: ``chunk_prefix``, else ``prefix``."""
+    def chunk_prefix_ids(self, prefix: str | None = None) -> list[int]:
+        """Ids of the chunk prefix, which chunk KVs are computed after: ``chunk_prefix``, else the
+        prompt prefix ``prefix``."""
         text = self.chunk_prefix if self.chunk_prefix is not None else prefix
         if text is None:
             raise ValueError("no chunk prefix: pass the prompt prefix or set PromptBuilder(chunk_prefix=...)")
         return self.encode(self._head + text, first=True)
+
+    def kv_prefix_ids(self, prefix: str | None = None) -> list[int]:
+        """Deprecated alias of :meth:`chunk_prefix_ids`."""
+        warnings.warn("PromptBuilder.kv_prefix_ids is deprecated; use chunk_prefix_ids", DeprecationWarning,
+                      stacklevel=2)
+        return self.chunk_prefix_ids(prefix)
 
     def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
         """The prompt as one string (for display and for plain-text baselines)."""

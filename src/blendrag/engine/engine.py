@@ -13,7 +13,7 @@ import torch
 from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
-from blendrag.engine.prefill import PrefillOutput, PrefillPlan, run_prefill
+from blendrag.engine.prefill import LoopOutput, LoopPlan, run_loop
 from blendrag.engine.profile import key_deviation, neighbours, profile_depth
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
@@ -37,7 +37,7 @@ class Prefill:
     logits: torch.Tensor
     fused: FusedKV
     stats: RequestStats
-    output: PrefillOutput
+    output: LoopOutput  # the layer loop's result (its trace when asked for)
 
 
 class BlendEngine:
@@ -100,9 +100,9 @@ class BlendEngine:
 
     # ---- chunk KVs -------------------------------------------------------------------------
 
-    def key(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str:
-        """Store key of ``chunk_ids`` computed after ``prefix_ids`` (a prefix: after ())."""
-        return chunk_key(self.model_fp, self.tokenizer_fp, prefix_ids, chunk_ids)
+    def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str:
+        """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` (a prefix: after ())."""
+        return chunk_key(self.model_fp, self.tokenizer_fp, chunk_prefix_ids, chunk_ids)
 
     def prefix_kv(self, prefix_ids: Sequence[int], stats: RequestStats | None = None) -> ChunkKV | None:
         """KV of the shared prefix (None for an empty prefix); computed and stored on a miss."""
@@ -115,14 +115,15 @@ class BlendEngine:
             kv = self._compute(None, (), prefix_ids)
         return kv
 
-    def chunk_kv(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int], prefix: ChunkKV | None,
+    def chunk_kv(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int], chunk_prefix: ChunkKV | None,
                  stats: RequestStats | None = None) -> ChunkKV:
-        """KV of one chunk after the prefix; computed and stored on a miss."""
-        kv = self._lookup(prefix_ids, chunk_ids)
+        """KV of one chunk after the chunk prefix (whose KV is ``chunk_prefix``); computed and
+        stored on a miss."""
+        kv = self._lookup(chunk_prefix_ids, chunk_ids)
         if stats is not None:
             stats.chunk_hits += kv is not None
             stats.chunk_misses += kv is None
-        return kv if kv is not None else self._compute(prefix, prefix_ids, chunk_ids)
+        return kv if kv is not None else self._compute(chunk_prefix, chunk_prefix_ids, chunk_ids)
 
     def ingest(self, chunks: Sequence[str], prefix: str | None = None, *, profile: bool | int = False,
                on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
@@ -130,12 +131,13 @@ class BlendEngine:
         after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now.
         ``profile`` and ``on_chunk``: see :meth:`precompute`."""
         builder = self._builder()
-        return self.precompute(builder.kv_prefix_ids(prefix), [builder.encode(c) for c in chunks],
+        return self.precompute(builder.chunk_prefix_ids(prefix), [builder.encode(c) for c in chunks],
                                profile=profile, on_chunk=on_chunk)
 
-    def precompute(self, prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *, profile: bool | int = False,
-                   on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
-        """Make sure every chunk's KV is stored; returns, per chunk, whether it was computed now.
+    def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
+                   profile: bool | int = False, on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
+        """Make sure the KV of every chunk (token ids), computed after ``chunk_prefix_ids``, is
+        stored; returns, per chunk, whether it was computed now.
 
         One ``missing`` lookup for the whole list; chunks already stored are skipped, so an
         interrupted job resumes where it stopped. New entries skip the RAM tier where the store
@@ -150,56 +152,59 @@ class BlendEngine:
         empty = [i for i, ids in enumerate(chunks) if not len(ids)]
         if empty:
             raise ValueError(f"chunks {empty[:5]} have no tokens: an empty chunk has no KV to precompute")
-        prefix = self.prefix_kv(prefix_ids)
-        keys = [self.key(prefix_ids, ids) for ids in chunks]
+        chunk_prefix = self.prefix_kv(chunk_prefix_ids)
+        keys = [self.key(chunk_prefix_ids, ids) for ids in chunks]
         todo = set(self.store.missing(keys))
         computed = []
         for i, (key, ids) in enumerate(zip(keys, chunks)):
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                kv = self._chunk_prefill(prefix, prefix_ids, ids)
+                kv = self._chunk_prefill(chunk_prefix, chunk_prefix_ids, ids)
                 probes = neighbours(chunks, i, depth)
                 if probes:
-                    kv = self.profiled(kv, prefix_ids, probes, prefix)
+                    kv = self.profiled(kv, chunk_prefix_ids, probes, chunk_prefix)
                 self.store.put(key, kv, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
         return computed
 
-    def profiled(self, kv: ChunkKV, prefix_ids: Sequence[int], probes: Sequence[Sequence[int]],
-                 prefix: ChunkKV | None = None) -> ChunkKV:
-        """``kv`` (a chunk computed after ``prefix_ids``) with its context-sensitivity profile:
-        the chunk is computed again after ``prefix_ids + probe`` for each probe (the prefix's rows
-        from ``prefix``, its cached KV, when given) and each token keeps its largest deviation."""
+    def profiled(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int], probes: Sequence[Sequence[int]],
+                 chunk_prefix: ChunkKV | None = None) -> ChunkKV:
+        """``kv`` (a chunk computed after ``chunk_prefix_ids``) with its context-sensitivity
+        profile: the chunk is computed again after ``chunk_prefix_ids + probe`` for each probe (the
+        chunk prefix's rows from ``chunk_prefix``, its cached KV, when given) and each token keeps
+        its largest deviation."""
         if not probes or any(isinstance(p, int) or not len(p) for p in probes):
             raise ValueError("profiled needs a list of probes, each a non-empty list of token ids")
         t = kv.num_tokens
         deviations = []
         for probe in probes:
-            both = self._chunk_prefill(prefix, prefix_ids, list(probe) + list(kv.token_ids))
+            both = self._chunk_prefill(chunk_prefix, chunk_prefix_ids, list(probe) + list(kv.token_ids))
             after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)  # the chunk's rows
             deviations.append(key_deviation(kv, after))
         return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]
 
-    def _lookup(self, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
-        key = self.key(prefix_ids, chunk_ids)
+    def _lookup(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
+        key = self.key(chunk_prefix_ids, chunk_ids)
         kv = self.store.get(key)
         if kv is None:
             return None
         a = self.adapter
         expected = (a.num_layers, a.num_kv_heads, len(chunk_ids), a.head_dim)
-        if (kv.token_ids != tuple(chunk_ids) or kv.prefix_hash != (hash_ids(prefix_ids) if prefix_ids else "")
+        prefix_hash = hash_ids(chunk_prefix_ids) if chunk_prefix_ids else ""
+        if (kv.token_ids != tuple(chunk_ids) or kv.prefix_hash != prefix_hash
                 or tuple(kv.keys.shape) != expected or kv.keys.dtype != self.dtype):
             log.warning("store entry %s does not match the request (collision or foreign entry); recomputing", key[:12])
             return None
         return kv
 
-    def _compute(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
-        """Compute ``chunk_ids``'s KV after the cached prefix and store it."""
-        kv = self._chunk_prefill(prefix, prefix_ids, chunk_ids)
-        self.store.put(self.key(prefix_ids, chunk_ids), kv)
+    def _compute(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
+                 chunk_ids: Sequence[int]) -> ChunkKV:
+        """Compute ``chunk_ids``'s KV after the cached chunk prefix and store it."""
+        kv = self._chunk_prefill(chunk_prefix, chunk_prefix_ids, chunk_ids)
+        self.store.put(self.key(chunk_prefix_ids, chunk_ids), kv)
         return kv
 
     def _chunk_prefill(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
@@ -211,10 +216,10 @@ class BlendEngine:
         p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
         ids = torch.tensor(list(prefix_ids) + list(chunk_ids), device=self.device)
         if prefix is None or 4 * p <= n - p:
-            plan = PrefillPlan(ids, [], torch.arange(0, n, device=self.device), capture=True)
+            plan = LoopPlan(ids, [], torch.arange(0, n, device=self.device), capture=True)
         else:
-            plan = PrefillPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=self.device), capture=True)
-        out = run_prefill(self.adapter, plan, self._buffer(n), self._rope(n))
+            plan = LoopPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=self.device), capture=True)
+        out = run_loop(self.adapter, plan, self._buffer(n), self._rope(n))
         rows = slice(plan.active.numel() - len(chunk_ids), None)  # captured rows = active ones; the chunk's are last
         keys, values = out.keys[:, :, rows], out.values[:, :, rows]
         return ChunkKV(keys.contiguous(), values.contiguous(), tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
@@ -236,7 +241,7 @@ class BlendEngine:
         stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
         fused = self._buffer(n + extra_capacity)
         t1 = time.perf_counter()
-        out = run_prefill(self.adapter, plan, fused, self._rope(n), trace=trace)
+        out = run_loop(self.adapter, plan, fused, self._rope(n), trace=trace)
         logits = self.logits(out.hidden)
         stats.prefill_s = time.perf_counter() - t1
         stats.ttft_s = time.perf_counter() - t0
@@ -275,42 +280,43 @@ class BlendEngine:
         prefix = self.prefix_kv(layout.prefix_ids, stats)  # exact whatever follows it
         segments = [CachedSegment(0, prefix)] if prefix is not None else []
         if config.mode == "prefix":  # only a chunk computed after this very prefix is an exact prefix
-            anchor_ids, anchor, chunks = layout.prefix_ids, prefix, layout.chunk_ids[:1]
+            chunk_prefix_ids, chunk_prefix, chunks = layout.prefix_ids, prefix, layout.chunk_ids[:1]
         else:
-            anchor_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
-            anchor = prefix if anchor_ids == layout.prefix_ids else self.prefix_kv(anchor_ids)
+            chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
+            same = chunk_prefix_ids == layout.prefix_ids
+            chunk_prefix = prefix if same else self.prefix_kv(chunk_prefix_ids)
         profile = config.mode == "blend" and config.selector == "profile"
         for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
-            kv = self.chunk_kv(anchor_ids, ids, anchor, stats)
+            kv = self.chunk_kv(chunk_prefix_ids, ids, chunk_prefix, stats)
             if profile and kv.sensitivity is None:
-                kv = self._profile_now(kv, anchor_ids, anchor, chunks, i, stats)
+                kv = self._profile_now(kv, chunk_prefix_ids, chunk_prefix, chunks, i, stats)
             segments.append(CachedSegment(start, kv))
         return segments
 
-    def _profile_now(self, kv: ChunkKV, anchor_ids: Sequence[int], anchor: ChunkKV | None,
+    def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int], chunk_prefix: ChunkKV | None,
                      chunks: Sequence[Sequence[int]], i: int, stats: RequestStats) -> ChunkKV:
         """A chunk stored without a profile, met by the ``profile`` selector: measure it after its
         neighbour in this prompt (same rule as :meth:`precompute`) and store it, once."""
         probes = neighbours(chunks, i)
         if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
             return kv.with_sensitivity(torch.zeros(kv.num_tokens))
-        kv = self.profiled(kv, anchor_ids, probes, anchor)
-        self.store.put(self.key(anchor_ids, kv.token_ids), kv)
+        kv = self.profiled(kv, chunk_prefix_ids, probes, chunk_prefix)
+        self.store.put(self.key(chunk_prefix_ids, kv.token_ids), kv)
         stats.profiles_computed += 1
         return kv
 
-    def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment]) -> PrefillPlan:
+    def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment]) -> LoopPlan:
         dev = self.device
         ids = torch.tensor(layout.ids, device=dev)
         n = layout.num_tokens
         chunks = (len(layout.prefix_ids), layout.suffix_start)
         first_computed = cached[-1].end if cached else 0
         if config.mode != "blend":
-            return PrefillPlan(ids, cached, torch.arange(first_computed, n, device=dev), chunk_range=chunks)
+            return LoopPlan(ids, cached, torch.arange(first_computed, n, device=dev), chunk_range=chunks)
         profiles = [s.kv.sensitivity for s in cached if s.start >= chunks[0]]  # the chunks' (profile selector)
         selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling, profiles)
         suffix = torch.arange(layout.suffix_start, n, device=dev)
-        return PrefillPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector, chunk_range=chunks)
+        return LoopPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector, chunk_range=chunks)
 
     def _buffer(self, capacity: int) -> FusedKV:
         a = self.adapter

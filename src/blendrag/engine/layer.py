@@ -75,3 +75,14 @@ def attention_blocks(pos: torch.Tensor, n: int, window: int | None, block: int =
             mask &= k_pos[None, :] > p - window
         out.append(AttentionBlock(slice(start, stop), slice(lo, hi), mask, False))
     return out
+
+
+def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Attention probabilities of queries at positions ``q_pos`` over the keys at positions
+    [0, n), with the exact causal mask, in float32 (for scoring and analysis; the layers
+    themselves run ``finish``). q: [H, S, D]; k: [Hkv, n, D]; q_pos: [S] -> [H, S, n]."""
+    q, k = q.float(), k.float()
+    k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)  # [H, n, D]
+    logits = q @ k.transpose(1, 2) * scaling  # [H, S, n]
+    visible = torch.arange(k.shape[1], device=q_pos.device)[None] <= q_pos[:, None]  # [S, n]
+    return logits.masked_fill(~visible, float("-inf")).softmax(-1)

@@ -22,13 +22,13 @@ import torch
 
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.layer import AttentionBlock, attention_blocks, finish, project
-from blendrag.engine.selectors import Selector
+from blendrag.engine.selectors import CheckView, Selector
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTable
 
 
 @dataclass
-class PrefillPlan:
+class LoopPlan:
     """ids: [N] the request's tokens; cached: rows taken from the cache; active: positions
     computed from layer 0 (sorted; must end with the last position)."""
 
@@ -41,7 +41,7 @@ class PrefillPlan:
 
 
 @dataclass
-class PrefillOutput:
+class LoopOutput:
     hidden: torch.Tensor  # [hidden] final-normed hidden state of the last position
     active_per_layer: list[int] = field(default_factory=list)
     chunk_active_per_layer: list[int] = field(default_factory=list)  # active tokens inside chunk_range
@@ -51,8 +51,8 @@ class PrefillOutput:
 
 
 @torch.inference_mode()
-def run_prefill(adapter: LlamaAdapter, plan: PrefillPlan, fused: FusedKV, rope: RopeTable,
-                trace: bool = False) -> PrefillOutput:
+def run_loop(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTable,
+             trace: bool = False) -> LoopOutput:
     """Run every layer of ``plan``; fills ``fused`` rows [0, N) and returns the last hidden state."""
     n = plan.ids.shape[0]
     pos = plan.active  # [A]
@@ -61,7 +61,7 @@ def run_prefill(adapter: LlamaAdapter, plan: PrefillPlan, fused: FusedKV, rope: 
     h = adapter.embed(plan.ids[pos])  # h: [A, hidden]
     check = {layer: i for i, layer in enumerate(plan.selector.check_layers)} if plan.selector else {}
     blocks: dict[int | None, list[AttentionBlock]] = {}  # per sliding window, for the current active set
-    out = PrefillOutput(hidden=h[-1], trace=[] if trace else None)
+    out = LoopOutput(hidden=h[-1], trace=[] if trace else None)
     keys, values = [], []
     lo, hi = plan.chunk_range
     in_chunks = int(((pos >= lo) & (pos < hi)).sum())
@@ -73,7 +73,7 @@ def run_prefill(adapter: LlamaAdapter, plan: PrefillPlan, fused: FusedKV, rope: 
         if i in check:
             k_old, v_old = fused.k[i][:, pos], fused.v[i][:, pos]  # cached rows of the active tokens
             fused.write(i, pos, k, v)
-            keep = plan.selector.keep(check[i], i, pos, q, k, v, k_old, v_old, fused, n)
+            keep = plan.selector.keep(CheckView(check[i], i, pos, q, k, v, k_old, v_old, fused, n))
         else:
             fused.write(i, pos, k, v)
         if plan.capture:

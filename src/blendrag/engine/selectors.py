@@ -9,13 +9,38 @@ check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chu
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from blendrag.config import BlendConfig
 from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.layer import attention_probs
 from blendrag.prompt import PromptLayout
+
+
+@dataclass(frozen=True)
+class CheckView:
+    """What a selector sees at a check layer, for the ``A`` tokens still computed there.
+
+    step: index of this layer in ``check_layers``; layer: the layer index.
+    pos: [A] positions; q: [H, A, D] rotated queries.
+    k_new, v_new: [Hkv, A, D] the keys (rotated) and values just computed.
+    k_old, v_old: [Hkv, A, D] the rows the cache held for the same tokens.
+    fused: the request's KV, fresh rows of this layer already written; n: prompt length.
+    """
+
+    step: int
+    layer: int
+    pos: torch.Tensor
+    q: torch.Tensor
+    k_new: torch.Tensor
+    v_new: torch.Tensor
+    k_old: torch.Tensor
+    v_old: torch.Tensor
+    fused: FusedKV
+    n: int
 
 
 class Selector:
@@ -37,10 +62,8 @@ class Selector:
         """Chunk positions computed from layer 0 on (sorted)."""
         return self.chunk_positions
 
-    def keep(self, step: int, layer: int, pos: torch.Tensor, q: torch.Tensor, k_new: torch.Tensor,
-             v_new: torch.Tensor, k_old: torch.Tensor, v_old: torch.Tensor, fused: FusedKV, n: int
-             ) -> torch.Tensor:
-        """Indices into ``pos`` of the tokens that go on computing after check layer ``layer``."""
+    def keep(self, view: CheckView) -> torch.Tensor:
+        """Indices into ``view.pos`` of the tokens that go on computing after this check layer."""
         raise NotImplementedError
 
 
@@ -103,16 +126,17 @@ class ScoringSelector(Selector):
         """Chunk tokens kept at check ``step``: ceil(ratio_schedule[step] x chunk tokens)."""
         return math.ceil(self.config.ratio_schedule[step] * self.num_chunk_tokens - 1e-9)
 
-    def keep(self, step, layer, pos, q, k_new, v_new, k_old, v_old, fused, n):
+    def keep(self, view: CheckView) -> torch.Tensor:
+        pos = view.pos
         is_chunk = (pos >= self.chunk_positions[0]) & (pos < self.layout.suffix_start)  # [A]
-        scores = self.score(pos, q, k_new, v_new, k_old, v_old, fused, layer, n)  # [A]
-        scores = scores.float().masked_fill(~is_chunk, float("-inf"))
-        budget = min(self.budget(step), int(is_chunk.sum()))
+        scores = self.score(view).float().masked_fill(~is_chunk, float("-inf"))  # [A]
+        budget = min(self.budget(view.step), int(is_chunk.sum()))
         top = torch.topk(scores, budget).indices if budget else torch.empty(0, dtype=torch.long, device=pos.device)
         suffix = torch.nonzero(pos >= self.layout.suffix_start).flatten()
         return torch.cat([top, suffix]).sort().values
 
-    def score(self, pos, q, k_new, v_new, k_old, v_old, fused, layer, n) -> torch.Tensor:
+    def score(self, view: CheckView) -> torch.Tensor:
+        """One score per active token ([A]); the top chunk tokens are kept."""
         raise NotImplementedError
 
 
@@ -126,8 +150,9 @@ class CacheBlendSelector(ScoringSelector):
                              "token and its position, so fresh and cached rows are equal there")
         super().__init__(config, layout, device, scaling)
 
-    def score(self, pos, q, k_new, v_new, k_old, v_old, fused, layer, n):
-        new, old = (v_new, v_old) if self.config.deviation == "value" else (k_new, k_old)
+    def score(self, view: CheckView) -> torch.Tensor:
+        value = self.config.deviation == "value"
+        new, old = (view.v_new, view.v_old) if value else (view.k_new, view.k_old)
         return (new.float() - old.float()).pow(2).sum(dim=(0, 2))  # [A]
 
 
@@ -135,14 +160,11 @@ class QuerySelector(ScoringSelector):
     """Attention the suffix (question) tokens pay each chunk token, summed over heads and
     suffix queries (A³ / ProphetKV style)."""
 
-    def score(self, pos, q, k_new, v_new, k_old, v_old, fused, layer, n):
+    def score(self, view: CheckView) -> torch.Tensor:
+        pos = view.pos
         suffix_rows = pos >= self.layout.suffix_start
-        qs = q[:, suffix_rows].float()  # [H, S, D]
-        keys = fused.k[layer, :, :n].float()  # [Hkv, n, D], fresh rows already written
-        keys = keys.repeat_interleave(qs.shape[0] // keys.shape[0], dim=0)  # [H, n, D]
-        logits = qs @ keys.transpose(1, 2) * self.scaling  # [H, S, n]
-        visible = torch.arange(n, device=pos.device)[None] <= pos[suffix_rows][:, None]  # [S, n]
-        probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)
+        keys = view.fused.k[view.layer, :, :view.n]  # [Hkv, n, D], fresh rows already written
+        probs = attention_probs(view.q[:, suffix_rows], keys, pos[suffix_rows], self.scaling)  # [H, S, n]
         per_key = probs.sum(dim=(0, 1))  # [n]
         return per_key[pos]  # [A]
 

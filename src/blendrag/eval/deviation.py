@@ -12,20 +12,16 @@ import torch
 
 from blendrag.config import BlendConfig
 from blendrag.engine.engine import BlendEngine, Prefill
+from blendrag.engine.layer import attention_probs
 from blendrag.prompt import PromptLayout
 
 
 def suffix_attention(engine: BlendEngine, pre: Prefill, layout: PromptLayout, layer: int) -> torch.Tensor:
     """Attention probabilities of the suffix queries at ``layer``: [H, S, N] (float32)."""
-    n, start = layout.num_tokens, layout.suffix_start
-    step = pre.output.trace[layer]
-    rows = step["pos"] >= start
-    q = step["q"][:, rows].float()  # [H, S, D]
-    k = pre.fused.k[layer, :, :n].float()  # [Hkv, N, D]
-    k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)
-    logits = q @ k.transpose(1, 2) * engine.adapter.scaling  # [H, S, N]
-    visible = torch.arange(n)[None] <= step["pos"][rows][:, None]
-    return logits.masked_fill(~visible, float("-inf")).softmax(-1)
+    step = pre.output.trace[layer]  # the queries of the tokens computed at that layer
+    rows = step["pos"] >= layout.suffix_start
+    keys = pre.fused.k[layer, :, :layout.num_tokens]  # [Hkv, N, D]
+    return attention_probs(step["q"][:, rows], keys, step["pos"][rows], engine.adapter.scaling)
 
 
 @torch.inference_mode()

@@ -96,7 +96,7 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
     if engine.prompts is None:
         raise ValueError("precompute needs an engine with a tokenizer")
     depth = profile_depth(profile)
-    prefix_ids = engine.prompts.kv_prefix_ids(prefix)  # raises early when there is no prefix at all
+    prefix_ids = engine.prompts.chunk_prefix_ids(prefix)  # raises early when there is no prefix at all
     total = len(chunks) if isinstance(chunks, Sized) else None
     t0 = time.perf_counter()
     counts = {"chunks": 0, "computed": 0, "skipped": 0, "empty": 0, "tokens": 0, "profiled": 0}

@@ -95,7 +95,7 @@ class BlendChroma(Chroma):
         if not ids:
             return IngestCounts()
         show = len(ids) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
-        prefix_ids = engine.prompts.kv_prefix_ids()
+        prefix_ids = engine.prompts.chunk_prefix_ids()
         with tqdm(total=len(ids), desc="precomputing chunk KVs", unit="chunk", disable=not show) as bar:
             computed = engine.precompute(prefix_ids, ids, profile=self.profile, on_chunk=lambda i, now: bar.update(1))
         counts = IngestCounts(computed=sum(computed), skipped=len(computed) - sum(computed))

@@ -153,11 +153,11 @@ class BlendLLM(CustomLLM):
         texts = [self.chunk_text(n) for n in nodes]
         self.remember(texts)
         ids = [i for i in (self._engine.prompts.encode(t) for t in texts) if i]  # empty nodes have no KV
-        return sum(self._engine.precompute(self._kv_prefix_ids(), ids, profile=profile))
+        return sum(self._engine.precompute(self._chunk_prefix_ids(), ids, profile=profile))
 
     def cached(self, nodes: Sequence[NodeLike]) -> list[bool]:
         """Whether each node's chunk KV is in the engine's store now."""
-        engine, prefix = self._engine, self._kv_prefix_ids()
+        engine, prefix = self._engine, self._chunk_prefix_ids()
         return [engine.store.contains(engine.key(prefix, engine.prompts.encode(self.chunk_text(n)))) for n in nodes]
 
     def remember(self, texts: Sequence[str]) -> None:
@@ -176,7 +176,7 @@ class BlendLLM(CustomLLM):
         """Hash of what a chunk KV depends on besides the node (model, tokenizer, chunk prefix,
         chunk template): the ingestion transform's cache identity."""
         engine = self._engine
-        parts = (engine.model_fp, engine.tokenizer_fp, hash_ids(self._kv_prefix_ids()), self.chunk_template)
+        parts = (engine.model_fp, engine.tokenizer_fp, hash_ids(self._chunk_prefix_ids()), self.chunk_template)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     def _bare(self, text: str) -> str:
@@ -185,13 +185,13 @@ class BlendLLM(CustomLLM):
             return text[len(head):len(text) - len(tail)]
         return text
 
-    def _kv_prefix_ids(self) -> list[int]:
+    def _chunk_prefix_ids(self) -> list[int]:
         prompts = self._engine.prompts
         if prompts.chunk_prefix is None:
             raise ValueError("chunk KVs precomputed before any prompt exists need a canonical prefix: build the "
                              "engine with chunk_prefix (e.g. BlendEngine(..., chunk_prefix='')) or use "
                              "BlendLLM.from_pretrained")
-        return prompts.kv_prefix_ids()
+        return prompts.chunk_prefix_ids()
 
     # ---- requests ----------------------------------------------------------------------------
 

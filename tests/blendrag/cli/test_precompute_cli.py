@@ -73,7 +73,7 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
 
     store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
-    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     stored = [store.get(engine.key(prefix_ids, i)) for i in ids]
     for i in range(1, len(ids)):  # line 4 opens the second batch: still measured after line 3
@@ -92,7 +92,7 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
     assert _summary(capsys)["profiled"] == 4
     store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
-    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     for i in (2, 3):  # the second batch, behind lines 1-2 of the first
         expected = engine.profiled(store.get(engine.key(prefix_ids, ids[i])), prefix_ids, [ids[i - 1], ids[i - 2]])
@@ -134,7 +134,7 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     assert here.chunks == there["chunks"] == len(TEXTS)
     assert here.computed + there["computed"] >= len(TEXTS)  # each chunk computed at least once
 
-    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     prefix = engine.prefix_kv(prefix_ids)
     for text in TEXTS:
         ids = engine.prompts.encode(text)

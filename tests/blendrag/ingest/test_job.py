@@ -20,7 +20,7 @@ def engine(model_dir, make_store) -> BlendEngine:
 
 
 def _key(engine: BlendEngine, text: str) -> str:
-    return engine.key(engine.prompts.kv_prefix_ids(PREFIX), engine.prompts.encode(text))
+    return engine.key(engine.prompts.chunk_prefix_ids(PREFIX), engine.prompts.encode(text))
 
 
 def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
@@ -31,7 +31,7 @@ def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
     assert (summary.chunks, summary.computed, summary.skipped, summary.empty) == (5, 4, 0, 1)
     assert (summary.tokens, summary.bytes) == (tokens, tokens * kv_bytes_per_token(engine))
     assert summary.tokens_per_s > 0 and "computed 4" in summary.format()
-    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     prefix = engine.prefix_kv(prefix_ids)
     for text in PASSAGES:
         stored = engine.store.get(_key(engine, text))
@@ -87,7 +87,7 @@ def _stored(engine: BlendEngine, text: str):
 
 def _profile_after(engine: BlendEngine, text: str, *neighbours: str) -> torch.Tensor:
     """What the engine measures for ``text`` computed after each of ``neighbours`` (the reference)."""
-    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     probes = [engine.prompts.encode(n) for n in neighbours]
     return engine.profiled(_stored(engine, text), prefix_ids, probes).sensitivity
 
@@ -105,7 +105,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
         assert torch.equal(got, _profile_after(engine, text, before)), text
         assert got.max() > 0
     # the served rows are the stand-alone ones, profile or not
-    prefix_ids = engine.prompts.kv_prefix_ids(PREFIX)
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ref = engine._chunk_prefill(engine.prefix_kv(prefix_ids), prefix_ids, engine.prompts.encode(p2))
     assert torch.equal(_stored(engine, p2).keys, ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
     # queries with the profile selector find every profile in the store
@@ -116,7 +116,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
 def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(engine, model_dir, make_store):
     precompute(engine, PASSAGES, prefix=PREFIX, progress=False, batch_size=1, profile=True)
     whole = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=make_store(disk_dir=None))
-    whole.precompute(whole.prompts.kv_prefix_ids(PREFIX), [whole.prompts.encode(t) for t in PASSAGES], profile=True)
+    whole.precompute(whole.prompts.chunk_prefix_ids(PREFIX), [whole.prompts.encode(t) for t in PASSAGES], profile=True)
     for text in PASSAGES[1:]:
         assert torch.equal(_stored(engine, text).sensitivity, _stored(whole, text).sensitivity)
     # a first batch of one chunk has no neighbour: no profile (the engine measures it on first use)

@@ -16,7 +16,7 @@ from helpers.lc_data import PASSAGES  # noqa: E402
 
 def _stored(engine, text: str) -> bool:
     prompts = engine.prompts
-    return engine.store.contains(engine.key(prompts.kv_prefix_ids(), prompts.encode(text)))
+    return engine.store.contains(engine.key(prompts.chunk_prefix_ids(), prompts.encode(text)))
 
 
 def test_from_documents_stores_one_kv_per_document(blend_store, engine, llm, documents):
@@ -106,14 +106,14 @@ def test_engine_without_chunk_prefix_is_refused(tiny_model, embedder, chroma_cli
 
 def _entry(engine, text: str):
     prompts = engine.prompts
-    return engine.store.get(engine.key(prompts.kv_prefix_ids(), prompts.encode(text)))
+    return engine.store.get(engine.key(prompts.chunk_prefix_ids(), prompts.encode(text)))
 
 
 def _profile_after(engine, text: str, *neighbours: str):
     """The engine's own measurement of ``text`` after each of ``neighbours`` (the reference)."""
     prompts = engine.prompts
     probes = [prompts.encode(n) for n in neighbours]
-    return engine.profiled(_entry(engine, text), prompts.kv_prefix_ids(), probes).sensitivity
+    return engine.profiled(_entry(engine, text), prompts.chunk_prefix_ids(), probes).sensitivity
 
 
 def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client, collection_name,

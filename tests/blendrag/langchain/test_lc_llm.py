@@ -177,7 +177,7 @@ def test_chat_layout_is_the_rendered_conversation(chat, engine):
     assert rendered.endswith(f"<|user|>\n{QUESTION}<|end|>\n<|assistant|>\n")
     assert engine.tokenizer.decode(layout.ids) == rendered
     assert layout.chunk_ids[0] == tuple(engine.prompts.encode(PASSAGES[0]))
-    assert layout.chunk_prefix_ids == tuple(engine.prompts.kv_prefix_ids())
+    assert layout.chunk_prefix_ids == tuple(engine.prompts.chunk_prefix_ids())
 
 
 def test_chat_usage_and_metadata(chat):

@@ -139,12 +139,12 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
 
     def entry(llm, node):
         engine = llm.engine
-        return engine.store.get(engine.key(engine.prompts.kv_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
+        return engine.store.get(engine.key(engine.prompts.chunk_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
 
     def profile_after(llm, node, *before):
         engine = llm.engine
         probes = [engine.prompts.encode(llm.chunk_text(b)) for b in before]
-        return engine.profiled(entry(llm, node), engine.prompts.kv_prefix_ids(), probes).sensitivity
+        return engine.profiled(entry(llm, node), engine.prompts.chunk_prefix_ids(), probes).sensitivity
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()

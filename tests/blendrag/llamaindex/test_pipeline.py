@@ -140,7 +140,7 @@ def test_chat_template_engine_blends_at_node_boundaries(make_llm, embed, new_vec
 
 def _entry(llm, node):
     engine = llm.engine
-    return engine.store.get(engine.key(engine.prompts.kv_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
+    return engine.store.get(engine.key(engine.prompts.chunk_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
 
 
 def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure_none(
@@ -151,7 +151,7 @@ def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure
     pipeline = IngestionPipeline(transformations=[BlendKVTransform(llm, profile=True), embed],
                                  vector_store=(store := new_vector_store()))
     pipeline.run(nodes=nodes)
-    engine, prefix_ids = llm.engine, llm.engine.prompts.kv_prefix_ids()
+    engine, prefix_ids = llm.engine, llm.engine.prompts.chunk_prefix_ids()
     for i, node in enumerate(nodes):  # after the node before it (the first after the last)
         got = _entry(llm, node).sensitivity
         before = engine.prompts.encode(llm.chunk_text(nodes[i - 1]))
