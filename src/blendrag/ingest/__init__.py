@@ -1,21 +1,32 @@
-"""Bulk KV precompute: read chunk texts from a source, compute and store each chunk's KV once.
+"""Ingestion: chunk texts are tokenized as prompts tokenize them and their KVs precomputed.
 
->>> from blendrag.ingest import chunks_from_chroma, precompute
->>> summary = precompute(engine, chunks_from_chroma("./chroma", "docs"))
+``Ingestion`` (``ingestion.py``) is the one path every entry point takes: ``BlendEngine.ingest``,
+the bulk job, ``blendrag precompute``, ``BlendChroma`` and the LlamaIndex transform. The job
+(``job.py``) reads a source (``sources.py``: a Chroma collection, a folder, a JSONL file) in
+batches, resumably:
+
+>>> from blendrag.ingest import chunks_from_chroma, ingest_source
+>>> summary = ingest_source(engine, chunks_from_chroma("./chroma", "docs"))
 >>> print(summary.format())
 
 See docs/store.md ("Precompute") and ``blendrag precompute --help``.
 """
 
-from blendrag.ingest.job import PrecomputeSummary, kv_bytes_per_token, precompute
+from blendrag.ingest.ingestion import IngestCounts, IngestEngine, Ingestion, kv_bytes_per_token
+from blendrag.ingest.job import IngestSummary, PrecomputeSummary, ingest_source, precompute
 from blendrag.ingest.sources import ChunkSource, chunks_from_chroma, chunks_from_folder, chunks_from_jsonl
 
 __all__ = [
     "ChunkSource",
+    "IngestCounts",
+    "IngestEngine",
+    "IngestSummary",
+    "Ingestion",
     "PrecomputeSummary",
     "chunks_from_chroma",
     "chunks_from_folder",
     "chunks_from_jsonl",
+    "ingest_source",
     "kv_bytes_per_token",
     "precompute",
 ]

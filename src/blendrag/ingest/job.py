@@ -1,35 +1,38 @@
-"""The precompute job: compute and store the KV of every chunk a source yields, once.
+"""The bulk ingestion job: ingest every chunk text a source yields, once.
 
 Resumable: chunks whose KV is already stored are skipped (one ``missing`` lookup per batch),
 so a job that was interrupted, or run again on a grown collection, computes only what is new.
 Several processes may run it on one store at once: every entry is written whole, and at worst
 both compute the same chunk and write the same bytes.
 
-With ``profile=True`` each new chunk's context-sensitivity profile (``engine/profile.py``) is
+The texts go through the one ingestion path (``ingestion.Ingestion``) batch by batch. With
+``profile=True`` each new chunk's context-sensitivity profile (``engine/profile.py``) is
 measured after the chunk before it in the source, its document neighbour (``profile=k``: after
-each of the k before it): every batch is handed to ``engine.precompute`` behind the previous
-batches' last k chunks (stored already, so only their neighbour role counts), so batch
-boundaries lose no neighbour.
+each of the k before it), across batch boundaries.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sized
+from collections.abc import Iterable, Iterator, Sized
 from dataclasses import asdict, dataclass
-from typing import Iterable, Iterator
+from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from blendrag.engine.engine import BlendEngine
-from blendrag.engine.profile import profile_depth
-from blendrag.text_index import ChunkTextIndex
+from blendrag.ingest.ingestion import IngestEngine, Ingestion, kv_bytes_per_token
 
 BATCH = 32
 
 
+class TextRecorder(Protocol):
+    """Where the job also records the texts (a ``blendrag.integration.ChunkTextIndex``)."""
+
+    def add_many(self, texts: Iterable[str]) -> int: ...
+
+
 @dataclass(frozen=True)
-class PrecomputeSummary:
+class IngestSummary:
     """What one job did.
 
     chunks:   texts read from the source
@@ -66,16 +69,15 @@ class PrecomputeSummary:
                 f"({self.tokens_per_s:.0f} tokens/s){profiles}")
 
 
-def kv_bytes_per_token(engine: BlendEngine) -> int:
-    """2 (K, V) x layers x kv_heads x head_dim x bytes per element."""
-    a = engine.adapter
-    return 2 * a.num_layers * a.num_kv_heads * a.head_dim * engine.dtype.itemsize
+PrecomputeSummary = IngestSummary
+"""The summary's former name (kept importable)."""
 
 
-def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = None, progress: bool = True,
-               text_index: ChunkTextIndex | None = None, batch_size: int = BATCH,
-               profile: bool | int = False) -> PrecomputeSummary:
-    """Compute and store the KV of every chunk text not stored yet.
+def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | None = None, progress: bool = True,
+                  text_index: TextRecorder | None = None, batch_size: int = BATCH,
+                  profile: bool | int = False) -> IngestSummary:
+    """Ingest every chunk text of ``chunks`` (a ``ChunkSource`` or any iterable of strings)
+    whose KV is not stored yet.
 
     Chunks are tokenized as prompts tokenize them and computed after the engine's
     ``chunk_prefix`` or, without one, after ``prefix`` (the prompt prefix queries will use).
@@ -93,49 +95,32 @@ def precompute(engine: BlendEngine, chunks: Iterable[str], prefix: str | None = 
     them on first use)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if engine.prompts is None:
-        raise ValueError("precompute needs an engine with a tokenizer")
-    depth = profile_depth(profile)
-    prefix_ids = engine.prompts.chunk_prefix_ids(prefix)  # raises early when there is no prefix at all
+    run = Ingestion(engine, prefix, profile=profile)  # refuses a missing prefix or a bad profile now
     total = len(chunks) if isinstance(chunks, Sized) else None
     t0 = time.perf_counter()
-    counts = {"chunks": 0, "computed": 0, "skipped": 0, "empty": 0, "tokens": 0, "profiled": 0}
-    previous: list[list[int]] = []  # the last non-empty chunks so far (up to depth): the next ones' neighbours
     with tqdm(total=total, unit="chunk", desc="precompute", disable=not progress) as bar:
+        run.on_chunk = lambda i, computed: _step(run, bar, t0)
         for texts in _batches(chunks, batch_size):
-            previous = _run_batch(engine, prefix_ids, texts, counts, bar, t0, depth, previous)
+            empty = run.counts.empty
+            run.add(texts)
+            bar.update(run.counts.empty - empty)
             if text_index is not None:
                 text_index.add_many(texts)
-    return PrecomputeSummary(**counts, bytes=counts["tokens"] * kv_bytes_per_token(engine),
-                             seconds=time.perf_counter() - t0)
+    counts = run.counts
+    return IngestSummary(chunks=counts.chunks, computed=counts.computed, skipped=counts.skipped, empty=counts.empty,
+                         tokens=counts.tokens, bytes=counts.tokens * kv_bytes_per_token(engine),
+                         seconds=time.perf_counter() - t0, profiled=counts.profiled)
 
 
-def _run_batch(engine: BlendEngine, prefix_ids: list[int], texts: list[str], counts: dict[str, int],
-               bar: tqdm, t0: float, depth: int, previous: list[list[int]]) -> list[list[int]]:
-    """Compute one batch; returns the last ``depth`` non-empty chunks so far."""
-    ids = [engine.prompts.encode(t) for t in texts]
-    todo = [i for i in ids if i]
-    counts["chunks"] += len(texts)
-    counts["empty"] += len(texts) - len(todo)
-    bar.update(len(texts) - len(todo))
-    # With profiles, the previous batches' last chunks go first: the neighbours of this batch's
-    # first chunks. They are stored already, so precompute skips them; they are not counted again.
-    head = previous[-depth:] if depth else []
-    profiled = depth > 0 and len(head) + len(todo) > 1  # precompute profiles no chunk of a list of one
+precompute = ingest_source
+"""The job's former name (kept importable: ``from blendrag.ingest import precompute``)."""
 
-    def done(i: int, computed: bool) -> None:
-        if i < len(head):
-            return
-        counts["computed" if computed else "skipped"] += 1
-        counts["tokens"] += len(todo[i - len(head)]) if computed else 0
-        counts["profiled"] += computed and profiled
-        bar.update(1)
-        bar.set_postfix(computed=counts["computed"], skipped=counts["skipped"],
-                        tok_s=f"{counts['tokens'] / max(time.perf_counter() - t0, 1e-9):.0f}", refresh=False)
 
-    if todo:
-        engine.precompute(prefix_ids, head + todo, profile=depth, on_chunk=done)
-    return (head + todo)[-depth:] if depth else []
+def _step(run: Ingestion, bar: tqdm, t0: float) -> None:
+    c = run.counts
+    bar.update(1)
+    bar.set_postfix(computed=c.computed, skipped=c.skipped,
+                    tok_s=f"{c.tokens / max(time.perf_counter() - t0, 1e-9):.0f}", refresh=False)
 
 
 def _batches(items: Iterable[str], size: int) -> Iterator[list[str]]:

@@ -1,10 +1,10 @@
-"""Where a precompute job reads chunk texts: a Chroma collection, a folder, a JSONL file.
+"""Where an ingestion job reads chunk texts: a Chroma collection, a folder, a JSONL file.
 
 Each source is a :class:`ChunkSource`: iterable (read lazily, in order, again on every
 iteration) and sized (for progress bars). A source yields the texts exactly as they are
 stored; the job tokenizes them as prompts do.
 
-Order matters to ``precompute(..., profile=True)``, which measures each chunk after the one
+Order matters to ``ingest_source(..., profile=True)``, which measures each chunk after the one
 before it: a Chroma collection is read in the order its ``get`` pages return (insertion order
 for a local chromadb 1.x collection), a folder in sorted path order, a JSONL file in line
 order. Store a document's chunks consecutively (name files so that they sort in document

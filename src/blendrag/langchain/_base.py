@@ -1,113 +1,72 @@
-"""What BlendLLM and ChatBlend share: config fields, per-call overrides and one request path."""
+"""What BlendLLM and ChatBlend share: LangChain's side of one request (kwargs, Documents,
+generation info, tracing params) over the framework-neutral core (``blendrag.integration``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.documents import Document
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, model_validator
 
 from blendrag.config import BlendConfig, GenerationConfig
-from blendrag.engine import BlendEngine, GenerationStream, RequestStats
-from blendrag.langchain._prompt import BlendPrompt
-from blendrag.text_index import ChunkTextIndex
+from blendrag.engine import BlendEngine
+from blendrag.integration import requests
+from blendrag.integration.fields import OVERRIDES, BlendFields
+from blendrag.integration.requests import BlendRequest
+from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.langchain._prompt import BlendPrompt, blend_prompt
 
 log = logging.getLogger(__name__)
 
-_BLEND_KEYS = ("mode", "selector", "ratio", "check_layers")
-_GENERATION_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 # Keyword arguments LangChain itself may pass down to _generate/_stream: not ours, not an error.
 _LANGCHAIN_KEYS = frozenset({"stream", "model", "ls_structured_output_format"})
 
 
-@dataclass
-class BlendRequest:
-    """One running request: its prompt layout and the engine's token stream."""
-
-    prompt: BlendPrompt
-    stream: GenerationStream
-
-
-class BlendParams(BaseModel):
+class BlendParams(BlendFields):
     """Fields and request path shared by :class:`BlendLLM` and :class:`ChatBlend`.
 
-    Per call, ``documents=`` (the retrieved Documents) and any of ``mode``, ``selector``,
-    ``ratio``, ``check_layers``, ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``
-    may be passed as keyword arguments (``invoke(..., documents=docs)`` or ``.bind(...)``).
+    The flat request settings (``mode``, ``selector``, ``ratio``, ``check_layers``,
+    ``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ...) are
+    :class:`~blendrag.integration.fields.BlendFields`'. Per call, ``documents=`` (the retrieved
+    Documents) and any of those settings may be passed as keyword arguments
+    (``invoke(..., documents=docs)`` or ``.bind(...)``).
     """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     engine: BlendEngine = Field(exclude=True)
     """The engine (model, tokenizer, chunk-KV store). Give it a ``chunk_prefix`` so that KVs
     precomputed at ingestion match the chains' prompts."""
     text_index: ChunkTextIndex = Field(default_factory=ChunkTextIndex, exclude=True)
     """Chunk texts recorded at ingestion; used to find chunks in a flat prompt."""
-    mode: str = "blend"
-    """``full`` | ``prefix`` | ``reuse`` | ``blend`` (see :class:`~blendrag.BlendConfig`)."""
-    selector: str = "cacheblend"
-    ratio: float = 0.15
-    check_layers: tuple[int, ...] = (1,)
-    max_tokens: int = 256
-    """Maximum number of new tokens."""
-    temperature: float = 0.0
-    """0: greedy decoding."""
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    stop: list[str] | None = None
-    """Stop strings, added to the ones given per call."""
     document_prompt: str = "{page_content}"
     """How the chain formats one Document into the prompt (``create_stuff_documents_chain``'s
-    ``document_prompt``); the chunk text located in the prompt and recorded at ingestion."""
+    ``document_prompt``); the chunk text located in the prompt and recorded at ingestion. The
+    default is the one chunk template of both integrations (``blendrag.integration.chunks``)."""
     streaming: bool = False
     """Route ``invoke`` through the token stream so callbacks get every token."""
 
-    _last_stats: RequestStats | None = PrivateAttr(default=None)
-    _last_prompt: BlendPrompt | None = PrivateAttr(default=None)
-
     @model_validator(mode="after")
-    def _check_configs(self) -> "BlendParams":
+    def _check_settings(self) -> BlendParams:
         if self.engine.prompts is None:
             raise ValueError("the engine has no tokenizer: LangChain models need one to read text prompts")
-        self.blend_config()
-        self.generation_config()
+        self._check_configs()
         return self
 
-    @property
-    def last_stats(self) -> RequestStats | None:
-        """Stats of the last finished request (the last prompt of a batch)."""
-        return self._last_stats
-
-    @property
-    def last_prompt(self) -> BlendPrompt | None:
-        """Layout of the last request and how its chunks were found."""
-        return self._last_prompt
-
     def blend_config(self, **overrides: Any) -> BlendConfig:
-        values = {k: getattr(self, k) for k in _BLEND_KEYS}
-        values.update({k: v for k, v in overrides.items() if k in _BLEND_KEYS})
-        return BlendConfig(**values)
+        """The request's ``BlendConfig`` (the fields, with per-call ``overrides``)."""
+        return self.make_blend_config(**overrides)
 
     def generation_config(self, stop: Sequence[str] | None = None, **overrides: Any) -> GenerationConfig:
-        values = {k: getattr(self, k) for k in _GENERATION_KEYS}
-        values.update({k: v for k, v in overrides.items() if k in _GENERATION_KEYS})
-        stops = tuple(dict.fromkeys([*(self.stop or ()), *(stop or ())]))
-        return GenerationConfig(max_new_tokens=values.pop("max_tokens"), stop=stops, **values)
+        """The request's ``GenerationConfig`` (the fields, with per-call ``stop`` and ``overrides``)."""
+        return self.make_generation_config(stop, **overrides)
 
     def _params(self) -> dict[str, Any]:
-        return {
-            "model": self.engine.name, **{k: getattr(self, k) for k in _BLEND_KEYS},
-            **{k: getattr(self, k) for k in _GENERATION_KEYS}, "stop": self.stop,
-            "document_prompt": self.document_prompt,
-        }
+        return {"model": self.engine.name, **self.settings(), "document_prompt": self.document_prompt}
 
     def _documents(self, kwargs: dict[str, Any]) -> Sequence[Document] | None:
         """The ``documents`` kwarg, after warning about kwargs nobody reads."""
-        unknown = set(kwargs) - {"documents", *_BLEND_KEYS, *_GENERATION_KEYS, *_LANGCHAIN_KEYS}
+        unknown = set(kwargs) - {"documents", *OVERRIDES, *_LANGCHAIN_KEYS}
         if unknown:
             log.warning("%s ignores unknown keyword arguments %s", type(self).__name__, sorted(unknown))
         docs = kwargs.get("documents")
@@ -115,20 +74,16 @@ class BlendParams(BaseModel):
             raise TypeError("documents= must be a list of langchain Document objects")
         return docs
 
-    def _start(self, prompt: BlendPrompt, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> BlendRequest:
-        """Prefill ``prompt`` (blending unless no chunk was found) and open its token stream."""
-        blend = self.blend_config(**kwargs)
-        if prompt.full_only:
-            blend = dataclasses.replace(blend, mode="full")  # nothing cached to blend
-        stream = self.engine.stream(prompt.layout, blend, self.generation_config(stop, **kwargs))
-        return BlendRequest(prompt, stream)
+    def _start(self, prompt: str, wrap: bool, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> BlendRequest:
+        """Lay ``prompt`` out at the chunks it holds and start the engine's token stream.
+        ``wrap=False``: the prompt is an already rendered chat."""
+        flat: BlendPrompt = blend_prompt(self.engine, prompt, self.text_index, self._documents(kwargs),
+                                         self.document_prompt, wrap=wrap)
+        return requests.start(self.engine, flat, self.blend_config(**kwargs), self.generation_config(stop, **kwargs))
 
     def _finish(self, request: BlendRequest) -> dict[str, Any]:
         """Record the finished request; its generation_info."""
-        result = request.stream.result
-        self._last_stats, self._last_prompt = result.stats, request.prompt
-        return {"finish_reason": result.finish_reason, "blendrag": result.stats.to_dict(),
-                "blendrag_prompt": request.prompt.info()}
+        return self._finished(request)
 
     def _ls_params(self, model_type: str, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
         params: dict[str, Any] = {

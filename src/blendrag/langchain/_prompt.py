@@ -1,22 +1,21 @@
 """From what a LangChain chain hands the model (a flat prompt, maybe the Documents) to a layout.
 
-The splitting itself is framework-free (:mod:`blendrag.flat_prompt`); what LangChain adds is
-how a Document is spelled in the prompt (``format_document`` with the chain's document prompt).
+The splitting itself is framework-neutral (:mod:`blendrag.integration.requests`); what LangChain
+adds is how a Document is spelled in the prompt (``format_document`` with the chain's document
+prompt).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Sequence
+from collections.abc import Sequence
 
 from langchain_core.documents import Document
 from langchain_core.prompts import PromptTemplate, format_document
 
 from blendrag.engine import BlendEngine
-from blendrag.flat_prompt import FlatLayout, flat_layout
-from blendrag.text_index import ChunkTextIndex
-
-log = logging.getLogger(__name__)
+from blendrag.integration.flat_prompt import FlatLayout
+from blendrag.integration.requests import prompt_layout
+from blendrag.integration.text_index import ChunkTextIndex
 
 BlendPrompt = FlatLayout  # a request's layout and how its chunks were found
 
@@ -32,10 +31,4 @@ def blend_prompt(engine: BlendEngine, prompt: str, index: ChunkTextIndex, docume
     """Layout of ``prompt`` cut at the Documents' texts when given (and found), else at the
     ingested texts of ``index``. ``wrap=False``: the prompt is an already rendered chat."""
     texts = format_documents(documents, document_prompt) if documents else None
-    flat = flat_layout(engine.prompts, prompt, index, texts=texts, wrap=wrap)
-    if texts and flat.matched < len(texts):
-        log.debug("%d of %d documents not found verbatim in the prompt (formatted with %r)",
-                  len(texts) - flat.matched, len(texts), document_prompt)
-    if texts and flat.full_only:  # none found verbatim: the ingested texts may still be there
-        flat = flat_layout(engine.prompts, prompt, index, wrap=wrap)
-    return flat
+    return prompt_layout(engine, prompt, index, texts, wrap)

@@ -10,6 +10,7 @@ from langchain_core.prompts import BasePromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
 
+from blendrag.integration.chunks import DEFAULT_SEPARATOR
 from blendrag.langchain._base import BlendParams
 from blendrag.langchain._prompt import format_documents
 
@@ -19,7 +20,7 @@ def create_blend_retrieval_chain(
     llm: BlendParams,
     prompt: BasePromptTemplate,
     *,
-    document_separator: str = "\n\n",
+    document_separator: str = DEFAULT_SEPARATOR,
     document_variable_name: str = "context",
     output_parser: BaseOutputParser | None = None,
 ) -> Runnable[dict[str, Any], dict[str, Any]]:

@@ -13,7 +13,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import model_validator
 
 from blendrag.langchain._base import BlendParams
-from blendrag.langchain._prompt import blend_prompt
+from blendrag.integration.requests import render_chat
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
 
@@ -47,11 +47,7 @@ class ChatBlend(BlendParams, BaseChatModel):
 
     def render(self, messages: list[BaseMessage]) -> str:
         """The conversation as the model reads it (chat template, assistant header last)."""
-        turns = [{"role": _role(m), "content": str(m.text)} for m in messages]
-        system = self.engine.prompts.system
-        if system is not None and not any(t["role"] == "system" for t in turns):
-            turns.insert(0, {"role": "system", "content": system})
-        return self.engine.tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+        return render_chat(self.engine, [{"role": _role(m), "content": str(m.text)} for m in messages])
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -61,10 +57,7 @@ class ChatBlend(BlendParams, BaseChatModel):
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        rendered = self.render(messages)
-        flat = blend_prompt(self.engine, rendered, self.text_index, self._documents(kwargs), self.document_prompt,
-                            wrap=False)
-        request = self._start(flat, stop, kwargs)
+        request = self._start(self.render(messages), False, stop, kwargs)
         for delta in request.stream:
             yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
         info = self._finish(request)

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 try:
     from langchain_chroma import Chroma
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("BlendChroma needs langchain-chroma: pip install blendrag[chroma]") from exc
 from langchain_core.documents import Document
-from tqdm.auto import tqdm
 
-from blendrag.engine.profile import profile_depth
+from blendrag.config import profile_depth
+from blendrag.ingest import IngestCounts
+from blendrag.integration.chunks import DEFAULT_SEPARATOR
+from blendrag.integration.ingestion import PROGRESS_MIN, ingest_chunks, record, require_chunk_prefix
 from blendrag.langchain._base import BlendParams
 from blendrag.langchain._prompt import format_documents
-
-
-@dataclass
-class IngestCounts:
-    """KVs computed by this store's ingestion so far, and texts whose KV was already stored
-    (texts without any token have no KV and count as neither)."""
-
-    computed: int = 0
-    skipped: int = 0
 
 
 class BlendChroma(Chroma):
@@ -33,7 +26,7 @@ class BlendChroma(Chroma):
     (``add_documents``, ``from_documents``, ``from_texts``, their async forms); after storing
     the vectors it formats each text as the chain will (``llm.document_prompt``), records it in
     ``llm.text_index`` (so flat prompts can be split at it) and stores its KV with
-    ``llm.engine.ingest`` (already stored KVs are not recomputed). ``separators`` (the stuff
+    the one ingestion path (already stored KVs are not recomputed). ``separators`` (the stuff
     chain's ``document_separator``) get their KV stored too, as they sit between chunks.
 
     >>> store = BlendChroma.from_documents(docs, embedding=embedder, llm=llm)
@@ -51,13 +44,11 @@ class BlendChroma(Chroma):
     the separators after the last text. Other arguments are Chroma's.
     """
 
-    PROGRESS_MIN = 32
+    PROGRESS_MIN = PROGRESS_MIN
 
-    def __init__(self, *args: Any, llm: BlendParams, separators: Sequence[str] = ("\n\n",),
+    def __init__(self, *args: Any, llm: BlendParams, separators: Sequence[str] = (DEFAULT_SEPARATOR,),
                  show_progress: bool | None = None, profile: bool | int = False, **kwargs: Any) -> None:
-        if llm.engine.prompts.chunk_prefix is None:
-            raise ValueError("the engine has no chunk_prefix, so KVs cannot be precomputed before the prompt is "
-                             "known: create it with chunk_prefix=... (e.g. \"\")")
+        require_chunk_prefix(llm.engine)
         super().__init__(*args, **kwargs)
         self.llm = llm
         self.separators = tuple(s for s in separators if s)
@@ -89,22 +80,8 @@ class BlendChroma(Chroma):
         metas = list(metadatas or []) + [{}] * (len(texts) - len(metadatas or []))
         docs = [Document(page_content=t, metadata=m or {}) for t, m in zip(texts, metas)]
         chunks = format_documents(docs, self.llm.document_prompt)
-        self.llm.text_index.add_many(chunks)
-        engine = self.llm.engine
-        ids = [i for i in map(engine.prompts.encode, chunks) if i]  # a text without tokens has no KV
-        if not ids:
-            return IngestCounts()
-        show = len(ids) >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
-        prefix_ids = engine.prompts.chunk_prefix_ids()
-        with tqdm(total=len(ids), desc="precomputing chunk KVs", unit="chunk", disable=not show) as bar:
-            computed = engine.precompute(prefix_ids, ids, profile=self.profile, on_chunk=lambda i, now: bar.update(1))
-        counts = IngestCounts(computed=sum(computed), skipped=len(computed) - sum(computed))
-        if self.separators:
-            # With profile, behind the last text (stored now, so skipped): the separators sit
-            # between texts in the prompt and are measured after one.
-            seps = [engine.prompts.encode(s) for s in self.separators]
-            depth = profile_depth(self.profile)
-            engine.precompute(prefix_ids, [*ids[-depth:], *seps] if depth else seps, profile=self.profile)
-        self.ingest_counts.computed += counts.computed
-        self.ingest_counts.skipped += counts.skipped
+        record(self.llm.text_index, chunks)
+        counts = ingest_chunks(self.llm.engine, chunks, profile=self.profile, separators=self.separators,
+                               progress=self.show_progress, progress_min=self.PROGRESS_MIN)
+        self.ingest_counts += counts
         return counts

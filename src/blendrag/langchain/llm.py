@@ -10,7 +10,6 @@ from langchain_core.language_models.base import LangSmithParams
 from langchain_core.outputs import Generation, GenerationChunk, LLMResult
 
 from blendrag.langchain._base import BlendParams
-from blendrag.langchain._prompt import blend_prompt
 
 
 class BlendLLM(BlendParams, BaseLLM):
@@ -51,8 +50,7 @@ class BlendLLM(BlendParams, BaseLLM):
 
     def _stream(self, prompt: str, stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[GenerationChunk]:
-        flat = blend_prompt(self.engine, prompt, self.text_index, self._documents(kwargs), self.document_prompt, wrap=True)
-        request = self._start(flat, stop, kwargs)
+        request = self._start(prompt, True, stop, kwargs)
         for delta in request.stream:
             yield self._emit(GenerationChunk(text=delta), run_manager)
         yield self._emit(GenerationChunk(text="", generation_info=self._finish(request)), run_manager)

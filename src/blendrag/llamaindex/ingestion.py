@@ -7,20 +7,20 @@ from typing import Any, Sequence
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, TransformComponent
 
-from blendrag.engine.profile import profile_depth
+from blendrag.config import profile_depth
 from blendrag.llamaindex.llm import BlendLLM
 
 
 class BlendKVTransform(TransformComponent):
     """Stores the KV of every node's exact prompt text (``MetadataMode.LLM`` content in the
-    LLM's chunk template) in the engine's store, records the text for flat-prompt detection,
-    and returns the nodes unchanged.
+    LLM's chunk template), and of the chunk separator, in the engine's store, records the text
+    for flat-prompt detection, and returns the nodes unchanged.
 
     Put it after the splitter (it must see the final node texts). The pipeline's
     ``IngestionCache`` skips the transform on a re-run with the same nodes; nothing depends on
     it having run: the LLM computes and stores a missing KV at query time. The cache key
-    includes ``kv_identity`` (model, tokenizer, chunk prefix, template), so a different model
-    runs the transform again.
+    includes ``kv_identity`` (model, tokenizer, chunk prefix, chunk template and separator), so a
+    different model runs the transform again.
 
     ``profile``: also store each new node's context-sensitivity profile, for an LLM blending
     with ``BlendConfig(selector="profile")``; one more forward per node. Each node is measured

@@ -2,8 +2,9 @@
 
 Stock synthesizers join the node texts into one context string (COMPACT even re-splits it
 to fill the context window), so the LLM sees neither which text is a node nor where one
-ends. This one writes each node with the LLM's chunk template and hands the node texts to
-:class:`BlendLLM` beside the prompt, one chunk KV per node.
+ends. This one writes each node with the LLM's chunk template, joins them with its chunk
+separator, and hands the node texts to :class:`BlendLLM` beside the prompt, one chunk KV per
+node.
 """
 
 from __future__ import annotations
@@ -23,25 +24,25 @@ from llama_index.core.types import RESPONSE_TEXT_TYPE
 from blendrag.llamaindex.llm import BlendLLM
 
 DEFAULT_QA_TEMPLATE = PromptTemplate(
-    # LlamaIndex's default QA prompt, with the context written as chunks that carry their own
-    # separator (the chunk template) and without the trailing space after "Answer:", which
-    # would make the model start its answer from an unusual token.
+    # LlamaIndex's default QA prompt, without the trailing space after "Answer:", which would
+    # make the model start its answer from an unusual token.
     "Context information is below.\n"
     "---------------------\n"
-    "{context_str}"
+    "{context_str}\n"
     "---------------------\n"
     "Given the context information and not prior knowledge, answer the query.\n"
     "Query: {query_str}\n"
     "Answer:"
 )
-"""QA prompt; ``{context_str}`` is the nodes' chunk texts, concatenated."""
+"""QA prompt; ``{context_str}`` is the nodes' chunk texts, joined with the LLM's chunk separator."""
 
 
 class BlendSynthesizer(BaseSynthesizer):
     """Response synthesizer for :class:`BlendLLM`: one prompt, every node a cached chunk.
 
     Each node's chunk is ``llm.chunk_text(node)`` (its ``MetadataMode.LLM`` content in the
-    chunk template), the KV that :class:`BlendKVTransform` precomputed. ``streaming=True``
+    chunk template), the KV that :class:`BlendKVTransform` precomputed; chunks are joined with
+    ``llm.chunk_separator``, whose KV the transform precomputed too. ``streaming=True``
     returns a ``StreamingResponse`` whose text equals the non-streaming answer. The prompt is
     not truncated to the context window: the engine raises ``ValueError`` when it is too long.
     """
@@ -62,8 +63,9 @@ class BlendSynthesizer(BaseSynthesizer):
 
     def _prompt(self, query_str: str, text_chunks: Sequence[str]) -> tuple[str, list[str]]:
         """(prompt, chunk texts); ``text_chunks`` are the nodes' MetadataMode.LLM contents."""
-        chunks = [self._llm.format_chunk(t) for t in text_chunks]
-        return self._qa_template.format(context_str="".join(chunks), query_str=query_str), chunks
+        fmt = self._llm.chunk_format
+        chunks = [fmt.format(t) for t in text_chunks]
+        return self._qa_template.format(context_str=fmt.join(chunks), query_str=query_str), chunks
 
     def get_response(self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any) -> RESPONSE_TEXT_TYPE:
         """The answer (a token generator when streaming)."""

@@ -9,7 +9,7 @@ from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, precompute
-from blendrag.text_index import ChunkTextIndex
+from blendrag.integration.text_index import ChunkTextIndex
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig
-from blendrag.flat_prompt import flat_layout
-from blendrag.text_index import ChunkTextIndex
+from blendrag.integration.flat_prompt import flat_layout
+from blendrag.integration.text_index import ChunkTextIndex
 
 
 def test_documents_and_index_give_the_explicit_layout(engine_for):

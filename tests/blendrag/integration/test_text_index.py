@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blendrag.text_index import ChunkTextIndex
+from blendrag.integration.text_index import ChunkTextIndex
 
 DOCS = [
     "Lionel Messi was born in Rosario, Argentina, in 1987.",

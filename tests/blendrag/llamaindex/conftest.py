@@ -19,14 +19,14 @@ from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
 from helpers.tiny import PASSAGES  # noqa: E402
 
 from blendrag import BlendEngine  # noqa: E402
-from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbedding  # noqa: E402
+from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbeddings  # noqa: E402
 
 # GENERATION (li_data): greedy, no EOS, so every answer is exactly 8 tokens and comparisons are never vacuous.
 
 
 @pytest.fixture(scope="session")
-def embed() -> SentenceTransformerEmbedding:
-    return SentenceTransformerEmbedding(gt_minilm.get_model_path())
+def embed() -> SentenceTransformerEmbeddings:
+    return SentenceTransformerEmbeddings(gt_minilm.get_model_path())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -44,14 +44,22 @@ def base_engine(engine_for) -> BlendEngine:
     return engine_for("llama")
 
 
+# The chunk format these tests were written for: each chunk carries its own separator, nothing
+# between chunks (LlamaIndex's default before both integrations shared one: "{text}" joined with
+# "\n\n", which test_default_chunk_format_* and tests/blendrag/integration/test_contract.py cover).
+OWN_SEPARATOR = {"chunk_template": "{text}\n\n", "chunk_separator": ""}
+
+
 @pytest.fixture
 def make_llm(base_engine):
     """factory(chat=False, **BlendLLM kwargs) -> BlendLLM on a new engine (empty KV store)
-    sharing the tiny model's weights."""
+    sharing the tiny model's weights, chunks written with OWN_SEPARATOR unless told otherwise."""
 
     def make(chat: bool = False, **kwargs) -> BlendLLM:
         engine = BlendEngine(base_engine.model, base_engine.tokenizer, chat=chat, chunk_prefix="")
         kwargs.setdefault("generation_config", GENERATION)
+        for key, value in OWN_SEPARATOR.items():
+            kwargs.setdefault(key, value)
         return BlendLLM(engine, **kwargs)
 
     return make

@@ -40,7 +40,7 @@ def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, 
 
 def _synthesize(llm, index, config: BlendConfig):
     variant = BlendLLM(llm.engine, text_index=llm.text_index, generation_config=llm.generation_config,
-                       blend_config=config)
+                       blend_config=config, chunk_template=llm.chunk_template, chunk_separator=llm.chunk_separator)
     retrieved = index.as_retriever(similarity_top_k=TOP_K).retrieve(QUESTION)
     text = BlendSynthesizer(llm=variant).synthesize(QUESTION, retrieved).response
     return text, variant.last_stats
@@ -179,3 +179,20 @@ def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(m
     assert all(_entry(llm, n).sensitivity is None for n in nodes)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
     assert stats.profiles_computed == TOP_K  # measured at the first query instead
+
+
+def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(make_llm, embed, new_vector_store, nodes):
+    """The shared default ("{text}" joined with "\n\n") is what LlamaIndex's synthesizers render:
+    a stock query engine's prompt holds every node verbatim, and the separators between them were
+    ingested too; BlendSynthesizer writes the same layout."""
+    from blendrag.llamaindex import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
+
+    llm = make_llm(chunk_template=DEFAULT_CHUNK_TEMPLATE, chunk_separator=DEFAULT_SEPARATOR)
+    index = ingest(llm, embed, new_vector_store(), nodes)
+    assert len(llm.engine.store) == len(nodes) + 2  # + the chunk prefix and the separator
+    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)  # COMPACT: one flat string
+    stats = llm.last_stats
+    assert (stats.chunks, stats.chunk_hits, stats.chunk_misses) == (2 * TOP_K - 1, 2 * TOP_K - 1, 0)
+    full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
+    blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
+    assert blend == full and (stats.chunks, stats.chunk_hits, stats.chunk_misses) == (2 * TOP_K - 1,) * 2 + (0,)

@@ -3,7 +3,7 @@
 One path for every framework entry point: find the chunk texts in the prompt (the retrieved
 documents' texts when the caller passes them, else the ingested texts of a
 :class:`ChunkTextIndex`), cut the prompt there into prefix / chunks / suffix, and tokenize
-each piece on its own (DESIGN.md §2). Both sources use the same splitter, so the same chunks
+each piece on its own (docs/architecture.md, "Prompt layout"). Both sources use the same splitter, so the same chunks
 give the same layout, hence the same answer. A prompt with no known chunk is run as a plain
 full prefill.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from blendrag.prompt import PromptBuilder, PromptLayout
-from blendrag.text_index import ChunkTextIndex, PromptSplit
+from blendrag.integration.text_index import ChunkTextIndex, PromptSplit
 
 
 @dataclass(frozen=True)
