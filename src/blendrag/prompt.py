@@ -1,8 +1,8 @@
 """Prompt layout: [prefix][chunk 1]...[chunk n][suffix], each piece tokenized on its own.
 
 Tokenizing the joined string and searching for chunk boundaries breaks as soon as a merge
-crosses a boundary (DESIGN.md §2), so every piece is tokenized separately and the ids are
-concatenated. All modes, the full-prefill baseline included, run on these very ids.
+crosses a boundary (docs/architecture.md, "Exactness rules"), so every piece is tokenized
+separately and the ids are concatenated. All modes, the full-prefill baseline included, run on these very ids.
 
 With a chat template, the template is rendered around a sentinel user message and split at
 the sentinel: its head joins the prefix and its tail (incl. the assistant header) joins the

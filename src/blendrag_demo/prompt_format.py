@@ -1,5 +1,5 @@
 """The demo's prompt format: ``PREFIX + chunk_1 + ... + chunk_n + suffix``, each piece tokenized
-on its own (DESIGN.md section 2), then the answer and EOS."""
+on its own (docs/architecture.md, "Exactness rules"), then the answer and EOS."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def format_suffix(question: str) -> str:
 
 @dataclass(frozen=True)
 class PromptPieces:
-    """The three kinds of prompt pieces, each tokenized on its own (DESIGN.md section 2)."""
+    """The three kinds of prompt pieces, each tokenized on its own (docs/architecture.md)."""
 
     prefix: str
     chunks: list[str]

@@ -25,7 +25,7 @@ def test_pieces_are_tokenized_separately(tok):
 
 
 def test_joined_string_would_tokenize_differently(tok):
-    """Why pieces are separate: merges cross boundaries in the joined string (DESIGN.md §2)."""
+    """Why pieces are separate: merges cross boundaries in the joined string (docs/architecture.md)."""
     pieces = ["the quick bro", "wn fox jumps"]
     joined = tok("".join(pieces), add_special_tokens=False)["input_ids"]
     separate = sum((tok(p, add_special_tokens=False)["input_ids"] for p in pieces), [])

@@ -3,8 +3,8 @@
 One path for every framework entry point: find the chunk texts in the prompt (the retrieved
 documents' texts when the caller passes them, else the ingested texts of a
 :class:`ChunkTextIndex`), cut the prompt there into prefix / chunks / suffix, and tokenize
-each piece on its own (docs/architecture.md, "Prompt layout"). Both sources use the same splitter, so the same chunks
-give the same layout, hence the same answer. A prompt with no known chunk is run as a plain
+each piece on its own (docs/architecture.md, "Exactness rules"). Both sources use the same
+splitter, so the same chunks give the same layout, hence the same answer. A prompt with no known chunk is run as a plain
 full prefill.
 """
 

@@ -1,7 +1,8 @@
 """The unit of reuse: one chunk's KV rows, computed after a shared prefix.
 
 Keys are stored *before* RoPE so that they can be rotated exactly to whatever positions the
-chunk occupies in a later request, for every RoPE variant (DESIGN.md §2).
+chunk occupies in a later request, for every RoPE variant (docs/architecture.md,
+"Exactness rules").
 """
 
 from __future__ import annotations

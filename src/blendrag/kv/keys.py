@@ -1,4 +1,4 @@
-"""Content keys for chunk KVs (DESIGN.md §3).
+"""Content keys for chunk KVs (docs/architecture.md, "Chunk identity and keys").
 
 A key depends on what determines the KV rows and on nothing else: the format version, the
 model (architecture config, weights, dtype), the tokenizer, the prefix the chunk was computed

@@ -10,8 +10,8 @@ Layout::
 
 Why this shape: safetensors holds plain tensors and never runs code on load (a cache
 directory is an attack surface, ``torch.load``/pickle would execute whatever it is given); one
-tensor per layer lets a reader pull layer i without touching the others (pipelined loading,
-DESIGN.md §4); a checksum per tensor verifies each layer on its own. Anything that fails a
+tensor per layer lets a reader pull layer i without touching the others (layer-wise loading,
+docs/architecture.md, "Stored entries and layer-wise loading"); a checksum per tensor verifies each layer on its own. Anything that fails a
 check raises ``EntryError``, which the tiers turn into a logged miss.
 
 Entries are written by ``safetensors.torch.save`` and read by the small strict reader below

@@ -1,4 +1,4 @@
-"""DESIGN.md §2 invariants: the exact modes equal a full prefill, on identical ids."""
+"""The exactness rules (docs/architecture.md): the exact modes equal a full prefill, on identical ids."""
 
 from __future__ import annotations
 

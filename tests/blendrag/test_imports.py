@@ -1,0 +1,129 @@
+"""Import directions: every import in src/ (module level or not, TYPE_CHECKING included) goes
+where the package map allows, and the packages form no cycle.
+
+The map is docs/architecture.md's ("Package map"); keep both in step.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+CORE = {
+    # unit: the units it may import (besides itself)
+    "blendrag.config": set(),
+    "blendrag.prompt": set(),
+    "blendrag.kv": set(),
+    "blendrag.model": set(),
+    "blendrag.store": {"blendrag.kv"},
+    "blendrag.ingest": {"blendrag.config", "blendrag.prompt"},
+    "blendrag.engine": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model", "blendrag.store",
+                        "blendrag.ingest"},
+    "blendrag.eval": {"blendrag.config", "blendrag.prompt", "blendrag.engine"},
+    "blendrag.integration": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
+                             "blendrag.engine", "blendrag.ingest"},
+    "blendrag.langchain": {"blendrag.config", "blendrag.engine", "blendrag.ingest", "blendrag.integration"},
+    "blendrag.llamaindex": {"blendrag.config", "blendrag.engine", "blendrag.ingest", "blendrag.integration"},
+    "blendrag.cli": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model", "blendrag.store",
+                     "blendrag.ingest", "blendrag.engine", "blendrag.integration", "blendrag.eval"},
+    "blendrag.text_index": {"blendrag.integration"},  # the former module, re-exporting
+    "blendrag": {"blendrag.config", "blendrag.engine", "blendrag.kv", "blendrag.prompt", "blendrag.store"},
+}
+ALLOWED = {
+    **CORE,
+    "blendrag_demo": set(CORE),
+    "blendrag_bench": {*CORE, "blendrag_demo"},
+}
+# Finer rule inside one edge: the engine uses a store through its protocol, and RAM as the default.
+ENGINE_STORE_MODULES = {"blendrag.store", "blendrag.store.protocol", "blendrag.store.ram"}
+
+
+def unit(module: str) -> str | None:
+    """The package-map unit of a dotted module name; None outside blendrag's packages."""
+    top, _, rest = module.partition(".")
+    if top in ("blendrag_bench", "blendrag_demo"):
+        return top
+    if top != "blendrag":
+        return None
+    return "blendrag" if not rest else "blendrag." + rest.split(".")[0]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> set[str]:
+    """Dotted names ``path`` imports (``from a import b`` gives a and a.b: b may be a module)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def edges() -> dict[tuple[str, str], set[tuple[str, str]]]:
+    """(from unit, to unit) -> {(module, imported name)} over every source file."""
+    out: dict[tuple[str, str], set[tuple[str, str]]] = {}
+    for path in SRC.rglob("*.py"):
+        here = module_name(path)
+        src_unit = unit(here)
+        for name in imports(path):
+            dst_unit = unit(name)
+            if dst_unit is None or dst_unit == src_unit:
+                continue
+            out.setdefault((src_unit, dst_unit), set()).add((here, name))
+    return out
+
+
+EDGES = edges()
+
+
+def test_every_package_is_on_the_map():
+    units = {unit(module_name(p)) for p in SRC.rglob("*.py")}
+    assert units <= set(ALLOWED), f"add {sorted(units - set(ALLOWED))} to the map (here and in the docs)"
+
+
+@pytest.mark.parametrize("source", sorted(ALLOWED))
+def test_imports_follow_the_map(source):
+    bad = {dst: sorted(where) for (src, dst), where in EDGES.items() if src == source and dst not in ALLOWED[source]}
+    assert not bad, f"{source} may not import {sorted(bad)}: {bad}"
+
+
+def test_the_core_never_imports_the_demo_or_the_benchmarks():
+    bad = [(src, dst) for src, dst in EDGES if src in CORE and dst in ("blendrag_demo", "blendrag_bench")]
+    assert not bad
+
+
+def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_default():
+    used = {name for module, name in EDGES.get(("blendrag.engine", "blendrag.store"), set())}
+    assert used <= ENGINE_STORE_MODULES | {f"{m}.{n}" for m in ENGINE_STORE_MODULES for n in ("KVStore", "MemoryKVStore")}
+
+
+def test_no_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for src, dst in EDGES:
+        graph.setdefault(src, set()).add(dst)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
