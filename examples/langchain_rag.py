@@ -34,13 +34,13 @@ from langchain_core.documents import Document  # noqa: E402
 from langchain_core.prompts import PromptTemplate  # noqa: E402
 
 from blendrag import BlendEngine  # noqa: E402
-from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, exact_match, generate_examples  # noqa: E402
 from blendrag.langchain import (  # noqa: E402
     BlendChroma,
     BlendLLM,
     SentenceTransformerEmbeddings,
     create_blend_retrieval_chain,
 )
+from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, exact_match, generate_examples  # noqa: E402
 
 # The demo model reads "PREFIX" + each passage + "\n" + "Question: ...\nAnswer:" (blendrag_demo).
 DOCUMENT_PROMPT = "{page_content}\n"

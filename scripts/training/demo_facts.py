@@ -6,7 +6,7 @@ derivable from the passages."""
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 _NAME = r"([A-Z][a-z]+ [A-Z][a-z]+)"
 _PERSON_RES = (

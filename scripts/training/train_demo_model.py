@@ -42,16 +42,13 @@ import random
 import re
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-from demo_facts import read_facts
-from demo_tokenizer import build_tokenizer
-from training_data import TRAIN_SEED_BASE, generate_question_groups
 
 from blendrag_demo.corpus import (
     HELDOUT_SEED,
@@ -64,6 +61,9 @@ from blendrag_demo.corpus import (
     generate_examples,
     prompt_pieces,
 )
+from demo_facts import read_facts
+from demo_tokenizer import build_tokenizer
+from training_data import TRAIN_SEED_BASE, generate_question_groups
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "src" / "blendrag_demo" / "model"
 IGNORE = -100
@@ -208,7 +208,7 @@ def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
     return ids, labels, targets, evidence
 
 
-def make_batch(tok: Any, groups: Sequence[Sequence[QAExample]], cfg: "TrainConfig") -> dict[str, torch.Tensor]:
+def make_batch(tok: Any, groups: Sequence[Sequence[QAExample]], cfg: TrainConfig) -> dict[str, torch.Tensor]:
     """One training batch; rows are filled with questions up to a common width."""
     longest = max(len(encode_prompt(tok, g[0].chunks, g[0].question)) for g in groups)
     width = min(cfg.max_len, longest + cfg.fill_tokens)

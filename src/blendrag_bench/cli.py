@@ -48,7 +48,7 @@ def _register_store(bench: argparse._SubParsersAction) -> None:
 def _ttft(args: argparse.Namespace) -> int:
     import torch
 
-    from blendrag_bench.ttft import TTFTWorkload, ratios, format_table, run, write_json
+    from blendrag_bench.ttft import TTFTWorkload, format_table, ratios, run, write_json
 
     w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
                      layers=args.layers,
@@ -68,7 +68,7 @@ def _ttft(args: argparse.Namespace) -> int:
 def _store(args: argparse.Namespace) -> int:
     import torch
 
-    from blendrag_bench.store import StoreBenchConfig, ratios, format_report, run, write_json
+    from blendrag_bench.store import StoreBenchConfig, format_report, ratios, run, write_json
     from blendrag_bench.ttft import TTFTWorkload
 
     w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from blendrag.eval.metrics import METRICS
 
@@ -72,7 +73,13 @@ SYNTHETIC_DEFAULT_LIMIT = 100
 def load_synthetic(limit: int | None = None, offset: int = 0, seed: int | None = None,
                    num_chunks: int | tuple[int, int] = (4, 6)) -> list[EvalItem]:
     """Held-out demo-corpus questions ``offset .. offset + limit`` (default seed ``HELDOUT_SEED``)."""
-    from blendrag_demo.corpus import HELDOUT_SEED, PREFIX, format_chunk, format_suffix, generate_examples
+    from blendrag_demo.corpus import (
+        HELDOUT_SEED,
+        PREFIX,
+        format_chunk,
+        format_suffix,
+        generate_examples,
+    )
 
     window = _window(SYNTHETIC_DEFAULT_LIMIT if limit is None else limit, offset)
     examples = generate_examples(window.stop, HELDOUT_SEED if seed is None else seed, num_chunks=num_chunks)

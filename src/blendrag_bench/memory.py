@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import gc
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -14,18 +14,18 @@ import dataclasses
 import logging
 import random
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
 from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
-from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.engine.generation import GenerationStream
-from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
 from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
+from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
+from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from blendrag.cli.options import add_model_options
 from blendrag.config import MODES, SELECTORS

@@ -22,18 +22,24 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 
-from blendrag_bench.raw_io import copy_bytes, drop_page_cache, file_read_seconds, memcpy_seconds, redis_get_seconds
-from blendrag_bench.redis_server import LocalRedis, RedisUnavailable
-from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.store import DiskTier, StoreConfig, TieredKVStore
+from blendrag_bench.raw_io import (
+    copy_bytes,
+    drop_page_cache,
+    file_read_seconds,
+    memcpy_seconds,
+    redis_get_seconds,
+)
+from blendrag_bench.redis_server import LocalRedis, RedisUnavailable
+from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
 TIERS = ("ram", "disk", "redis")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from blendrag_bench.memory import peak_bytes, pin_malloc_thresholds
 from blendrag.config import BlendConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
+from blendrag_bench.memory import peak_bytes, pin_malloc_thresholds
 
 
 @dataclass(frozen=True)

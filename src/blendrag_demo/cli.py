@@ -7,6 +7,7 @@ from pathlib import Path
 
 from blendrag.cli.options import add_model_options
 
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="ingest passages into Chroma, precompute their KVs, answer with full / reuse / "
                                     "blend side by side", description=__doc__)

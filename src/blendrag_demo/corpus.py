@@ -32,9 +32,10 @@ training script tokenize the pieces separately and concatenate the ids (see
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
+from blendrag.eval.metrics import exact_match, normalize_answer  # noqa: F401  (one normalization, re-exported)
 from blendrag_demo.prompt_format import (  # noqa: F401  (re-exported: the corpus's public names)
     CHUNK_TEMPLATE,
     PREFIX,
@@ -61,7 +62,6 @@ from blendrag_demo.vocab import (
     PLACE_TEMPLATES,
     PLACE_YEARS,
 )
-from blendrag.eval.metrics import exact_match, normalize_answer  # noqa: F401  (one normalization, re-exported)
 
 KINDS: tuple[str, ...] = ("single", "pronoun", "comparison", "multihop")
 """Question kinds, see the module docstring."""

@@ -3,8 +3,9 @@ on its own (docs/architecture.md, "Exactness rules"), then the answer and EOS.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 PREFIX = "Read the passages and answer the question in a few words.\nPassages:\n"
 """Instruction that starts every prompt (tokenized with the BOS token)."""

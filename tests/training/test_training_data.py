@@ -4,11 +4,17 @@ are derivable by the independent passage reader; the word-level tokenizer covers
 from __future__ import annotations
 
 import pytest
+
+from blendrag_demo.corpus import (
+    QAExample,
+    encode_pieces,
+    encode_prompt,
+    generate_examples,
+    prompt_pieces,
+)
 from demo_facts import answer_from_facts
 from demo_tokenizer import build_tokenizer
 from training_data import generate_question_groups
-
-from blendrag_demo.corpus import QAExample, encode_pieces, encode_prompt, generate_examples, prompt_pieces
 
 
 @pytest.fixture(scope="module")

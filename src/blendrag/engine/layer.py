@@ -26,7 +26,7 @@ def project(adapter: LlamaAdapter, layer: torch.nn.Module, h: torch.Tensor, pos:
 
 
 def finish(adapter: LlamaAdapter, layer: torch.nn.Module, layer_idx: int, h: torch.Tensor,
-           q: torch.Tensor, fused: FusedKV, blocks: list["AttentionBlock"]) -> torch.Tensor:
+           q: torch.Tensor, fused: FusedKV, blocks: list[AttentionBlock]) -> torch.Tensor:
     """Attention of q over the fused KV, then o_proj and the MLP. Returns h: [A, hidden]."""
     k, v = fused.k[layer_idx], fused.v[layer_idx]  # [Hkv, capacity, D]
     outs = [

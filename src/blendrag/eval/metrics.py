@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -14,7 +14,12 @@ See docs/store.md ("Precompute") and ``blendrag precompute --help``.
 
 from blendrag.ingest.ingestion import IngestCounts, IngestEngine, Ingestion, kv_bytes_per_token
 from blendrag.ingest.job import IngestSummary, PrecomputeSummary, ingest_source, precompute
-from blendrag.ingest.sources import ChunkSource, chunks_from_chroma, chunks_from_folder, chunks_from_jsonl
+from blendrag.ingest.sources import (
+    ChunkSource,
+    chunks_from_chroma,
+    chunks_from_folder,
+    chunks_from_jsonl,
+)
 
 __all__ = [
     "ChunkSource",

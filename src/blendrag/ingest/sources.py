@@ -14,9 +14,9 @@ order) for neighbours to be document neighbours.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 CHROMA_PAGE = 256
 

@@ -10,11 +10,11 @@ full prefill.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-from blendrag.prompt import PromptBuilder, PromptLayout
 from blendrag.integration.text_index import ChunkTextIndex, PromptSplit
+from blendrag.prompt import PromptBuilder, PromptLayout
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ class ChunkKV:
     def nbytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2
 
-    def to(self, device: torch.device | str) -> "ChunkKV":
+    def to(self, device: torch.device | str) -> ChunkKV:
         if self.keys.device == torch.device(device):
             return self
         return ChunkKV(
@@ -73,7 +73,7 @@ class ChunkKV:
             self.sensitivity,
         )
 
-    def with_sensitivity(self, sensitivity: torch.Tensor) -> "ChunkKV":
+    def with_sensitivity(self, sensitivity: torch.Tensor) -> ChunkKV:
         """The same rows with a profile attached (float32 on the CPU: it is read on the host)."""
         return ChunkKV(self.keys, self.values, self.token_ids, self.prefix_hash,
                        sensitivity.detach().to("cpu", torch.float32).contiguous())

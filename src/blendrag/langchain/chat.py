@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.base import LangSmithParams
@@ -12,8 +13,8 @@ from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import model_validator
 
-from blendrag.langchain._base import BlendParams
 from blendrag.integration.requests import render_chat
+from blendrag.langchain._base import BlendParams
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
 
@@ -29,7 +30,7 @@ class ChatBlend(BlendParams, BaseChatModel):
     """
 
     @model_validator(mode="after")
-    def _check_template(self) -> "ChatBlend":
+    def _check_template(self) -> ChatBlend:
         if not getattr(self.engine.tokenizer, "chat_template", None):
             raise ValueError("ChatBlend needs a tokenizer with a chat_template; use BlendLLM for this model")
         return self

@@ -19,10 +19,17 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     ) from exc
 
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
-from blendrag.llamaindex.embeddings import SentenceTransformerEmbedding, SentenceTransformerEmbeddings
+from blendrag.llamaindex.embeddings import (
+    SentenceTransformerEmbedding,
+    SentenceTransformerEmbeddings,
+)
 from blendrag.llamaindex.ingestion import BlendKVTransform
 from blendrag.llamaindex.llm import BlendLLM
-from blendrag.llamaindex.synthesizer import DEFAULT_QA_TEMPLATE, BlendSynthesizer, blend_query_engine
+from blendrag.llamaindex.synthesizer import (
+    DEFAULT_QA_TEMPLATE,
+    BlendSynthesizer,
+    blend_query_engine,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_TEMPLATE",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from llama_index.core.base.llms.generic_utils import (
     astream_completion_response_to_chat_response,
@@ -43,7 +43,7 @@ from blendrag.integration.fields import BlendFields, fields_from_configs, overri
 from blendrag.integration.requests import BlendRequest
 from blendrag.integration.text_index import ChunkTextIndex
 
-NodeLike = Union[NodeWithScore, BaseNode, str]
+NodeLike = NodeWithScore | BaseNode | str
 """A retrieved node (formatted with the chunk template) or a chunk text taken verbatim."""
 
 
@@ -223,9 +223,7 @@ class BlendLLM(BlendFields, CustomLLM):
         yield CompletionResponse(text=result.text, delta="", raw=raw, additional_kwargs={"stats": stats})
 
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
-        last = None
-        for last in self._responses(self._start(prompt, formatted, kwargs)):
-            pass
+        *_, last = self._responses(self._start(prompt, formatted, kwargs))  # drain the stream
         return last
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> tuple[str, bool]:

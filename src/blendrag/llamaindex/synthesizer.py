@@ -9,11 +9,15 @@ node.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from llama_index.core.callbacks.base import CallbackManager
 from llama_index.core.indices.base import BaseIndex
-from llama_index.core.llms.llm import astream_completion_response_to_tokens, stream_completion_response_to_tokens
+from llama_index.core.llms.llm import (
+    astream_completion_response_to_tokens,
+    stream_completion_response_to_tokens,
+)
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -47,8 +51,8 @@ class BlendSynthesizer(BaseSynthesizer):
     not truncated to the context window: the engine raises ``ValueError`` when it is too long.
     """
 
-    def __init__(self, llm: Optional[BlendLLM] = None, text_qa_template: Optional[BasePromptTemplate] = None,
-                 streaming: bool = False, callback_manager: Optional[CallbackManager] = None, **kwargs: Any) -> None:
+    def __init__(self, llm: BlendLLM | None = None, text_qa_template: BasePromptTemplate | None = None,
+                 streaming: bool = False, callback_manager: CallbackManager | None = None, **kwargs: Any) -> None:
         super().__init__(llm=llm, callback_manager=callback_manager, streaming=streaming, **kwargs)
         if not isinstance(self._llm, BlendLLM):
             raise TypeError(f"BlendSynthesizer needs a BlendLLM, got {type(self._llm).__name__}")

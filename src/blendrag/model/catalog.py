@@ -16,9 +16,9 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "blendrag" / "models"

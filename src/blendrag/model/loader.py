@@ -4,10 +4,10 @@ or a hub id."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Callable, Iterator
 
 import torch
 

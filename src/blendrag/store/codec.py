@@ -24,7 +24,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import BinaryIO, Union
+from typing import BinaryIO
 
 import safetensors.torch
 import torch
@@ -50,7 +50,7 @@ def _iov_max() -> int:
 
 _IOV_MAX = _iov_max()
 
-Source = Union[bytes, bytearray, memoryview, str, Path, BinaryIO]
+Source = bytes | bytearray | memoryview | str | Path | BinaryIO
 
 
 class EntryError(ValueError):
@@ -104,7 +104,7 @@ def decode(source: Source, key: str) -> ChunkKV:
         return entry.read_all()
 
 
-def open_entry(source: Source, key: str) -> "EntryReader":
+def open_entry(source: Source, key: str) -> EntryReader:
     """Open an entry for layer-by-layer reading (bytes, a path, or an open binary file)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return EntryReader(_Tensors(_BufferReader(source)), key)
@@ -114,7 +114,7 @@ def open_entry(source: Source, key: str) -> "EntryReader":
 class EntryReader:
     """A verified entry header; ``layer(i)`` reads and checks one layer's K and V."""
 
-    def __init__(self, tensors: "_Tensors", key: str) -> None:
+    def __init__(self, tensors: _Tensors, key: str) -> None:
         self._tensors = tensors
         try:
             self._parse(tensors.metadata, key)
@@ -192,7 +192,7 @@ class EntryReader:
     def close(self) -> None:
         self._tensors.close()
 
-    def __enter__(self) -> "EntryReader":
+    def __enter__(self) -> EntryReader:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -207,7 +207,7 @@ class _Tensors:
     an ``EntryError``, and read exactly one tensor's bytes. Writing still uses safetensors.
     """
 
-    def __init__(self, reader: "_BufferReader | _FileReader") -> None:
+    def __init__(self, reader: _BufferReader | _FileReader) -> None:
         self._reader = reader
         try:
             header = self._header(reader)
@@ -220,7 +220,7 @@ class _Tensors:
             reader.close()
             raise
 
-    def _header(self, reader: "_BufferReader | _FileReader") -> dict:
+    def _header(self, reader: _BufferReader | _FileReader) -> dict:
         head = reader.read(0, 8)
         if len(head) < 8:
             raise EntryError("truncated: shorter than a safetensors header")

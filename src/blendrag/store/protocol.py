@@ -51,7 +51,7 @@ class TierStats:
     used_bytes: int | None
     budget_bytes: int | None
 
-    def since(self, before: "TierStats") -> "TierStats":
+    def since(self, before: TierStats) -> TierStats:
         """Activity between the snapshot ``before`` and this one; usage stays this snapshot's."""
         return replace(self, **{c: getattr(self, c) - getattr(before, c) for c in _COUNTERS})
 
@@ -76,7 +76,7 @@ class StoreStats:
                 return t
         raise KeyError(f"no tier {name!r}; configured: {[t.name for t in self.tiers]}")
 
-    def since(self, before: "StoreStats") -> "StoreStats":
+    def since(self, before: StoreStats) -> StoreStats:
         """What happened between the snapshot ``before`` and this one (e.g. one request):
         counters are differences, usage figures (entries, bytes used) are this snapshot's.
 

@@ -6,10 +6,10 @@ import argparse
 import json
 
 import pytest
-from helpers.kvgen import make_kv
 
-from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.cli import cache as store_cli
+from blendrag.store import StoreConfig, TieredKVStore
+from helpers.kvgen import make_kv
 
 
 def _run(argv: list[str]) -> int:

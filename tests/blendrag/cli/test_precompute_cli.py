@@ -7,16 +7,16 @@ import subprocess
 import sys
 import time
 
-from helpers import procs
 import pytest
 import torch
-from helpers.sources import make_chroma
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.cli import main
 from blendrag.ingest import chunks_from_chroma, precompute
 from blendrag.store import StoreConfig, TieredKVStore
+from helpers import procs
+from helpers.sources import make_chroma
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = [p + f"Entry {i}." for i in range(6) for p in PASSAGES]  # 24 distinct chunks

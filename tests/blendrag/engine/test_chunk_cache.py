@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, MemoryKVStore
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 def test_miss_is_computed_then_hit(engine_for):

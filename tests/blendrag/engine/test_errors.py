@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, GenerationConfig, PromptLayout
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 @pytest.mark.parametrize("ratio", [-0.1, 1.5, float("nan")])

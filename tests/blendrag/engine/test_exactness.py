@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 TOL = 1e-4

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, GenerationConfig
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")
 

@@ -7,12 +7,12 @@ import math
 
 import pytest
 import torch
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig
 from blendrag.engine.profile import key_deviation, neighbours, profile_depth
 from blendrag.engine.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 def _kv(keys: torch.Tensor) -> ChunkKV:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from helpers.kvgen import make_kv
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.ingest import precompute
 from blendrag.store import StoreConfig, TieredKVStore
+from helpers.kvgen import make_kv
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig
 from blendrag.engine.selectors import make_selector
 from blendrag.eval.deviation import attention_deviation
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 def selector(engine, layout, **kw):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.sources import DOCS, make_chroma
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, precompute
 from blendrag.integration.text_index import ChunkTextIndex
+from helpers.sources import DOCS, make_chroma
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from blendrag.ingest import chunks_from_chroma, chunks_from_folder, chunks_from_jsonl
 from helpers.sources import DOCS, make_chroma
 
-from blendrag.ingest import chunks_from_chroma, chunks_from_folder, chunks_from_jsonl
 
 def test_chroma_reads_every_document_in_pages(tmp_path):
     make_chroma(tmp_path / "chroma", DOCS)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
-
 from blendrag import BlendConfig
 from blendrag.integration.flat_prompt import flat_layout
 from blendrag.integration.text_index import ChunkTextIndex
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 def test_documents_and_index_give_the_explicit_layout(engine_for):

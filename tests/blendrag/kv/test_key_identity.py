@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from helpers import procs
 import pytest
 import torch
 
 from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
+from helpers import procs
 
 PREFIX, CHUNK = [1, 5, 9], [17, 3, 3, 40]
 

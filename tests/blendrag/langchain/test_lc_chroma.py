@@ -160,8 +160,8 @@ def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder
                                                          documents):
     from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 
-    from helpers.lc_data import QUESTION, TEMPLATE
     from blendrag.langchain import BlendChroma, BlendLLM, ChatBlend, create_blend_retrieval_chain
+    from helpers.lc_data import QUESTION, TEMPLATE
 
     if model == "llm":
         answer = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
@@ -182,8 +182,8 @@ def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder
 
 
 def test_without_profile_the_profile_selector_measures_at_the_first_query(blend_store, engine, prompt):
-    from helpers.lc_data import QUESTION
     from blendrag.langchain import BlendLLM, create_blend_retrieval_chain
+    from helpers.lc_data import QUESTION
 
     assert blend_store.profile is False
     assert all(_entry(engine, p).sensitivity is None for p in PASSAGES)

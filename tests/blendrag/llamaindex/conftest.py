@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from helpers.li_data import GENERATION, QUESTION  # noqa: F401  (fixtures use them)
 
 pytest.importorskip("llama_index.core")
@@ -16,10 +17,10 @@ pytest.importorskip("llama_index.vector_stores.chroma")
 from llama_index.core import Settings  # noqa: E402
 from llama_index.core.schema import TextNode  # noqa: E402
 from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
-from helpers.tiny import PASSAGES  # noqa: E402
 
 from blendrag import BlendEngine  # noqa: E402
 from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbeddings  # noqa: E402
+from helpers.tiny import PASSAGES  # noqa: E402
 
 # GENERATION (li_data): greedy, no EOS, so every answer is exactly 8 tokens and comparisons are never vacuous.
 

@@ -7,14 +7,14 @@ import importlib
 import sys
 
 import pytest
-from helpers.li_data import GENERATION
 from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
 from llama_index.core.llms import ChatMessage
 from llama_index.core.schema import NodeWithScore, TextNode
-from helpers.tiny import PASSAGES
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.llamaindex import BlendKVTransform, BlendLLM
+from helpers.li_data import GENERATION
+from helpers.tiny import PASSAGES
 
 PREFIX, SUFFIX = "Answer from the passages.\n", "Question: who was born first?\nAnswer:"
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from helpers.li_data import QUESTION
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.response.schema import Response, StreamingResponse
 from llama_index.core.ingestion import IngestionCache, IngestionPipeline
@@ -14,6 +12,7 @@ from llama_index.core.schema import MetadataMode
 
 from blendrag import BlendConfig
 from blendrag.llamaindex import BlendKVTransform, BlendLLM, BlendSynthesizer, blend_query_engine
+from helpers.li_data import QUESTION
 
 TOP_K = 3
 

@@ -21,9 +21,10 @@ pytest.importorskip("gguf")
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> tuple[Path, torch.nn.Module, object]:
     """A random tiny Llama written as GGUF by the test itself; returns (file, model, tokenizer)."""
+    from transformers import LlamaForCausalLM
+
     from helpers.tiny import build_config, build_tokenizer
     from helpers.tiny_gguf import write_llama_gguf
-    from transformers import LlamaForCausalLM
 
     root = tmp_path_factory.mktemp("gguf")
     tokenizer = build_tokenizer(root / "tok", chat=False)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.tiny import PASSAGES, PREFIX
 
 from blendrag.model.rope import RopeTable
+from helpers.tiny import PASSAGES, PREFIX
 
 ROPES = {
     "default": None,

@@ -9,10 +9,10 @@ import pytest
 import safetensors.torch
 import torch
 from safetensors import safe_open
-from helpers.kvgen import make_kv, rewrite_header, same_bits
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import FORMAT_VERSION, EntryError, decode, encode, open_entry
+from helpers.kvgen import make_kv, rewrite_header, same_bits
 
 KEY = "a" * 64
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 
-from helpers.kvgen import make_kv, same_bits
-
 from blendrag.store import codec
 from blendrag.store.codec import decode, encode
+from helpers.kvgen import make_kv, same_bits
 
 KEY = "c" * 64
 

@@ -9,11 +9,11 @@ import stat
 from pathlib import Path
 
 import diskcache
-from helpers import procs
 import pytest
-from helpers.kvgen import make_kv, same_bits
 
 from blendrag.store import StoreConfig, TieredKVStore
+from helpers import procs
+from helpers.kvgen import make_kv, same_bits
 
 
 def _warnings(caplog) -> list[str]:

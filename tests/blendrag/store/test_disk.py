@@ -7,9 +7,9 @@ from pathlib import Path
 
 import diskcache
 import pytest
-from helpers.kvgen import entry_bytes, make_kv, same_bits
 
 from blendrag.store import DiskTier, encode
+from helpers.kvgen import entry_bytes, make_kv, same_bits
 
 KV_ARGS = dict(layers=2, heads=2, tokens=64, dim=32)  # ~66 KiB per entry
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from blendrag.store import DiskTier, StoreConfig, TieredKVStore
 from helpers import procs
 from helpers.kvgen import entry_bytes, make_kv, same_bits
-
-from blendrag.store import DiskTier, StoreConfig, TieredKVStore
 
 KV = dict(layers=2, heads=2, tokens=32, dim=32)
 

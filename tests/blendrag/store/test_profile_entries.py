@@ -8,14 +8,14 @@ import json
 import pytest
 import safetensors.torch
 import torch
-from helpers.kvgen import make_kv, rewrite_header, same_bits, same_profile
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.ram import MemoryKVStore, held_bytes
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.codec import SENSITIVITY, EntryError, decode, encode, open_entry
+from blendrag.store.ram import MemoryKVStore, held_bytes
+from helpers.kvgen import make_kv, rewrite_header, same_bits, same_profile
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 KEY = "c" * 64
 T = 8  # make_kv's default tokens

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis, free_port
-from helpers.kvgen import make_kv, same_bits
 
 from blendrag.store import encode
+from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis, free_port
+from helpers.kvgen import make_kv, same_bits
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.kvgen import make_kv, same_bits
 
-from blendrag.store.protocol import KVStore
 from blendrag.store import StoreConfig, TieredKVStore
+from blendrag.store.protocol import KVStore
+from helpers.kvgen import make_kv, same_bits
 
 
 def test_is_a_kvstore_and_round_trips(make_store):
