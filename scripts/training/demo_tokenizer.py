@@ -19,11 +19,9 @@ ROLE_TOKENS: tuple[str, ...] = ("<|system|>", "<|user|>", "<|assistant|>")
 SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK) + ROLE_TOKENS
 
 CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
+    "{{ bos_token }}{% for message in messages %}"
     "<|{{ message['role'] }}|>\n{{ message['content'] }}\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 """Jinja chat template: ``<|role|>`` line, content line, per message; then ``<|assistant|>``."""
 

@@ -31,7 +31,8 @@ layers (``--grow``), given a bridge-fact attention loss for two-passage question
 (``--evidence-weight``, ``evidence_positions``) and a monotone year direction in its
 embeddings (``--year-axis``); the shipped model's TRAINING.md records what these gave.
 
-Usage: ``python scripts/training/train_demo_model.py [--steps N] [--out DIR]``; single-threaded unless ``--threads``.
+Usage: ``python scripts/training/train_demo_model.py [--steps N] [--out DIR]``; single-threaded
+unless ``--threads``.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class TrainConfig:
 
     steps: int = 1700
     batch_size: int = 8
-    questions_per_group: int = 24  # at most; rows are filled up to fill_tokens past the longest prompt
+    # at most; rows are filled up to fill_tokens past the longest prompt
+    questions_per_group: int = 24
     fill_tokens: int = 120
     lr: float = 2e-3
     min_lr_ratio: float = 0.05
@@ -97,15 +99,21 @@ class TrainConfig:
     attn_weight: float = 1.0  # weight of the attention-supervision loss (0: off)
     attn_heads: int = 1  # heads of the last layer the attention loss applies to
     max_minutes: float = 0.0  # stop early after this wall time (0: no limit)
-    init: str = ""  # a saved model directory to continue from ("": fresh init); its TRAINING.md is kept
+    # a saved model directory to continue from ("": fresh init); its TRAINING.md is kept
+    init: str = ""
     data_offset: int = 0  # added to the training data seeds, so that a continuation sees new data
-    kind_weights: str = ""  # e.g. "single=0.2,pronoun=0.2,comparison=0.4,multihop=0.2" ("": corpus default)
-    grow: str = ""  # with init: new layer plan, e.g. "0,1,2,new,new,3" (old layer indices; "new": identity layer)
+    # e.g. "single=0.2,pronoun=0.2,comparison=0.4,multihop=0.2" ("": corpus default)
+    kind_weights: str = ""
+    # with init: new layer plan, e.g. "0,1,2,new,new,3" (old layer indices; "new": identity layer)
+    grow: str = ""
     threads: int = 1  # torch CPU threads
-    curriculum: bool = True  # grow the passage count over training (off: 2-6 passages from the start)
-    evidence_weight: float = 0.0  # weight of the bridge-fact attention loss (0: off), see evidence_positions
+    # grow the passage count over training (off: 2-6 passages from the start)
+    curriculum: bool = True
+    # weight of the bridge-fact attention loss (0: off), see evidence_positions
+    evidence_weight: float = 0.0
     evidence_layer: int = -2  # the layer whose heads 0 (and 1) that loss applies to
-    year_axis: float = 0.0  # add a monotone "year" direction of this norm to year-token embeddings (0: off)
+    # add a monotone "year" direction of this norm to year-token embeddings (0: off)
+    year_axis: float = 0.0
 
     def weights(self) -> dict[str, float] | None:
         """``kind_weights`` parsed (None: the corpus default)."""
@@ -113,7 +121,8 @@ class TrainConfig:
             return None
         pairs = [item.split("=") for item in self.kind_weights.split(",")]
         if any(len(p) != 2 or p[0] not in KINDS for p in pairs):
-            raise ValueError(f"kind_weights must look like 'single=0.3,pronoun=0.3,...' over {KINDS}")
+            raise ValueError("kind_weights must look like 'single=0.3,pronoun=0.3,...' over "
+                             f"{KINDS}")
         return {k: float(v) for k, v in pairs}
 
     def __post_init__(self) -> None:
@@ -146,7 +155,8 @@ def chunk_range(step: int, steps: int, curriculum: bool = True) -> tuple[int, in
 Row = tuple[list[int], list[int], list[tuple[int, int, int]], list[tuple[int, int, int]]]
 
 
-def evidence_positions(tok: Any, ex: QAExample, starts: Sequence[int], ids: Sequence[int]) -> list[tuple[int, int]]:
+def evidence_positions(tok: Any, ex: QAExample, starts: Sequence[int],
+                       ids: Sequence[int]) -> list[tuple[int, int]]:
     """``(head, position)`` of the bridge facts a two-passage question hinges on (none for
     other kinds): head h of the evidence layer should look at that position.
 
@@ -201,14 +211,19 @@ def encode_group(tok: Any, group: Sequence[QAExample], width: int) -> Row:
         if i > 0 and len(ids) + len(suffix) + len(answer) + 1 > width:
             break
         ids += suffix
-        targets += [(len(ids) - 1 + j, t, context) for j, t in enumerate(answer) if t in ids[:context]]
-        evidence += [(len(ids) - 1, h, key) for h, key in evidence_positions(tok, ex, starts, ids[:context])]
+        targets += [(len(ids) - 1 + j, t,
+                     context) for j, t in enumerate(answer) if t in ids[:context]]
+        evidence += [
+            (len(ids) - 1, h, key) for h, key in evidence_positions(tok, ex, starts, ids[:context])
+        ]
         ids += answer + [tok.eos_token_id]
         labels += [IGNORE] * len(suffix) + answer + [tok.eos_token_id]
     return ids, labels, targets, evidence
 
 
-def make_batch(tok: Any, groups: Sequence[Sequence[QAExample]], cfg: TrainConfig) -> dict[str, torch.Tensor]:
+def make_batch(
+    tok: Any, groups: Sequence[Sequence[QAExample]], cfg: TrainConfig
+) -> dict[str, torch.Tensor]:
     """One training batch; rows are filled with questions up to a common width."""
     longest = max(len(encode_prompt(tok, g[0].chunks, g[0].question)) for g in groups)
     width = min(cfg.max_len, longest + cfg.fill_tokens)
@@ -216,7 +231,8 @@ def make_batch(tok: Any, groups: Sequence[Sequence[QAExample]], cfg: TrainConfig
 
 
 def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch tensors (``attn_targets``: rows of (batch row, query, token, prompt length))."""
+    """Right-padded batch tensors (``attn_targets``: rows of (batch row, query, token, prompt
+    length))."""
     width = max(len(r[0]) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     labels = torch.full((len(rows), width), IGNORE, dtype=torch.long)
@@ -228,11 +244,13 @@ def collate(rows: Sequence[Row], pad_id: int) -> dict[str, torch.Tensor]:
         labels[r, : len(row_labels)] = torch.tensor(row_labels)
         mask[r, : len(row_ids)] = 1
     attn_targets = torch.tensor(targets, dtype=torch.long).reshape(-1, 4)
-    return {"input_ids": ids, "labels": labels, "attention_mask": mask, "attn_targets": attn_targets,
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask,
+            "attn_targets": attn_targets,
             "evidence": torch.tensor(evidence, dtype=torch.long).reshape(-1, 4)}
 
 
-def evidence_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor], layer: int) -> torch.Tensor:
+def evidence_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor],
+                  layer: int) -> torch.Tensor:
     """-log of the attention the heads of ``layer`` put on the bridge facts
     (``evidence_positions``) from the position that predicts the answer's first token."""
     e = batch["evidence"]
@@ -242,9 +260,10 @@ def evidence_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Ten
     return -attentions[layer][rows, heads, queries, keys].clamp_min(1e-6).log().mean()
 
 
-def attention_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor], heads: int) -> torch.Tensor:
-    """-log of the attention mass the first ``heads`` heads of the last layer put on the answer token's
-    occurrences in the passages, at the positions that predict answer tokens."""
+def attention_loss(attentions: Sequence[torch.Tensor], batch: dict[str, torch.Tensor],
+                   heads: int) -> torch.Tensor:
+    """-log of the attention mass the first ``heads`` heads of the last layer put on the answer
+    token's occurrences in the passages, at the positions that predict answer tokens."""
     t = batch["attn_targets"]
     if t.numel() == 0:
         return attentions[-1].sum() * 0.0
@@ -286,14 +305,17 @@ def build_model(cfg: TrainConfig, tok: Any) -> LlamaForCausalLM:
             # Start the output head aligned with the input embeddings (as if tied, at the
             # usual 0.02 scale): a head that copies a token's embedding then raises that
             # token's logit for every token at once.
-            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight * (0.02 / cfg.embed_std))
+            model.get_output_embeddings().weight.copy_(
+                model.get_input_embeddings().weight * (0.02 / cfg.embed_std)
+            )
     if cfg.copy_init > 0:
         copy_head_init(model, cfg.seed, cfg.copy_init)
     return model
 
 
 def load_model(cfg: TrainConfig) -> LlamaForCausalLM:
-    """A saved model to continue training (eager attention: the attention loss reads the probabilities)."""
+    """A saved model to continue training (eager attention: the attention loss reads the
+    probabilities)."""
     attn = "eager" if cfg.attn_weight > 0 else "sdpa"
     model = LlamaForCausalLM.from_pretrained(cfg.init, attn_implementation=attn)
     return grow_layers(model, cfg.grow.split(","), cfg.seed) if cfg.grow else model
@@ -370,7 +392,8 @@ def copy_head_init(model: LlamaForCausalLM, seed: int, gain: float = 1.0) -> Non
             attn.o_proj.weight[:, h * hd : (h + 1) * hd] = v[kv * hd : (kv + 1) * hd].T * scale
 
 
-def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor], lm_weight: float) -> tuple[torch.Tensor, float]:
+def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor],
+            lm_weight: float) -> tuple[torch.Tensor, float]:
     """Cross-entropy on answer tokens plus ``lm_weight`` times the LM loss on prompt tokens;
     returns the total and the answer part (for the log)."""
     shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
@@ -380,7 +403,9 @@ def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor], lm_weight: flo
     if lm_weight > 0:
         lm = batch["input_ids"][:, 1:].clone()
         lm[(batch["attention_mask"][:, 1:] == 0) | (batch["labels"][:, 1:] != IGNORE)] = IGNORE
-        loss = loss + lm_weight * torch.nn.functional.cross_entropy(shift_logits, lm.reshape(-1), ignore_index=IGNORE)
+        loss = loss + lm_weight * torch.nn.functional.cross_entropy(
+            shift_logits, lm.reshape(-1), ignore_index=IGNORE
+        )
     return loss, answer_loss.item()
 
 
@@ -389,19 +414,23 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+    return cfg.lr * (
+        cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
+    )
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW; no weight decay on norms."""
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     other = [p for n, p in model.named_parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": other, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay},
+              {"params": other, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
 
 
 @torch.no_grad()
-def evaluate(model: LlamaForCausalLM, tok: Any, examples: Sequence[QAExample], batch_size: int = 32) -> dict[str, float]:
+def evaluate(model: LlamaForCausalLM, tok: Any, examples: Sequence[QAExample],
+             batch_size: int = 32) -> dict[str, float]:
     """Exact-match accuracy of greedy decoding after full prefill, overall and by kind.
 
     Greedy decoding yields exactly the gold answer and EOS iff the argmax at every answer
@@ -440,8 +469,10 @@ def generate_accuracy(model: LlamaForCausalLM, tok: Any, examples: Sequence[QAEx
     hits = 0
     for ex in examples:
         ids = torch.tensor([encode_prompt(tok, ex.chunks, ex.question)])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
-        hits += exact_match(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), ex.answers)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                             do_sample=False)
+        hits += exact_match(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True),
+                            ex.answers)
     model.train()
     return hits / max(1, len(examples))
 
@@ -454,7 +485,8 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
     tok = build_tokenizer()
     model = build_model(cfg, tok) if not cfg.init else load_model(cfg)
     if cfg.year_axis > 0:
-        print(f"year axis of norm {cfg.year_axis} added to {add_year_axis(model, tok, cfg.year_axis, cfg.seed)} year tokens")
+        print(f"year axis of norm {cfg.year_axis} added to "
+              f"{add_year_axis(model, tok, cfg.year_axis, cfg.seed)} year tokens")
     model.train()
     opt = make_optimizer(model, cfg)
     heldout = generate_examples(cfg.eval_n, HELDOUT_SEED, num_chunks=(4, 6))
@@ -465,7 +497,8 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
     tokens = 0
     for step in range(cfg.steps):
         groups = generate_question_groups(
-            cfg.batch_size, TRAIN_SEED_BASE + cfg.data_offset + step, chunk_range(step, cfg.steps, cfg.curriculum),
+            cfg.batch_size, TRAIN_SEED_BASE + cfg.data_offset + step,
+            chunk_range(step, cfg.steps, cfg.curriculum),
             cfg.questions_per_group, kind_weights=cfg.weights(),
         )
         batch = make_batch(tok, groups, cfg)
@@ -474,30 +507,45 @@ def train(cfg: TrainConfig, out: Path | None, log_every: int = 25) -> dict[str, 
             group["lr"] = lr_at(step, cfg)
         # Right padding under a causal mask: real tokens never see pads, so no attention mask
         # is needed (and SDPA keeps its fast causal path).
-        result = model(input_ids=batch["input_ids"], output_attentions=cfg.attn_weight > 0 or cfg.evidence_weight > 0)
+        result = model(input_ids=batch["input_ids"],
+                       output_attentions=cfg.attn_weight > 0 or cfg.evidence_weight > 0)
         loss, answer_loss = loss_fn(result.logits, batch, cfg.lm_weight)
-        attn_loss = attention_loss(result.attentions, batch, cfg.attn_heads) if cfg.attn_weight > 0 else torch.zeros(())
+        attn_loss = attention_loss(result.attentions, batch,
+                                   cfg.attn_heads) if cfg.attn_weight > 0 else torch.zeros(())
         loss = loss + cfg.attn_weight * attn_loss
-        ev_loss = evidence_loss(result.attentions, batch, cfg.evidence_layer) if cfg.evidence_weight > 0 else torch.zeros(())
+        ev_loss = evidence_loss(result.attentions, batch,
+                                cfg.evidence_layer) if cfg.evidence_weight > 0 else torch.zeros(())
         loss = loss + cfg.evidence_weight * ev_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if step % log_every == 0 or step == cfg.steps - 1:
-            print(f"step {step} loss {loss.item():.4f} answer {answer_loss:.4f} attn {attn_loss.item():.4f} evidence {ev_loss.item():.4f} lr {lr_at(step, cfg):.2e} chunks {chunk_range(step, cfg.steps, cfg.curriculum)} t {time.perf_counter() - start:.0f}s", flush=True)
+            print(
+                f"step {step} loss {loss.item():.4f} answer {answer_loss:.4f} attn "
+                f"{attn_loss.item():.4f} evidence {ev_loss.item():.4f} lr {lr_at(step, cfg):.2e} "
+                f"chunks {chunk_range(step, cfg.steps, cfg.curriculum)} "
+                f"t {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
         if (step + 1) % cfg.eval_every == 0 or step == cfg.steps - 1:
             acc = evaluate(model, tok, heldout)
-            history.append({"step": step + 1, "time_s": round(time.perf_counter() - start, 1), **acc})
-            print(f"eval step {step + 1}: " + " ".join(f"{k}={v:.3f}" for k, v in acc.items()), flush=True)
+            history.append({"step": step + 1, "time_s": round(time.perf_counter() - start, 1),
+                            **acc})
+            print(f"eval step {step + 1}: " + " ".join(f"{k}={v:.3f}" for k, v in acc.items()),
+                  flush=True)
         if cfg.max_minutes and time.perf_counter() - start > cfg.max_minutes * 60:
             print(f"time budget of {cfg.max_minutes} min reached at step {step + 1}", flush=True)
-            history.append({"step": step + 1, "time_s": round(time.perf_counter() - start, 1), **evaluate(model, tok, heldout)})
+            history.append({"step": step + 1, "time_s": round(time.perf_counter() - start, 1),
+                            **evaluate(model, tok, heldout)})
             break
     wall = time.perf_counter() - start
     gen_acc = generate_accuracy(model, tok, heldout[:100])
-    arch = {k: getattr(model.config, k) for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")}
-    summary = {"arch": arch, "params": n_params, "wall_s": wall, "tokens": tokens, "history": history, "generate_acc_100": gen_acc, "config": asdict(cfg)}
+    arch = {k: getattr(model.config, k) for k in ("num_hidden_layers", "hidden_size",
+                                                  "intermediate_size", "num_attention_heads",
+                                                  "num_key_value_heads")}
+    summary = {"arch": arch, "params": n_params, "wall_s": wall, "tokens": tokens,
+               "history": history, "generate_acc_100": gen_acc, "config": asdict(cfg)}
     print(f"done in {wall:.0f}s; generate() accuracy on 100 held-out: {gen_acc:.3f}", flush=True)
     if out is not None:
         save(model, tok, out, summary)
@@ -514,9 +562,14 @@ def save(model: LlamaForCausalLM, tok: Any, out: Path, summary: dict[str, Any]) 
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     text = report(summary)
-    previous = Path(summary["config"]["init"]) / "TRAINING.md" if summary["config"]["init"] else None
-    if previous is not None and previous.is_file():  # a continuation: keep the earlier stages' reports
-        text += "\n## Earlier stage (the `init` model)\n\n" + previous.read_text().replace("\n# ", "\n### ", 1)
+    previous = (
+        Path(summary["config"]["init"]) / "TRAINING.md" if summary["config"]["init"] else None
+    )
+    # a continuation: keep the earlier stages' reports
+    if previous is not None and previous.is_file():
+        text += "\n## Earlier stage (the `init` model)\n\n" + previous.read_text().replace(
+            "\n# ", "\n### ", 1
+        )
     (out / "TRAINING.md").write_text(text)
 
 
@@ -524,29 +577,39 @@ def report(summary: dict[str, Any]) -> str:
     """The training report (markdown)."""
     cfg, arch = summary["config"], summary["arch"]
     final = summary["history"][-1]
+    started = (f"`{cfg['init']}` (continued training; data seeds offset by {cfg['data_offset']})"
+               if cfg["init"] else "a fresh initialization")
     lines = [
         "# Demo model: training report",
         "",
-        "Produced by `scripts/training/train_demo_model.py` (fixed seeds; rerun gives the same model on",
+        "Produced by `scripts/training/train_demo_model.py` (fixed seeds; rerun gives the same "
+        "model on",
         "the same torch build). Tiny `LlamaForCausalLM` trained from scratch on",
         "`blendrag_demo.corpus` (word-level tokenizer from `scripts/training/demo_tokenizer.py`).",
         "",
         f"- parameters: {summary['params']:,}",
-        f"- architecture: {arch['num_hidden_layers']} layers, hidden {arch['hidden_size']}, MLP {arch['intermediate_size']},"
+        f"- architecture: {arch['num_hidden_layers']} layers, hidden {arch['hidden_size']}, MLP "
+        f"{arch['intermediate_size']},"
         f" {arch['num_attention_heads']} heads / {arch['num_key_value_heads']} KV heads,"
         f" {'tied' if cfg['tie_embeddings'] else 'untied'} embeddings, RoPE theta 10000",
-        f"- steps: {cfg['steps']}, batch {cfg['batch_size']} sequences, {cfg['questions_per_group']} questions"
+        f"- steps: {cfg['steps']}, batch {cfg['batch_size']} sequences, "
+        f"{cfg['questions_per_group']} questions"
         f" per sequence at most (filled up to {cfg['fill_tokens']} tokens past the longest prompt),"
         f" {summary['tokens']:,} tokens seen",
-        f"- optimizer: AdamW lr {cfg['lr']} (warmup {cfg['warmup']}, cosine to {cfg['min_lr_ratio']}x),"
-        f" weight decay {cfg['weight_decay']}, grad clip 1.0",
+        f"- optimizer: AdamW lr {cfg['lr']} (warmup {cfg['warmup']}, cosine to "
+        f"{cfg['min_lr_ratio']}x), weight decay {cfg['weight_decay']}, grad clip 1.0",
         f"- losses: answer+EOS cross-entropy, LM on prompt tokens x{cfg['lm_weight']}, attention"
         f" supervision of {cfg['attn_heads']} last-layer head(s) x{cfg['attn_weight']};"
         f" init: embeddings std {cfg['embed_std']}, copy heads gain {cfg['copy_init']}",
-        f"- wall time: {summary['wall_s']:.0f} s on {cfg['threads']} CPU thread(s) (`torch.set_num_threads({cfg['threads']})`)",
-        f"- started from: {'`' + cfg['init'] + '` (continued training; data seeds offset by ' + str(cfg['data_offset']) + ')' if cfg['init'] else 'a fresh initialization'};"
+        f"- wall time: {summary['wall_s']:.0f} s on {cfg['threads']} CPU thread(s) "
+        f"(`torch.set_num_threads({cfg['threads']})`)",
+        f"- started from: {started};"
         f" question kinds drawn with weights {cfg['kind_weights'] or 'the corpus default'}"
-        + (f"; deepened with layer plan `{cfg['grow']}` (new layers start as identity blocks)" if cfg["grow"] else ""),
+        + (
+            f"; deepened with layer plan `{cfg['grow']}` (new layers start as identity blocks)"
+            if cfg["grow"]
+            else ""
+        ),
         "",
         f"Held-out accuracy ({cfg['eval_n']} questions, seed `HELDOUT_SEED`, 4-6 passages,",
         "greedy decoding after a full prefill, exact match after normalization):",
@@ -557,7 +620,8 @@ def report(summary: dict[str, Any]) -> str:
     lines += [f"| {k} | {final[k]:.3f} |" for k in (*KINDS, "overall") if k in final]
     lines += [
         "",
-        f"`model.generate` greedy on the first 100 held-out questions: {summary['generate_acc_100']:.3f}.",
+        "`model.generate` greedy on the first 100 held-out questions: "
+        f"{summary['generate_acc_100']:.3f}.",
         "",
         "Evaluation history:",
         "",
@@ -565,7 +629,11 @@ def report(summary: dict[str, Any]) -> str:
         "|---" * (len(KINDS) + 3) + "|",
     ]
     for h in summary["history"]:
-        lines.append(f"| {h['step']} | {h['time_s']} | " + " | ".join(f"{h.get(k, 0):.3f}" for k in (*KINDS, "overall")) + " |")
+        lines.append(
+            f"| {h['step']} | {h['time_s']} | "
+            + " | ".join(f"{h.get(k, 0):.3f}" for k in (*KINDS, "overall"))
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -579,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
         else:
             parser.add_argument(flag, type=type(value), default=value)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="model directory ('-' to not save)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="model directory ('-' to not save)")
     args = vars(parser.parse_args(argv))
     out = args.pop("out")
     train(TrainConfig(**args), None if str(out) == "-" else out)

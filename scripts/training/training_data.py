@@ -77,12 +77,16 @@ def vocabulary_texts() -> Iterator[str]:
     yield SUFFIX_TEMPLATE
     yield from FILLERS
     yield from PLACE_TEMPLATES
-    for pool in (FEMALE_FIRST, MALE_FIRST, LAST_NAMES, CITIES, JOBS, COMPANIES, COMPANY_TYPES, HOBBIES):
+    for pool in (FEMALE_FIRST, MALE_FIRST, LAST_NAMES, CITIES, JOBS, COMPANIES, COMPANY_TYPES,
+                 HOBBIES):
         yield from pool
     yield from PERSON_YEARS
     yield from COMPANY_YEARS
     yield from PLACE_YEARS
-    yield from (" ".join(q for _, q, _, _ in scene_questions(s)) + " " + " ".join(s.chunks) for s in _sample_scenes())
+    yield from (
+        " ".join(q for _, q, _, _ in scene_questions(s)) + " " + " ".join(s.chunks)
+        for s in _sample_scenes()
+    )
 
 
 def _sample_scenes() -> Iterator[Scene]:

@@ -49,13 +49,15 @@ class BlendConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.selector not in SELECTORS:
             raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
-        if not isinstance(self.ratio, (int, float)) or not 0.0 <= float(self.ratio) <= 1.0 or math.isnan(self.ratio):
+        if (not isinstance(self.ratio, (int, float)) or not 0.0 <= float(self.ratio) <= 1.0
+                or math.isnan(self.ratio)):
             raise ValueError(f"ratio must be in [0, 1], got {self.ratio!r}")
         if self.deviation not in DEVIATIONS:
             raise ValueError(f"deviation must be one of {DEVIATIONS}, got {self.deviation!r}")
         layers = tuple(int(x) for x in self.check_layers)
         if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
-            raise ValueError(f"check_layers must be non-empty, strictly increasing and >= 0, got {self.check_layers!r}")
+            raise ValueError("check_layers must be non-empty, strictly increasing and >= 0, got "
+                             f"{self.check_layers!r}")
         object.__setattr__(self, "check_layers", layers)
         schedule = self.ratio_schedule
         if schedule is None:
@@ -63,9 +65,13 @@ class BlendConfig:
             schedule = tuple(min(1.0, self.ratio * 2 ** (n - 1 - i)) for i in range(n))
         schedule = tuple(float(x) for x in schedule)
         if len(schedule) != len(layers):
-            raise ValueError(f"ratio_schedule needs one ratio per check layer ({len(layers)}), got {len(schedule)}")
-        if any(not 0.0 <= r <= 1.0 for r in schedule) or any(b > a for a, b in zip(schedule, schedule[1:])):
-            raise ValueError(f"ratio_schedule must be non-increasing values in [0, 1], got {schedule!r}")
+            raise ValueError(f"ratio_schedule needs one ratio per check layer ({len(layers)}), got "
+                             f"{len(schedule)}")
+        if any(not 0.0 <= r <= 1.0 for r in schedule) or any(
+            b > a for a, b in zip(schedule, schedule[1:])
+        ):
+            raise ValueError("ratio_schedule must be non-increasing values in [0, 1], got "
+                             f"{schedule!r}")
         if abs(schedule[-1] - self.ratio) > 1e-12:
             raise ValueError(f"ratio_schedule must end at ratio={self.ratio}, got {schedule!r}")
         object.__setattr__(self, "ratio_schedule", schedule)

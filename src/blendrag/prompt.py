@@ -2,7 +2,8 @@
 
 Tokenizing the joined string and searching for chunk boundaries breaks as soon as a merge
 crosses a boundary (docs/architecture.md, "Exactness rules"), so every piece is tokenized
-separately and the ids are concatenated. All modes, the full-prefill baseline included, run on these very ids.
+separately and the ids are concatenated. All modes, the full-prefill baseline included, run
+on these very ids.
 
 With a chat template, the template is rendered around a sentinel user message and split at
 the sentinel: its head joins the prefix and its tail (incl. the assistant header) joins the
@@ -35,7 +36,8 @@ class PromptLayout:
         object.__setattr__(self, "prefix_ids", tuple(int(t) for t in self.prefix_ids))
         chunk_prefix = self.prefix_ids if self.chunk_prefix_ids is None else self.chunk_prefix_ids
         object.__setattr__(self, "chunk_prefix_ids", tuple(int(t) for t in chunk_prefix))
-        object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in self.chunk_ids))
+        object.__setattr__(self, "chunk_ids",
+                           tuple(tuple(int(t) for t in c) for c in self.chunk_ids))
         object.__setattr__(self, "suffix_ids", tuple(int(t) for t in self.suffix_ids))
         if not self.chunk_ids:
             raise ValueError("a prompt needs at least one chunk (got none)")
@@ -43,7 +45,8 @@ class PromptLayout:
             if not c:
                 raise ValueError(f"chunk {i} is empty (0 tokens); drop it or give it text")
         if not self.suffix_ids:
-            raise ValueError("the suffix is empty: the prompt must end with computed tokens (question / answer cue)")
+            raise ValueError("the suffix is empty: the prompt must end with computed tokens "
+                             "(question / answer cue)")
 
     @property
     def ids(self) -> list[int]:
@@ -77,9 +80,9 @@ class PromptBuilder:
     ``chat``: wrap the user content (prefix + chunks + suffix) in the tokenizer's chat template
     (with an optional ``system`` message); None = use it when the tokenizer has one.
     ``chunk_prefix``: the chunk prefix, text (after the template head) that chunk KVs are computed
-    after, whatever the request's own prefix. None: each request's own prefix (exact for a fixed prompt). A
-    canonical one lets ingestion precompute chunks before the prompts that will use them are
-    known (framework chains); the request prefix's KV stays exact either way.
+    after, whatever the request's own prefix. None: each request's own prefix (exact for a fixed
+    prompt). A canonical one lets ingestion precompute chunks before the prompts that will use
+    them are known (framework chains); the request prefix's KV stays exact either way.
     """
 
     def __init__(self, tokenizer, chat: bool | None = None, system: str | None = None,
@@ -97,7 +100,8 @@ class PromptBuilder:
         messages = [{"role": "user", "content": _SENTINEL}]
         if self.system is not None:
             messages.insert(0, {"role": "system", "content": self.system})
-        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
         if rendered.count(_SENTINEL) != 1:
             raise ValueError("the chat template does not render the user content exactly once")
         head, tail = rendered.split(_SENTINEL)
@@ -115,7 +119,8 @@ class PromptBuilder:
         """(head, tail) of the chat template around the user content; ("", "") without one."""
         return self._head, self._tail
 
-    def build(self, prefix: str, chunks: Sequence[str], suffix: str, wrap: bool = True) -> PromptLayout:
+    def build(self, prefix: str, chunks: Sequence[str], suffix: str,
+              wrap: bool = True) -> PromptLayout:
         """Layout of ``prefix + chunks + suffix``, with the chat template around them when the
         builder uses one and ``wrap`` (``wrap=False``: the text already spells the template)."""
         if isinstance(chunks, str):
@@ -146,12 +151,14 @@ class PromptBuilder:
         prompt prefix ``prefix``."""
         text = self.chunk_prefix if self.chunk_prefix is not None else prefix
         if text is None:
-            raise ValueError("no chunk prefix: pass the prompt prefix or set PromptBuilder(chunk_prefix=...)")
+            raise ValueError("no chunk prefix: pass the prompt prefix or set "
+                             "PromptBuilder(chunk_prefix=...)")
         return self.encode(self._head + text, first=True)
 
     def kv_prefix_ids(self, prefix: str | None = None) -> list[int]:
         """Deprecated alias of :meth:`chunk_prefix_ids`."""
-        warnings.warn("PromptBuilder.kv_prefix_ids is deprecated; use chunk_prefix_ids", DeprecationWarning,
+        warnings.warn("PromptBuilder.kv_prefix_ids is deprecated; use chunk_prefix_ids",
+                      DeprecationWarning,
                       stacklevel=2)
         return self.chunk_prefix_ids(prefix)
 

@@ -27,20 +27,26 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
-    """Flags of the default benchmark workload (bench/ttft.py's TTFTWorkload) shared by ttft and store."""
-    add_model_options(parser, default=None, default_help="random weights, Mistral-7B's depth and GQA")
+    """Flags of the default benchmark workload (ttft.py's TTFTWorkload), shared by ttft and
+    store."""
+    add_model_options(parser, default=None,
+                      default_help="random weights, Mistral-7B's depth and GQA")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--chunks", type=int, default=6)
     parser.add_argument("--chunk-tokens", type=int, default=512)
 
 
 def _register_store(bench: argparse._SubParsersAction) -> None:
-    store = bench.add_parser("store", help="stored bytes/token, precompute and per-tier load throughput")
+    store = bench.add_parser("store",
+                             help="stored bytes/token, precompute and per-tier load throughput")
     _add_workload_args(store)
-    store.add_argument("--repeats", type=int, default=9, help="timed loads per tier (median reported)")
-    store.add_argument("--dir", type=Path, help="disk tier directory (default: a temporary one, removed after)")
+    store.add_argument("--repeats", type=int, default=9,
+                       help="timed loads per tier (median reported)")
+    store.add_argument("--dir", type=Path,
+                       help="disk tier directory (default: a temporary one, removed after)")
     store.add_argument("--no-redis", action="store_true", help="skip the Redis tier")
-    store.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    store.add_argument("--threads", type=int,
+                       help="torch CPU threads (default: torch's own choice)")
     store.add_argument("--json", type=Path, help="also write the figures as one JSON object here")
     store.set_defaults(func=_store)
 
@@ -50,10 +56,13 @@ def _ttft(args: argparse.Namespace) -> int:
 
     from blendrag_bench.ttft import TTFTWorkload, format_table, ratios, run, write_json
 
-    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
+    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",
+                     dtype=args.dtype,
                      layers=args.layers,
-                     hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads, intermediate=args.intermediate,
-                     chunks=args.chunks, chunk_tokens=args.chunk_tokens, suffix_tokens=args.suffix_tokens,
+                     hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                     intermediate=args.intermediate,
+                     chunks=args.chunks, chunk_tokens=args.chunk_tokens,
+                     suffix_tokens=args.suffix_tokens,
                      repeats=args.repeats)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     records = run(w)
@@ -71,12 +80,14 @@ def _store(args: argparse.Namespace) -> int:
     from blendrag_bench.store import StoreBenchConfig, format_report, ratios, run, write_json
     from blendrag_bench.ttft import TTFTWorkload
 
-    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu", dtype=args.dtype,
+    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",
+                     dtype=args.dtype,
                      layers=args.layers,
                      chunks=args.chunks, chunk_tokens=args.chunk_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = run(StoreBenchConfig(workload=w, repeats=args.repeats, directory=args.dir, redis=not args.no_redis))
+    report = run(StoreBenchConfig(workload=w, repeats=args.repeats, directory=args.dir,
+                                  redis=not args.no_redis))
     print(format_report(report))
     print("\n".join(ratios(report)))
     if args.json:

@@ -72,7 +72,8 @@ SYNTHETIC_DEFAULT_LIMIT = 100
 
 def load_synthetic(limit: int | None = None, offset: int = 0, seed: int | None = None,
                    num_chunks: int | tuple[int, int] = (4, 6)) -> list[EvalItem]:
-    """Held-out demo-corpus questions ``offset .. offset + limit`` (default seed ``HELDOUT_SEED``)."""
+    """Held-out demo-corpus questions ``offset .. offset + limit`` (default seed
+    ``HELDOUT_SEED``)."""
     from blendrag_demo.corpus import (
         HELDOUT_SEED,
         PREFIX,
@@ -82,33 +83,40 @@ def load_synthetic(limit: int | None = None, offset: int = 0, seed: int | None =
     )
 
     window = _window(SYNTHETIC_DEFAULT_LIMIT if limit is None else limit, offset)
-    examples = generate_examples(window.stop, HELDOUT_SEED if seed is None else seed, num_chunks=num_chunks)
+    examples = generate_examples(window.stop, HELDOUT_SEED if seed is None else seed,
+                                 num_chunks=num_chunks)
     return [EvalItem(PREFIX, tuple(format_chunk(c) for c in ex.chunks), format_suffix(ex.question),
                      tuple(ex.answers), ex.kind, metric="contains") for ex in examples[window]]
 
 
 # --------------------------------------------------------------------------- CacheBlend JSON
 
-CACHEBLEND_PREFIX = ("You will be asked a question after reading several passages. Please directly answer the "
-                     "question based on the given passages. Do NOT repeat the question. The answer should be "
-                     "within 5 words.\nPassages:\n")
+CACHEBLEND_PREFIX = ("You will be asked a question after reading several passages. Please directly "
+                     "answer the "
+                     "question based on the given passages. Do NOT repeat the question. The answer "
+                     "should be within 5 words.\nPassages:\n")
 CACHEBLEND_PASSAGE = "{title}\n\n{text}\n\n"
-CACHEBLEND_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat the question. "
+CACHEBLEND_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat "
+                     "the question. "
                      "The answer should be within 5 words. \nQuestion:{question}\nAnswer:")
 
 
 def cacheblend_item(record: dict[str, Any], kind: str = "cacheblend") -> EvalItem:
     """One record ``{question, answers, ctxs: [{title, text}]}`` with the authors' prompt."""
     try:
-        chunks = tuple(CACHEBLEND_PASSAGE.format(title=c.get("title", ""), text=c["text"]) for c in record["ctxs"])
+        chunks = tuple(CACHEBLEND_PASSAGE.format(title=c.get("title", ""),
+                                                 text=c["text"]) for c in record["ctxs"])
         answers = record["answers"]
-        return EvalItem(CACHEBLEND_PREFIX, chunks, CACHEBLEND_SUFFIX.format(question=record["question"]),
+        return EvalItem(CACHEBLEND_PREFIX, chunks,
+                        CACHEBLEND_SUFFIX.format(question=record["question"]),
                         tuple([answers] if isinstance(answers, str) else answers), kind)
     except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"not a CacheBlend record (question, answers, ctxs[{{title, text}}]): {e!r}") from e
+        raise ValueError(f"not a CacheBlend record (question, answers, ctxs[{{title, text}}]): "
+                         f"{e!r}") from e
 
 
-def load_cacheblend_json(path: str | Path, limit: int | None = None, offset: int = 0) -> list[EvalItem]:
+def load_cacheblend_json(path: str | Path, limit: int | None = None,
+                         offset: int = 0) -> list[EvalItem]:
     """Items of a CacheBlend-format JSON list; ``kind`` is the file's stem (e.g. ``musique_s``)."""
     path = Path(path)
     records = json.loads(path.read_text(encoding="utf-8"))
@@ -123,7 +131,8 @@ MUSIQUE_PASSAGES = 6
 MUSIQUE_PATH = Path(__file__).resolve().parent / "data" / "musique_s.json"
 
 
-def select_passages(record: dict[str, Any], answers: Sequence[str], k: int = MUSIQUE_PASSAGES) -> list[dict]:
+def select_passages(record: dict[str, Any], answers: Sequence[str],
+                    k: int = MUSIQUE_PASSAGES) -> list[dict]:
     """``k`` of a record's passages: every one whose text holds a gold answer first (the
     supporting ones, as far as the text shows), then the others in retrieval order; the chosen
     ones keep their retrieval order."""
@@ -144,7 +153,8 @@ def load_musique(limit: int | None = None, offset: int = 0, passages: int = MUSI
     items = []
     for r in records[_window(limit, offset)]:
         answers = [r["answers"]] if isinstance(r["answers"], str) else r["answers"]
-        items.append(cacheblend_item({**r, "ctxs": select_passages(r, answers, passages)}, kind="musique"))
+        items.append(cacheblend_item({**r, "ctxs": select_passages(r, answers, passages)},
+                                     kind="musique"))
     return items
 
 
@@ -190,7 +200,9 @@ def _cut_points(text: str) -> list[int]:
     else line breaks (the first kind found in ``text``)."""
     starts = [m.start() for m in _PASSAGE_START.finditer(text)]
     if not starts:
-        starts = [m.end() for m in _PARAGRAPH_END.finditer(text)] or [m.end() for m in _LINE_END.finditer(text)]
+        starts = [m.end() for m in _PARAGRAPH_END.finditer(text)] or [
+            m.end() for m in _LINE_END.finditer(text)
+        ]
     return sorted({0, *(s for s in starts if 0 < s < len(text))})
 
 
@@ -222,7 +234,8 @@ def split_context(text: str, max_chars: int = 2000) -> list[str]:
     return chunks
 
 
-def longbench_item(record: dict[str, Any], max_chars: int = 2000, kind: str | None = None) -> EvalItem:
+def longbench_item(record: dict[str, Any], max_chars: int = 2000,
+                   kind: str | None = None) -> EvalItem:
     """One LongBench record ``{input, context, answers[, dataset]}`` as a chunked prompt."""
     try:
         name = kind or record.get("dataset") or "longbench"
@@ -267,7 +280,8 @@ def load_dataset(spec: str | Path, limit: int | None = None, offset: int = 0) ->
         return load_longbench_jsonl(path, limit, offset)
     if path.suffix == ".json":
         return load_cacheblend_json(path, limit, offset)
-    raise ValueError(f"{path}: unknown dataset format (expected .json CacheBlend or .jsonl LongBench)")
+    raise ValueError(f"{path}: unknown dataset format (expected .json CacheBlend or .jsonl "
+                     "LongBench)")
 
 
 def dataset_name(spec: str | Path) -> str:

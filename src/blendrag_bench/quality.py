@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 1.0)
 FULL = BlendConfig(mode="full")
 INGEST_ORDERS = ("prompt", "shuffled")
-RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl", "ttft_s",
+RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",
+               "ttft_s",
                "speedup_vs_full", "recompute_fraction", "n")
 """Keys of one JSON record (``ConfigSummary.record``)."""
 
@@ -45,8 +46,9 @@ class QualityConfig:
     ``"demo"`` is the packaged tiny model. ``chat``: wrap prompts in the tokenizer's chat
     template (None: off for the demo model, which was trained on plain prompts; the
     tokenizer's template when it has one otherwise). ``max_chunk_tokens``: each chunk is cut
-    (after a word) to this many tokens, as the CacheBlend paper cuts passages to 512. Full prefill is always run:
-    it is the reference of the first-token comparison and of the speedups. Blend runs every
+    (after a word) to this many tokens, as the CacheBlend paper cuts passages to 512. Full
+    prefill is always run: it is the reference of the first-token comparison and of the
+    speedups. Blend runs every
     selector at every ratio. ``warmup``: run each config's prefill once, untimed, first.
     ``ingest_order`` and ``profile_neighbours``: chunks are precomputed in prompt order or a
     seeded shuffle, and profiles are measured after each chunk's ``profile_neighbours``
@@ -75,7 +77,8 @@ class QualityConfig:
         if self.profile_neighbours < 1:
             raise ValueError(f"profile_neighbours must be >= 1, got {self.profile_neighbours}")
         if self.ingest_order not in INGEST_ORDERS:
-            raise ValueError(f"ingest_order must be one of {INGEST_ORDERS}, got {self.ingest_order!r}")
+            raise ValueError(f"ingest_order must be one of {INGEST_ORDERS}, got "
+                             f"{self.ingest_order!r}")
         object.__setattr__(self, "modes", tuple(self.modes))
         object.__setattr__(self, "selectors", tuple(self.selectors))
         object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
@@ -83,7 +86,8 @@ class QualityConfig:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
         if "blend" in self.modes:
             if not self.selectors or any(s not in SELECTORS for s in self.selectors):
-                raise ValueError(f"selectors must be a non-empty subset of {SELECTORS}, got {self.selectors!r}")
+                raise ValueError(f"selectors must be a non-empty subset of {SELECTORS}, got "
+                                 f"{self.selectors!r}")
             if not self.ratios or any(not 0.0 < r <= 1.0 for r in self.ratios):
                 raise ValueError(f"ratios must be non-empty values in (0, 1], got {self.ratios!r}")
         for name in ("max_new_tokens", "summary_max_new_tokens"):
@@ -94,7 +98,8 @@ class QualityConfig:
         """Full first, then prefix / reuse, then blend for each selector over the ratios."""
         out = [FULL] + [BlendConfig(mode=m) for m in ("prefix", "reuse") if m in self.modes]
         if "blend" in self.modes:
-            out += [BlendConfig(mode="blend", selector=s, ratio=r) for s in self.selectors for r in self.ratios]
+            out += [BlendConfig(mode="blend", selector=s,
+                                ratio=r) for s in self.selectors for r in self.ratios]
         return out
 
     @property
@@ -166,7 +171,8 @@ def load_engine(config: QualityConfig) -> BlendEngine:
     """The model to evaluate (the demo model was trained on plain prompts: no chat template
     unless asked for)."""
     chat = False if config.chat is None and config.model == "demo" else config.chat
-    return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device, chat=chat,
+    return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device,
+                                       chat=chat,
                                        gguf_file=config.gguf_file)
 
 
@@ -193,7 +199,9 @@ def _answer(stream: GenerationStream, first_line: bool) -> str:
 
 def _generation(item: EvalItem, config: QualityConfig) -> GenerationConfig:
     short = item.metric == "qa_f1"
-    return GenerationConfig(max_new_tokens=config.max_new_tokens if short else config.summary_max_new_tokens)
+    return GenerationConfig(
+        max_new_tokens=config.max_new_tokens if short else config.summary_max_new_tokens
+    )
 
 
 def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: QualityConfig,
@@ -214,10 +222,12 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
         logits, stats = stream.prefill.logits, stream.prefill.stats
         reference = logits if reference is None else reference  # full comes first
         out.append(ExampleResult(
-            item=index, kind=item.kind, config=cfg, answer=answer, quality=score(item.metric, answer, item.answers),
+            item=index, kind=item.kind, config=cfg, answer=answer,
+            quality=score(item.metric, answer, item.answers),
             exact_match=exact_match(answer, item.answers),
             first_token_agreement=float(first_token_agrees(reference, logits)),
-            kl=first_token_kl(reference, logits), ttft_s=stats.ttft_s, recompute_fraction=stats.recompute_fraction))
+            kl=first_token_kl(reference, logits), ttft_s=stats.ttft_s,
+            recompute_fraction=stats.recompute_fraction))
     return out
 
 
@@ -228,7 +238,8 @@ def _ingest(engine: BlendEngine, layout: PromptLayout, index: int, config: Quali
     if config.ingest_order == "shuffled":
         random.Random(config.seed * 1_000_003 + index).shuffle(chunks)
     profile = "blend" in config.modes and "profile" in config.selectors
-    engine.precompute(layout.chunk_prefix_ids, chunks, profile=config.profile_neighbours if profile else 0)
+    engine.precompute(layout.chunk_prefix_ids, chunks,
+                      profile=config.profile_neighbours if profile else 0)
 
 
 def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig) -> bool:
@@ -262,10 +273,12 @@ def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig
                          skipped=len(items) - len(usable), kinds=kinds(usable),
                          metrics=list(dict.fromkeys(item.metric for item in usable)),
                          summaries=summarize(examples, config.configs()), examples=examples,
-                         ingest_order=config.ingest_order, profile_neighbours=config.profile_neighbours)
+                         ingest_order=config.ingest_order,
+                         profile_neighbours=config.profile_neighbours)
 
 
-def summarize(examples: Sequence[ExampleResult], configs: Sequence[BlendConfig]) -> list[ConfigSummary]:
+def summarize(examples: Sequence[ExampleResult],
+              configs: Sequence[BlendConfig]) -> list[ConfigSummary]:
     """One summary per config (in ``configs`` order); speedups relative to full prefill."""
     by_config = {cfg: [e for e in examples if e.config == cfg] for cfg in configs}
     full_ttft = statistics.median(e.ttft_s for e in by_config[FULL])
@@ -279,10 +292,15 @@ def _mean(values: Sequence[float]) -> float:
 def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> ConfigSummary:
     blend = cfg.mode == "blend"
     ttft = statistics.median(e.ttft_s for e in rows)
-    by_kind = {k: _mean([e.quality for e in rows if e.kind == k]) for k in dict.fromkeys(e.kind for e in rows)}
+    by_kind = {
+        k: _mean([e.quality for e in rows if e.kind == k])
+        for k in dict.fromkeys(e.kind for e in rows)
+    }
     return ConfigSummary(
         mode=cfg.mode, selector=cfg.selector if blend else None, ratio=cfg.ratio if blend else None,
         quality=_mean([e.quality for e in rows]), exact_match=_mean([e.exact_match for e in rows]),
-        first_token_agreement=_mean([e.first_token_agreement for e in rows]), kl=_mean([e.kl for e in rows]),
+        first_token_agreement=_mean([e.first_token_agreement for e in rows]),
+        kl=_mean([e.kl for e in rows]),
         ttft_s=ttft, speedup_vs_full=full_ttft / ttft if ttft > 0 else float("inf"),
-        recompute_fraction=_mean([e.recompute_fraction for e in rows]), n=len(rows), quality_by_kind=by_kind)
+        recompute_fraction=_mean([e.recompute_fraction for e in rows]), n=len(rows),
+        quality_by_kind=by_kind)

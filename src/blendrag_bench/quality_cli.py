@@ -16,7 +16,8 @@ from blendrag.config import MODES, SELECTORS
 
 _CHAT = {"auto": None, "on": True, "off": False}
 DEFAULT_DATASETS = ("synthetic", "musique")
-DEFAULT_LIMITS = {"synthetic": 40, "musique": 10}  # a default run of both: under 30 min on 2 CPU cores
+# a default run of both: under 30 min on 2 CPU cores
+DEFAULT_LIMITS = {"synthetic": 40, "musique": 10}
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
@@ -33,35 +34,46 @@ def register(bench: argparse._SubParsersAction) -> None:
     """Add ``quality`` to the ``blendrag bench`` group."""
     q = bench.add_parser("quality", help="answer quality vs TTFT of every mode and selector")
     q.add_argument("--dataset", type=_csv(str), default=DEFAULT_DATASETS,
-                   help="comma-separated: 'synthetic' (generated multi-passage questions), 'musique' (shipped "
-                        "MuSiQue subset, 6 passages each), a CacheBlend .json or a LongBench .jsonl file "
-                        f"(default: {','.join(DEFAULT_DATASETS)})")
+                   help="comma-separated: 'synthetic' (generated multi-passage questions), "
+                        "'musique' (shipped "
+                        "MuSiQue subset, 6 passages each), a CacheBlend .json or a LongBench "
+                        f".jsonl file (default: {','.join(DEFAULT_DATASETS)})")
     add_model_options(q)
     q.add_argument("--chat", default="auto", choices=list(_CHAT),
-                   help="chat template around prompts (auto: off for the demo model, the tokenizer's otherwise)")
-    q.add_argument("--limit", type=int,
-                   help="items per dataset (default: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_LIMITS.items())
-                        + ", every item of a file)")
+                   help="chat template around prompts (auto: off for the demo model, the "
+                        "tokenizer's otherwise)")
+    q.add_argument(
+        "--limit",
+        type=int,
+        help="items per dataset (default: "
+        + ", ".join(f"{k} {v}" for k, v in DEFAULT_LIMITS.items())
+        + ", every item of a file)",
+    )
     q.add_argument("--max-chunk-tokens", type=int, default=512,
-                   help="cut each passage after a word to at most this many tokens (default 512, as the "
-                        "CacheBlend paper); 0: no cut")
+                   help="cut each passage after a word to at most this many tokens (default 512, "
+                        "as the CacheBlend paper); 0: no cut")
     q.add_argument("--offset", type=int, default=0, help="items to skip first")
-    q.add_argument("--modes", type=_csv(str), default=MODES, help=f"comma-separated subset of {','.join(MODES)}")
+    q.add_argument("--modes", type=_csv(str), default=MODES,
+                   help=f"comma-separated subset of {','.join(MODES)}")
     q.add_argument("--selectors", type=_csv(str), default=SELECTORS,
                    help=f"comma-separated subset of {','.join(SELECTORS)}")
     q.add_argument("--ratios", type=_csv(float), default=(0.05, 0.10, 0.15, 0.20, 0.30, 1.0),
                    help="comma-separated recompute ratios of blend")
     q.add_argument("--max-new-tokens", type=int, default=32)
     q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],
-                   help="order chunks are precomputed in: the neighbour each context profile is measured "
-                        "after (prompt: the chunk before it in the prompt; shuffled: a seeded shuffle)")
+                   help="order chunks are precomputed in: the neighbour each context profile is "
+                        "measured "
+                        "after (prompt: the chunk before it in the prompt; shuffled: a seeded "
+                        "shuffle)")
     q.add_argument("--profile-neighbours", type=int, default=1, metavar="K",
-                   help="measure each context profile after the K chunks before it in the ingestion order, "
-                        "keeping each token's largest deviation (default 1)")
+                   help="measure each context profile after the K chunks before it in the "
+                        "ingestion order, keeping each token's largest deviation (default 1)")
     q.add_argument("--no-warmup", action="store_true", help="time the first item's configs cold")
     q.add_argument("--out-dir", type=Path, default=Path("runs/quality"),
-                   help="where <dataset>/table.md, table.csv and quality_vs_ttft.png go (default runs/quality)")
-    q.add_argument("--json", type=Path, help="also write the per-config records of every dataset as JSON here")
+                   help="where <dataset>/table.md, table.csv and quality_vs_ttft.png go (default "
+                        "runs/quality)")
+    q.add_argument("--json", type=Path,
+                   help="also write the per-config records of every dataset as JSON here")
     q.set_defaults(func=_quality)
 
 
@@ -73,10 +85,14 @@ def _quality(args: argparse.Namespace) -> int:
     from blendrag_bench.report import format_markdown, records, write_report
 
     try:
-        config = QualityConfig(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",
-                               dtype=args.dtype, chat=_CHAT[args.chat], modes=args.modes, selectors=args.selectors,
-                               ratios=args.ratios, max_new_tokens=args.max_new_tokens, warmup=not args.no_warmup,
-                               ingest_order=args.ingest_order, profile_neighbours=args.profile_neighbours,
+        config = QualityConfig(model=args.model, gguf_file=args.gguf_file,
+                               device=args.device or "cpu",
+                               dtype=args.dtype, chat=_CHAT[args.chat], modes=args.modes,
+                               selectors=args.selectors,
+                               ratios=args.ratios, max_new_tokens=args.max_new_tokens,
+                               warmup=not args.no_warmup,
+                               ingest_order=args.ingest_order,
+                               profile_neighbours=args.profile_neighbours,
                                max_chunk_tokens=args.max_chunk_tokens or None)
         datasets = [(dataset_name(d), load_dataset(d, limit=_limit(args, d), offset=args.offset))
                     for d in args.dataset]
@@ -86,7 +102,8 @@ def _quality(args: argparse.Namespace) -> int:
         return 2
     all_records: list[dict] = []
     for name, items in datasets:
-        print(f"{name}: {len(items)} items x {len(config.configs())} configs on {config.model}", file=sys.stderr)
+        print(f"{name}: {len(items)} items x {len(config.configs())} configs on {config.model}",
+              file=sys.stderr)
         try:
             report = run_quality(items, config, engine=engine, dataset=name, on_item=Progress(name))
         except ValueError as e:

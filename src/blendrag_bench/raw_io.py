@@ -29,7 +29,10 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor, offset: int = 0) -> None:
     One plain single-threaded copy, where ``Tensor.copy_`` may fan out to threads, which makes
     its speed depend on what else runs on the machine."""
     n = src.numel() * src.element_size()
-    if not (src.is_contiguous() and dst.is_contiguous()) or offset + n > dst.numel() * dst.element_size():
+    if (
+        not (src.is_contiguous() and dst.is_contiguous())
+        or offset + n > dst.numel() * dst.element_size()
+    ):
         raise ValueError("copy_bytes needs contiguous tensors and room in dst")
     ctypes.memmove(dst.data_ptr() + offset, src.data_ptr(), n)
 

@@ -28,13 +28,18 @@ class LocalRedis:
         try:
             import redis
         except ImportError:
-            raise RedisUnavailable("redis-py is not installed (pip install 'blendrag[redis]')") from None
-        self._tmp = tempfile.TemporaryDirectory(prefix="blendrag-redis-") if workdir is None else None
+            raise RedisUnavailable(
+                "redis-py is not installed (pip install 'blendrag[redis]')"
+            ) from None
+        self._tmp = (
+            tempfile.TemporaryDirectory(prefix="blendrag-redis-") if workdir is None else None
+        )
         directory = self._tmp.name if self._tmp is not None else str(workdir)
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._proc = subprocess.Popen(
-            [REDIS_BINARY, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [REDIS_BINARY, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no",
              "--dir", directory],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self._wait(redis, timeout_s)

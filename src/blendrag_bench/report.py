@@ -9,7 +9,8 @@ from pathlib import Path
 from blendrag_bench.quality import ConfigSummary, QualityReport
 
 TABLE_MD, TABLE_CSV, PLOT_PNG = "table.md", "table.csv", "quality_vs_ttft.png"
-CSV_COLUMNS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl", "ttft_s",
+CSV_COLUMNS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",
+               "ttft_s",
                "speedup_vs_full", "recompute_fraction", "n")
 
 
@@ -20,24 +21,27 @@ def _fmt_ratio(ratio: float | None) -> str:
 def _neighbour_words(report: QualityReport) -> str:
     k = report.profile_neighbours
     what = "predecessor" if k == 1 else f"{k} predecessors (largest deviation kept)"
-    return f"{what} in " + ("prompt order" if report.ingest_order == "prompt" else "a shuffled order")
+    order = "prompt order" if report.ingest_order == "prompt" else "a shuffled order"
+    return f"{what} in {order}"
 
 
 def format_markdown(report: QualityReport) -> str:
     """A heading line, the per-config table and (with several kinds) quality per kind."""
-    lines = [f"Quality vs TTFT: model `{report.model}` ({report.dtype} on {report.device}), dataset "
+    lines = [f"Quality vs TTFT: model `{report.model}` ({report.dtype} on {report.device}), "
+             "dataset "
              f"`{report.dataset}`, {report.items} items" + (f" ({report.skipped} skipped: too long)"
                                                              if report.skipped else "")
              + ("; context profiles measured after each chunk's "
                 + _neighbour_words(report)
                 if any(s.selector == "profile" for s in report.summaries) else ""),
              "",
-             "| mode | selector | ratio | quality | EM | first-token agreement | KL(full‖mode) | TTFT ms | "
-             "speedup | recompute |",
+             "| mode | selector | ratio | quality | EM | first-token agreement | KL(full‖mode) | "
+             "TTFT ms | speedup | recompute |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report.summaries:
-        lines.append(f"| {s.mode} | {s.selector or '-'} | {_fmt_ratio(s.ratio)} | {s.quality:.3f} | "
-                     f"{s.exact_match:.3f} | {s.first_token_agreement:.3f} | {s.kl:.4f} | {s.ttft_s * 1e3:.1f} | "
+        lines.append(f"| {s.mode} | {s.selector or '-'} | {_fmt_ratio(s.ratio)} | {s.quality:.3f} "
+                     f"| {s.exact_match:.3f} | {s.first_token_agreement:.3f} | {s.kl:.4f} | "
+                     f"{s.ttft_s * 1e3:.1f} | "
                      f"{s.speedup_vs_full:.2f}x | {s.recompute_fraction:.3f} |")
     if len(report.kinds) > 1:
         lines += ["", "Quality per kind:", "", "| config | " + " | ".join(report.kinds) + " |",
@@ -50,7 +54,8 @@ def format_markdown(report: QualityReport) -> str:
 
 
 def records(report: QualityReport) -> list[dict]:
-    """One JSON record per config with exactly the keys of ``blendrag_bench.quality.RECORD_KEYS``."""
+    """One JSON record per config with exactly the keys of
+    ``blendrag_bench.quality.RECORD_KEYS``."""
     return [s.record() for s in report.summaries]
 
 
@@ -68,7 +73,9 @@ def write_csv(report: QualityReport, path: Path) -> None:
         writer.writerow(list(CSV_COLUMNS) + extra)
         for s in report.summaries:
             row = ["" if getattr(s, c) is None else getattr(s, c) for c in CSV_COLUMNS]
-            writer.writerow(row + [s.quality_by_kind.get(k, "") for k in report.kinds] if extra else row)
+            writer.writerow(
+                row + [s.quality_by_kind.get(k, "") for k in report.kinds] if extra else row
+            )
 
 
 _METRIC_NAMES = {"qa_f1": "QA F1", "rouge_l": "ROUGE-L"}
@@ -97,14 +104,19 @@ def plot_quality_vs_ttft(report: QualityReport, path: Path) -> None:
         xs, ys = [s.ttft_s * 1e3 for s in rows], [s.quality for s in rows]
         ax.plot(xs, ys, marker="o", label=f"blend ({selector})")
         for s, x, y in zip(rows, xs, ys):
-            ax.annotate(f"{s.ratio:.0%}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            ax.annotate(f"{s.ratio:.0%}", (x, y), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
     for s in report.summaries:
         if s.mode in _BASELINES:
             marker, color, label = _BASELINES[s.mode]
-            ax.scatter([s.ttft_s * 1e3], [s.quality], marker=marker, s=110, color=color, label=label, zorder=3)
+            ax.scatter([s.ttft_s * 1e3], [s.quality], marker=marker, s=110, color=color,
+                       label=label, zorder=3)
     ax.set_xlabel("TTFT, median over items (ms)")
-    ax.set_ylabel("quality (mean " + " / ".join(_METRIC_NAMES.get(m, m) for m in report.metrics) + ")")
-    ax.set_title(f"{_short(report.model)} on {report.dataset} ({report.items} items, {report.device})", fontsize=10)
+    ax.set_ylabel(
+        "quality (mean " + " / ".join(_METRIC_NAMES.get(m, m) for m in report.metrics) + ")"
+    )
+    ax.set_title(f"{_short(report.model)} on {report.dataset} ({report.items} items, "
+                 f"{report.device})", fontsize=10)
     _pad_limits(ax, [s.quality for s in report.summaries])
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
@@ -125,7 +137,9 @@ def _pad_limits(ax, qualities: list[float]) -> None:
     ax.set_xlim(left=0)
 
 
-def write_report(report: QualityReport, out_dir: Path, json_path: Path | None = None) -> dict[str, Path]:
+def write_report(
+    report: QualityReport, out_dir: Path, json_path: Path | None = None
+) -> dict[str, Path]:
     """Write table.md, table.csv, quality_vs_ttft.png into ``out_dir`` (and the JSON records to
     ``json_path``); returns the paths by kind."""
     out_dir.mkdir(parents=True, exist_ok=True)

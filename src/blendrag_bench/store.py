@@ -79,7 +79,9 @@ def run(cfg: StoreBenchConfig) -> dict:
 
 def _config(directory: Path, layout: PromptLayout, engine: BlendEngine) -> StoreConfig:
     """RAM and disk tiers with room for every entry of the workload (and the warm-up chunk)."""
-    tokens = len(layout.prefix_ids) + sum(len(c) for c in layout.chunk_ids) + len(layout.chunk_ids[0])
+    tokens = (
+        len(layout.prefix_ids) + sum(len(c) for c in layout.chunk_ids) + len(layout.chunk_ids[0])
+    )
     room = tokens * _formula(engine) + (64 << 20)
     return StoreConfig(ram_bytes=room, disk_dir=directory, disk_bytes=room)
 
@@ -97,8 +99,10 @@ def _directory(directory: Path | None) -> Iterator[Path]:
 def _describe(w: TTFTWorkload, engine: BlendEngine) -> dict:
     c = engine.model.config
     return {"model": w.model or "random Mistral-shaped", "layers": c.num_hidden_layers,
-            "kv_heads": c.num_key_value_heads, "head_dim": _head_dim(c), "dtype": w.dtype, "device": w.device, "chunks": w.chunks,
-            "chunk_tokens": w.chunk_tokens, "prefix_tokens": w.prefix_tokens, "threads": torch.get_num_threads()}
+            "kv_heads": c.num_key_value_heads, "head_dim": _head_dim(c), "dtype": w.dtype,
+            "device": w.device, "chunks": w.chunks,
+            "chunk_tokens": w.chunk_tokens, "prefix_tokens": w.prefix_tokens,
+            "threads": torch.get_num_threads()}
 
 
 # ---- bytes per token ---------------------------------------------------------------------------
@@ -178,14 +182,19 @@ def _timed(device: torch.device, fn: Callable[[], object]) -> float:
 
 # ---- loads per tier ----------------------------------------------------------------------------
 
-def _load_throughput(cfg: StoreBenchConfig, store: TieredKVStore, key: str, directory: Path, entry: Path) -> dict:
+def _load_throughput(cfg: StoreBenchConfig, store: TieredKVStore, key: str, directory: Path,
+                     entry: Path) -> dict:
     kv = store.get(key)  # from disk; now in RAM too
     load = {"ram": _ram(cfg, store, key, kv.nbytes)}
-    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=store.config.disk_bytes)) as disk:
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory,
+                                   disk_bytes=store.config.disk_bytes)) as disk:
         load["disk"], cached, cold = _disk(cfg, disk, key, entry)
-    load["redis"], note = _redis(cfg, kv, key) if cfg.redis else ((None, None), "not requested (--no-redis)")
-    return {"load_gbps": {t: load[t][0] for t in TIERS}, "raw_read_gbps": {t: load[t][1] for t in TIERS},
-            "disk_page_cache_dropped": cold, "disk_page_cache_gbps": {"load": cached[0], "raw_read": cached[1]},
+    skipped = ((None, None), "not requested (--no-redis)")
+    load["redis"], note = _redis(cfg, kv, key) if cfg.redis else skipped
+    return {"load_gbps": {t: load[t][0] for t in TIERS},
+            "raw_read_gbps": {t: load[t][1] for t in TIERS},
+            "disk_page_cache_dropped": cold,
+            "disk_page_cache_gbps": {"load": cached[0], "raw_read": cached[1]},
             "redis_note": note}
 
 
@@ -234,12 +243,16 @@ def _timed_get(store: TieredKVStore, key: str) -> float:
     return seconds
 
 
-def _redis(cfg: StoreBenchConfig, kv, key: str) -> tuple[tuple[float | None, float | None], str | None]:
+def _redis(cfg: StoreBenchConfig, kv,
+           key: str) -> tuple[tuple[float | None, float | None], str | None]:
     try:
         server = LocalRedis()
     except RedisUnavailable as exc:
         return (None, None), str(exc)
-    with server, TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=None, redis_url=server.url)) as store:
+    with (
+        server,
+        TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=None, redis_url=server.url)) as store,
+    ):
         client = server.client()
         store.put(key, kv)
         name = store.config.redis_prefix + key
@@ -256,24 +269,30 @@ def _redis(cfg: StoreBenchConfig, kv, key: str) -> tuple[tuple[float | None, flo
 
 def format_report(r: dict) -> str:
     w = r["workload"]
-    lines = [f"workload: {w['model']} {w['layers']}L, {w['kv_heads']} kv heads x {w['head_dim']}, {w['dtype']} on "
-             f"{w['device']} ({w['threads']} threads); {w['chunks']} chunks x {w['chunk_tokens']} tokens after a "
-             f"{w['prefix_tokens']}-token prefix",
-             f"bytes/token   stored {r['bytes_per_token']:.2f}   formula {r['bytes_per_token_formula']}   "
+    lines = [f"workload: {w['model']} {w['layers']}L, {w['kv_heads']} kv heads x {w['head_dim']}, "
+             f"{w['dtype']} on "
+             f"{w['device']} ({w['threads']} threads); {w['chunks']} chunks x {w['chunk_tokens']} "
+             f"tokens after a {w['prefix_tokens']}-token prefix",
+             f"bytes/token   stored {r['bytes_per_token']:.2f}   formula "
+             f"{r['bytes_per_token_formula']}   "
              f"metadata {r['metadata_bytes']} B per {r['entry_tokens']}-token entry "
              f"({r['metadata_bytes'] / r['entry_bytes']:.3%})",
              f"precompute    {r['precompute_tokens_per_s']:.0f} tokens/s   "
-             f"HF forward {r['hf_forward_tokens_per_s']:.0f} tokens/s   ratio {r['precompute_tokens_per_s'] / r['hf_forward_tokens_per_s']:.2f}x",
+             f"HF forward {r['hf_forward_tokens_per_s']:.0f} tokens/s   ratio "
+             f"{r['precompute_tokens_per_s'] / r['hf_forward_tokens_per_s']:.2f}x",
              *_batching_line(r),
              f"{'tier':<18}{'load GB/s':>10}{'raw GB/s':>10}{'ratio':>8}"]
     rows = [(t, r["load_gbps"][t], r["raw_read_gbps"][t]) for t in TIERS]
-    rows.insert(2, ("disk (page cache)", r["disk_page_cache_gbps"]["load"], r["disk_page_cache_gbps"]["raw_read"]))
+    rows.insert(2,
+                ("disk (page cache)", r["disk_page_cache_gbps"]["load"],
+                 r["disk_page_cache_gbps"]["raw_read"]))
     for name, load, raw in rows:
         if load is None:
             lines.append(f"{name:<18}{'-':>10}{'-':>10}{'-':>8}   {r['redis_note']}")
         else:
             lines.append(f"{name:<18}{load:>10.2f}{raw:>10.2f}{load / raw:>7.2f}x")
-    lines.append(f"disk page cache dropped before each cold read: {'yes' if r['disk_page_cache_dropped'] else 'NO'}")
+    lines.append("disk page cache dropped before each cold read: "
+                 f"{'yes' if r['disk_page_cache_dropped'] else 'NO'}")
     return "\n".join(lines)
 
 
@@ -288,8 +307,10 @@ def _batching_line(r: dict) -> list[str]:
 def ratios(r: dict) -> list[str]:
     """The headline ratios of a run, one line each (figures only; the project's targets for
     them are in docs/benchmarks.md)."""
-    out = [f"precompute vs HF forward: {r['precompute_tokens_per_s'] / r['hf_forward_tokens_per_s']:.2f}x",
-           f"bytes/token over the formula: {r['bytes_per_token'] / r['bytes_per_token_formula'] - 1:+.3%}"]
+    out = ["precompute vs HF forward: "
+           f"{r['precompute_tokens_per_s'] / r['hf_forward_tokens_per_s']:.2f}x",
+           "bytes/token over the formula: "
+           f"{r['bytes_per_token'] / r['bytes_per_token_formula'] - 1:+.3%}"]
     for t in TIERS:
         load, raw = r["load_gbps"][t], r["raw_read_gbps"][t]
         if load is None:

@@ -26,7 +26,8 @@ from blendrag_bench.memory import peak_bytes, pin_malloc_thresholds
 class TTFTWorkload:
     """Model shape (ignored with ``model``), prompt shape and what to run."""
 
-    model: str | None = None  # a name, folder, GGUF file or hub id; None: random weights of the shape below
+    # a name, folder, GGUF file or hub id; None: random weights of the shape below
+    model: str | None = None
     gguf_file: str | None = None
     layers: int = 32
     hidden: int = 512
@@ -46,7 +47,8 @@ class TTFTWorkload:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "kv_heads", "chunks", "chunk_tokens", "suffix_tokens", "repeats"):
+        for name in ("layers", "hidden", "heads", "kv_heads", "chunks", "chunk_tokens",
+                     "suffix_tokens", "repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.heads % self.kv_heads or self.hidden % self.heads:
@@ -55,7 +57,8 @@ class TTFTWorkload:
 
 def build_engine(w: TTFTWorkload) -> BlendEngine:
     if w.model is not None:
-        return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device, gguf_file=w.gguf_file)
+        return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device,
+                                           gguf_file=w.gguf_file)
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(w.seed)
@@ -63,7 +66,8 @@ def build_engine(w: TTFTWorkload) -> BlendEngine:
         vocab_size=w.vocab, hidden_size=w.hidden, intermediate_size=w.intermediate,
         num_hidden_layers=w.layers, num_attention_heads=w.heads, num_key_value_heads=w.kv_heads,
         max_position_embeddings=32768, sliding_window=None, tie_word_embeddings=False)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[w.dtype]
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+             "float16": torch.float16}[w.dtype]
     with torch.device(w.device):
         model = MistralForCausalLM(config).to(dtype)
     return BlendEngine(model.eval(), tokenizer=None)
@@ -75,7 +79,8 @@ def random_layout(w: TTFTWorkload, vocab: int) -> PromptLayout:
     def ids(n: int) -> list[int]:
         return torch.randint(3, vocab, (n,), generator=g).tolist()
 
-    return PromptLayout(ids(w.prefix_tokens), [ids(w.chunk_tokens) for _ in range(w.chunks)], ids(w.suffix_tokens))
+    return PromptLayout(ids(w.prefix_tokens), [ids(w.chunk_tokens) for _ in range(w.chunks)],
+                        ids(w.suffix_tokens))
 
 
 def configs(w: TTFTWorkload) -> list[BlendConfig]:
@@ -93,7 +98,8 @@ def run(w: TTFTWorkload) -> list[dict]:
     """Time HF's forward and every mode, then measure their peak memory; one record per row."""
     engine = build_engine(w)
     layout = random_layout(w, engine.model.config.vocab_size)
-    engine.precompute(layout.prefix_ids, layout.chunk_ids, profile="profile" in w.selectors)  # ingestion, not timed
+    # ingestion, not timed
+    engine.precompute(layout.prefix_ids, layout.chunk_ids, profile="profile" in w.selectors)
     ids = torch.tensor([layout.ids], device=engine.device)
 
     def hf() -> torch.Tensor:
@@ -120,30 +126,33 @@ def run(w: TTFTWorkload) -> list[dict]:
     for c in configs(w):
         blend = c.mode == "blend"
         records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
-                               times[c.label], full_s, peaks[c.label], stats[c.label].recompute_fraction))
+                               times[c.label], full_s, peaks[c.label],
+                               stats[c.label].recompute_fraction))
     return records
 
 
 def _record(mode, selector, ratio, samples, full_s, peak, recompute) -> dict:
     ttft = statistics.median(samples)
     return {"mode": mode, "selector": selector, "ratio": ratio, "ttft_s": ttft,
-            "speedup_vs_full": full_s / ttft, "ttft_min_s": min(samples), "ttft_max_s": max(samples),
+            "speedup_vs_full": full_s / ttft, "ttft_min_s": min(samples),
+            "ttft_max_s": max(samples),
             "peak_extra_mib": peak / 2**20, "recompute_fraction": recompute}
 
 
 def format_table(records: list[dict], w: TTFTWorkload) -> str:
     n = w.prefix_tokens + w.chunks * w.chunk_tokens + w.suffix_tokens
-    lines = [f"workload: {w.model or f'random Mistral-shaped {w.layers}L h{w.hidden} {w.heads}/{w.kv_heads} heads'}, "
-             f"{w.dtype} on {w.device}, prompt {n} tokens = {w.prefix_tokens} prefix + {w.chunks}x{w.chunk_tokens} "
-             f"chunks + {w.suffix_tokens} suffix; median of {w.repeats}",
-             f"{'mode':<8}{'selector':<12}{'ratio':>6}{'TTFT ms':>10}{'min-max ms':>16}{'speedup':>9}"
-             f"{'peak MiB':>10}{'recomp':>8}"]
+    model = w.model or f"random Mistral-shaped {w.layers}L h{w.hidden} {w.heads}/{w.kv_heads} heads"
+    lines = [f"workload: {model}, {w.dtype} on {w.device}, prompt {n} tokens = {w.prefix_tokens} "
+             f"prefix + {w.chunks}x{w.chunk_tokens} chunks + {w.suffix_tokens} suffix; "
+             f"median of {w.repeats}",
+             f"{'mode':<8}{'selector':<12}{'ratio':>6}{'TTFT ms':>10}{'min-max ms':>16}"
+             f"{'speedup':>9}{'peak MiB':>10}{'recomp':>8}"]
     for r in records:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         rec = f"{r['recompute_fraction']:.3f}" if r["recompute_fraction"] is not None else "-"
         span = f"{r['ttft_min_s'] * 1e3:.0f}-{r['ttft_max_s'] * 1e3:.0f}"
-        lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}{span:>16}"
-                     f"{r['speedup_vs_full']:>8.2f}x{r['peak_extra_mib']:>10.1f}{rec:>8}")
+        lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}"
+                     f"{span:>16}{r['speedup_vs_full']:>8.2f}x{r['peak_extra_mib']:>10.1f}{rec:>8}")
     return "\n".join(lines)
 
 

@@ -74,5 +74,6 @@ def check_demo_model(path: Path | None = None) -> Path:
     directory = demo_model_path() if path is None else Path(path)
     missing = [name for name in _REQUIRED_FILES if not (directory / name).is_file()]
     if missing:
-        raise FileNotFoundError(f"demo model incomplete in {directory}: missing {', '.join(missing)}")
+        raise FileNotFoundError(f"demo model incomplete in {directory}: missing "
+                                f"{', '.join(missing)}")
     return directory

@@ -52,8 +52,10 @@ class DemoCorpus:
 def real_corpus(path: Path = REAL_CORPUS) -> DemoCorpus:
     data = json.loads(path.read_text(encoding="utf-8"))
     passages = tuple(Passage(p["id"], f"{p['title']}\n{p['text']}") for p in data["passages"])
-    questions = tuple(Question(q["question"], tuple(q["answers"]), tuple(q["passages"])) for q in data["questions"])
-    return DemoCorpus("real", data["prefix"], data["suffix_template"], "{page_content}\n\n", passages, questions)
+    questions = tuple(Question(q["question"], tuple(q["answers"]),
+                               tuple(q["passages"])) for q in data["questions"])
+    return DemoCorpus("real", data["prefix"], data["suffix_template"], "{page_content}\n\n",
+                      passages, questions)
 
 
 def synthetic_corpus(questions: int, seed: int | None = None) -> DemoCorpus:
@@ -61,8 +63,13 @@ def synthetic_corpus(questions: int, seed: int | None = None) -> DemoCorpus:
     from blendrag_demo.corpus import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, generate_examples
 
     examples = generate_examples(questions, HELDOUT_SEED if seed is None else seed)
-    passages = tuple(Passage(f"{g}-{i}", text, g) for g, ex in enumerate(examples) for i, text in enumerate(ex.chunks))
-    qs = tuple(Question(ex.question, tuple(ex.answers), tuple(f"{g}-{i}" for i in range(len(ex.chunks))), g)
+    passages = tuple(
+        Passage(f"{g}-{i}", text, g)
+        for g, ex in enumerate(examples)
+        for i, text in enumerate(ex.chunks)
+    )
+    qs = tuple(Question(ex.question, tuple(ex.answers),
+                        tuple(f"{g}-{i}" for i in range(len(ex.chunks))), g)
                for g, ex in enumerate(examples))
     return DemoCorpus("synthetic", PREFIX, SUFFIX_TEMPLATE, "{page_content}\n", passages, qs,
                       retrieve_k=6, by_group=True)

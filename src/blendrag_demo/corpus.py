@@ -69,7 +69,8 @@ KINDS: tuple[str, ...] = ("single", "pronoun", "comparison", "multihop")
 CROSS_CHUNK_KINDS: frozenset[str] = frozenset({"pronoun", "comparison", "multihop"})
 """Kinds whose answer needs facts from two passages."""
 
-DEFAULT_KIND_WEIGHTS: dict[str, float] = {"single": 0.3, "pronoun": 0.3, "comparison": 0.2, "multihop": 0.2}
+DEFAULT_KIND_WEIGHTS: dict[str, float] = {"single": 0.3, "pronoun": 0.3, "comparison": 0.2,
+                                          "multihop": 0.2}
 """Share of each kind drawn by ``generate_examples`` unless told otherwise."""
 
 
@@ -200,7 +201,9 @@ def _company_passage(c: _Company, rng: random.Random) -> str:
 def _place_passage(pools: _Pools) -> str:
     rng = pools.rng
     city = pools.take("place_city", CITIES)
-    sents = [t.format(city=city, year=rng.choice(PLACE_YEARS)) for t in rng.sample(PLACE_TEMPLATES, 2)]
+    sents = [
+        t.format(city=city, year=rng.choice(PLACE_YEARS)) for t in rng.sample(PLACE_TEMPLATES, 2)
+    ]
     return " ".join(sents + _fillers(pools.rng, 0, 1))
 
 
@@ -260,7 +263,8 @@ def _required_units(kind: str, pools: _Pools, room: int) -> list[_Person | _Comp
     if kind == "pronoun":
         return [_new_person(pools, split=True)]
     if kind == "comparison":
-        return [_new_person(pools, split=room >= 3 and rng.random() < 0.5), _new_person(pools, split=False)]
+        return [_new_person(pools, split=room >= 3 and rng.random() < 0.5),
+                _new_person(pools, split=False)]
     if kind == "multihop":
         name = pools.take("company", COMPANIES)
         person = _new_person(pools, split=room >= 3 and rng.random() < 0.3, employer=name)
@@ -277,7 +281,8 @@ def _n_texts(entity: _Person | _Company | None) -> int:
     return 2 if isinstance(entity, _Person) and entity.split else 1
 
 
-def _distractor(pools: _Pools, room: int, companies_in_scene: list[str]) -> _Person | _Company | None:
+def _distractor(pools: _Pools, room: int,
+                companies_in_scene: list[str]) -> _Person | _Company | None:
     rng = pools.rng
     roll = rng.random()
     if roll < 0.15:
@@ -292,14 +297,18 @@ def _distractor(pools: _Pools, room: int, companies_in_scene: list[str]) -> _Per
 def _render(entity: _Person | _Company | None, pools: _Pools) -> _Unit:
     rng = pools.rng
     if isinstance(entity, _Person):
-        texts = (_person_intro(entity, rng),) + ((_person_continuation(entity, rng),) if entity.split else ())
+        texts = (_person_intro(entity, rng),)
+        if entity.split:
+            texts += (_person_continuation(entity, rng),)
         return _Unit(texts, entity)
     if isinstance(entity, _Company):
         return _Unit((_company_passage(entity, rng),), entity)
     return _Unit((_place_passage(pools),), None)
 
 
-def build_scene(kind: str, num_chunks: int, rng: random.Random) -> tuple[Scene, list[_Person | _Company]]:
+def build_scene(
+    kind: str, num_chunks: int, rng: random.Random
+) -> tuple[Scene, list[_Person | _Company]]:
     pools = _Pools(rng)
     targets = _required_units(kind, pools, num_chunks)
     entities: list[_Person | _Company | None] = list(targets)
@@ -340,12 +349,15 @@ def _person_questions(scene: Scene, p: _Person) -> list[tuple[str, str, list[str
         ("single", f"Which city is {p.name} from?", [p.city], [i]),
         ("single", f"Which company does {p.name} work for?", [p.employer], [i]),
         (detail_kind, f"In which year was {p.name} born?", [p.year], support_detail),
-        (detail_kind, f"What does {p.name} enjoy in {p.poss} free time?", [p.hobby], support_detail),
+        (detail_kind, f"What does {p.name} enjoy in {p.poss} free time?", [p.hobby],
+         support_detail),
     ]
     if p.employer in scene.companies:
         company, k = scene.companies[p.employer]
-        out.append(("multihop", f"In which city is the employer of {p.name} based?", [company.city], sorted({i, k})))
-        out.append(("multihop", f"In which year was the employer of {p.name} founded?", [company.year], sorted({i, k})))
+        out.append(("multihop", f"In which city is the employer of {p.name} based?", [company.city],
+                    sorted({i, k})))
+        out.append(("multihop", f"In which year was the employer of {p.name} founded?",
+                    [company.year], sorted({i, k})))
     return out
 
 
@@ -357,9 +369,11 @@ def _company_questions(scene: Scene, c: _Company) -> list[tuple[str, str, list[s
     ]
 
 
-def _comparison_questions(scene: Scene, a: _Person, b: _Person) -> list[tuple[str, str, list[str], list[int]]]:
+def _comparison_questions(scene: Scene, a: _Person,
+                          b: _Person) -> list[tuple[str, str, list[str], list[int]]]:
     older, younger = (a, b) if int(a.year) < int(b.year) else (b, a)
-    support = sorted({_year_index(scene, a), _year_index(scene, b), _intro_index(scene, a), _intro_index(scene, b)})
+    support = sorted({_year_index(scene, a), _year_index(scene, b), _intro_index(scene, a),
+                      _intro_index(scene, b)})
     return [
         ("comparison", f"Who is older, {a.name} or {b.name}?", [older.name], support),
         ("comparison", f"Who is younger, {a.name} or {b.name}?", [younger.name], support),
@@ -379,12 +393,18 @@ def scene_questions(scene: Scene) -> list[tuple[str, str, list[str], list[int]]]
     return out
 
 
-def _target_questions(scene: Scene, kind: str, targets: list[_Person | _Company]) -> list[tuple[str, str, list[str], list[int]]]:
+def _target_questions(
+    scene: Scene, kind: str, targets: list[_Person | _Company]
+) -> list[tuple[str, str, list[str], list[int]]]:
     if kind == "comparison":
         a, b = targets
         return _comparison_questions(scene, a, b)  # type: ignore[arg-type]
     target = targets[0]
-    pool = _person_questions(scene, target) if isinstance(target, _Person) else _company_questions(scene, target)
+    pool = (
+        _person_questions(scene, target)
+        if isinstance(target, _Person)
+        else _company_questions(scene, target)
+    )
     return [q for q in pool if q[0] == kind]
 
 

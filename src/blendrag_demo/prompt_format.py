@@ -41,7 +41,9 @@ def prompt_pieces(chunks: Sequence[str], question: str) -> PromptPieces:
     return PromptPieces(PREFIX, [format_chunk(c) for c in chunks], format_suffix(question))
 
 
-def encode_pieces(tokenizer: Any, pieces: PromptPieces) -> tuple[list[int], list[list[int]], list[int]]:
+def encode_pieces(
+    tokenizer: Any, pieces: PromptPieces
+) -> tuple[list[int], list[list[int]], list[int]]:
     """Token ids of the prefix (with BOS), of each chunk and of the suffix (no specials)."""
     prefix = list(tokenizer(pieces.prefix, add_special_tokens=True)["input_ids"])
     chunks = [list(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in pieces.chunks]

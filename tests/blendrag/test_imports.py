@@ -21,17 +21,22 @@ CORE = {
     "blendrag.model": set(),
     "blendrag.store": {"blendrag.kv"},
     "blendrag.ingest": {"blendrag.config", "blendrag.prompt"},
-    "blendrag.engine": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model", "blendrag.store",
+    "blendrag.engine": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
+                        "blendrag.store",
                         "blendrag.ingest"},
     "blendrag.eval": {"blendrag.config", "blendrag.prompt", "blendrag.engine"},
     "blendrag.integration": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
                              "blendrag.engine", "blendrag.ingest"},
-    "blendrag.langchain": {"blendrag.config", "blendrag.engine", "blendrag.ingest", "blendrag.integration"},
-    "blendrag.llamaindex": {"blendrag.config", "blendrag.engine", "blendrag.ingest", "blendrag.integration"},
-    "blendrag.cli": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model", "blendrag.store",
+    "blendrag.langchain": {"blendrag.config", "blendrag.engine", "blendrag.ingest",
+                           "blendrag.integration"},
+    "blendrag.llamaindex": {"blendrag.config", "blendrag.engine", "blendrag.ingest",
+                            "blendrag.integration"},
+    "blendrag.cli": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
+                     "blendrag.store",
                      "blendrag.ingest", "blendrag.engine", "blendrag.integration", "blendrag.eval"},
     "blendrag.text_index": {"blendrag.integration"},  # the former module, re-exporting
-    "blendrag": {"blendrag.config", "blendrag.engine", "blendrag.kv", "blendrag.prompt", "blendrag.store"},
+    "blendrag": {"blendrag.config", "blendrag.engine", "blendrag.kv", "blendrag.prompt",
+                 "blendrag.store"},
 }
 ALLOWED = {
     **CORE,
@@ -90,23 +95,32 @@ EDGES = edges()
 
 def test_every_package_is_on_the_map():
     units = {unit(module_name(p)) for p in SRC.rglob("*.py")}
-    assert units <= set(ALLOWED), f"add {sorted(units - set(ALLOWED))} to the map (here and in the docs)"
+    assert units <= set(ALLOWED), (
+        f"add {sorted(units - set(ALLOWED))} to the map (here and in the docs)"
+    )
 
 
 @pytest.mark.parametrize("source", sorted(ALLOWED))
 def test_imports_follow_the_map(source):
-    bad = {dst: sorted(where) for (src, dst), where in EDGES.items() if src == source and dst not in ALLOWED[source]}
+    bad = {dst: sorted(where) for (src, dst),
+           where in EDGES.items() if src == source and dst not in ALLOWED[source]}
     assert not bad, f"{source} may not import {sorted(bad)}: {bad}"
 
 
 def test_the_core_never_imports_the_demo_or_the_benchmarks():
-    bad = [(src, dst) for src, dst in EDGES if src in CORE and dst in ("blendrag_demo", "blendrag_bench")]
+    bad = [
+        (src, dst)
+        for src, dst in EDGES
+        if src in CORE and dst in ("blendrag_demo", "blendrag_bench")
+    ]
     assert not bad
 
 
 def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_default():
     used = {name for module, name in EDGES.get(("blendrag.engine", "blendrag.store"), set())}
-    assert used <= ENGINE_STORE_MODULES | {f"{m}.{n}" for m in ENGINE_STORE_MODULES for n in ("KVStore", "MemoryKVStore")}
+    assert used <= ENGINE_STORE_MODULES | {
+        f"{m}.{n}" for m in ENGINE_STORE_MODULES for n in ("KVStore", "MemoryKVStore")
+    }
 
 
 def test_no_cycle_between_packages():

@@ -20,12 +20,15 @@ def test_pieces_are_tokenized_separately(tok):
     assert layout.prefix_ids[0] == tok.bos_token_id
     for ids, text in zip(layout.chunk_ids, PASSAGES):
         assert list(ids) == tok(text, add_special_tokens=False)["input_ids"]
-    assert layout.ids == list(layout.prefix_ids) + [t for c in layout.chunk_ids for t in c] + list(layout.suffix_ids)
+    assert layout.ids == list(layout.prefix_ids) + [t for c in layout.chunk_ids for t in c] + list(
+        layout.suffix_ids
+    )
     assert [e - s for s, e in layout.chunk_spans] == [len(c) for c in layout.chunk_ids]
 
 
 def test_joined_string_would_tokenize_differently(tok):
-    """Why pieces are separate: merges cross boundaries in the joined string (docs/architecture.md)."""
+    """Why pieces are separate: merges cross boundaries in the joined string
+    (docs/architecture.md)."""
     pieces = ["the quick bro", "wn fox jumps"]
     joined = tok("".join(pieces), add_special_tokens=False)["input_ids"]
     separate = sum((tok(p, add_special_tokens=False)["input_ids"] for p in pieces), [])
@@ -34,13 +37,20 @@ def test_joined_string_would_tokenize_differently(tok):
 
 def test_chunk_tokens_do_not_depend_on_neighbours_or_template(tok):
     plain = PromptBuilder(tok, chat=False).build(PREFIX, PASSAGES, SUFFIX)
-    chat = PromptBuilder(tok, chat=True, system="Be brief.").build("Other prefix: ", PASSAGES[::-1], SUFFIX)
+    chat = PromptBuilder(tok, chat=True, system="Be brief.").build(
+        "Other prefix: ", PASSAGES[::-1], SUFFIX
+    )
     assert set(plain.chunk_ids) == set(chat.chunk_ids)
     rendered = tok.apply_chat_template(
         [{"role": "system", "content": "Be brief."},
          {"role": "user", "content": "Other prefix: " + "".join(PASSAGES[::-1]) + SUFFIX}],
         tokenize=False, add_generation_prompt=True)
-    assert PromptBuilder(tok, chat=True, system="Be brief.").render("Other prefix: ", PASSAGES[::-1], SUFFIX) == rendered
+    assert (
+        PromptBuilder(tok, chat=True, system="Be brief.").render(
+            "Other prefix: ", PASSAGES[::-1], SUFFIX
+        )
+        == rendered
+    )
     assert tok.decode(chat.prefix_ids).startswith("<s><|system|>\nBe brief.")
     assert tok.decode(chat.suffix_ids).endswith("<|assistant|>\n")
     assert chat.prefix_ids.count(tok.bos_token_id) == 1  # the template's BOS, not a second one

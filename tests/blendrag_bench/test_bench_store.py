@@ -15,13 +15,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_bench_store_writes_every_figure(tmp_path, capsys):
     out = tmp_path / "store.json"
-    argv = ["bench", "store", "--layers", "2", "--chunks", "2", "--chunk-tokens", "32", "--repeats", "1",
+    argv = ["bench", "store", "--layers", "2", "--chunks", "2", "--chunk-tokens", "32", "--repeats",
+            "1",
             "--json", str(out)]
     assert main(argv) == 0
     assert "precompute vs HF forward" in capsys.readouterr().out
     r = json.loads(out.read_text())
-    assert r["bytes_per_token_formula"] == 2 * 2 * 2 * 64 * 4  # layers x kv_heads x head_dim x fp32, K and V
-    assert r["entry_bytes"] == r["bytes_per_token_formula"] * r["entry_tokens"] + r["metadata_bytes"]
+    # layers x kv_heads x head_dim x fp32, K and V
+    assert r["bytes_per_token_formula"] == 2 * 2 * 2 * 64 * 4
+    assert (
+        r["entry_bytes"] == r["bytes_per_token_formula"] * r["entry_tokens"] + r["metadata_bytes"]
+    )
     assert 0 < r["metadata_bytes"] < 16 << 10
     assert r["precompute_tokens_per_s"] > 0 and r["hf_forward_tokens_per_s"] > 0
     assert set(r["load_gbps"]) == set(r["raw_read_gbps"]) == {"ram", "disk", "redis"}

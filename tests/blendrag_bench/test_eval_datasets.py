@@ -24,8 +24,8 @@ from blendrag_bench.datasets import (  # noqa: E402
 from blendrag_demo.corpus import KINDS, PREFIX, format_chunk, format_suffix
 
 MUSIQUE = MUSIQUE_PATH
-AUTHORS_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat the question. "
-                  "The answer should be within 5 words. \nQuestion:{q}\nAnswer:")
+AUTHORS_SUFFIX = ("\n\nAnswer the question directly based on the given passages. Do NOT repeat the "
+                  "question. The answer should be within 5 words. \nQuestion:{q}\nAnswer:")
 
 
 def test_synthetic_items_use_the_demo_prompt() -> None:
@@ -48,7 +48,8 @@ def test_synthetic_offset_and_limit_window_the_same_sequence() -> None:
 
 def _write_cacheblend(path: Path) -> list[dict]:
     records = [{"question": f"Who is {i}?", "answers": [f"person {i}", "x"],
-                "ctxs": [{"title": f"T{i}{j}", "text": f"text {i} {j}"} for j in range(3)]} for i in range(4)]
+                "ctxs": [{"title": f"T{i}{j}",
+                          "text": f"text {i} {j}"} for j in range(3)]} for i in range(4)]
     path.write_text(json.dumps(records))
     return records
 
@@ -59,9 +60,10 @@ def test_cacheblend_json_prompt_is_the_authors(tmp_path: Path) -> None:
     items = load_cacheblend_json(path)
     assert len(items) == 4
     item = items[1]
-    assert item.prefix == ("You will be asked a question after reading several passages. Please directly answer "
-                           "the question based on the given passages. Do NOT repeat the question. The answer "
-                           "should be within 5 words.\nPassages:\n") == CACHEBLEND_PREFIX
+    assert item.prefix == ("You will be asked a question after reading several passages. Please "
+                           "directly answer "
+                           "the question based on the given passages. Do NOT repeat the question. "
+                           "The answer should be within 5 words.\nPassages:\n") == CACHEBLEND_PREFIX
     assert item.chunks == ("T10\n\ntext 1 0\n\n", "T11\n\ntext 1 1\n\n", "T12\n\ntext 1 2\n\n")
     assert item.suffix == AUTHORS_SUFFIX.format(q="Who is 1?")
     assert item.answers == tuple(records[1]["answers"]) and item.kind == "tiny_set"
@@ -99,8 +101,10 @@ def test_musique_in_the_paper_shape_keeps_the_answer_passages() -> None:
         assert len(item.chunks) == 6 and item.kind == "musique" and item.metric == "qa_f1"
         texts = [f"{c['title']}\n\n{c['text']}\n\n" for c in rec["ctxs"]]
         holding = [t for t in texts if any(a.lower() in t.lower() for a in rec["answers"])]
-        assert set(holding[:6]) <= set(item.chunks)  # every passage holding the answer (up to 6) is in
-        assert [texts.index(c) for c in item.chunks] == sorted(texts.index(c) for c in item.chunks)  # retrieval order
+        # every passage holding the answer (up to 6) is in
+        assert set(holding[:6]) <= set(item.chunks)
+        # retrieval order
+        assert [texts.index(c) for c in item.chunks] == sorted(texts.index(c) for c in item.chunks)
 
 
 def test_fit_tokens_cuts_after_a_word_and_keeps_the_separator() -> None:
@@ -130,18 +134,24 @@ def test_split_context_paragraphs_and_long_pieces() -> None:
     assert all(len(c) <= 40 for c in chunks)
     assert chunks[0] == "alpha beta gamma.\n\ndelta epsilon.\n\n"  # two paragraphs packed: 35 chars
     assert chunks[1:] == ["zeta " * 8] * 5  # the long paragraph cut after whitespace
-    assert split_context("x" * 25, max_chars=10) == ["x" * 10, "x" * 10, "x" * 5]  # hard cut in a word
+    # hard cut in a word
+    assert split_context("x" * 25, max_chars=10) == ["x" * 10, "x" * 10, "x" * 5]
     with pytest.raises(ValueError):
         split_context(text, max_chars=0)
 
 
 def test_longbench_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "lb.jsonl"
-    rows = [{"input": f"q{i}?", "context": f"Passage 1:\nA{i}\n\nPassage 2:\nB{i}\n", "answers": [f"a{i}"],
+    rows = [{"input": f"q{i}?", "context": f"Passage 1:\nA{i}\n\nPassage 2:\nB{i}\n",
+             "answers": [f"a{i}"],
              "dataset": "hotpotqa"} for i in range(3)]
     rows.append({"input": "Summarize.", "context": "para one.\n\npara two.", "answers": ["sum"],
                  "dataset": "gov_report"})
-    path.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n\n" + "\n".join(json.dumps(r) for r in rows[2:]))
+    path.write_text(
+        "\n".join(json.dumps(r) for r in rows[:2])
+        + "\n\n"
+        + "\n".join(json.dumps(r) for r in rows[2:])
+    )
     items = load_longbench_jsonl(path)
     assert len(items) == 4
     assert items[0].prefix == LONGBENCH_PREFIX
@@ -171,7 +181,8 @@ def test_load_dataset_dispatch(tmp_path: Path) -> None:
 def test_eval_item_validation() -> None:
     ok = dict(prefix="p", chunks=["c"], suffix="s", answers=["a"], kind="k")
     assert EvalItem(**ok).chunks == ("c",)
-    for bad in (dict(chunks=[]), dict(chunks=[""]), dict(suffix=""), dict(answers=[]), dict(metric="bleu")):
+    for bad in (dict(chunks=[]), dict(chunks=[""]), dict(suffix=""), dict(answers=[]),
+                dict(metric="bleu")):
         with pytest.raises(ValueError):
             EvalItem(**(ok | bad))
     assert format_suffix("q") == "Question: q\nAnswer:"

@@ -13,7 +13,8 @@ from blendrag_bench.quality import RECORD_KEYS, ExampleResult, QualityConfig, ru
 from blendrag_bench.report import records, write_report
 
 FULL, BLEND1 = BlendConfig(mode="full"), BlendConfig(mode="blend", selector="cacheblend", ratio=1.0)
-CONFIG = QualityConfig(modes=("full", "blend"), selectors=("cacheblend",), ratios=(0.2, 1.0), max_new_tokens=3,
+CONFIG = QualityConfig(modes=("full", "blend"), selectors=("cacheblend",), ratios=(0.2, 1.0),
+                       max_new_tokens=3,
                        warmup=False, max_chunk_tokens=None)
 
 
@@ -30,7 +31,8 @@ def _summary(report, mode: str, ratio: float | None = None):
 
 def test_runs_every_config_on_every_fitting_item(report) -> None:
     assert report.items == 2 and report.skipped == 1
-    assert [s.label for s in report.summaries] == ["full", "blend-cacheblend@0.2", "blend-cacheblend@1"]
+    assert [s.label for s in report.summaries] == ["full", "blend-cacheblend@0.2",
+                                                   "blend-cacheblend@1"]
     assert len(report.examples) == 2 * 3
     assert all(s.n == 2 for s in report.summaries)
     assert all(0.0 <= e.quality <= 1.0 and e.ttft_s > 0 for e in report.examples)
@@ -58,13 +60,19 @@ def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
     loaded = json.loads(paths["json"].read_text())
     assert loaded == records(report)
     assert all(set(r) == set(RECORD_KEYS) == {"mode", "selector", "ratio", "quality", "exact_match",
-                                              "first_token_agreement", "kl", "ttft_s", "speedup_vs_full",
+                                              "first_token_agreement", "kl", "ttft_s",
+                                              "speedup_vs_full",
                                               "recompute_fraction", "n"}
                for r in loaded)
     assert [(r["mode"], r["selector"], r["ratio"]) for r in loaded] == [
         ("full", None, None), ("blend", "cacheblend", 0.2), ("blend", "cacheblend", 1.0)]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert paths["csv"].read_text().splitlines()[0].startswith("mode,selector,ratio,quality,exact_match")
+    assert (
+        paths["csv"]
+        .read_text()
+        .splitlines()[0]
+        .startswith("mode,selector,ratio,quality,exact_match")
+    )
     assert len(paths["csv"].read_text().splitlines()) == 1 + 3
     assert "| mode | selector |" in paths["md"].read_text()
 
@@ -76,14 +84,20 @@ def test_no_item_fits(engine_for) -> None:
 
 
 def _example(item: int, cfg: BlendConfig, ttft: float, quality: float, kind: str) -> ExampleResult:
-    return ExampleResult(item=item, kind=kind, config=cfg, answer="", quality=quality, exact_match=float(quality == 1),
-                         first_token_agreement=1.0, kl=0.1 * item, ttft_s=ttft, recompute_fraction=0.5)
+    return ExampleResult(item=item, kind=kind, config=cfg, answer="", quality=quality,
+                         exact_match=float(quality == 1),
+                         first_token_agreement=1.0, kl=0.1 * item, ttft_s=ttft,
+                         recompute_fraction=0.5)
 
 
 def test_summarize_medians_and_speedup() -> None:
     blend = BlendConfig(mode="blend", selector="epic", ratio=0.1)
-    rows = [_example(i, FULL, t, 1.0, k) for i, (t, k) in enumerate([(1.0, "a"), (3.0, "b"), (2.0, "a")])]
-    rows += [_example(i, blend, t, q, k) for i, (t, q, k) in enumerate([(0.5, 0.0, "a"), (1.5, 1.0, "b"),
+    rows = [
+        _example(i, FULL, t, 1.0, k)
+        for i, (t, k) in enumerate([(1.0, "a"), (3.0, "b"), (2.0, "a")])
+    ]
+    rows += [_example(i, blend, t, q, k) for i, (t, q,
+                                                 k) in enumerate([(0.5, 0.0, "a"), (1.5, 1.0, "b"),
                                                                           (1.0, 0.5, "a")])]
     full, b = summarize(rows, [FULL, blend])
     assert full.ttft_s == 2.0 and full.speedup_vs_full == 1.0
@@ -98,7 +112,8 @@ def test_quality_config_validation() -> None:
     assert len(default.configs()) == 3 + 5 * 6
     assert default.configs()[0] == FULL and default.model_name == "smollm2-135m-instruct"
     assert QualityConfig(modes=("blend",), selectors=("epic",), ratios=(0.5,)).configs()[0] == FULL
-    for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)), dict(ratios=(0.0,)),
+    for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)),
+                dict(ratios=(0.0,)),
                 dict(ratios=(1.5,)), dict(max_new_tokens=0), dict(ingest_order="random"),
                 dict(profile_neighbours=0), dict(max_chunk_tokens=0)):
         with pytest.raises(ValueError):
@@ -113,16 +128,24 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
 
     engine = engine_for("llama")
     item = load_synthetic(1, num_chunks=(4, 4))[0]
-    config = QualityConfig(modes=("full", "blend"), selectors=("profile",), ratios=(0.3,), max_new_tokens=2,
+    config = QualityConfig(modes=("full", "blend"), selectors=("profile",), ratios=(0.3,),
+                           max_new_tokens=2,
                            warmup=False, ingest_order=order, seed=3)
     report = run_quality([item], config, engine=engine)
-    assert report.ingest_order == order and [s.label for s in report.summaries] == ["full", "blend-profile@0.3"]
+    assert report.ingest_order == order and [s.label for s in report.summaries] == [
+        "full",
+        "blend-profile@0.3",
+    ]
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     after_prev = [key_deviation(engine._chunk_prefill(None, anchor, c),
-                                engine._chunk_prefill(None, anchor + list(ids[i - 1]), c)) for i, c in enumerate(ids)]
+                                engine._chunk_prefill(None, anchor + list(ids[i - 1]),
+                                                      c)) for i, c in enumerate(ids)]
     stored = [engine.store.get(engine.key(anchor, c)).sensitivity for c in ids]
-    same = [bool(s is not None and a.shape == s.shape and (a - s).abs().max() < 1e-3) for a, s in zip(after_prev, stored)]
+    same = [
+        bool(s is not None and a.shape == s.shape and (a - s).abs().max() < 1e-3)
+        for a, s in zip(after_prev, stored)
+    ]
     if order == "prompt":
         assert all(same)
     else:
@@ -138,14 +161,21 @@ def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
 
     engine = engine_for("llama")
     item = load_synthetic(1, num_chunks=(4, 4))[0]
-    config = QualityConfig(modes=("full", "blend"), selectors=("profile",), ratios=(0.3,), max_new_tokens=2,
+    config = QualityConfig(modes=("full", "blend"), selectors=("profile",), ratios=(0.3,),
+                           max_new_tokens=2,
                            warmup=False, profile_neighbours=2)
     report = run_quality([item], config, engine=engine)
     assert report.profile_neighbours == 2
-    assert "after each chunk's 2 predecessors (largest deviation kept) in prompt order" in format_markdown(report)
+    assert (
+        "after each chunk's 2 predecessors (largest deviation kept) in prompt order"
+        in format_markdown(report)
+    )
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     alone = engine._chunk_prefill(None, anchor, ids[2])
-    devs = [key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[j]), ids[2])) for j in (1, 0)]
+    devs = [
+        key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[j]), ids[2]))
+        for j in (1, 0)
+    ]
     stored = engine.store.get(engine.key(anchor, ids[2])).sensitivity
     assert torch.allclose(stored, torch.maximum(*devs), rtol=1e-3, atol=1e-4)

@@ -39,7 +39,8 @@ def test_pronoun_questions_need_two_passages(examples: list[QAExample]) -> None:
     for ex in pronoun:
         named, cont = ex.support
         assert cont == named + 1
-        name = re.search(r"(?:born|enjoy)", ex.question) and ex.question.split(" was ")[-1].split(" enjoy")[0]
+        name = re.search(r"(?:born|enjoy)",
+                         ex.question) and ex.question.split(" was ")[-1].split(" enjoy")[0]
         person = re.search(r"([A-Z][a-z]+ [A-Z][a-z]+)", ex.question).group(1)
         assert person in ex.chunks[named] and person not in ex.chunks[cont], name
         assert re.match(r"(She|He) ", ex.chunks[cont])
@@ -52,7 +53,9 @@ def test_multihop_and_comparison_span_two_passages(examples: list[QAExample]) ->
             assert len(set(ex.support)) >= 2, ex
         if ex.kind == "comparison":
             a, b = re.findall(r"[A-Z][a-z]+ [A-Z][a-z]+", ex.question)
-            assert [i for i, c in enumerate(ex.chunks) if a in c] != [i for i, c in enumerate(ex.chunks) if b in c]
+            assert [i for i, c in enumerate(ex.chunks) if a in c] != [
+                i for i, c in enumerate(ex.chunks) if b in c
+            ]
 
 
 def test_continuation_passage_follows_its_person(examples: list[QAExample]) -> None:
@@ -90,8 +93,10 @@ def test_fixed_chunk_count_and_kind_weights() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"n": -1, "seed": 0}, {"n": 1, "seed": 0, "num_chunks": 0}, {"n": 1, "seed": 0, "num_chunks": (5, 4)},
-     {"n": 1, "seed": 0, "kind_weights": {"bogus": 1.0}}, {"n": 1, "seed": 0, "kind_weights": {"single": 0.0}}],
+    [{"n": -1, "seed": 0}, {"n": 1, "seed": 0, "num_chunks": 0},
+     {"n": 1, "seed": 0, "num_chunks": (5, 4)},
+     {"n": 1, "seed": 0, "kind_weights": {"bogus": 1.0}},
+     {"n": 1, "seed": 0, "kind_weights": {"single": 0.0}}],
 )
 def test_invalid_arguments(kwargs: dict) -> None:
     with pytest.raises(ValueError):

@@ -19,7 +19,8 @@ N_QUESTIONS = 24
 
 if not (demo_model_path() / "model.safetensors").is_file():
     pytest.skip(
-        "demo model not shipped yet: run scripts/train_demo_model.py (writes src/blendrag/demo/model)",
+        "demo model not shipped yet: run scripts/train_demo_model.py (writes "
+        "src/blendrag/demo/model)",
         allow_module_level=True,
     )
 
@@ -58,9 +59,11 @@ def test_answers_heldout_questions(model_and_tok) -> None:
     hits = 0
     for ex in examples:
         ids = torch.tensor([encode_prompt(tok, ex.chunks, ex.question)])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                             do_sample=False)
         assert out[0, -1].item() == tok.eos_token_id or out.shape[1] - ids.shape[1] == 8
-        hits += exact_match(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True), ex.answers)
+        hits += exact_match(tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True),
+                            ex.answers)
     assert hits >= 0.8 * N_QUESTIONS, f"{hits}/{N_QUESTIONS}"
 
 
@@ -72,7 +75,8 @@ def test_profile_blend_recovers_the_pronoun_questions_reuse_loses() -> None:
 
     engine = BlendEngine.from_pretrained(check_demo_model(), chat=False)
     examples = [x for x in generate_examples(200, HELDOUT_SEED) if x.kind == "pronoun"][:20]
-    layouts = [engine.build_prompt(PREFIX, [format_chunk(c) for c in x.chunks], format_suffix(x.question))
+    layouts = [engine.build_prompt(PREFIX, [format_chunk(c) for c in x.chunks],
+                                   format_suffix(x.question))
                for x in examples]
     for layout in layouts:  # ingestion, in prompt (document) order
         engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=True)
@@ -81,7 +85,9 @@ def test_profile_blend_recovers_the_pronoun_questions_reuse_loses() -> None:
     def accuracy(cfg: BlendConfig) -> float:
         results = [engine.generate(lay, cfg, gen) for lay in layouts]
         assert all(r.stats.profiles_computed == 0 for r in results)
-        return sum(exact_match(r.text, x.answers) for r, x in zip(results, examples)) / len(examples)
+        return sum(exact_match(r.text, x.answers) for r, x in zip(results, examples)) / len(
+            examples
+        )
 
     full, reuse = accuracy(BlendConfig(mode="full")), accuracy(BlendConfig(mode="reuse"))
     profile = accuracy(BlendConfig(selector="profile", ratio=0.15))

@@ -1,4 +1,5 @@
-"""Corpus and prompt shared by the LangChain tests (distinct topics, so retrieval is unambiguous)."""
+"""Corpus and prompt shared by the LangChain tests (distinct topics, so retrieval is
+unambiguous)."""
 
 PASSAGES = [
     "Lionel Messi was born in Rosario and scored twice for Argentina in the final.",

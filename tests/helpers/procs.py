@@ -15,13 +15,15 @@ SRC = TESTS.parent / "src"
 def _env() -> dict[str, str]:
     """The environment of a child: this checkout's sources and the test helpers importable."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), str(TESTS), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), str(TESTS),
+                                                    env.get("PYTHONPATH", "")) if p)
     return env
 
 
 def start(command: str, args: dict, drop_dac_override: bool = False) -> subprocess.Popen:
     """Start a worker; ``drop_dac_override`` makes a root worker obey file permission bits."""
-    return subprocess.Popen([sys.executable, "-m", "helpers.store_worker", command, json.dumps(args)], env=_env(),
+    return subprocess.Popen([sys.executable, "-m", "helpers.store_worker", command,
+                             json.dumps(args)], env=_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_drop_dac_caps if drop_dac_override else None)
 

@@ -59,7 +59,8 @@ def readonly(args: dict) -> dict:
     store.put("new", kv)
     got = store.get("new")
     return {"warnings": collect.messages, "served": got is not None and same_bits(got, kv),
-            "disk_available": store.stats().tier("disk").available, "old_entry": store.get("old") is not None}
+            "disk_available": store.stats().tier("disk").available,
+            "old_entry": store.get("old") is not None}
 
 
 def fingerprint(args: dict) -> dict:

@@ -20,8 +20,8 @@ CORPUS = [
     "Numbers 0123456789 and punctuation , . ; : ! ? ( ) [ ] { } - _ / \\ \" ' newline\n tab\t",
 ]
 CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% "
+    "endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
 SPECIALS = ["<pad>", "<s>", "</s>", "<|end|>"]
 
@@ -38,7 +38,8 @@ def build_tokenizer(path: Path, chat: bool = True):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 4, trainer)
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>")
     if chat:
         fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(path))

@@ -13,7 +13,11 @@ import torch
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's q/k row order (transformers' GGUF reader undoes it)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def write_llama_gguf(model, tokenizer_dir: Path, path: Path) -> Path:

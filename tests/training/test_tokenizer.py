@@ -23,15 +23,24 @@ def test_save_and_load_round_trip(tmp_path: Path) -> None:
     loaded = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
     text = "Lena Park is a chemist from Oslo.\nShe was born in 1971."
     assert loaded(text)["input_ids"] == tok(text)["input_ids"]
-    assert (loaded.bos_token, loaded.eos_token, loaded.pad_token, loaded.unk_token) == ("<s>", "</s>", "<pad>", "<unk>")
+    assert (loaded.bos_token, loaded.eos_token, loaded.pad_token, loaded.unk_token) == (
+        "<s>",
+        "</s>",
+        "<pad>",
+        "<unk>",
+    )
     assert loaded.chat_template == CHAT_TEMPLATE
 
 
 def test_chat_template() -> None:
     tok = build_tokenizer()
-    messages = [{"role": "system", "content": "Answer the question."}, {"role": "user", "content": "Where is Norvex based?"}]
+    messages = [{"role": "system", "content": "Answer the question."},
+                {"role": "user", "content": "Where is Norvex based?"}]
     text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == "<s><|system|>\nAnswer the question.\n<|user|>\nWhere is Norvex based?\n<|assistant|>\n"
+    assert (
+        text
+        == "<s><|system|>\nAnswer the question.\n<|user|>\nWhere is Norvex based?\n<|assistant|>\n"
+    )
     ids = tok(text, add_special_tokens=False)["input_ids"]
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
     assert tok.unk_token_id not in ids

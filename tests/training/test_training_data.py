@@ -46,7 +46,8 @@ def test_seeds_reproducible() -> None:
 
 
 def test_group_heads_equal_examples() -> None:
-    heads = [g[0] for g in generate_question_groups(30, seed=8, num_chunks=(2, 5), questions_per_group=5)]
+    heads = [g[0] for g in generate_question_groups(30, seed=8, num_chunks=(2, 5),
+                                                    questions_per_group=5)]
     assert heads == generate_examples(30, seed=8, num_chunks=(2, 5))
 
 

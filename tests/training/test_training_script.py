@@ -32,7 +32,8 @@ def tok():
 
 
 def test_grown_model_computes_what_the_old_one_did(train, tok, tmp_path):
-    small = train.build_model(train.TrainConfig(hidden=32, heads=4, kv_heads=2, intermediate=64, layers=2), tok)
+    small = train.build_model(train.TrainConfig(hidden=32, heads=4, kv_heads=2, intermediate=64,
+                                                layers=2), tok)
     small.save_pretrained(tmp_path)
     cfg = train.TrainConfig(init=str(tmp_path), grow="0,new,1,new")
     old, grown = train.load_model(train.TrainConfig(init=str(tmp_path))), train.load_model(cfg)
@@ -40,8 +41,10 @@ def test_grown_model_computes_what_the_old_one_did(train, tok, tmp_path):
     ids = torch.randint(3, len(tok), (2, 40))
     with torch.no_grad():
         assert torch.allclose(old(ids).logits, grown(ids).logits, atol=1e-5)
-    assert torch.equal(grown.model.layers[2].self_attn.q_proj.weight, old.model.layers[1].self_attn.q_proj.weight)
-    assert grown.model.layers[1].mlp.down_proj.weight.abs().sum() == 0  # a new layer: identity block
+    assert torch.equal(grown.model.layers[2].self_attn.q_proj.weight,
+                       old.model.layers[1].self_attn.q_proj.weight)
+    # a new layer: identity block
+    assert grown.model.layers[1].mlp.down_proj.weight.abs().sum() == 0
     with pytest.raises(ValueError, match="outside"):
         train.load_model(train.TrainConfig(init=str(tmp_path), grow="0,5"))
     for bad in (dict(grow="0,new"), dict(init="x", grow="0,later"), dict(threads=0)):
@@ -57,10 +60,12 @@ def test_evidence_is_the_bridge_facts_of_each_two_passage_question(train, tok):
         queries = sorted({q for q, _, _ in evidence})
         assert len(queries) == len(asked)
         for ex, query in zip(asked, queries):
-            assert tok.decode([labels[query + 1]]) == ex.answers[0].split()[0]  # the query predicts the answer
+            # the query predicts the answer
+            assert tok.decode([labels[query + 1]]) == ex.answers[0].split()[0]
             facts = read_facts(ex.chunks)
             got = [(h, tok.decode([ids[k]]), k) for q, h, k in evidence if q == query]
-            if ex.kind == "comparison":  # head 0: the first-named person's year, head 1: the other's
+            # head 0: the first-named person's year, head 1: the other's
+            if ex.kind == "comparison":
                 a, b = re.match(r"Who is \w+, (\w+ \w+) or (\w+ \w+)\?", ex.question).groups()
                 assert [(h, t) for h, t, _ in got] == [(0, facts[a]["year"]), (1, facts[b]["year"])]
             else:
@@ -73,7 +78,8 @@ def test_evidence_is_the_bridge_facts_of_each_two_passage_question(train, tok):
 
 
 def test_a_few_steps_with_every_loss_run_and_report(train, tok, tmp_path):
-    cfg = train.TrainConfig(steps=3, hidden=32, heads=4, kv_heads=2, intermediate=64, layers=2, eval_n=8,
+    cfg = train.TrainConfig(steps=3, hidden=32, heads=4, kv_heads=2, intermediate=64, layers=2,
+                            eval_n=8,
                             eval_every=3, evidence_weight=1.0, evidence_layer=0)
     threads = torch.get_num_threads()
     try:
@@ -87,7 +93,8 @@ def test_a_few_steps_with_every_loss_run_and_report(train, tok, tmp_path):
 
 
 def test_year_axis_orders_year_embeddings_along_one_direction(train, tok):
-    model = train.build_model(train.TrainConfig(hidden=32, heads=4, kv_heads=2, intermediate=64, layers=2), tok)
+    model = train.build_model(train.TrainConfig(hidden=32, heads=4, kv_heads=2, intermediate=64,
+                                                layers=2), tok)
     before = model.get_input_embeddings().weight.clone()
     assert train.add_year_axis(model, tok, 3.0, seed=0) == 150  # 1850-1999
     delta = (model.get_input_embeddings().weight - before).detach()  # [V, H]

@@ -25,9 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_location(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", type=Path, default=DEFAULT_DISK_DIR, help=f"disk tier directory (default {DEFAULT_DISK_DIR})")
+    p.add_argument("--dir", type=Path, default=DEFAULT_DISK_DIR,
+                   help=f"disk tier directory (default {DEFAULT_DISK_DIR})")
     p.add_argument("--redis-url", default=None, help="also the Redis tier at this URL")
-    p.add_argument("--redis-prefix", default="blendrag:kv:", help="namespace of the store's Redis keys")
+    p.add_argument("--redis-prefix", default="blendrag:kv:",
+                   help="namespace of the store's Redis keys")
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -55,7 +57,8 @@ def _disk_stats(directory: Path) -> dict[str, object]:
         hits, misses = tier.lifetime_counts()
     finally:
         tier.close()
-    return {"dir": str(directory), "exists": True, "entries": usage.entries, "used_bytes": usage.used_bytes,
+    return {"dir": str(directory), "exists": True, "entries": usage.entries,
+            "used_bytes": usage.used_bytes,
             "budget_bytes": usage.budget_bytes, "lifetime_hits": hits, "lifetime_misses": misses}
 
 

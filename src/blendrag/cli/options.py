@@ -12,13 +12,14 @@ def add_model_options(p: argparse.ArgumentParser, default: str | None = DEFAULT_
     """--model, --gguf-file, --dtype, --device."""
     shown = default_help or default
     p.add_argument("--model", default=default,
-                   help=f"a short name (smollm2-135m-instruct, demo), a model folder, a .gguf file or a hub id "
-                        f"(default: {shown})")
+                   help="a short name (smollm2-135m-instruct, demo), a model folder, a .gguf file "
+                        f"or a hub id (default: {shown})")
     p.add_argument("--gguf-file", default=None, metavar="NAME",
                    help="GGUF file inside the --model folder to load (dequantized at load)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV dtype (default: float32)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available, else cpu)")
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda, cuda:N (default: cuda when available, else cpu)")
 
 
 def model_kwargs(args: argparse.Namespace) -> dict:

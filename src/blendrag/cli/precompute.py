@@ -17,21 +17,27 @@ _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``precompute`` command."""
-    p = subparsers.add_parser("precompute", help="precompute and store the KV of every chunk of a source",
-                              description="Compute each chunk's KV once and store it (resumable: stored "
-                                          "chunks are skipped).")
+    p = subparsers.add_parser("precompute",
+                              help="precompute and store the KV of every chunk of a source",
+                              description="Compute each chunk's KV once and store it (resumable: "
+                                          "stored chunks are skipped).")
     _add_model(p)
     _add_store(p)
     _add_source(p)
     _add_prompt(p)
-    p.add_argument("--text-index", type=Path, help="also record the texts in this ChunkTextIndex directory")
-    p.add_argument("--batch-size", type=int, default=32, help="texts looked up in the store at once")
+    p.add_argument("--text-index", type=Path,
+                   help="also record the texts in this ChunkTextIndex directory")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="texts looked up in the store at once")
     p.add_argument("--profile", type=_neighbours, nargs="?", const=1, default=0, metavar="K",
-                   help="also measure each new chunk's context-sensitivity profile, after the chunk before it in "
-                        "the source (--profile K: after each of the K before it), for blending with "
-                        "BlendConfig(selector='profile'); K more forwards per chunk. The source must be in "
-                        "document order")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own, one per core)")
+                   help="also measure each new chunk's context-sensitivity profile, after the "
+                        "chunk before it in "
+                        "the source (--profile K: after each of the K before it), for blending "
+                        "with "
+                        "BlendConfig(selector='profile'); K more forwards per chunk. The source "
+                        "must be in document order")
+    p.add_argument("--threads", type=int,
+                   help="torch CPU threads (default: torch's own, one per core)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=_precompute)
@@ -50,27 +56,35 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 def _add_store(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store-dir", type=Path, default=DEFAULT_DISK_DIR,
                    help=f"disk tier directory (default {DEFAULT_DISK_DIR}, as StoreConfig)")
-    p.add_argument("--disk-bytes", type=_size, default=64 << 30, help="disk tier budget, e.g. 64G (default)")
+    p.add_argument("--disk-bytes", type=_size, default=64 << 30,
+                   help="disk tier budget, e.g. 64G (default)")
     p.add_argument("--ram-bytes", type=_size, default=256 << 20,
-                   help="RAM tier budget (holds the prefix KV; new entries go to disk/Redis), default 256M")
+                   help="RAM tier budget (holds the prefix KV; new entries go to disk/Redis), "
+                        "default 256M")
     p.add_argument("--redis-url", default=None, help="also write to the Redis tier at this URL")
-    p.add_argument("--redis-prefix", default="blendrag:kv:", help="namespace of the store's Redis keys")
+    p.add_argument("--redis-prefix", default="blendrag:kv:",
+                   help="namespace of the store's Redis keys")
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--chroma-dir", type=Path, help="a chromadb PersistentClient directory (with --collection)")
+    src.add_argument("--chroma-dir", type=Path,
+                     help="a chromadb PersistentClient directory (with --collection)")
     src.add_argument("--folder", type=Path, help="one chunk per file matching --glob")
     src.add_argument("--jsonl", type=Path, help="one chunk per line: the string under --field")
     p.add_argument("--collection", help="Chroma collection name")
-    p.add_argument("--glob", default="*.txt", help="file pattern under --folder (default *.txt; **/*.txt recurses)")
-    p.add_argument("--field", default="text", help="JSONL field holding the chunk text (default text)")
+    p.add_argument("--glob", default="*.txt",
+                   help="file pattern under --folder (default *.txt; **/*.txt recurses)")
+    p.add_argument("--field", default="text",
+                   help="JSONL field holding the chunk text (default text)")
 
 
 def _add_prompt(p: argparse.ArgumentParser) -> None:
     pre = p.add_mutually_exclusive_group(required=True)
-    pre.add_argument("--prefix", help="the prompt prefix queries will use; chunks are computed after it")
-    pre.add_argument("--chunk-prefix", help="the engine's canonical chunk prefix (as BlendEngine(chunk_prefix=...) "
+    pre.add_argument("--prefix",
+                     help="the prompt prefix queries will use; chunks are computed after it")
+    pre.add_argument("--chunk-prefix",
+                     help="the engine's canonical chunk prefix (as BlendEngine(chunk_prefix=...) "
                                             "of the framework integrations; may be empty)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                    help="wrap prompts in the tokenizer's chat template (default: when it has one)")
@@ -101,7 +115,8 @@ def _check(args: argparse.Namespace):
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir, disk_bytes=args.disk_bytes,
+    config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
+                         disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix)
     return _source(args), config
 
@@ -113,7 +128,8 @@ def _run(args: argparse.Namespace, source, config):
     from blendrag.store import TieredKVStore
 
     with TieredKVStore(config) as store:
-        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store, chat=args.chat,
+        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store,
+                                             chat=args.chat,
                                              system=args.system, chunk_prefix=args.chunk_prefix)
         index = ChunkTextIndex(args.text_index) if args.text_index else None
         return ingest_source(engine, source, prefix=args.prefix, progress=not args.no_progress,

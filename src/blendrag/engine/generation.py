@@ -31,7 +31,8 @@ class GenerationResult:
 class GenerationStream:
     """Iterator of text deltas; ``result`` is set once it is exhausted."""
 
-    def __init__(self, engine: BlendEngine, prefill: Prefill, cfg: GenerationConfig, t0: float) -> None:
+    def __init__(self, engine: BlendEngine, prefill: Prefill, cfg: GenerationConfig,
+                 t0: float) -> None:
         self.engine = engine
         self.prefill = prefill
         self.cfg = cfg

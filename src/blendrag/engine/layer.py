@@ -50,7 +50,8 @@ class AttentionBlock:
     causal: bool
 
 
-def attention_blocks(pos: torch.Tensor, n: int, window: int | None, block: int = 128) -> list[AttentionBlock]:
+def attention_blocks(pos: torch.Tensor, n: int, window: int | None,
+                     block: int = 128) -> list[AttentionBlock]:
     """Exact attention for queries at ``pos`` (sorted) over keys [0, n): key j is visible iff
     j <= p (and p - j < window). Mask-free fast paths are taken when equivalent. Otherwise the
     queries are cut into position-sorted blocks that only see keys up to their own last
@@ -77,7 +78,8 @@ def attention_blocks(pos: torch.Tensor, n: int, window: int | None, block: int =
     return out
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scaling: float) -> torch.Tensor:
+def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
+                    scaling: float) -> torch.Tensor:
     """Attention probabilities of queries at positions ``q_pos`` over the keys at positions
     [0, n), with the exact causal mask, in float32 (for scoring and analysis; the layers
     themselves run ``finish``). q: [H, S, D]; k: [Hkv, n, D]; q_pos: [S] -> [H, S, n]."""

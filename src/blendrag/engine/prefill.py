@@ -44,7 +44,8 @@ class LoopPlan:
 class LoopOutput:
     hidden: torch.Tensor  # [hidden] final-normed hidden state of the last position
     active_per_layer: list[int] = field(default_factory=list)
-    chunk_active_per_layer: list[int] = field(default_factory=list)  # active tokens inside chunk_range
+    # active tokens inside chunk_range
+    chunk_active_per_layer: list[int] = field(default_factory=list)
     keys: torch.Tensor | None = None  # [layers, Hkv, A, D] pre-RoPE (capture only)
     values: torch.Tensor | None = None  # [layers, Hkv, A, D]
     trace: list[dict] | None = None
@@ -53,14 +54,16 @@ class LoopOutput:
 @torch.inference_mode()
 def run_loop(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTable,
              trace: bool = False) -> LoopOutput:
-    """Run every layer of ``plan``; fills ``fused`` rows [0, N) and returns the last hidden state."""
+    """Run every layer of ``plan``: fill ``fused`` rows [0, N), return the last hidden state."""
     n = plan.ids.shape[0]
     pos = plan.active  # [A]
     if pos.numel() == 0 or int(pos[-1]) != n - 1:
         raise ValueError("the last prompt token must be computed (active)")
     h = adapter.embed(plan.ids[pos])  # h: [A, hidden]
-    check = {layer: i for i, layer in enumerate(plan.selector.check_layers)} if plan.selector else {}
-    blocks: dict[int | None, list[AttentionBlock]] = {}  # per sliding window, for the current active set
+    check_layers = plan.selector.check_layers if plan.selector else ()
+    check = {layer: step for step, layer in enumerate(check_layers)}
+    # per sliding window, for the current active set
+    blocks: dict[int | None, list[AttentionBlock]] = {}
     out = LoopOutput(hidden=h[-1], trace=[] if trace else None)
     keys, values = [], []
     lo, hi = plan.chunk_range
@@ -71,7 +74,8 @@ def run_loop(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTa
         q, k, k_pre, v = project(adapter, layer, h, pos, rope)  # q: [H, A, D]; k, v: [Hkv, A, D]
         keep = None
         if i in check:
-            k_old, v_old = fused.k[i][:, pos], fused.v[i][:, pos]  # cached rows of the active tokens
+            # cached rows of the active tokens
+            k_old, v_old = fused.k[i][:, pos], fused.v[i][:, pos]
             fused.write(i, pos, k, v)
             keep = plan.selector.keep(CheckView(check[i], i, pos, q, k, v, k_old, v_old, fused, n))
         else:
@@ -114,6 +118,7 @@ def decode_step(adapter: LlamaAdapter, token: int, fused: FusedKV) -> torch.Tens
     for i, layer in enumerate(adapter.layers):
         q, k, _, v = project(adapter, layer, h, pos, rope)
         fused.write(i, pos, k, v)
-        h = finish(adapter, layer, i, h, q, fused, attention_blocks(pos, p + 1, adapter.sliding_window(i)))
+        h = finish(adapter, layer, i, h, q, fused,
+                   attention_blocks(pos, p + 1, adapter.sliding_window(i)))
     fused.length = p + 1
     return adapter.norm(h)[0]

@@ -18,7 +18,8 @@ def make_generator(cfg: GenerationConfig, device: torch.device) -> torch.Generat
     return g
 
 
-def next_token(logits: torch.Tensor, cfg: GenerationConfig, generator: torch.Generator | None) -> int:
+def next_token(logits: torch.Tensor, cfg: GenerationConfig,
+               generator: torch.Generator | None) -> int:
     """logits: [vocab] -> token id."""
     if cfg.greedy:
         return int(torch.argmax(logits))

@@ -71,7 +71,8 @@ class EpicSelector(Selector):
     """First ceil(ratio * len) tokens of every chunk (EPIC / LegoLink attention-sink repair)."""
 
     def initial(self) -> torch.Tensor:
-        picks = [torch.arange(s, s + math.ceil(self.config.ratio * (e - s) - 1e-9), device=self.device)
+        picks = [torch.arange(s, s + math.ceil(self.config.ratio * (e - s) - 1e-9),
+                              device=self.device)
                  for s, e in self.layout.chunk_spans]
         return torch.cat(picks)
 
@@ -91,7 +92,8 @@ class ProfileSelector(Selector):
     across all chunks (engine/profile.py). The first chunk is left out when it follows the very
     prefix it was computed after: its cached rows are then exact."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device, scaling: float,
+    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
+                 scaling: float,
                  profiles: Sequence[torch.Tensor | None] = ()) -> None:
         super().__init__(config, layout, device, scaling)
         if len(profiles) != len(layout.chunk_spans) or any(p is None for p in profiles):
@@ -131,7 +133,11 @@ class ScoringSelector(Selector):
         is_chunk = (pos >= self.chunk_positions[0]) & (pos < self.layout.suffix_start)  # [A]
         scores = self.score(view).float().masked_fill(~is_chunk, float("-inf"))  # [A]
         budget = min(self.budget(view.step), int(is_chunk.sum()))
-        top = torch.topk(scores, budget).indices if budget else torch.empty(0, dtype=torch.long, device=pos.device)
+        top = (
+            torch.topk(scores, budget).indices
+            if budget
+            else torch.empty(0, dtype=torch.long, device=pos.device)
+        )
         suffix = torch.nonzero(pos >= self.layout.suffix_start).flatten()
         return torch.cat([top, suffix]).sort().values
 
@@ -146,8 +152,8 @@ class CacheBlendSelector(ScoringSelector):
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
         if config.check_layers[0] < 1:
-            raise ValueError("cacheblend check layers must be >= 1: at layer 0 K/V depend only on the "
-                             "token and its position, so fresh and cached rows are equal there")
+            raise ValueError("cacheblend check layers must be >= 1: at layer 0 K/V depend only on "
+                             "the token and its position, so fresh and cached rows are equal there")
         super().__init__(config, layout, device, scaling)
 
     def score(self, view: CheckView) -> torch.Tensor:
@@ -164,7 +170,8 @@ class QuerySelector(ScoringSelector):
         pos = view.pos
         suffix_rows = pos >= self.layout.suffix_start
         keys = view.fused.k[view.layer, :, :view.n]  # [Hkv, n, D], fresh rows already written
-        probs = attention_probs(view.q[:, suffix_rows], keys, pos[suffix_rows], self.scaling)  # [H, S, n]
+        # [H, S, n]
+        probs = attention_probs(view.q[:, suffix_rows], keys, pos[suffix_rows], self.scaling)
         per_key = probs.sum(dim=(0, 1))  # [n]
         return per_key[pos]  # [A]
 
@@ -183,7 +190,8 @@ def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, de
     """The selector of ``config``; its check layers must exist in the model. ``profiles``: the
     chunks' sensitivity profiles, in prompt order (profile selector only)."""
     if config.selector in ("cacheblend", "query") and config.check_layers[-1] >= num_layers:
-        raise ValueError(f"check_layers {config.check_layers} exceed the model's {num_layers} layers")
+        raise ValueError(f"check_layers {config.check_layers} exceed the model's {num_layers} "
+                         "layers")
     if config.selector == "profile":
         return ProfileSelector(config, layout, device, scaling, profiles)
     return SELECTORS[config.selector](config, layout, device, scaling)

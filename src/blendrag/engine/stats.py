@@ -25,7 +25,8 @@ class RequestStats:
     chunk_misses: int = 0
     prefix_hit: bool = False
     tokens_reused: int = 0
-    profiles_computed: int = 0  # chunk profiles measured by this request (profile selector, first use)
+    # chunk profiles measured by this request (profile selector, first use)
+    profiles_computed: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
     recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
     kv_fetch_s: float = 0.0  # store lookups + computing missing chunk KVs
@@ -34,7 +35,8 @@ class RequestStats:
     new_tokens: int = 0
     decode_s: float = 0.0
     finish_reason: str | None = None
-    store: dict | None = None  # what this request did to the store: StoreStats.since(before).to_dict()
+    # what this request did to the store: StoreStats.since(before).to_dict()
+    store: dict | None = None
 
     @property
     def recompute_fraction(self) -> float:

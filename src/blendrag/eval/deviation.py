@@ -16,7 +16,8 @@ from blendrag.engine.layer import attention_probs
 from blendrag.prompt import PromptLayout
 
 
-def suffix_attention(engine: BlendEngine, pre: Prefill, layout: PromptLayout, layer: int) -> torch.Tensor:
+def suffix_attention(engine: BlendEngine, pre: Prefill, layout: PromptLayout,
+                     layer: int) -> torch.Tensor:
     """Attention probabilities of the suffix queries at ``layer``: [H, S, N] (float32)."""
     step = pre.output.trace[layer]  # the queries of the tokens computed at that layer
     rows = step["pos"] >= layout.suffix_start

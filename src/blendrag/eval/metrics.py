@@ -67,7 +67,8 @@ def contains_answer(prediction: str, answers: str | Sequence[str]) -> float:
     """1.0 when a normalized gold answer occurs, as whole words, in the normalized prediction
     (an instruct model answers in a sentence: "Emil Ferreira was born in 1957.")."""
     pred = f" {normalize_answer(prediction)} "
-    return float(any(f" {normalize_answer(gold)} " in pred for gold in _golds(answers) if normalize_answer(gold)))
+    golds = [normalize_answer(gold) for gold in _golds(answers)]
+    return float(any(f" {gold} " in pred for gold in golds if gold))
 
 
 def _lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
@@ -118,7 +119,8 @@ def first_token_kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> floa
     gives mass and the other distribution none make the divergence infinite.
     """
     if reference_logits.shape != logits.shape:
-        raise ValueError(f"logits shapes differ: {tuple(reference_logits.shape)} vs {tuple(logits.shape)}")
+        raise ValueError(f"logits shapes differ: {tuple(reference_logits.shape)} vs "
+                         f"{tuple(logits.shape)}")
     log_p = torch.log_softmax(reference_logits.detach().double().cpu(), dim=-1)
     log_q = torch.log_softmax(logits.detach().double().cpu(), dim=-1)
     p = log_p.exp()

@@ -84,16 +84,19 @@ class Ingestion:
     ``on_chunk(i, computed)``: progress, after each non-empty text ``i`` of an ``add`` call.
     """
 
-    def __init__(self, engine: IngestEngine, prefix: str | None = None, *, profile: bool | int = False,
+    def __init__(self, engine: IngestEngine, prefix: str | None = None, *,
+                 profile: bool | int = False,
                  on_chunk: OnChunk | None = None) -> None:
         if engine.prompts is None:
             raise ValueError("ingestion needs an engine with a tokenizer")
         self.engine = engine
         self.depth = profile_depth(profile)
-        self.chunk_prefix_ids = engine.prompts.chunk_prefix_ids(prefix)  # raises early without a prefix
+        # raises early without a prefix
+        self.chunk_prefix_ids = engine.prompts.chunk_prefix_ids(prefix)
         self.on_chunk = on_chunk
         self.counts = IngestCounts()
-        self._previous: list[list[int]] = []  # the last non-empty chunks so far: the next ones' neighbours
+        # the last non-empty chunks so far: the next ones' neighbours
+        self._previous: list[list[int]] = []
 
     def add(self, texts: Sequence[str]) -> list[bool | None]:
         """Ingest one batch of texts; per text: True (KV computed now), False (already stored)
@@ -110,7 +113,8 @@ class Ingestion:
         # counted again; they are the neighbours of this batch's first chunks.
         head = self._previous[-self.depth:] if self.depth else []
         batch = [*head, *(list(chunks[i]) for i in todo)]
-        profiled = self.depth > 0 and len(batch) > 1  # precompute profiles no chunk of a list of one
+        # precompute profiles no chunk of a list of one
+        profiled = self.depth > 0 and len(batch) > 1
         result: list[bool | None] = [None] * len(chunks)
 
         def done(k: int, computed: bool) -> None:

@@ -63,8 +63,10 @@ class IngestSummary:
         return {**asdict(self), "tokens_per_s": self.tokens_per_s}
 
     def format(self) -> str:
-        profiles = f"; context-sensitivity profiles measured for {self.profiled}" if self.profiled else ""
-        return (f"chunks {self.chunks}: computed {self.computed}, already stored {self.skipped}, empty {self.empty}; "
+        profiles = (f"; context-sensitivity profiles measured for {self.profiled}" if self.profiled
+                    else "")
+        return (f"chunks {self.chunks}: computed {self.computed}, already stored {self.skipped}, "
+                f"empty {self.empty}; "
                 f"{self.tokens} tokens, {self.bytes / 2**20:.1f} MiB of KV in {self.seconds:.1f} s "
                 f"({self.tokens_per_s:.0f} tokens/s){profiles}")
 
@@ -73,7 +75,8 @@ PrecomputeSummary = IngestSummary
 """The summary's former name (kept importable)."""
 
 
-def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | None = None, progress: bool = True,
+def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | None = None,
+                  progress: bool = True,
                   text_index: TextRecorder | None = None, batch_size: int = BATCH,
                   profile: bool | int = False) -> IngestSummary:
     """Ingest every chunk text of ``chunks`` (a ``ChunkSource`` or any iterable of strings)
@@ -95,7 +98,8 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
     them on first use)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    run = Ingestion(engine, prefix, profile=profile)  # refuses a missing prefix or a bad profile now
+    # refuses a missing prefix or a bad profile now
+    run = Ingestion(engine, prefix, profile=profile)
     total = len(chunks) if isinstance(chunks, Sized) else None
     t0 = time.perf_counter()
     with tqdm(total=total, unit="chunk", desc="precompute", disable=not progress) as bar:
@@ -107,7 +111,8 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
             if text_index is not None:
                 text_index.add_many(texts)
     counts = run.counts
-    return IngestSummary(chunks=counts.chunks, computed=counts.computed, skipped=counts.skipped, empty=counts.empty,
+    return IngestSummary(chunks=counts.chunks, computed=counts.computed, skipped=counts.skipped,
+                         empty=counts.empty,
                          tokens=counts.tokens, bytes=counts.tokens * kv_bytes_per_token(engine),
                          seconds=time.perf_counter() - t0, profiled=counts.profiled)
 

@@ -36,7 +36,8 @@ class ChunkSource:
         return self.count
 
 
-def chunks_from_chroma(persist_dir: str | Path, collection: str, page_size: int = CHROMA_PAGE) -> ChunkSource:
+def chunks_from_chroma(persist_dir: str | Path, collection: str,
+                       page_size: int = CHROMA_PAGE) -> ChunkSource:
     """The documents of a persisted Chroma collection (``chromadb.PersistentClient``), read
     ``page_size`` at a time. Entries stored without a document are left out.
 
@@ -60,7 +61,8 @@ def _open_chroma(path: Path, name: str):
         import chromadb
         from chromadb.errors import NotFoundError
     except ImportError as exc:
-        raise ImportError("reading a Chroma collection needs chromadb: pip install blendrag[chroma]") from exc
+        raise ImportError("reading a Chroma collection needs chromadb: "
+                          "pip install blendrag[chroma]") from exc
     if not path.is_dir():  # PersistentClient would create an empty database there
         raise FileNotFoundError(f"no Chroma directory at {path}")
     client = chromadb.PersistentClient(path=str(path))
@@ -71,7 +73,8 @@ def _open_chroma(path: Path, name: str):
         raise ValueError(f"no collection {name!r} in {path}; it has {names}") from None
 
 
-def chunks_from_folder(directory: str | Path, glob: str = "*.txt", encoding: str = "utf-8") -> ChunkSource:
+def chunks_from_folder(directory: str | Path, glob: str = "*.txt",
+                       encoding: str = "utf-8") -> ChunkSource:
     """One chunk per file matching ``glob`` under ``directory`` (``**/*.txt`` recurses), in
     sorted path order; each file's whole text is the chunk."""
     root = Path(directory)

@@ -31,12 +31,14 @@ class LocalSentenceTransformer:
     """A local sentence-transformers model: ``encode(texts)`` -> one vector (a list) per text,
     unit length when ``normalize``."""
 
-    def __init__(self, model_path: str | Path, device: str | None = "cpu", normalize: bool = NORMALIZE) -> None:
+    def __init__(self, model_path: str | Path, device: str | None = "cpu",
+                 normalize: bool = NORMALIZE) -> None:
         self.model = load_local_sentence_transformer(model_path, device)
         self.normalize = normalize
 
     def encode(self, texts: list[str]) -> list[list[float]]:
         if not texts:
             return []
-        vectors = self.model.encode(list(texts), normalize_embeddings=self.normalize, convert_to_numpy=True)
+        vectors = self.model.encode(list(texts), normalize_embeddings=self.normalize,
+                                    convert_to_numpy=True)
         return vectors.tolist()

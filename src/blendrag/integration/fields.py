@@ -20,8 +20,10 @@ from blendrag.integration.flat_prompt import FlatLayout
 from blendrag.integration.requests import BlendRequest
 
 # Flat field -> BlendConfig / GenerationConfig field.
-BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio", "check_layers": "check_layers",
-                "ratio_schedule": "ratio_schedule", "deviation": "deviation", "selector_seed": "seed"}
+BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio",
+                "check_layers": "check_layers",
+                "ratio_schedule": "ratio_schedule", "deviation": "deviation",
+                "selector_seed": "seed"}
 GENERATION_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
                      "top_k": "top_k", "seed": "seed", "eos_token_ids": "eos_token_ids",
                      "stream_holdback": "stream_holdback"}
@@ -80,7 +82,8 @@ class BlendFields(BaseModel):
         values.update({k: v for k, v in overrides.items() if k in BLEND_FIELDS})
         return BlendConfig(**{BLEND_FIELDS[k]: v for k, v in values.items()})
 
-    def make_generation_config(self, stop: Sequence[str] | None = None, **overrides: Any) -> GenerationConfig:
+    def make_generation_config(self, stop: Sequence[str] | None = None,
+                               **overrides: Any) -> GenerationConfig:
         """The fields' ``GenerationConfig``, with any of ``GENERATION_FIELDS`` in ``overrides``
         instead and ``stop`` added to the field's stop strings."""
         values = {k: getattr(self, k) for k in GENERATION_FIELDS}
@@ -103,7 +106,8 @@ class BlendFields(BaseModel):
         return request.info()
 
 
-def fields_from_configs(blend: BlendConfig | None = None, generation: GenerationConfig | None = None,
+def fields_from_configs(blend: BlendConfig | None = None,
+                        generation: GenerationConfig | None = None,
                         ) -> dict[str, Any]:
     """Flat field values of a ``BlendConfig`` and a ``GenerationConfig`` (either may be None)."""
     out: dict[str, Any] = {}

@@ -4,8 +4,8 @@ One path for every framework entry point: find the chunk texts in the prompt (th
 documents' texts when the caller passes them, else the ingested texts of a
 :class:`ChunkTextIndex`), cut the prompt there into prefix / chunks / suffix, and tokenize
 each piece on its own (docs/architecture.md, "Exactness rules"). Both sources use the same
-splitter, so the same chunks give the same layout, hence the same answer. A prompt with no known chunk is run as a plain
-full prefill.
+splitter, so the same chunks give the same layout, hence the same answer. A prompt with no
+known chunk is run as a plain full prefill.
 """
 
 from __future__ import annotations
@@ -56,10 +56,12 @@ def flat_layout(builder: PromptBuilder, prompt: str, index: ChunkTextIndex,
         split, source = split_at(prompt, texts), "documents"
     else:
         split, source = index.split(prompt), "index"
-    return _layout(builder, split, wrap, source) or FlatLayout(builder.whole(prompt, wrap), "none", 0, 0)
+    found = _layout(builder, split, wrap, source)
+    return found or FlatLayout(builder.whole(prompt, wrap), "none", 0, 0)
 
 
-def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool, source: str) -> FlatLayout | None:
+def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool,
+            source: str) -> FlatLayout | None:
     """Pieces tokenized one by one; None when no known chunk is left to reuse."""
     if not split.found:
         return None
@@ -73,6 +75,7 @@ def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool, source: str)
     if not matched:
         return None
     chunk_prefix_ids = builder.chunk_prefix_ids() if builder.chunk_prefix is not None else None
-    layout = PromptLayout(builder.encode(head + split.prefix, first=True), [ids for ids, _ in pieces], suffix,
+    layout = PromptLayout(builder.encode(head + split.prefix, first=True),
+                          [ids for ids, _ in pieces], suffix,
                           chunk_prefix_ids=chunk_prefix_ids)
     return FlatLayout(layout, source, matched, len(pieces))

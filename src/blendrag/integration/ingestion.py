@@ -28,7 +28,8 @@ def require_chunk_prefix(engine: BlendEngine) -> None:
     """ValueError unless ``engine`` has a canonical ``chunk_prefix`` (framework hooks ingest
     chunks before any prompt exists)."""
     if engine.prompts is None or engine.prompts.chunk_prefix is None:
-        raise ValueError("chunk KVs precomputed before any prompt exists need a canonical prefix: build the "
+        raise ValueError("chunk KVs precomputed before any prompt exists need a canonical prefix: "
+                         "build the "
                          "engine with chunk_prefix (e.g. BlendEngine(..., chunk_prefix=''))")
 
 

@@ -40,20 +40,23 @@ class BlendRequest:
                 "blendrag_prompt": self.prompt.info()}
 
 
-def prompt_layout(engine: BlendEngine, prompt: str, index: ChunkTextIndex, texts: Sequence[str] | None,
+def prompt_layout(engine: BlendEngine, prompt: str, index: ChunkTextIndex,
+                  texts: Sequence[str] | None,
                   wrap: bool) -> FlatLayout:
     """Layout of ``prompt`` cut at the retrieved chunks' ``texts`` when given and found, else at
     the ingested texts of ``index``; none found: a plain full prefill. ``wrap=False``: the prompt
     is an already rendered chat."""
     flat = flat_layout(engine.prompts, prompt, index, texts=texts, wrap=wrap)
     if texts and flat.matched < len(texts):
-        log.debug("%d of %d retrieved chunks not found verbatim in the prompt", len(texts) - flat.matched, len(texts))
+        log.debug("%d of %d retrieved chunks not found verbatim in the prompt",
+                  len(texts) - flat.matched, len(texts))
     if texts and flat.full_only:  # none found verbatim: the ingested texts may still be there
         flat = flat_layout(engine.prompts, prompt, index, wrap=wrap)
     return flat
 
 
-def start(engine: BlendEngine, prompt: FlatLayout, blend: BlendConfig, generation: GenerationConfig) -> BlendRequest:
+def start(engine: BlendEngine, prompt: FlatLayout, blend: BlendConfig,
+          generation: GenerationConfig) -> BlendRequest:
     """Prefill ``prompt`` (blending unless no chunk was found: then a full prefill) and open its
     token stream."""
     if prompt.full_only:

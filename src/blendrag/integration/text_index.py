@@ -117,4 +117,5 @@ class ChunkTextIndex:
                 cached.append(False)
             chunks.append(prompt[s:e])
             cached.append(True)
-        return PromptSplit(prompt[:spans[0][0]], tuple(chunks), prompt[spans[-1][1]:], tuple(cached))
+        return PromptSplit(prompt[:spans[0][0]], tuple(chunks), prompt[spans[-1][1]:],
+                           tuple(cached))

@@ -34,11 +34,13 @@ class ChunkKV:
     def __post_init__(self) -> None:
         if self.keys.shape != self.values.shape:
             raise ValueError(
-                f"ChunkKV keys {tuple(self.keys.shape)} and values {tuple(self.values.shape)} differ"
+                f"ChunkKV keys {tuple(self.keys.shape)} and values {tuple(self.values.shape)} "
+                "differ"
             )
         if self.keys.dim() != 4:
             raise ValueError(
-                f"ChunkKV tensors must be [layers, kv_heads, T, head_dim], got {tuple(self.keys.shape)}"
+                "ChunkKV tensors must be [layers, kv_heads, T, head_dim], got "
+                f"{tuple(self.keys.shape)}"
             )
         if self.keys.shape[2] != len(self.token_ids):
             raise ValueError(
@@ -47,7 +49,8 @@ class ChunkKV:
         self.token_ids = tuple(int(t) for t in self.token_ids)
         if self.sensitivity is not None and tuple(self.sensitivity.shape) != (len(self.token_ids),):
             raise ValueError(
-                f"ChunkKV sensitivity must be [T] = [{len(self.token_ids)}], got {tuple(self.sensitivity.shape)}"
+                f"ChunkKV sensitivity must be [T] = [{len(self.token_ids)}], got "
+                f"{tuple(self.sensitivity.shape)}"
             )
 
     @property

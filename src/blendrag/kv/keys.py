@@ -23,10 +23,12 @@ def hash_ids(ids: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(list(ids), dtype="<i8").tobytes()).hexdigest()
 
 
-def chunk_key(model_fp: str, tokenizer_fp: str, prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str:
+def chunk_key(model_fp: str, tokenizer_fp: str, prefix_ids: Sequence[int],
+              chunk_ids: Sequence[int]) -> str:
     """Key of the KV of ``chunk_ids`` computed right after ``prefix_ids``."""
     h = hashlib.sha256()
-    for part in (f"blendrag-kv-v{KEY_FORMAT_VERSION}", model_fp, tokenizer_fp, hash_ids(prefix_ids), hash_ids(chunk_ids)):
+    for part in (f"blendrag-kv-v{KEY_FORMAT_VERSION}", model_fp, tokenizer_fp, hash_ids(prefix_ids),
+                 hash_ids(chunk_ids)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
@@ -62,7 +64,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
     """Identity of a tokenizer: its full serialized definition, specials and chat template."""
     h = hashlib.sha256()
     h.update(type(tokenizer).__name__.encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
+    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(
+        tokenizer, "_tokenizer", None
+    )
     if backend is not None and hasattr(backend, "to_str"):
         h.update(backend.to_str().encode())
     else:

@@ -29,7 +29,8 @@ from blendrag.langchain.chain import create_blend_retrieval_chain
 from blendrag.langchain.chat import ChatBlend
 from blendrag.langchain.llm import BlendLLM
 
-__all__ = ["BlendChroma", "BlendLLM", "ChatBlend", "SentenceTransformerEmbeddings", "create_blend_retrieval_chain"]
+__all__ = ["BlendChroma", "BlendLLM", "ChatBlend", "SentenceTransformerEmbeddings",
+           "create_blend_retrieval_chain"]
 
 
 def __getattr__(name: str) -> Any:

@@ -49,7 +49,8 @@ class BlendParams(BlendFields):
     @model_validator(mode="after")
     def _check_settings(self) -> BlendParams:
         if self.engine.prompts is None:
-            raise ValueError("the engine has no tokenizer: LangChain models need one to read text prompts")
+            raise ValueError("the engine has no tokenizer: LangChain models need one to read text "
+                             "prompts")
         self._check_configs()
         return self
 
@@ -57,38 +58,47 @@ class BlendParams(BlendFields):
         """The request's ``BlendConfig`` (the fields, with per-call ``overrides``)."""
         return self.make_blend_config(**overrides)
 
-    def generation_config(self, stop: Sequence[str] | None = None, **overrides: Any) -> GenerationConfig:
-        """The request's ``GenerationConfig`` (the fields, with per-call ``stop`` and ``overrides``)."""
+    def generation_config(self, stop: Sequence[str] | None = None,
+                          **overrides: Any) -> GenerationConfig:
+        """The request's ``GenerationConfig`` (the fields, with the call's ``stop`` and
+        ``overrides``)."""
         return self.make_generation_config(stop, **overrides)
 
     def _params(self) -> dict[str, Any]:
-        return {"model": self.engine.name, **self.settings(), "document_prompt": self.document_prompt}
+        return {"model": self.engine.name, **self.settings(),
+                "document_prompt": self.document_prompt}
 
     def _documents(self, kwargs: dict[str, Any]) -> Sequence[Document] | None:
         """The ``documents`` kwarg, after warning about kwargs nobody reads."""
         unknown = set(kwargs) - {"documents", *OVERRIDES, *_LANGCHAIN_KEYS}
         if unknown:
-            log.warning("%s ignores unknown keyword arguments %s", type(self).__name__, sorted(unknown))
+            log.warning("%s ignores unknown keyword arguments %s", type(self).__name__,
+                        sorted(unknown))
         docs = kwargs.get("documents")
         if docs is not None and not all(isinstance(d, Document) for d in docs):
             raise TypeError("documents= must be a list of langchain Document objects")
         return docs
 
-    def _start(self, prompt: str, wrap: bool, stop: Sequence[str] | None, kwargs: dict[str, Any]) -> BlendRequest:
+    def _start(self, prompt: str, wrap: bool, stop: Sequence[str] | None,
+               kwargs: dict[str, Any]) -> BlendRequest:
         """Lay ``prompt`` out at the chunks it holds and start the engine's token stream.
         ``wrap=False``: the prompt is an already rendered chat."""
-        flat: BlendPrompt = blend_prompt(self.engine, prompt, self.text_index, self._documents(kwargs),
+        flat: BlendPrompt = blend_prompt(self.engine, prompt, self.text_index,
+                                         self._documents(kwargs),
                                          self.document_prompt, wrap=wrap)
-        return requests.start(self.engine, flat, self.blend_config(**kwargs), self.generation_config(stop, **kwargs))
+        return requests.start(self.engine, flat, self.blend_config(**kwargs),
+                              self.generation_config(stop, **kwargs))
 
     def _finish(self, request: BlendRequest) -> dict[str, Any]:
         """Record the finished request; its generation_info."""
         return self._finished(request)
 
-    def _ls_params(self, model_type: str, stop: list[str] | None, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _ls_params(self, model_type: str, stop: list[str] | None,
+                   kwargs: dict[str, Any]) -> dict[str, Any]:
+        model = kwargs.get("model")
         params: dict[str, Any] = {
             "ls_provider": "blendrag", "ls_model_type": model_type,
-            "ls_model_name": kwargs["model"] if isinstance(kwargs.get("model"), str) else self.engine.name,
+            "ls_model_name": model if isinstance(model, str) else self.engine.name,
             "ls_temperature": kwargs.get("temperature", self.temperature),
             "ls_max_tokens": kwargs.get("max_tokens", self.max_tokens),
         }

@@ -26,7 +26,8 @@ def format_documents(documents: Sequence[Document], document_prompt: str) -> lis
     return [format_document(doc, template) for doc in documents]
 
 
-def blend_prompt(engine: BlendEngine, prompt: str, index: ChunkTextIndex, documents: Sequence[Document] | None,
+def blend_prompt(engine: BlendEngine, prompt: str, index: ChunkTextIndex,
+                 documents: Sequence[Document] | None,
                  document_prompt: str, wrap: bool) -> FlatLayout:
     """Layout of ``prompt`` cut at the Documents' texts when given (and found), else at the
     ingested texts of ``index``. ``wrap=False``: the prompt is an already rendered chat."""

@@ -34,7 +34,8 @@ def create_blend_retrieval_chain(
     located without the text index. ``llm`` is a :class:`BlendLLM` or :class:`ChatBlend`.
     """
     if document_variable_name not in prompt.input_variables:
-        raise ValueError(f"prompt must have a {document_variable_name!r} variable, has {prompt.input_variables}")
+        raise ValueError(f"prompt must have a {document_variable_name!r} variable, has "
+                         f"{prompt.input_variables}")
     if not isinstance(retriever, BaseRetriever):
         retrieve: Runnable = retriever
     else:

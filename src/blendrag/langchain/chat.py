@@ -16,7 +16,8 @@ from pydantic import model_validator
 from blendrag.integration.requests import render_chat
 from blendrag.langchain._base import BlendParams
 
-_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function"}
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool",
+          "function": "function"}
 
 
 class ChatBlend(BlendParams, BaseChatModel):
@@ -32,7 +33,8 @@ class ChatBlend(BlendParams, BaseChatModel):
     @model_validator(mode="after")
     def _check_template(self) -> ChatBlend:
         if not getattr(self.engine.tokenizer, "chat_template", None):
-            raise ValueError("ChatBlend needs a tokenizer with a chat_template; use BlendLLM for this model")
+            raise ValueError("ChatBlend needs a tokenizer with a chat_template; use BlendLLM for "
+                             "this model")
         return self
 
     @property
@@ -48,7 +50,8 @@ class ChatBlend(BlendParams, BaseChatModel):
 
     def render(self, messages: list[BaseMessage]) -> str:
         """The conversation as the model reads it (chat template, assistant header last)."""
-        return render_chat(self.engine, [{"role": _role(m), "content": str(m.text)} for m in messages])
+        return render_chat(self.engine,
+                           [{"role": _role(m), "content": str(m.text)} for m in messages])
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
@@ -57,7 +60,8 @@ class ChatBlend(BlendParams, BaseChatModel):
         return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
 
     def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[ChatGenerationChunk]:
+                run_manager: CallbackManagerForLLMRun | None = None,
+                **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         request = self._start(self.render(messages), False, stop, kwargs)
         for delta in request.stream:
             yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
@@ -66,7 +70,8 @@ class ChatBlend(BlendParams, BaseChatModel):
         usage = UsageMetadata(input_tokens=stats.prompt_tokens, output_tokens=stats.new_tokens,
                               total_tokens=stats.prompt_tokens + stats.new_tokens)
         last = AIMessageChunk(content="", usage_metadata=usage, chunk_position="last",
-                              response_metadata={"model_name": self.engine.name, "model_provider": "blendrag"})
+                              response_metadata={"model_name": self.engine.name,
+                                                 "model_provider": "blendrag"})
         yield ChatGenerationChunk(message=last, generation_info=info)
 
 

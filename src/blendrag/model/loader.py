@@ -55,7 +55,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"not a device: {device!r} (use cpu, cuda, cuda:N or auto)") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device here (use --device cpu)")
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device here (use "
+                         "--device cpu)")
     if dev.type not in ("cpu", "cuda", "mps", "xpu"):
         raise ValueError(f"unsupported device {device!r} (use cpu, cuda, cuda:N or auto)")
     return dev
@@ -96,22 +97,23 @@ def resolve_model(name_or_path: str | Path, gguf_file: str | None = None,
         return ModelSource(str(path.parent), path.name)
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"{path} is a file, not a model folder (a .gguf file, a folder with config.json, "
-                             f"or a name: {', '.join(known_names())})")
+            raise ValueError(f"{path} is a file, not a model folder (a .gguf file, a folder with "
+                             f"config.json, or a name: {', '.join(known_names())})")
         if gguf_file is not None and not (path / gguf_file).is_file():
             raise FileNotFoundError(f"no GGUF file {gguf_file!r} in {path}")
         if gguf_file is None and not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json: not a saved model folder (a GGUF file needs "
-                                    f"--gguf-file NAME)")
+            raise FileNotFoundError(f"{path} has no config.json: not a saved model folder (a GGUF "
+                                    f"file needs --gguf-file NAME)")
         return ModelSource(str(path), gguf_file)
     if _looks_like_path(text):
-        raise FileNotFoundError(f"no model at {text!r}: no such folder or file, and not a known name "
-                                f"({', '.join(known_names())})")
+        raise FileNotFoundError(f"no model at {text!r}: no such folder or file, and not a known "
+                                f"name ({', '.join(known_names())})")
     return ModelSource(text, gguf_file)  # a hub id
 
 
 def _looks_like_path(text: str) -> bool:
-    return text.startswith((".", "/", "~", "\\")) or text.count("/") > 1 or "\\" in text or text.endswith("/")
+    return text.startswith((".", "/", "~",
+                            "\\")) or text.count("/") > 1 or "\\" in text or text.endswith("/")
 
 
 def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype = "float32",
@@ -130,13 +132,14 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype 
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
-            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra,
+                                                         **kwargs)
     except OSError as e:
         if Path(source.path).exists():
             raise
-        raise FileNotFoundError(f"model {source.path!r} is not a local folder and could not be loaded as a hub id "
-                                f"(offline, or no such repository); known names: {', '.join(known_names())}. "
-                                f"({str(e).splitlines()[0]})") from e
+        raise FileNotFoundError(f"model {source.path!r} is not a local folder and could not be "
+                                "loaded as a hub id (offline, or no such repository); known names: "
+                                f"{', '.join(known_names())}. ({str(e).splitlines()[0]})") from e
     if source.gguf_file:
         strip_gguf_quantizer(model)
     model.to(dev).eval()
@@ -147,7 +150,8 @@ def _require_gguf() -> None:
     try:
         import gguf  # noqa: F401
     except ImportError as e:
-        raise ImportError("loading GGUF models needs the gguf package: pip install 'blendrag[gguf]'") from e
+        raise ImportError("loading GGUF models needs the gguf package: "
+                          "pip install 'blendrag[gguf]'") from e
 
 
 @contextlib.contextmanager

@@ -12,13 +12,15 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ByteTier": "protocol", "KVStore": "protocol", "StoreStats": "protocol", "TierStats": "protocol",
+    "ByteTier": "protocol", "KVStore": "protocol", "StoreStats": "protocol",
+    "TierStats": "protocol",
     "TierUsage": "protocol",
     "MemoryKVStore": "ram", "RamTier": "ram", "held_bytes": "ram",
     "DiskTier": "disk",
     "RedisTier": "redis_tier",
     "EncodedTier": "tiered", "TieredKVStore": "tiered",
-    "Entry": "codec", "EntryError": "codec", "EntryReader": "codec", "decode": "codec", "encode": "codec",
+    "Entry": "codec", "EntryError": "codec", "EntryReader": "codec", "decode": "codec",
+    "encode": "codec",
     "open_entry": "codec",
     "DEFAULT_DISK_DIR": "config", "StoreConfig": "config",
 }

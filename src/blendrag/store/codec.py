@@ -11,8 +11,9 @@ Layout::
 Why this shape: safetensors holds plain tensors and never runs code on load (a cache
 directory is an attack surface, ``torch.load``/pickle would execute whatever it is given); one
 tensor per layer lets a reader pull layer i without touching the others (layer-wise loading,
-docs/architecture.md, "Stored entries and layer-wise loading"); a checksum per tensor verifies each layer on its own. Anything that fails a
-check raises ``EntryError``, which the tiers turn into a logged miss.
+docs/architecture.md, "Stored entries and layer-wise loading"); a checksum per tensor verifies
+each layer on its own. Anything that fails a check raises ``EntryError``, which the tiers turn
+into a logged miss.
 
 Entries are written by ``safetensors.torch.save`` and read by the small strict reader below
 (positioned reads into the caller's tensors, see ``_Tensors``); any safetensors tool reads them.
@@ -126,7 +127,8 @@ class EntryReader:
         if not meta or meta.get("format") != FORMAT_NAME:
             raise EntryError("foreign file: no blendrag chunk-KV metadata")
         if meta.get("version") != str(FORMAT_VERSION):
-            raise EntryError(f"format version {meta.get('version')!r}, this build reads {FORMAT_VERSION}")
+            raise EntryError(f"format version {meta.get('version')!r}, this build reads "
+                             f"{FORMAT_VERSION}")
         body = {k: v for k, v in meta.items() if k != "meta_checksum"}
         if meta.get("meta_checksum") != _meta_digest(body):
             raise EntryError("metadata checksum mismatch")
@@ -172,8 +174,13 @@ class EntryReader:
         one scatter read: as fast as a plain read of the file), then verified."""
         keys = torch.empty(self.shape, dtype=self.dtype)
         values = torch.empty(self.shape, dtype=self.dtype)
-        parts = [(f"{kind}.{i}", t[i]) for i in range(self.num_layers) for kind, t in (("k", keys), ("v", values))]
-        sensitivity = torch.empty(self.shape[2], dtype=torch.float32) if self.has_sensitivity else None
+        parts = [
+            (f"{kind}.{i}", t[i])
+            for i in range(self.num_layers)
+            for kind, t in (("k", keys), ("v", values))
+        ]
+        sensitivity = torch.empty(self.shape[2],
+                                  dtype=torch.float32) if self.has_sensitivity else None
         if sensitivity is not None:
             parts.append((SENSITIVITY, sensitivity))
         self._tensors.read_many(parts)
@@ -247,7 +254,8 @@ class _Tensors:
     def read_many(self, items: list[tuple[str, torch.Tensor]]) -> None:
         """Read several tensors with one positioned scatter read per run of tensors that are
         adjacent in the file (all of an entry's tensors are: one system call per entry)."""
-        placed = sorted(((*self._place(name, out), name) for name, out in items), key=lambda p: (p[0], p[1]))
+        placed = sorted(((*self._place(name, out), name) for name, out in items),
+                        key=lambda p: (p[0], p[1]))
         run: list[tuple[int, int, memoryview, str]] = []
         for item in placed:
             if run and (item[0] != run[-1][1] or len(run) == _IOV_MAX):
@@ -268,7 +276,8 @@ class _Tensors:
         dtype, shape, start, end = self._specs[name]
         if dtype != out.dtype or shape != tuple(out.shape):
             raise EntryError(f"{name} is {dtype} {shape}, expected {out.dtype} {tuple(out.shape)}")
-        return start, end, memoryview(out.view(torch.uint8).numpy().reshape(-1))  # writes land in ``out``
+        # writes land in ``out``
+        return start, end, memoryview(out.view(torch.uint8).numpy().reshape(-1))
 
     def close(self) -> None:
         self._reader.close()
@@ -379,4 +388,5 @@ def _digest(t: torch.Tensor) -> str:
 
 
 def _meta_digest(meta: dict[str, str]) -> str:
-    return xxhash.xxh3_128_hexdigest(json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+    return xxhash.xxh3_128_hexdigest(json.dumps(meta, sort_keys=True,
+                                                separators=(",", ":")).encode())

@@ -43,11 +43,13 @@ class StoreConfig:
         if self.disk_dir is not None:
             self.disk_dir = Path(self.disk_dir).expanduser()
         if self.redis_url is not None and not self.redis_url.startswith(_REDIS_SCHEMES):
-            raise ValueError(f"StoreConfig.redis_url must start with one of {_REDIS_SCHEMES}, got {self.redis_url!r}")
+            raise ValueError(f"StoreConfig.redis_url must start with one of {_REDIS_SCHEMES}, got "
+                             f"{self.redis_url!r}")
         if not self.redis_prefix:
             raise ValueError("StoreConfig.redis_prefix must not be empty (it namespaces clear())")
         if self.redis_ttl_s is not None and self.redis_ttl_s <= 0:
-            raise ValueError(f"StoreConfig.redis_ttl_s must be positive or None, got {self.redis_ttl_s}")
+            raise ValueError("StoreConfig.redis_ttl_s must be positive or None, got "
+                             f"{self.redis_ttl_s}")
         for name in ("disk_timeout_s", "redis_timeout_s", "retry_after_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"StoreConfig.{name} must be >= 0, got {getattr(self, name)}")

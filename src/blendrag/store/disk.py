@@ -30,6 +30,8 @@ log = logging.getLogger("blendrag.store")
 
 # Index pages a new row may add (a few 4 KiB SQLite pages); reserved before the insert.
 _INDEX_GROWTH = 16 << 10
+# The least recently used entry, in diskcache's own table and by the column its LRU policy keeps.
+_LRU_ENTRY = "SELECT key FROM Cache WHERE raw = 1 ORDER BY access_time LIMIT 1"
 
 
 class _BytesOnlyDisk(diskcache.Disk):
@@ -76,7 +78,8 @@ class DiskTier:
     name = "disk"
     errors = (OSError, sqlite3.Error, diskcache.Timeout)
 
-    def __init__(self, directory: str | Path, budget_bytes: int | None, timeout_s: float = 10.0) -> None:
+    def __init__(self, directory: str | Path, budget_bytes: int | None,
+                 timeout_s: float = 10.0) -> None:
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"DiskTier budget_bytes must be positive, got {budget_bytes}")
         self.directory = Path(directory)
@@ -104,7 +107,8 @@ class DiskTier:
             }
             if self._budget is not None:
                 settings["size_limit"] = self._budget
-            self._cache = diskcache.Cache(str(self.directory), timeout=self._timeout_s, disk=_BytesOnlyDisk, **settings)
+            self._cache = diskcache.Cache(str(self.directory), timeout=self._timeout_s,
+                                          disk=_BytesOnlyDisk, **settings)
         return self._cache
 
     @property
@@ -139,7 +143,8 @@ class DiskTier:
 
     def usage(self) -> TierUsage:
         cache = self.open()
-        return TierUsage(entries=len(cache), used_bytes=cache.volume(), budget_bytes=self.budget_bytes)
+        return TierUsage(entries=len(cache), used_bytes=cache.volume(),
+                         budget_bytes=self.budget_bytes)
 
     def lifetime_counts(self) -> tuple[int, int]:
         """(hits, misses) over every process that used this directory."""
@@ -168,6 +173,6 @@ class DiskTier:
         # One least-recently-used entry at a time (diskcache's cull() drops ten at once).
         # Reads diskcache's own Cache table, ordered by the column its LRU policy maintains.
         while cache.volume() > limit:
-            row = cache._sql("SELECT key FROM Cache WHERE raw = 1 ORDER BY access_time LIMIT 1").fetchone()
+            row = cache._sql(_LRU_ENTRY).fetchone()
             if row is None or not cache.delete(row[0]):
                 return

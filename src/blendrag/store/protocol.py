@@ -93,12 +93,16 @@ class StoreStats:
 
     def format(self) -> str:
         """A small human-readable table."""
-        lines = [f"gets {self.gets}  hits {self.hits}  misses {self.misses}  hit rate {self.hit_rate:.1%}"]
-        lines.append(f"{'tier':6} {'up':3} {'hits':>7} {'misses':>7} {'corrupt':>7} {'entries':>8} {'used MiB':>9} {'budget MiB':>10} {'load s':>8}")
+        lines = [f"gets {self.gets}  hits {self.hits}  misses {self.misses}  hit rate "
+                 f"{self.hit_rate:.1%}"]
+        lines.append(f"{'tier':6} {'up':3} {'hits':>7} {'misses':>7} {'corrupt':>7} {'entries':>8} "
+                     f"{'used MiB':>9} {'budget MiB':>10} {'load s':>8}")
         for t in self.tiers:
             lines.append(
-                f"{t.name:6} {'yes' if t.available else 'no':3} {t.hits:7d} {t.misses:7d} {t.corrupt:7d} "
-                f"{_opt(t.entries):>8} {_mib(t.used_bytes):>9} {_mib(t.budget_bytes):>10} {t.load_seconds:8.3f}"
+                f"{t.name:6} {'yes' if t.available else 'no':3} {t.hits:7d} {t.misses:7d} "
+                f"{t.corrupt:7d} "
+                f"{_opt(t.entries):>8} {_mib(t.used_bytes):>9} {_mib(t.budget_bytes):>10} "
+                f"{t.load_seconds:8.3f}"
             )
         return "\n".join(lines)
 
@@ -123,7 +127,8 @@ class TierCounters:
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
+            return {f.name: getattr(self,
+                                    f.name) for f in fields(self) if not f.name.startswith("_")}
 
     def reset(self) -> None:
         with self._lock:

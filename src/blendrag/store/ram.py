@@ -21,7 +21,8 @@ def held_bytes(kv: ChunkKV) -> int:
     """Host memory an entry holds: its K and V rows (``ChunkKV.nbytes``) plus its
     context-sensitivity profile where it has one (4 bytes a token). What the RAM tier's byte
     budget counts; ``ChunkKV.nbytes`` stays the size of the KV rows alone."""
-    extra = kv.sensitivity.numel() * kv.sensitivity.element_size() if kv.sensitivity is not None else 0
+    profile = kv.sensitivity
+    extra = profile.numel() * profile.element_size() if profile is not None else 0
     return kv.nbytes + extra
 
 
@@ -109,7 +110,8 @@ class MemoryKVStore:
         u = self.usage()
         tier = TierStats(name="ram", available=True, entries=u.entries, used_bytes=u.used_bytes,
                          budget_bytes=u.budget_bytes, **c)
-        return StoreStats(gets=int(c["hits"] + c["misses"]), hits=int(c["hits"]), misses=int(c["misses"]),
+        return StoreStats(gets=int(c["hits"] + c["misses"]), hits=int(c["hits"]),
+                          misses=int(c["misses"]),
                           tiers=(tier,))
 
     def _pop(self, key: str) -> None:

@@ -24,13 +24,15 @@ class RedisTier:
 
     name = "redis"
 
-    def __init__(self, url: str, prefix: str = "blendrag:kv:", ttl_s: int | None = None, timeout_s: float = 5.0) -> None:
+    def __init__(self, url: str, prefix: str = "blendrag:kv:", ttl_s: int | None = None,
+                 timeout_s: float = 5.0) -> None:
         if redis is None:
             raise ImportError("the Redis tier needs redis-py: pip install 'blendrag[redis]'")
         self.url = url
         self.prefix = prefix
         self.ttl_s = ttl_s
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
+                                            socket_connect_timeout=timeout_s)
         self.errors = (redis.exceptions.RedisError, OSError)
 
     @property

@@ -117,9 +117,11 @@ class TieredKVStore:
         if config.ram_bytes:
             self._add(RamTier(config.ram_bytes))
         if config.disk_dir is not None:
-            self._add(EncodedTier(DiskTier(config.disk_dir, config.disk_bytes, config.disk_timeout_s)))
+            self._add(EncodedTier(DiskTier(config.disk_dir, config.disk_bytes,
+                                           config.disk_timeout_s)))
         if config.redis_url is not None:
-            self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix, config.redis_ttl_s,
+            self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix,
+                                            config.redis_ttl_s,
                                             config.redis_timeout_s)))
 
     def _add(self, tier: Tier) -> None:
@@ -154,7 +156,8 @@ class TieredKVStore:
 
     def contains(self, key: str) -> bool:
         """True when some tier holds ``key``; loads nothing and does not count as a use."""
-        return any(self._call(s, "look up", lambda s=s: s.tier.contains(key), False) for s in self._slots)
+        return any(self._call(s, "look up", lambda s=s: s.tier.contains(key),
+                              False) for s in self._slots)
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys no tier holds, in order: what a precompute job still has to compute."""
@@ -165,11 +168,13 @@ class TieredKVStore:
         tiers = []
         for slot in self._slots:
             usage = self._call(slot, "report usage", slot.tier.usage, TierUsage(None, None, None))
-            tiers.append(TierStats(name=slot.tier.name, available=slot.health.available, entries=usage.entries,
+            tiers.append(TierStats(name=slot.tier.name, available=slot.health.available,
+                                   entries=usage.entries,
                                    used_bytes=usage.used_bytes, budget_bytes=usage.budget_bytes,
                                    **slot.counters.snapshot()))
         g = self._gets.snapshot()
-        return StoreStats(gets=g["hits"] + g["misses"], hits=g["hits"], misses=g["misses"], tiers=tuple(tiers))
+        return StoreStats(gets=g["hits"] + g["misses"], hits=g["hits"], misses=g["misses"],
+                          tiers=tuple(tiers))
 
     # -- bulk and maintenance ----------------------------------------------------------------
 
@@ -209,7 +214,8 @@ class TieredKVStore:
     # -- internals ---------------------------------------------------------------------------
 
     def _read(self, slot: _Slot, key: str) -> Entry | None:
-        """The tier's entry for ``key``, counted; a defective entry is a logged miss and is deleted."""
+        """The tier's entry for ``key``, counted; a defective entry is a logged miss and is
+        deleted."""
         if not slot.health.available:
             return None
         t0 = time.perf_counter()
@@ -233,7 +239,8 @@ class TieredKVStore:
         if stored:
             slot.counters.add(bytes_written=stored)
         elif slot.health.available:
-            log.debug("KV store: entry %s exceeds the %s budget; not stored", entry.key[:16], slot.tier.name)
+            log.debug("KV store: entry %s exceeds the %s budget; not stored", entry.key[:16],
+                      slot.tier.name)
         return bool(stored)
 
     def _call(self, slot: _Slot, action: str, fn, default=None):
@@ -254,7 +261,8 @@ def _on_cpu(kv: ChunkKV) -> ChunkKV:
     if all(t.device.type == "cpu" for t in tensors):
         return kv
     sensitivity = kv.sensitivity.to("cpu") if kv.sensitivity is not None else None
-    return ChunkKV(kv.keys.to("cpu"), kv.values.to("cpu"), kv.token_ids, kv.prefix_hash, sensitivity)
+    return ChunkKV(kv.keys.to("cpu"), kv.values.to("cpu"), kv.token_ids, kv.prefix_hash,
+                   sensitivity)
 
 
 def _size_of(source: bytes | BinaryIO) -> int:

@@ -31,7 +31,8 @@ def test_stats_reports_entries_budget_and_lifetime_counts(tmp_path, capsys):
     _fill(tmp_path / "kv", 3)
     assert _run(["cache", "stats", "--dir", str(tmp_path / "kv"), "--json"]) == 0
     disk = json.loads(capsys.readouterr().out)["disk"]
-    assert (disk["entries"], disk["budget_bytes"], disk["lifetime_hits"], disk["lifetime_misses"]) == (3, 3 << 20, 1, 1)
+    assert (disk["entries"], disk["budget_bytes"], disk["lifetime_hits"],
+            disk["lifetime_misses"]) == (3, 3 << 20, 1, 1)
     assert 0 < disk["used_bytes"] <= 3 << 20
     assert _run(["cache", "stats", "--dir", str(tmp_path / "kv")]) == 0
     assert "entries: 3" in capsys.readouterr().out
@@ -54,11 +55,13 @@ def test_clear_empties_the_disk_tier_and_keeps_the_budget(tmp_path, capsys):
 
 
 def test_redis_stats_and_clear(tmp_path, redis_server, redis_prefix, capsys):
-    cfg = StoreConfig(ram_bytes=0, disk_dir=None, redis_url=redis_server.url, redis_prefix=redis_prefix)
+    cfg = StoreConfig(ram_bytes=0, disk_dir=None, redis_url=redis_server.url,
+                      redis_prefix=redis_prefix)
     with TieredKVStore(cfg) as store:
         store.put("a", make_kv(1))
         store.put("b", make_kv(2))
-    loc = ["--dir", str(tmp_path / "kv"), "--redis-url", redis_server.url, "--redis-prefix", redis_prefix]
+    loc = ["--dir", str(tmp_path / "kv"), "--redis-url", redis_server.url, "--redis-prefix",
+           redis_prefix]
     _run(["cache", "stats", *loc, "--json"])
     assert json.loads(capsys.readouterr().out)["redis"]["entries"] == 2
     _run(["cache", "clear", *loc])

@@ -24,7 +24,8 @@ TEXTS = [p + f"Entry {i}." for i in range(6) for p in PASSAGES]  # 24 distinct c
 
 def _args(model, store_dir, *source: str) -> list[str]:
     return ["precompute", "--model", str(model), "--device", "cpu", "--store-dir", str(store_dir),
-            "--disk-bytes", "8M", "--no-chat", "--prefix", PREFIX, "--no-progress", "--json", *source]
+            "--disk-bytes", "8M", "--no-chat", "--prefix", PREFIX, "--no-progress", "--json",
+            *source]
 
 
 def _summary(capsys) -> dict:
@@ -38,13 +39,17 @@ def test_cli_precomputes_a_jsonl_file_then_skips_it(model_dir, tmp_path, capsys)
                  "--text-index", str(tmp_path / "index"))
     assert main(argv) == 0
     first = _summary(capsys)
-    assert (first["chunks"], first["computed"], first["skipped"]) == (4, 4, 0) and first["tokens_per_s"] > 0
+    assert (first["chunks"], first["computed"], first["skipped"]) == (4, 4, 0) and first[
+        "tokens_per_s"
+    ] > 0
     assert main(argv) == 0
     assert _summary(capsys)["computed"] == 0
 
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
+                                      disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
-    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(ratio=0.3)).stats
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
+                           BlendConfig(ratio=0.3)).stats
     assert (stats.chunk_hits, stats.chunk_misses, stats.prefix_hit) == (4, 0, True)
     store.close()
 
@@ -57,21 +62,24 @@ def test_cli_folder_text_output_and_usage_errors(model_dir, tmp_path, capsys):
     assert "computed 1, already stored 0" in capsys.readouterr().out
     assert main(_args(model_dir("llama"), tmp_path / "kv", "--chroma-dir", str(tmp_path))) == 2
     assert "--collection" in capsys.readouterr().err
-    assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(tmp_path / "absent.jsonl"))) == 2
+    assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl",
+                      str(tmp_path / "absent.jsonl"))) == 2
     assert main([*base, "--threads", "0"]) == 2 and "--threads" in capsys.readouterr().err
 
 
 def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp_path, capsys):
     f = tmp_path / "chunks.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
-    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "3", "--profile")
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "3",
+                 "--profile")
     assert main(argv) == 0
     summary = _summary(capsys)
     assert (summary["computed"], summary["profiled"]) == (4, 4)
     assert main([a for a in argv if a != "--json"]) == 0  # again: nothing new to measure
     assert "computed 0" in capsys.readouterr().out
 
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
+                                      disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = [engine.prompts.encode(t) for t in PASSAGES]
@@ -79,7 +87,8 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
     for i in range(1, len(ids)):  # line 4 opens the second batch: still measured after line 3
         expected = engine.profiled(stored[i], prefix_ids, [ids[i - 1]]).sensitivity
         assert torch.allclose(stored[i].sensitivity, expected, rtol=1e-5, atol=1e-6)
-    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(selector="profile")).stats
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
+                           BlendConfig(selector="profile")).stats
     assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
     store.close()
 
@@ -87,15 +96,18 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
 def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, capsys):
     f = tmp_path / "chunks.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
-    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "2", "--profile", "2")
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "2",
+                 "--profile", "2")
     assert main(argv) == 0
     assert _summary(capsys)["profiled"] == 4
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
+                                      disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     for i in (2, 3):  # the second batch, behind lines 1-2 of the first
-        expected = engine.profiled(store.get(engine.key(prefix_ids, ids[i])), prefix_ids, [ids[i - 1], ids[i - 2]])
+        expected = engine.profiled(store.get(engine.key(prefix_ids, ids[i])), prefix_ids,
+                                   [ids[i - 1], ids[i - 2]])
         got = store.get(engine.key(prefix_ids, ids[i])).sensitivity
         assert torch.allclose(got, expected.sensitivity, rtol=1e-5, atol=1e-6)
     store.close()
@@ -109,7 +121,8 @@ def test_cli_text_summary_says_profiles_were_measured(model_dir, tmp_path, capsy
     (tmp_path / "docs").mkdir()
     for i, text in enumerate(PASSAGES[:2]):
         (tmp_path / "docs" / f"{i}.txt").write_text(text)
-    argv = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"), "--profile")
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"),
+                 "--profile")
     assert main([a for a in argv if a != "--json"]) == 0
     assert "context-sensitivity profiles measured for 2" in capsys.readouterr().out
     plain = _args(model_dir("llama"), tmp_path / "kv2", "--folder", str(tmp_path / "docs"))
@@ -124,7 +137,8 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=kv, disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model, device="cpu", chat=False, store=store)
     source = list(chunks_from_chroma(tmp_path / "chroma", "docs"))
-    argv = _args(model, kv, "--chroma-dir", str(tmp_path / "chroma"), "--collection", "docs", "--batch-size", "1",
+    argv = _args(model, kv, "--chroma-dir", str(tmp_path / "chroma"), "--collection", "docs",
+                 "--batch-size", "1",
                  "--threads", "1")  # tiny model: one thread is fastest
     child = subprocess.Popen([sys.executable, "-m", "blendrag.cli", *argv], env=procs._env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -140,16 +154,25 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
         ids = engine.prompts.encode(text)
         got = store.get(engine.key(prefix_ids, ids))
         ref = engine._chunk_prefill(prefix, prefix_ids, ids)
-        assert got is not None and torch.equal(got.keys, ref.keys) and torch.equal(got.values, ref.values)
+        assert (
+            got is not None
+            and torch.equal(got.keys, ref.keys)
+            and torch.equal(got.values, ref.values)
+        )
     disk = store.stats().tier("disk")
     assert (disk.corrupt, disk.errors, disk.entries) == (0, 0, 1 + len(TEXTS))
     store.close()
 
 
-def _wait_for_first_entry(store: TieredKVStore, proc: subprocess.Popen, timeout: float = 120) -> None:
+def _wait_for_first_entry(store: TieredKVStore, proc: subprocess.Popen,
+                          timeout: float = 120) -> None:
     """Until the child has stored something (its prefix KV): it is computing now."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None and not store.stats().tier("disk").entries:
+    while (
+        time.monotonic() < deadline
+        and proc.poll() is None
+        and not store.stats().tier("disk").entries
+    ):
         time.sleep(0.05)
 
 

@@ -78,4 +78,5 @@ def test_canonical_chunk_prefix_blends_exactly_at_ratio_one(model_dir):
     assert blend.stats.chunk_hits == 4 and blend.stats.chunk_misses == 0
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert (blend.logits - full).abs().max() < 1e-4
-    assert engine.prefill(layout, BlendConfig(mode="prefix")).stats.chunk_misses == 1  # exact prefix only
+    # exact prefix only
+    assert engine.prefill(layout, BlendConfig(mode="prefix")).stats.chunk_misses == 1

@@ -65,7 +65,8 @@ def test_unsupported_architecture_lists_supported():
 
     from blendrag.model.adapters import adapter_for
 
-    with pytest.raises(ValueError, match="supports LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM"):
+    with pytest.raises(ValueError, match="supports LlamaForCausalLM, MistralForCausalLM, "
+                                         "Qwen2ForCausalLM, Qwen3ForCausalLM"):
         adapter_for(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)))
 
 

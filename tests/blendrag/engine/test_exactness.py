@@ -1,4 +1,5 @@
-"""The exactness rules (docs/architecture.md): the exact modes equal a full prefill, on identical ids."""
+"""The exactness rules (docs/architecture.md): the exact modes equal a full prefill, on
+identical ids."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def test_blend_ratio_one_equals_full_and_hf(engine_for, family):
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
     for selector in ("cacheblend", "epic", "query", "random"):
-        blend = engine.prefill(layout, BlendConfig(mode="blend", selector=selector, ratio=1.0)).logits
+        blend = engine.prefill(layout,
+                               BlendConfig(mode="blend", selector=selector, ratio=1.0)).logits
         assert max_diff(blend, full) < TOL, selector
     # and a partial blend really differs (the comparison is not vacuous)
     partial = engine.prefill(layout, BlendConfig(mode="blend", ratio=0.1)).logits
@@ -38,9 +40,12 @@ def test_blend_ratio_one_equals_full_and_hf(engine_for, family):
 def test_blend_ratio_one_with_chat_template(engine_for):
     engine = engine_for("llama", chat=True)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    assert engine.tokenizer.convert_tokens_to_ids("<|end|>") in layout.suffix_ids  # template tail is in the suffix
+    # template tail is in the suffix
+    assert engine.tokenizer.convert_tokens_to_ids("<|end|>") in layout.suffix_ids
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
-    blend = engine.prefill(layout, BlendConfig(ratio=1.0, check_layers=(1, 2), ratio_schedule=(1.0, 1.0))).logits
+    blend = engine.prefill(layout,
+                           BlendConfig(ratio=1.0, check_layers=(1, 2),
+                                       ratio_schedule=(1.0, 1.0))).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
     assert max_diff(blend, full) < TOL
 
@@ -86,14 +91,17 @@ def test_reuse_several_chunks_equals_dynamic_cache_reference(engine_for, family)
     cos, sin = engine.model.model.rotary_emb(keys, torch.arange(layout.num_tokens)[None])
     cache = DynamicCache(config=engine.model.config)
     for layer in range(keys.shape[0]):
-        _, k_rot = apply_rotary_pos_emb(keys[layer][None], keys[layer][None], cos[:, :s], sin[:, :s])
+        _, k_rot = apply_rotary_pos_emb(
+            keys[layer][None], keys[layer][None], cos[:, :s], sin[:, :s]
+        )
         cache.update(k_rot, values[layer][None], layer)
     suffix = torch.tensor([layout.suffix_ids])
     with torch.no_grad():
         ref = engine.model(suffix, past_key_values=cache,
                            position_ids=torch.arange(s, layout.num_tokens)[None]).logits[0, -1]
     assert max_diff(reuse, ref) < TOL
-    assert max_diff(reuse, engine.prefill(layout, BlendConfig(mode="full")).logits) > 1e-3  # cross-chunk loss is real
+    # cross-chunk loss is real
+    assert max_diff(reuse, engine.prefill(layout, BlendConfig(mode="full")).logits) > 1e-3
 
 
 def test_static_selector_at_ratio_zero_equals_reuse(engine_for):
@@ -131,7 +139,9 @@ def test_tied_embeddings_and_rope_scaling_equal_full(engine_for):
     rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
     engine = engine_for("llama", tie=True, rope=rope)
-    assert engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+    assert (
+        engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
+    )
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL

@@ -13,7 +13,8 @@ FULL = BlendConfig(mode="full")
 def test_greedy_after_full_equals_hf_generate(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    gen = GenerationConfig(max_new_tokens=24, eos_token_ids=())  # never stop early: compare 24 tokens
+    # never stop early: compare 24 tokens
+    gen = GenerationConfig(max_new_tokens=24, eos_token_ids=())
     ours = engine.generate(layout, FULL, gen)
     with torch.no_grad():
         ref = engine.model.generate(torch.tensor([layout.ids]), max_new_tokens=24, do_sample=False,
@@ -27,7 +28,8 @@ def test_greedy_with_sliding_window_and_qk_norm_equals_hf_generate(engine_for):
         layout = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX)
         ours = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=12, eos_token_ids=()))
         with torch.no_grad():
-            ref = engine.model.generate(torch.tensor([layout.ids]), max_new_tokens=12, do_sample=False,
+            ref = engine.model.generate(torch.tensor([layout.ids]), max_new_tokens=12,
+                                        do_sample=False,
                                         eos_token_id=None, pad_token_id=0)
         assert ours.token_ids == ref[0, layout.num_tokens:].tolist()
 
@@ -49,12 +51,15 @@ def test_sampling_is_seeded_and_respects_top_k(engine_for):
     gen = GenerationConfig(max_new_tokens=16, temperature=1.5, top_p=0.9, seed=7, eos_token_ids=())
     a = engine.generate(layout, FULL, gen).token_ids
     b = engine.generate(layout, FULL, gen).token_ids
-    c = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=16, temperature=1.5, top_p=0.9, seed=8,
+    c = engine.generate(layout, FULL,
+                        GenerationConfig(max_new_tokens=16, temperature=1.5, top_p=0.9, seed=8,
                                                        eos_token_ids=())).token_ids
     assert a == b and a != c
     # top_k=1 sampling is greedy whatever the temperature
-    greedy = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=8, eos_token_ids=())).token_ids
-    k1 = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=8, temperature=2.0, top_k=1, seed=3,
+    greedy = engine.generate(layout, FULL,
+                             GenerationConfig(max_new_tokens=8, eos_token_ids=())).token_ids
+    k1 = engine.generate(layout, FULL,
+                         GenerationConfig(max_new_tokens=8, temperature=2.0, top_k=1, seed=3,
                                                         eos_token_ids=())).token_ids
     assert k1 == greedy
 
@@ -74,15 +79,18 @@ def test_stop_string_truncates_and_is_never_streamed(engine_for):
 def test_eos_ends_generation(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    ids = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=10, eos_token_ids=())).token_ids
-    res = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=10, eos_token_ids=(ids[3],)))
+    ids = engine.generate(layout, FULL,
+                          GenerationConfig(max_new_tokens=10, eos_token_ids=())).token_ids
+    res = engine.generate(layout, FULL,
+                          GenerationConfig(max_new_tokens=10, eos_token_ids=(ids[3],)))
     assert res.finish_reason == "eos" and res.token_ids == ids[: ids.index(ids[3])]
 
 
 def test_stats_report_reuse_and_recompute(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    res = engine.generate(layout, BlendConfig(ratio=0.25), GenerationConfig(max_new_tokens=6, eos_token_ids=()))
+    res = engine.generate(layout, BlendConfig(ratio=0.25),
+                          GenerationConfig(max_new_tokens=6, eos_token_ids=()))
     s = res.stats
     layers = engine.adapter.num_layers
     assert s.chunks == 4 and s.chunk_hits + s.chunk_misses == 4

@@ -54,7 +54,8 @@ def test_profile_depth_reads_bools_and_counts_and_refuses_the_rest():
 
 def test_sensitivity_must_have_one_value_per_token():
     with pytest.raises(ValueError, match="sensitivity"):
-        ChunkKV(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), (1, 2, 3), sensitivity=torch.zeros(4))
+        ChunkKV(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), (1, 2, 3),
+                sensitivity=torch.zeros(4))
 
 
 def _ingest(engine, layout, profile=True):
@@ -71,7 +72,8 @@ def test_precompute_stores_the_deviation_after_the_previous_chunk(engine_for):
         stored = engine.store.get(engine.key(anchor, ids[i]))
         alone = engine._chunk_prefill(None, anchor, ids[i])
         after = engine._chunk_prefill(None, anchor + list(ids[i - 1]), ids[i])
-        assert torch.allclose(stored.keys, alone.keys, atol=1e-5)  # the served KV is the stand-alone one
+        # the served KV is the stand-alone one
+        assert torch.allclose(stored.keys, alone.keys, atol=1e-5)
         assert torch.allclose(stored.sensitivity, key_deviation(alone, after), rtol=1e-3, atol=1e-4)
         assert stored.sensitivity.max() > 0
 
@@ -80,9 +82,11 @@ def test_profile_selector_takes_the_top_tokens_across_chunks_but_not_the_exact_f
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     _ingest(engine, layout)
-    profiles = [engine.store.get(engine.key(layout.chunk_prefix_ids, ids)).sensitivity for ids in layout.chunk_ids]
+    profiles = [engine.store.get(engine.key(layout.chunk_prefix_ids,
+                                            ids)).sensitivity for ids in layout.chunk_ids]
     cfg = BlendConfig(selector="profile", ratio=0.3)
-    sel = make_selector(cfg, layout, engine.adapter.num_layers, engine.device, engine.adapter.scaling, profiles)
+    sel = make_selector(cfg, layout, engine.adapter.num_layers, engine.device,
+                        engine.adapter.scaling, profiles)
     picked = sel.initial()
     first_end = layout.chunk_spans[0][1]
     scores = torch.cat(profiles)
@@ -100,7 +104,8 @@ def test_profile_selector_needs_a_profile_per_chunk(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     with pytest.raises(ValueError, match="profile"):
-        make_selector(BlendConfig(selector="profile"), layout, engine.adapter.num_layers, engine.device,
+        make_selector(BlendConfig(selector="profile"), layout, engine.adapter.num_layers,
+                      engine.device,
                       engine.adapter.scaling, [None] * len(layout.chunk_ids))
 
 
@@ -119,7 +124,9 @@ def test_chunks_stored_without_a_profile_get_one_on_first_use(engine_for):
     _ingest(engine, layout, profile=False)
     cfg = BlendConfig(selector="profile", ratio=0.2)
     first = engine.prefill(layout, cfg)
-    assert first.stats.profiles_computed == len(PASSAGES) and first.stats.chunk_hits == len(PASSAGES)
+    assert first.stats.profiles_computed == len(PASSAGES) and first.stats.chunk_hits == len(
+        PASSAGES
+    )
     second = engine.prefill(layout, cfg)
     assert second.stats.profiles_computed == 0
     assert torch.equal(first.logits, second.logits)
@@ -167,7 +174,9 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     for i in range(len(ids)):
         alone = engine._chunk_prefill(None, anchor, ids[i])
-        devs = [key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[(i - j) % len(ids)]), ids[i]))
+        devs = [key_deviation(alone,
+                              engine._chunk_prefill(None, anchor + list(ids[(i - j) % len(ids)]),
+                                                    ids[i]))
                 for j in (1, 2)]
         expected = torch.maximum(devs[0], devs[1])
         got = engine.store.get(engine.key(anchor, ids[i])).sensitivity
@@ -179,7 +188,8 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
     true = engine_for("llama")
     true.precompute(anchor, ids, profile=True)
     for c in ids:
-        assert torch.equal(one.store.get(one.key(anchor, c)).sensitivity, true.store.get(true.key(anchor, c)).sensitivity)
+        assert torch.equal(one.store.get(one.key(anchor, c)).sensitivity,
+                           true.store.get(true.key(anchor, c)).sensitivity)
 
 
 def test_profiled_refuses_no_probe_and_empty_probes(engine_for):

@@ -20,7 +20,8 @@ def _tiers(stats) -> dict[str, tuple[int, int]]:
 
 def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_path):
     config = StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=4 << 20)
-    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=TieredKVStore(config))
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         store=TieredKVStore(config))
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     n = len(PASSAGES)
     cold = engine.prefill(layout, BlendConfig(ratio=0.3)).stats.store
@@ -37,13 +38,18 @@ def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_p
     assert _tiers(reloaded) == {"ram": (0, 1 + n), "disk": (1 + n, 0)}
     disk = reloaded.store["tiers"][1]
     assert disk["bytes_read"] > 0 and disk["load_seconds"] > 0 and disk["entries"] == 1 + n
-    assert _tiers(engine.prefill(layout, BlendConfig(ratio=0.3)).stats) == {"ram": (1 + n, 0), "disk": (0, 0)}
+    assert _tiers(engine.prefill(layout, BlendConfig(ratio=0.3)).stats) == {
+        "ram": (1 + n, 0),
+        "disk": (0, 0),
+    }
 
 
 def test_precomputed_chunks_are_served_from_disk_first(model_dir, make_store):
-    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=make_store())
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         store=make_store())
     precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
-    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(ratio=0.3)).stats
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
+                           BlendConfig(ratio=0.3)).stats
     assert (stats.chunk_hits, stats.chunk_misses, stats.prefix_hit) == (len(PASSAGES), 0, True)
     assert _tiers(stats) == {"ram": (1, len(PASSAGES)), "disk": (len(PASSAGES), 0)}
 

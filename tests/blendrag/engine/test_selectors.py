@@ -13,7 +13,8 @@ from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
 def selector(engine, layout, **kw):
-    return make_selector(BlendConfig(**kw), layout, engine.adapter.num_layers, engine.device, engine.adapter.scaling)
+    return make_selector(BlendConfig(**kw), layout, engine.adapter.num_layers, engine.device,
+                         engine.adapter.scaling)
 
 
 def test_epic_picks_the_first_tokens_of_every_chunk(engine_for):
@@ -62,7 +63,8 @@ def test_gradual_filtering_follows_the_schedule(engine_for):
     s = engine.prefill(layout, cfg).stats
     c = s.chunk_tokens
     budgets = [math.ceil(r * c) for r in cfg.ratio_schedule]
-    assert s.recomputed_chunk_tokens_per_layer == [c, budgets[0], budgets[1], budgets[2], budgets[2]]
+    assert s.recomputed_chunk_tokens_per_layer == [c, budgets[0], budgets[1], budgets[2],
+                                                   budgets[2]]
 
 
 def test_query_selector_prefers_tokens_the_question_attends(engine_for):

@@ -21,7 +21,8 @@ from blendrag.eval.metrics import (
 
 
 @pytest.mark.parametrize("text, expected", [
-    # lower -> drop punctuation (the hyphen too, joining the words) -> drop articles -> collapse spaces
+    # lower -> drop punctuation (the hyphen too, joining the words) -> drop articles
+    # -> collapse spaces
     ("The  Quick, Brown-Fox!", "quick brownfox"),
     ("An apple a day", "apple day"),
     ("theater another anthem", "theater another anthem"),  # articles only as whole words
@@ -45,7 +46,8 @@ def test_qa_f1_max_over_golds() -> None:
 
 
 def test_qa_f1_counts_repeated_tokens_once_per_gold_occurrence() -> None:
-    # pred [cat, cat, cat], gold [cat]: common = min(3, 1) = 1, P = 1/3, R = 1, F1 = (2/3) / (4/3) = 0.5
+    # pred [cat, cat, cat], gold [cat]: common = min(3, 1) = 1, P = 1/3, R = 1,
+    # F1 = (2/3) / (4/3) = 0.5
     assert token_f1("the the cat cat cat", "cat") == pytest.approx(0.5)
 
 
@@ -93,7 +95,8 @@ def test_first_token_kl_hand_computed() -> None:
 def test_first_token_kl_with_masked_tokens() -> None:
     inf = float("inf")
     # p = [1, 0], q = [0.5, 0.5]: KL = 1 * ln(1 / 0.5) = ln 2; the zero-mass token adds nothing
-    assert first_token_kl(torch.tensor([0.0, -inf]), torch.tensor([0.0, 0.0])) == pytest.approx(math.log(2))
+    assert first_token_kl(torch.tensor([0.0, -inf]),
+                          torch.tensor([0.0, 0.0])) == pytest.approx(math.log(2))
     assert first_token_kl(torch.tensor([0.0, 0.0]), torch.tensor([0.0, -inf])) == inf
     with pytest.raises(ValueError):
         first_token_kl(torch.zeros(3), torch.zeros(4))

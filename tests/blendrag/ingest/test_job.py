@@ -1,4 +1,5 @@
-"""The precompute job: computes each missing chunk once, exactly, outside the RAM tier; resumable."""
+"""The ingestion job: computes each missing chunk once, exactly, outside the RAM tier;
+resumable."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.fixture
 def engine(model_dir, make_store) -> BlendEngine:
-    return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=make_store())
+    return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                       store=make_store())
 
 
 def _key(engine: BlendEngine, text: str) -> str:
@@ -47,7 +49,8 @@ def test_bulk_entries_skip_the_ram_tier(engine):
 
 
 def test_a_ram_only_store_still_gets_the_entries(model_dir):
-    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=MemoryKVStore())
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         store=MemoryKVStore())
     assert precompute(engine, PASSAGES, prefix=PREFIX, progress=False).computed == 4
     assert len(engine.store) == 5
 
@@ -55,7 +58,8 @@ def test_a_ram_only_store_still_gets_the_entries(model_dir):
 def test_resumes_where_it_stopped_and_repeats_are_computed_once(engine):
     first = precompute(engine, PASSAGES[:2], prefix=PREFIX, progress=False, batch_size=1)
     assert (first.computed, first.skipped) == (2, 0)
-    again = precompute(engine, [*PASSAGES, PASSAGES[3]], prefix=PREFIX, progress=False, batch_size=3)
+    again = precompute(engine, [*PASSAGES, PASSAGES[3]], prefix=PREFIX, progress=False,
+                       batch_size=3)
     assert (again.chunks, again.computed, again.skipped) == (5, 2, 3)
     last = precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
     assert (last.computed, last.skipped, last.tokens) == (0, 4, 0)
@@ -64,7 +68,8 @@ def test_resumes_where_it_stopped_and_repeats_are_computed_once(engine):
 def test_from_chroma_records_texts_in_the_index(engine, tmp_path):
     make_chroma(tmp_path / "chroma", DOCS)
     index = ChunkTextIndex(tmp_path / "index")
-    summary = precompute(engine, chunks_from_chroma(tmp_path / "chroma", "docs", page_size=2), prefix=PREFIX,
+    summary = precompute(engine, chunks_from_chroma(tmp_path / "chroma", "docs", page_size=2),
+                         prefix=PREFIX,
                          progress=False, text_index=index)
     assert summary.computed == len(DOCS)
     assert all(engine.store.contains(_key(engine, d)) for d in DOCS)
@@ -86,7 +91,8 @@ def _stored(engine: BlendEngine, text: str):
 
 
 def _profile_after(engine: BlendEngine, text: str, *neighbours: str) -> torch.Tensor:
-    """What the engine measures for ``text`` computed after each of ``neighbours`` (the reference)."""
+    """What the engine measures for ``text`` computed after each of ``neighbours`` (the
+    reference)."""
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     probes = [engine.prompts.encode(n) for n in neighbours]
     return engine.profiled(_stored(engine, text), prefix_ids, probes).sensitivity
@@ -94,29 +100,46 @@ def _profile_after(engine: BlendEngine, text: str, *neighbours: str) -> torch.Te
 
 def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
     p0, p1, p2, p3 = PASSAGES
-    # batches [p0, p1] | ["", p2] | [p3]: p2 and p3 open a batch; their neighbours sit in the one before
-    summary = precompute(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False, batch_size=2, profile=True)
-    assert (summary.chunks, summary.computed, summary.skipped, summary.empty, summary.profiled) == (5, 4, 0, 1, 4)
-    assert summary.to_dict()["profiled"] == 4 and "context-sensitivity profiles measured for 4" in summary.format()
-    neighbours = {p0: p1, p1: p0, p2: p1, p3: p2}  # p0 has no predecessor: the last of its batch (cyclic)
+    # batches [p0, p1] | ["", p2] | [p3]: p2 and p3 open a batch; their neighbours sit in the
+    # one before
+    summary = precompute(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False, batch_size=2,
+                         profile=True)
+    assert (summary.chunks, summary.computed, summary.skipped, summary.empty,
+            summary.profiled) == (5, 4, 0, 1, 4)
+    assert (
+        summary.to_dict()["profiled"] == 4
+        and "context-sensitivity profiles measured for 4" in summary.format()
+    )
+    # p0 has no predecessor: the last of its batch (cyclic)
+    neighbours = {p0: p1, p1: p0, p2: p1, p3: p2}
     for text, before in neighbours.items():
         got = _stored(engine, text).sensitivity
-        assert got is not None and got.dtype == torch.float32 and got.shape == (len(engine.prompts.encode(text)),)
+        assert (
+            got is not None
+            and got.dtype == torch.float32
+            and got.shape == (len(engine.prompts.encode(text)),)
+        )
         assert torch.equal(got, _profile_after(engine, text, before)), text
         assert got.max() > 0
     # the served rows are the stand-alone ones, profile or not
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ref = engine._chunk_prefill(engine.prefix_kv(prefix_ids), prefix_ids, engine.prompts.encode(p2))
-    assert torch.equal(_stored(engine, p2).keys, ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
+    assert torch.equal(_stored(engine, p2).keys,
+                       ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
     # queries with the profile selector find every profile in the store
-    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(selector="profile")).stats
+    stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
+                           BlendConfig(selector="profile")).stats
     assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
 
 
-def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(engine, model_dir, make_store):
+def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(
+    engine, model_dir, make_store
+):
     precompute(engine, PASSAGES, prefix=PREFIX, progress=False, batch_size=1, profile=True)
-    whole = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=make_store(disk_dir=None))
-    whole.precompute(whole.prompts.chunk_prefix_ids(PREFIX), [whole.prompts.encode(t) for t in PASSAGES], profile=True)
+    whole = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                        store=make_store(disk_dir=None))
+    whole.precompute(whole.prompts.chunk_prefix_ids(PREFIX),
+                     [whole.prompts.encode(t) for t in PASSAGES], profile=True)
     for text in PASSAGES[1:]:
         assert torch.equal(_stored(engine, text).sensitivity, _stored(whole, text).sensitivity)
     # a first batch of one chunk has no neighbour: no profile (the engine measures it on first use)
@@ -125,8 +148,10 @@ def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(engine, m
 
 def test_k_neighbours_follow_source_order_across_batches(engine):
     p0, p1, p2, p3 = PASSAGES
-    # batches [p0] | [p1] | [p2] | [p3] with profile=2: each batch opens behind the last two chunks so far
-    summary = precompute(engine, [p0, p1, p2, p3], prefix=PREFIX, progress=False, batch_size=1, profile=2)
+    # batches [p0] | [p1] | [p2] | [p3] with profile=2: each batch opens behind the last two
+    # chunks so far
+    summary = precompute(engine, [p0, p1, p2, p3], prefix=PREFIX, progress=False, batch_size=1,
+                         profile=2)
     assert (summary.computed, summary.profiled) == (4, 3)
     assert _stored(engine, p0).sensitivity is None  # a first batch of one: no neighbour yet
     assert torch.equal(_stored(engine, p1).sensitivity, _profile_after(engine, p1, p0))
@@ -145,7 +170,8 @@ def test_a_resumed_or_repeating_job_measures_after_the_source_predecessor(engine
     precompute(engine, [p0, p1], prefix=PREFIX, progress=False, profile=True)
     new = "A brand new passage about the history of Oslo and Paris."
     # p0, p1 are skipped, p0 repeats: the neighbours are still the texts just before in the source
-    summary = precompute(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2, profile=True)
+    summary = precompute(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2,
+                         profile=True)
     assert (summary.chunks, summary.computed, summary.skipped, summary.profiled) == (5, 2, 3, 2)
     assert torch.equal(_stored(engine, p2).sensitivity, _profile_after(engine, p2, p0))
     assert torch.equal(_stored(engine, new).sensitivity, _profile_after(engine, new, p2))

@@ -42,11 +42,17 @@ def test_folder_one_chunk_per_matching_file_sorted(tmp_path):
 
 def test_jsonl_field_blank_lines_and_bad_lines(tmp_path):
     f = tmp_path / "chunks.jsonl"
-    f.write_text(json.dumps({"text": "one", "id": 1}) + "\n\n" + json.dumps({"body": "two", "text": "x"}) + "\n")
+    f.write_text(
+        json.dumps({"text": "one", "id": 1})
+        + "\n\n"
+        + json.dumps({"body": "two", "text": "x"})
+        + "\n"
+    )
     assert (len(chunks_from_jsonl(f)), list(chunks_from_jsonl(f))) == (2, ["one", "x"])
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"text": 3}) + "\n")
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: expected an object with a string field 'text'"):
+    with pytest.raises(ValueError,
+                       match=r"bad.jsonl:2: expected an object with a string field 'text'"):
         list(chunks_from_jsonl(bad))
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: not JSON"):

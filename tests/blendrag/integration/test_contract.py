@@ -40,7 +40,8 @@ class PromptCollector(BaseCallbackHandler):
 
 @pytest.fixture(params=[False, True], ids=["plain", "chat"])
 def engine(request, model_dir) -> BlendEngine:
-    return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=request.param, chunk_prefix="")
+    return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=request.param,
+                                       chunk_prefix="")
 
 
 def _langchain(engine: BlendEngine, index: ChunkTextIndex) -> tuple[str, object, str]:
@@ -49,15 +50,17 @@ def _langchain(engine: BlendEngine, index: ChunkTextIndex) -> tuple[str, object,
     retriever = RunnableLambda(lambda _: [Document(page_content=c) for c in CHUNKS])
     prompt = LCPromptTemplate.from_template(PREFIX + "{context}\nQuestion: {input}\nAnswer:")
     collector = PromptCollector()
-    out = lc.create_blend_retrieval_chain(retriever, llm, prompt).invoke({"input": QUESTION},
-                                                                          config={"callbacks": [collector]})
+    out = lc.create_blend_retrieval_chain(retriever, llm, prompt).invoke(
+        {"input": QUESTION}, config={"callbacks": [collector]}
+    )
     return collector.prompts[-1], llm.last_prompt.layout, out["answer"]
 
 
 def _llamaindex(engine: BlendEngine, index: ChunkTextIndex) -> tuple[str, object, str]:
     """(rendered prompt, layout, answer) of LlamaIndex's BlendSynthesizer."""
     debug = LlamaDebugHandler()
-    llm = li.BlendLLM(engine, text_index=index, max_tokens=4, callback_manager=CallbackManager([debug]))
+    llm = li.BlendLLM(engine, text_index=index, max_tokens=4,
+                      callback_manager=CallbackManager([debug]))
     template = LIPromptTemplate(PREFIX + "{context_str}\nQuestion: {query_str}\nAnswer:")
     answer = li.BlendSynthesizer(llm=llm, text_qa_template=template).get_response(QUESTION, CHUNKS)
     start = debug.get_event_pairs(CBEventType.LLM)[-1][0]
@@ -69,8 +72,13 @@ def test_same_chunks_give_the_same_prompt_layout_and_answer(engine):
     li_text, li_layout, li_answer = _llamaindex(engine, ChunkTextIndex())
     assert lc_text == li_text == PREFIX + "\n\n".join(CHUNKS) + f"\nQuestion: {QUESTION}\nAnswer:"
     assert lc_layout == li_layout
-    assert [engine.tokenizer.decode(c) for c in lc_layout.chunk_ids] == [CHUNKS[0], "\n\n", CHUNKS[1], "\n\n",
-                                                                          CHUNKS[2]]
+    assert [engine.tokenizer.decode(c) for c in lc_layout.chunk_ids] == [
+        CHUNKS[0],
+        "\n\n",
+        CHUNKS[1],
+        "\n\n",
+        CHUNKS[2],
+    ]
     assert lc_answer == li_answer
 
 
@@ -84,21 +92,28 @@ def test_flat_prompts_find_the_same_ingested_chunks(engine):
     li_answer = li_llm.complete(prompt).text
     assert lc_llm.last_prompt.source == li_llm.last_prompt.source == "index"
     assert lc_llm.last_prompt.layout == li_llm.last_prompt.layout and lc_answer == li_answer
-    assert lc_llm.last_stats.chunk_hits == li_llm.last_stats.chunk_hits == 2 * len(CHUNKS) - 1  # separators too
+    # separators too
+    assert lc_llm.last_stats.chunk_hits == li_llm.last_stats.chunk_hits == 2 * len(CHUNKS) - 1
 
 
 def test_one_config_shape_one_chunk_format_one_embedder(model_dir):
-    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, chunk_prefix="")
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         chunk_prefix="")
     lc_llm, li_llm = lc.BlendLLM(engine=engine), li.BlendLLM(engine)
     for cls in (lc.BlendLLM, lc.ChatBlend, li.BlendLLM):
         assert set(BlendFields.model_fields) <= set(cls.model_fields)
     assert lc_llm.settings() == li_llm.settings()
-    assert lc_llm.blend_config() == li_llm.blend_config and lc_llm.generation_config() == li_llm.generation_config
+    assert (
+        lc_llm.blend_config() == li_llm.blend_config
+        and lc_llm.generation_config() == li_llm.generation_config
+    )
     text = "A passage {with braces}."
     assert lc._prompt.format_documents([Document(page_content=text)], lc_llm.document_prompt) == [
         li_llm.format_chunk(text)]
-    assert inspect.signature(lc.create_blend_retrieval_chain).parameters["document_separator"].default == \
-        li_llm.chunk_separator
+    assert (
+        inspect.signature(lc.create_blend_retrieval_chain).parameters["document_separator"].default
+        == li_llm.chunk_separator
+    )
     lc_embed, li_embed = lc.SentenceTransformerEmbeddings, li.SentenceTransformerEmbeddings
     assert lc_embed.__name__ == li_embed.__name__ and li.SentenceTransformerEmbedding is li_embed
     assert inspect.signature(lc_embed).parameters["normalize"].default is \

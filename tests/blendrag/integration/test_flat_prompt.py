@@ -24,7 +24,8 @@ def test_gaps_become_chunks_and_a_trailing_chunk_becomes_the_suffix(engine_for):
     index = ChunkTextIndex()
     index.add_many(PASSAGES[:2])
     flat = flat_layout(engine.prompts, PREFIX + PASSAGES[0] + "\n---\n" + PASSAGES[1], index)
-    assert flat.chunks == 2 and flat.matched == 1  # counts of the layout: the last text is the suffix
+    # counts of the layout: the last text is the suffix
+    assert flat.chunks == 2 and flat.matched == 1
     enc = engine.prompts.encode
     assert flat.layout.chunk_ids == (tuple(enc(PASSAGES[0])), tuple(enc("\n---\n")))
     assert flat.layout.suffix_ids == tuple(enc(PASSAGES[1]))

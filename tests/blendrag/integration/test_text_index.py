@@ -9,7 +9,8 @@ from blendrag.integration.text_index import ChunkTextIndex
 DOCS = [
     "Lionel Messi was born in Rosario, Argentina, in 1987.",
     "Cristiano Ronaldo was born in Funchal, Madeira, in 1985.",
-    "Cristiano Ronaldo was born in Funchal, Madeira, in 1985. He plays for Al Nassr.",  # same anchor, longer
+    # same anchor, longer
+    "Cristiano Ronaldo was born in Funchal, Madeira, in 1985. He plays for Al Nassr.",
 ]
 
 

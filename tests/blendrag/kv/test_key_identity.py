@@ -1,4 +1,5 @@
-"""Chunk keys: they change with whatever changes the KV rows, and nothing else (across processes too)."""
+"""Chunk keys: they change with whatever changes the KV rows, and nothing else (across
+processes too)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ PREFIX, CHUNK = [1, 5, 9], [17, 3, 3, 40]
 def _config(**kw):
     from transformers import LlamaConfig
 
-    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4,
                 num_key_value_heads=2, max_position_embeddings=128)
     return LlamaConfig(**{**base, **kw})
 
@@ -64,7 +66,9 @@ def test_weights_change_the_key(base):
 def test_dtype_changes_the_key(base):
     m, t = base
     assert model_fingerprint(_model(0).to(torch.bfloat16)) != m
-    assert model_fingerprint(_model(0).to(torch.float16)) != model_fingerprint(_model(0).to(torch.bfloat16))
+    assert model_fingerprint(_model(0).to(torch.float16)) != model_fingerprint(
+        _model(0).to(torch.bfloat16)
+    )
 
 
 def test_architecture_config_changes_the_key(base):
@@ -101,4 +105,5 @@ def test_keys_are_equal_across_processes(tmp_path, base):
     as_bf16 = AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.bfloat16)
     assert model_fingerprint(as_bf16) == model_fingerprint(_model(0).to(torch.bfloat16)) != m
     child = procs.run("fingerprint", {"model_dir": str(tmp_path), "prefix": PREFIX, "chunk": CHUNK})
-    assert child == {"model": m, "tokenizer": tokenizer_fingerprint(_tokenizer()), "key": _key(m, t)}
+    assert child == {"model": m, "tokenizer": tokenizer_fingerprint(_tokenizer()),
+                     "key": _key(m, t)}

@@ -46,7 +46,8 @@ def test_chain_reuses_ingested_kvs(blend_store, llm, prompt):
     assert set(result) == {"input", "context", "answer"}
     assert result["input"] == QUESTION
     assert len(result["context"]) == K and all(isinstance(d, Document) for d in result["context"])
-    assert result["context"][0].page_content == PASSAGES[0]  # the real embedder retrieves Messi first
+    # the real embedder retrieves Messi first
+    assert result["context"][0].page_content == PASSAGES[0]
     assert isinstance(result["answer"], str) and result["answer"]
     stats = llm.last_stats
     assert llm.last_prompt.source == "documents" and llm.last_prompt.matched == K
@@ -55,11 +56,15 @@ def test_chain_reuses_ingested_kvs(blend_store, llm, prompt):
     assert stats.chunk_hits == 2 * K - 1 and stats.chunk_misses == 0
     assert stats.mode == "blend" and stats.ratio == 0.3
     budget = math.ceil(0.3 * stats.chunk_tokens)
-    assert stats.recomputed_chunk_tokens_per_layer[0] == stats.chunk_tokens  # before the check layer
-    assert stats.recomputed_chunk_tokens_per_layer[1:] == [budget] * (len(stats.recomputed_chunk_tokens_per_layer) - 1)
+    # before the check layer
+    assert stats.recomputed_chunk_tokens_per_layer[0] == stats.chunk_tokens
+    assert stats.recomputed_chunk_tokens_per_layer[1:] == [budget] * (
+        len(stats.recomputed_chunk_tokens_per_layer) - 1
+    )
 
 
-def test_chunk_hits_equal_retrieved_documents_without_separator(engine, embedder, chroma_client, collection_name,
+def test_chunk_hits_equal_retrieved_documents_without_separator(engine, embedder, chroma_client,
+                                                                collection_name,
                                                                 documents):
     """Documents formatted with their own trailing separator: the chunks are the documents."""
     from blendrag.langchain import BlendChroma, BlendLLM
@@ -68,7 +73,8 @@ def test_chunk_hits_equal_retrieved_documents_without_separator(engine, embedder
     store = BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
                                        collection_name=collection_name, llm=llm, separators=())
     chain = _stock_chain(store, llm, PromptTemplate.from_template(TEMPLATE),
-                         document_prompt=PromptTemplate.from_template("{page_content}\n"), document_separator="")
+                         document_prompt=PromptTemplate.from_template("{page_content}\n"),
+                         document_separator="")
     result = chain.invoke({"input": QUESTION})
     stats = llm.last_stats
     assert stats.chunks == len(result["context"]) == K
@@ -92,7 +98,8 @@ def test_stock_chain_blends_and_matches_documents_path(blend_store, llm, prompt)
 def test_ratio_one_equals_full_prefill(blend_store, engine, prompt):
     from blendrag.langchain import BlendLLM
 
-    blend_all = BlendLLM(engine=engine, ratio=1.0, max_tokens=8, text_index=blend_store.llm.text_index)
+    blend_all = BlendLLM(engine=engine, ratio=1.0, max_tokens=8,
+                         text_index=blend_store.llm.text_index)
     full = BlendLLM(engine=engine, mode="full", max_tokens=8, text_index=blend_store.llm.text_index)
     for make in (_blend_chain, _stock_chain):
         answer = make(blend_store, blend_all, prompt).invoke({"input": QUESTION})["answer"]
@@ -107,7 +114,8 @@ def test_stream_equals_invoke_and_callbacks_get_every_token(blend_store, llm, pr
     chain = make(blend_store, llm, prompt)
     answer = chain.invoke({"input": QUESTION})["answer"]
     handler = TokenCollector()
-    parts = [c["answer"] for c in chain.stream({"input": QUESTION}, config={"callbacks": [handler]}) if "answer" in c]
+    parts = [c["answer"] for c in chain.stream({"input": QUESTION},
+                                               config={"callbacks": [handler]}) if "answer" in c]
     assert "".join(parts) == answer
     assert len([p for p in parts if p]) > 1  # really streamed, token by token
     assert "".join(handler.tokens) == answer
@@ -126,7 +134,8 @@ def test_async_chain_equals_sync(blend_store, llm, prompt):
     assert asyncio.run(run()) == (answer, answer)
 
 
-def test_documents_never_ingested_are_computed_then_reused(llm, embedder, chroma_client, collection_name,
+def test_documents_never_ingested_are_computed_then_reused(llm, embedder, chroma_client,
+                                                           collection_name,
                                                            documents, prompt):
     """A plain Chroma (no ingestion hook): the first query computes and stores the chunk KVs,
     the second reuses them; afterwards the stock chain finds the chunks too."""
@@ -161,7 +170,8 @@ def test_chat_model_chains(blend_store, engine, llm):
     from blendrag.langchain import ChatBlend
 
     chat = ChatBlend(engine=engine, ratio=0.3, max_tokens=8, text_index=llm.text_index)
-    prompt = ChatPromptTemplate.from_messages([("system", "Answer from these passages:\n\n{context}"),
+    prompt = ChatPromptTemplate.from_messages([("system",
+                                                "Answer from these passages:\n\n{context}"),
                                                ("human", "{input}")])
     blend = _blend_chain(blend_store, chat, prompt).invoke({"input": QUESTION})
     blend_prompt = chat.last_prompt

@@ -27,7 +27,8 @@ def test_from_documents_stores_one_kv_per_document(blend_store, engine, llm, doc
     assert len(llm.text_index) == len(PASSAGES)
     assert _stored(engine, "\n\n")  # the stuff chain's separator sits between chunks
     # Chroma still works as a vector store: the nearest passage of a question about Messi.
-    assert blend_store.similarity_search("Where was Messi born?", k=1)[0].page_content == PASSAGES[0]
+    assert blend_store.similarity_search("Where was Messi born?",
+                                         k=1)[0].page_content == PASSAGES[0]
 
 
 def test_existing_kvs_are_not_recomputed(blend_store, documents):
@@ -41,10 +42,12 @@ def test_existing_kvs_are_not_recomputed(blend_store, documents):
 def test_every_ingestion_path_precomputes(llm, engine, embedder, chroma_client, collection_name):
     from blendrag.langchain import BlendChroma
 
-    store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client, llm=llm)
+    store = BlendChroma(collection_name=collection_name, embedding_function=embedder,
+                        client=chroma_client, llm=llm)
     store.add_texts([PASSAGES[0]])
     store.add_documents([Document(page_content=PASSAGES[1])])
-    store.update_documents(store.add_texts([PASSAGES[2]]), [Document(page_content=PASSAGES[3], metadata={"v": 2})])
+    store.update_documents(store.add_texts([PASSAGES[2]]),
+                           [Document(page_content=PASSAGES[3], metadata={"v": 2})])
     assert all(_stored(engine, p) for p in PASSAGES[:4])
     assert store.ingest_counts.computed == 4
 
@@ -52,12 +55,14 @@ def test_every_ingestion_path_precomputes(llm, engine, embedder, chroma_client, 
 def test_async_add_documents_precomputes(llm, engine, embedder, chroma_client, collection_name):
     from blendrag.langchain import BlendChroma
 
-    store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client, llm=llm)
+    store = BlendChroma(collection_name=collection_name, embedding_function=embedder,
+                        client=chroma_client, llm=llm)
     asyncio.run(store.aadd_documents([Document(page_content=PASSAGES[4])]))
     assert _stored(engine, PASSAGES[4])
 
 
-def test_records_text_as_the_document_prompt_formats_it(engine, embedder, chroma_client, collection_name):
+def test_records_text_as_the_document_prompt_formats_it(engine, embedder, chroma_client,
+                                                        collection_name):
     from blendrag.langchain import BlendChroma, BlendLLM
 
     llm = BlendLLM(engine=engine, max_tokens=4, document_prompt="[{title}] {page_content}\n")
@@ -73,7 +78,8 @@ def test_records_text_as_the_document_prompt_formats_it(engine, embedder, chroma
 def test_progress_bar_for_large_batches(llm, embedder, chroma_client, collection_name, capsys):
     from blendrag.langchain import BlendChroma
 
-    store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client,
+    store = BlendChroma(collection_name=collection_name, embedding_function=embedder,
+                        client=chroma_client,
                         llm=llm, show_progress=True)
     store.add_texts(PASSAGES[:2])
     err = capsys.readouterr().err
@@ -88,8 +94,10 @@ def test_ingest_existing_collection(llm, engine, embedder, chroma_client, collec
 
     from blendrag.langchain import BlendChroma
 
-    Chroma.from_texts(PASSAGES[:2], embedding=embedder, client=chroma_client, collection_name=collection_name)
-    store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client, llm=llm)
+    Chroma.from_texts(PASSAGES[:2], embedding=embedder, client=chroma_client,
+                      collection_name=collection_name)
+    store = BlendChroma(collection_name=collection_name, embedding_function=embedder,
+                        client=chroma_client, llm=llm)
     assert not _stored(engine, PASSAGES[0])
     assert store.ingest_existing().computed == 2
     assert all(_stored(engine, p) for p in PASSAGES[:2]) and PASSAGES[1] in llm.text_index
@@ -116,7 +124,8 @@ def _profile_after(engine, text: str, *neighbours: str):
     return engine.profiled(_entry(engine, text), prompts.chunk_prefix_ids(), probes).sensitivity
 
 
-def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client, collection_name,
+def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client,
+                                                           collection_name,
                                                            documents):
     import torch
 
@@ -129,10 +138,14 @@ def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chr
     assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (len(PASSAGES), 0)
     for i, text in enumerate(PASSAGES):  # after the document before it (the first after the last)
         got = _entry(engine, text).sensitivity
-        assert got is not None and got.shape == (len(engine.prompts.encode(text)),) and got.max() > 0
+        assert (
+            got is not None and got.shape == (len(engine.prompts.encode(text)),) and got.max() > 0
+        )
         assert torch.equal(got, _profile_after(engine, text, PASSAGES[i - 1]))
-    assert torch.equal(_entry(engine, "\n\n").sensitivity, _profile_after(engine, "\n\n", PASSAGES[-1]))
-    store.add_documents(documents[:2], ids=["again-0", "again-1"])  # counts as before: stored, skipped
+    assert torch.equal(_entry(engine, "\n\n").sensitivity,
+                       _profile_after(engine, "\n\n", PASSAGES[-1]))
+    # counts as before: stored, skipped
+    store.add_documents(documents[:2], ids=["again-0", "again-1"])
     assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (len(PASSAGES), 2)
 
 
@@ -144,7 +157,8 @@ def test_profile_k_measures_after_the_k_documents_before_and_bad_values_are_refu
 
     llm = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
     with pytest.raises(ValueError, match="profile must be"):
-        BlendChroma(embedding_function=embedder, client=chroma_client, collection_name=collection_name, llm=llm,
+        BlendChroma(embedding_function=embedder, client=chroma_client,
+                    collection_name=collection_name, llm=llm,
                     profile=-1)
     BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
                                collection_name=collection_name, llm=llm, profile=2)
@@ -152,11 +166,13 @@ def test_profile_k_measures_after_the_k_documents_before_and_bad_values_are_refu
     for i, text in enumerate(PASSAGES):  # after the two documents before it, cyclically
         assert torch.equal(_entry(engine, text).sensitivity,
                            _profile_after(engine, text, PASSAGES[i - 1], PASSAGES[(i - 2) % n]))
-    assert torch.equal(_entry(engine, "\n\n").sensitivity, _profile_after(engine, "\n\n", PASSAGES[-1], PASSAGES[-2]))
+    assert torch.equal(_entry(engine, "\n\n").sensitivity,
+                       _profile_after(engine, "\n\n", PASSAGES[-1], PASSAGES[-2]))
 
 
 @pytest.mark.parametrize("model", ["llm", "chat"])
-def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder, chroma_client, collection_name,
+def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder, chroma_client,
+                                                         collection_name,
                                                          documents):
     from langchain_core.prompts import ChatPromptTemplate, PromptTemplate
 
@@ -168,45 +184,58 @@ def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder
         prompt = PromptTemplate.from_template(TEMPLATE)
     else:
         answer = ChatBlend(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
-        prompt = ChatPromptTemplate.from_messages([("system", "Answer from these passages:\n\n{context}"),
+        prompt = ChatPromptTemplate.from_messages([("system",
+                                                    "Answer from these passages:\n\n{context}"),
                                                    ("human", "{input}")])
     store = BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
                                        collection_name=collection_name, llm=answer, profile=True)
-    result = create_blend_retrieval_chain(store.as_retriever(search_kwargs={"k": 3}), answer, prompt).invoke(
+    result = create_blend_retrieval_chain(store.as_retriever(search_kwargs={"k": 3}), answer,
+                                          prompt).invoke(
         {"input": QUESTION})
     assert isinstance(result["answer"], str) and result["answer"]
     stats = answer.last_stats
     # 3 documents + 2 separators, every one stored with its profile at ingestion
-    assert (stats.selector, stats.chunks, stats.chunk_hits, stats.chunk_misses) == ("profile", 5, 5, 0)
+    assert (stats.selector, stats.chunks, stats.chunk_hits, stats.chunk_misses) == (
+        "profile",
+        5,
+        5,
+        0,
+    )
     assert stats.profiles_computed == 0
 
 
-def test_without_profile_the_profile_selector_measures_at_the_first_query(blend_store, engine, prompt):
+def test_without_profile_the_profile_selector_measures_at_the_first_query(
+    blend_store, engine, prompt
+):
     from blendrag.langchain import BlendLLM, create_blend_retrieval_chain
     from helpers.lc_data import QUESTION
 
     assert blend_store.profile is False
     assert all(_entry(engine, p).sensitivity is None for p in PASSAGES)
     llm = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
-    create_blend_retrieval_chain(blend_store.as_retriever(search_kwargs={"k": 3}), llm, prompt).invoke(
+    create_blend_retrieval_chain(blend_store.as_retriever(search_kwargs={"k": 3}), llm,
+                                 prompt).invoke(
         {"input": QUESTION})
     # measured now: the 3 documents and the separator (both separators are one stored chunk)
     assert llm.last_stats.profiles_computed == 4
 
 
 @pytest.mark.parametrize("profile", [False, True])
-def test_an_empty_document_has_no_kv_and_keeps_its_neighbours_apart(profile, llm, engine, embedder, chroma_client,
-                                                                    collection_name):
+def test_an_empty_document_has_no_kv_and_keeps_its_neighbours_apart(
+    profile, llm, engine, embedder, chroma_client, collection_name
+):
     import torch
 
     from blendrag.langchain import BlendChroma
 
-    store = BlendChroma(collection_name=collection_name, embedding_function=embedder, client=chroma_client, llm=llm,
+    store = BlendChroma(collection_name=collection_name, embedding_function=embedder,
+                        client=chroma_client, llm=llm,
                         profile=profile)
     assert len(store.add_texts([PASSAGES[0], "", PASSAGES[1]])) == 3  # Chroma keeps all three
     assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (2, 0)
     assert _stored(engine, PASSAGES[0]) and _stored(engine, PASSAGES[1])
     if profile:  # measured after the text before it that has tokens
-        assert torch.equal(_entry(engine, PASSAGES[1]).sensitivity, _profile_after(engine, PASSAGES[1], PASSAGES[0]))
+        assert torch.equal(_entry(engine, PASSAGES[1]).sensitivity,
+                           _profile_after(engine, PASSAGES[1], PASSAGES[0]))
     else:
         assert _entry(engine, PASSAGES[1]).sensitivity is None

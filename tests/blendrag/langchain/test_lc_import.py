@@ -14,7 +14,9 @@ def _forget_blendrag_langchain(monkeypatch) -> None:
 
     if hasattr(blendrag, "langchain"):
         monkeypatch.setattr(blendrag, "langchain", blendrag.langchain)  # re-import rebinds it
-    for name in [m for m in sys.modules if m == "blendrag.langchain" or m.startswith("blendrag.langchain.")]:
+    for name in [
+        m for m in sys.modules if m == "blendrag.langchain" or m.startswith("blendrag.langchain.")
+    ]:
         monkeypatch.delitem(sys.modules, name)
 
 

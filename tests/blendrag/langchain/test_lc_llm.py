@@ -30,7 +30,8 @@ class TokenCollector(BaseCallbackHandler):
 
 
 def _messages(question: str = QUESTION) -> list:
-    return [SystemMessage("Answer from the passages below.\n" + "\n\n".join(PASSAGES[:3])), HumanMessage(question)]
+    return [SystemMessage("Answer from the passages below.\n" + "\n\n".join(PASSAGES[:3])),
+            HumanMessage(question)]
 
 
 # ---- BlendLLM ----------------------------------------------------------------------------------
@@ -41,7 +42,9 @@ def test_documents_split_the_prompt(llm, engine):
     bp = llm.last_prompt
     assert (bp.source, bp.matched, bp.chunks) == ("documents", 3, 5)
     prefix, suffix = "Answer from the passages below.\n", f"\nQuestion: {QUESTION}\nAnswer:"
-    assert bp.layout == engine.build_prompt(prefix, [PASSAGES[0], "\n\n", PASSAGES[1], "\n\n", PASSAGES[2]], suffix)
+    assert bp.layout == engine.build_prompt(prefix,
+                                            [PASSAGES[0], "\n\n", PASSAGES[1], "\n\n", PASSAGES[2]],
+                                            suffix)
     # The documents' texts are now known to the index: the flat prompt splits the same way.
     llm.invoke(PROMPT)
     assert llm.last_prompt.source == "index" and llm.last_prompt.layout == bp.layout
@@ -53,7 +56,11 @@ def test_generation_info_carries_stats(llm):
     assert info["finish_reason"] in {"eos", "stop", "length"}
     stats = info["blendrag"]
     assert stats == llm.last_stats.to_dict()
-    assert stats["mode"] == "blend" and stats["chunks"] == 5 and stats["chunk_misses"] + stats["chunk_hits"] == 5
+    assert (
+        stats["mode"] == "blend"
+        and stats["chunks"] == 5
+        and stats["chunk_misses"] + stats["chunk_hits"] == 5
+    )
     assert info["blendrag_prompt"] == {"source": "documents", "matched_chunks": 3, "chunks": 5}
     assert result.llm_output["model_name"] == llm.engine.name
 
@@ -69,7 +76,11 @@ def test_call_overrides_and_bind(llm):
     llm.bind(ratio=0.5, max_tokens=3).invoke(PROMPT, documents=DOCS)
     assert llm.last_stats.ratio == 0.5 and llm.last_stats.new_tokens <= 3
     llm.invoke(PROMPT, documents=DOCS, mode="reuse")
-    assert llm.last_stats.mode == "reuse" and llm.last_stats.recomputed_chunk_tokens_per_layer == [0, 0, 0]
+    assert llm.last_stats.mode == "reuse" and llm.last_stats.recomputed_chunk_tokens_per_layer == [
+        0,
+        0,
+        0,
+    ]
 
 
 def test_stop_strings(llm):
@@ -103,7 +114,11 @@ def test_async_equals_sync(llm):
 
     async def run():
         parts = [p async for p in llm.astream(PROMPT, documents=DOCS)]
-        return await llm.ainvoke(PROMPT, documents=DOCS), "".join(parts), await llm.abatch([PROMPT], documents=DOCS)
+        return (
+            await llm.ainvoke(PROMPT, documents=DOCS),
+            "".join(parts),
+            await llm.abatch([PROMPT], documents=DOCS),
+        )
 
     assert asyncio.run(run()) == (text, text, [text])
 
@@ -142,9 +157,13 @@ def test_misuse_is_reported(llm, engine, caplog):
 def test_identity_and_tracing_params(llm):
     assert llm._llm_type == "blendrag"
     params = llm._identifying_params
-    assert params["model"] == llm.engine.name and params["ratio"] == 0.3 and params["max_tokens"] == 8
+    assert (
+        params["model"] == llm.engine.name and params["ratio"] == 0.3 and params["max_tokens"] == 8
+    )
     ls = llm._get_ls_params(stop=["\n"])
-    assert ls["ls_provider"] == "blendrag" and ls["ls_model_type"] == "llm" and ls["ls_stop"] == ["\n"]
+    assert (
+        ls["ls_provider"] == "blendrag" and ls["ls_model_type"] == "llm" and ls["ls_stop"] == ["\n"]
+    )
     assert ls["ls_max_tokens"] == 8 and ls["ls_temperature"] == 0.0
 
 
@@ -162,7 +181,8 @@ def test_chat_documents_and_index_paths_agree(chat):
     answer = chat.invoke(_messages(), documents=DOCS)
     bp = chat.last_prompt
     assert (bp.source, bp.matched, bp.chunks) == ("documents", 3, 5)
-    assert chat.last_stats.chunk_misses == 4 and chat.last_stats.chunk_hits == 1  # one separator reused
+    # one separator reused
+    assert chat.last_stats.chunk_misses == 4 and chat.last_stats.chunk_hits == 1
     again = chat.invoke(_messages())
     assert chat.last_prompt.source == "index" and chat.last_prompt.layout == bp.layout
     assert chat.last_stats.chunk_hits == 5 and chat.last_stats.chunk_misses == 0
@@ -183,7 +203,8 @@ def test_chat_layout_is_the_rendered_conversation(chat, engine):
 def test_chat_usage_and_metadata(chat):
     message = chat.invoke(_messages(), documents=DOCS)
     stats = chat.last_stats
-    assert message.usage_metadata == {"input_tokens": stats.prompt_tokens, "output_tokens": stats.new_tokens,
+    assert message.usage_metadata == {"input_tokens": stats.prompt_tokens,
+                                      "output_tokens": stats.new_tokens,
                                       "total_tokens": stats.prompt_tokens + stats.new_tokens}
     meta = message.response_metadata
     assert meta["blendrag"] == stats.to_dict() and meta["model_provider"] == "blendrag"
@@ -193,7 +214,8 @@ def test_chat_usage_and_metadata(chat):
 def test_chat_stream_equals_invoke_and_callbacks(chat):
     answer = chat.invoke(_messages(), documents=DOCS).content
     handler = TokenCollector()
-    parts = [c.content for c in chat.stream(_messages(), config={"callbacks": [handler]}, documents=DOCS)]
+    parts = [c.content for c in chat.stream(_messages(), config={"callbacks": [handler]},
+                                            documents=DOCS)]
     assert "".join(parts) == answer and len([p for p in parts if p]) > 1
     assert "".join(handler.tokens) == answer
     assert [t for t in handler.tokens if t] == [p for p in parts if p]
@@ -209,7 +231,8 @@ def test_chat_multi_turn_and_engine_system(tiny_model):
     from blendrag import BlendEngine
     from blendrag.langchain import ChatBlend
 
-    chat = ChatBlend(engine=BlendEngine(*tiny_model, chat=True, system="Be brief.", chunk_prefix=""), max_tokens=4)
+    chat = ChatBlend(engine=BlendEngine(*tiny_model, chat=True, system="Be brief.",
+                                        chunk_prefix=""), max_tokens=4)
     turns = [HumanMessage("Hello there, friend."), AIMessage("Hi."), HumanMessage(QUESTION)]
     assert chat.render(turns).startswith("<s><|system|>\nBe brief.<|end|>\n<|user|>\nHello there")
     assert "<|assistant|>\nHi.<|end|>\n" in chat.render(turns)

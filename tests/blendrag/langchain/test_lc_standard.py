@@ -64,7 +64,8 @@ class TestChatBlendIntegration(_ChatBlendSuite, ChatModelIntegrationTests):
 
 def test_llm_accepts_the_standard_params(engine):
     """The constructor arguments the standard suite gives chat models, on BlendLLM."""
-    llm = BlendLLM(engine=engine, temperature=0, max_tokens=100, timeout=60, stop=[], max_retries=2, streaming=True)
+    llm = BlendLLM(engine=engine, temperature=0, max_tokens=100, timeout=60, stop=[], max_retries=2,
+                   streaming=True)
     assert llm.max_tokens == 100 and llm.streaming
     ls = BlendLLM(engine=engine, max_tokens=10, stop=["test"])._get_ls_params(model="other-name")
     assert ls == {"ls_provider": "blendrag", "ls_model_type": "llm", "ls_model_name": "other-name",

@@ -22,7 +22,8 @@ from blendrag import BlendEngine  # noqa: E402
 from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbeddings  # noqa: E402
 from helpers.tiny import PASSAGES  # noqa: E402
 
-# GENERATION (li_data): greedy, no EOS, so every answer is exactly 8 tokens and comparisons are never vacuous.
+# GENERATION (li_data): greedy, no EOS, so every answer is exactly 8 tokens and comparisons are
+# never vacuous.
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +75,9 @@ def chroma_client():
 @pytest.fixture
 def new_vector_store(chroma_client):
     """factory() -> ChromaVectorStore on a new collection."""
-    return lambda: ChromaVectorStore(chroma_collection=chroma_client.create_collection(f"t{uuid.uuid4().hex}"))
+    return lambda: ChromaVectorStore(
+        chroma_collection=chroma_client.create_collection(f"t{uuid.uuid4().hex}")
+    )
 
 
 @pytest.fixture

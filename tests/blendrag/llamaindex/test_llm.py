@@ -31,7 +31,8 @@ def test_nodes_split_keeps_gaps_and_tolerates_order_and_missing_nodes(make_llm):
     gappy = PREFIX + a + "--- a gap ---\n" + b + c + SUFFIX
     llm.complete(gappy, nodes=nodes)
     assert (llm.last_stats.chunks, llm.last_stats.chunk_misses) == (4, 4)  # 3 nodes + the gap
-    llm.complete(prompt, nodes=[nodes[2], nodes[0], NodeWithScore(node=TextNode(text="not in the prompt"))])
+    llm.complete(prompt,
+                 nodes=[nodes[2], nodes[0], NodeWithScore(node=TextNode(text="not in the prompt"))])
     assert (llm.last_stats.chunks, llm.last_stats.chunk_hits) == (3, 3)  # found in prompt order
 
 
@@ -115,7 +116,11 @@ def test_callbacks_see_llm_events(make_llm):
 
 def test_metadata_describes_the_engine(make_llm):
     meta = make_llm().metadata
-    assert (meta.context_window, meta.num_output, meta.is_chat_model) == (1024, GENERATION.max_new_tokens, False)
+    assert (meta.context_window, meta.num_output, meta.is_chat_model) == (
+        1024,
+        GENERATION.max_new_tokens,
+        False,
+    )
 
 
 def test_ingestion_needs_a_chunk_prefix(base_engine):
@@ -127,9 +132,12 @@ def test_ingestion_needs_a_chunk_prefix(base_engine):
 
 
 def test_missing_llama_index_names_the_extra(monkeypatch):
-    for name in [m for m in sys.modules if m == "blendrag.llamaindex" or m.startswith("blendrag.llamaindex.")]:
+    for name in [
+        m for m in sys.modules if m == "blendrag.llamaindex" or m.startswith("blendrag.llamaindex.")
+    ]:
         monkeypatch.delitem(sys.modules, name)
-    monkeypatch.setitem(sys.modules, "llama_index.core", None)  # makes `import llama_index.core` fail
+    # makes `import llama_index.core` fail
+    monkeypatch.setitem(sys.modules, "llama_index.core", None)
     with pytest.raises(ImportError, match=r"pip install blendrag\[llamaindex\]"):
         importlib.import_module("blendrag.llamaindex")
 
@@ -139,12 +147,14 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
 
     def entry(llm, node):
         engine = llm.engine
-        return engine.store.get(engine.key(engine.prompts.chunk_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
+        return engine.store.get(engine.key(engine.prompts.chunk_prefix_ids(),
+                                           engine.prompts.encode(llm.chunk_text(node))))
 
     def profile_after(llm, node, *before):
         engine = llm.engine
         probes = [engine.prompts.encode(llm.chunk_text(b)) for b in before]
-        return engine.profiled(entry(llm, node), engine.prompts.chunk_prefix_ids(), probes).sensitivity
+        return engine.profiled(entry(llm, node), engine.prompts.chunk_prefix_ids(),
+                               probes).sensitivity
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()
@@ -160,6 +170,7 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
     two = make_llm()  # profile=2: after each of the two nodes before it, the largest deviation kept
     assert two.ingest(nodes, profile=2) == 3
     for i, node in enumerate(nodes):
-        assert torch.equal(entry(two, node).sensitivity, profile_after(two, node, nodes[i - 1], nodes[i - 2]))
+        assert torch.equal(entry(two, node).sensitivity,
+                           profile_after(two, node, nodes[i - 1], nodes[i - 2]))
     with pytest.raises(ValueError, match="profile must be"):
         make_llm().ingest(nodes, profile=-1)

@@ -18,12 +18,14 @@ TOP_K = 3
 
 
 def ingest(llm, embed, vector_store, nodes, cache=None) -> VectorStoreIndex:
-    pipeline = IngestionPipeline(transformations=[BlendKVTransform(llm), embed], vector_store=vector_store, cache=cache)
+    pipeline = IngestionPipeline(transformations=[BlendKVTransform(llm), embed],
+                                 vector_store=vector_store, cache=cache)
     pipeline.run(nodes=nodes)
     return VectorStoreIndex.from_vector_store(vector_store, embed_model=embed)
 
 
-def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, new_vector_store, nodes):
+def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, new_vector_store,
+                                                               nodes):
     llm = make_llm()
     index = ingest(llm, embed, new_vector_store(), nodes)
     assert llm.cached(nodes) == [True] * len(nodes)
@@ -32,14 +34,22 @@ def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, 
     response = blend_query_engine(index, llm, similarity_top_k=TOP_K).query(QUESTION)
     stats = llm.last_stats
     assert isinstance(response, Response) and len(response.source_nodes) == TOP_K
-    assert (stats.mode, stats.chunks, stats.chunk_hits, stats.chunk_misses) == ("blend", TOP_K, TOP_K, 0)
+    assert (stats.mode, stats.chunks, stats.chunk_hits, stats.chunk_misses) == (
+        "blend",
+        TOP_K,
+        TOP_K,
+        0,
+    )
     assert 0 < stats.recompute_fraction < 1
-    assert len(llm.engine.store) == len(nodes) + 2  # + the query prompt's own prefix; no chunk computed
+    # + the query prompt's own prefix; no chunk computed
+    assert len(llm.engine.store) == len(nodes) + 2
 
 
 def _synthesize(llm, index, config: BlendConfig):
-    variant = BlendLLM(llm.engine, text_index=llm.text_index, generation_config=llm.generation_config,
-                       blend_config=config, chunk_template=llm.chunk_template, chunk_separator=llm.chunk_separator)
+    variant = BlendLLM(llm.engine, text_index=llm.text_index,
+                       generation_config=llm.generation_config,
+                       blend_config=config, chunk_template=llm.chunk_template,
+                       chunk_separator=llm.chunk_separator)
     retrieved = index.as_retriever(similarity_top_k=TOP_K).retrieve(QUESTION)
     text = BlendSynthesizer(llm=variant).synthesize(QUESTION, retrieved).response
     return text, variant.last_stats
@@ -62,11 +72,13 @@ def test_streaming_text_equals_non_streaming(make_llm, embed, new_vector_store, 
     llm = make_llm()
     index = ingest(llm, embed, new_vector_store(), nodes)
     plain = blend_query_engine(index, llm, similarity_top_k=TOP_K).query(QUESTION).response
-    streamed = blend_query_engine(index, llm, similarity_top_k=TOP_K, streaming=True).query(QUESTION)
+    streamed = blend_query_engine(index, llm, similarity_top_k=TOP_K,
+                                  streaming=True).query(QUESTION)
     assert isinstance(streamed, StreamingResponse)
     assert "".join(streamed.response_gen) == plain and len(plain) > 0
     assert llm.last_stats.chunk_hits == TOP_K  # set once the stream is exhausted
-    retriever_engine = blend_query_engine(index.as_retriever(similarity_top_k=TOP_K), llm)  # RetrieverQueryEngine
+    # RetrieverQueryEngine
+    retriever_engine = blend_query_engine(index.as_retriever(similarity_top_k=TOP_K), llm)
     assert retriever_engine.query(QUESTION).response == plain
 
 
@@ -76,14 +88,18 @@ def test_async_query_and_stream_equal_sync(make_llm, embed, new_vector_store, no
     plain = blend_query_engine(index, llm, similarity_top_k=TOP_K).query(QUESTION).response
 
     async def run() -> tuple[str, str]:
-        text = (await blend_query_engine(index, llm, similarity_top_k=TOP_K).aquery(QUESTION)).response
-        streamed = await blend_query_engine(index, llm, similarity_top_k=TOP_K, streaming=True).aquery(QUESTION)
+        text = (await blend_query_engine(index, llm,
+                                         similarity_top_k=TOP_K).aquery(QUESTION)).response
+        streamed = await blend_query_engine(index, llm, similarity_top_k=TOP_K,
+                                            streaming=True).aquery(QUESTION)
         return text, "".join([t async for t in streamed.async_response_gen()])
 
     assert asyncio.run(run()) == (plain, plain)
 
 
-def test_rerun_hits_ingestion_cache_and_llm_computes_missing_kvs(make_llm, embed, new_vector_store, nodes):
+def test_rerun_hits_ingestion_cache_and_llm_computes_missing_kvs(
+    make_llm, embed, new_vector_store, nodes
+):
     cache = IngestionCache()
     first = make_llm()
     index = ingest(first, embed, new_vector_store(), nodes, cache=cache)
@@ -115,14 +131,21 @@ def test_metadata_kv_covers_exact_llm_text(make_llm, embed, new_vector_store, me
     assert blend == full and (stats.chunk_hits, stats.chunk_misses) == (TOP_K, 0)
 
 
-def test_stock_synthesizer_flat_prompt_finds_ingested_chunks(make_llm, embed, new_vector_store, nodes):
+def test_stock_synthesizer_flat_prompt_finds_ingested_chunks(make_llm, embed, new_vector_store,
+                                                             nodes):
     llm = make_llm()
     index = ingest(llm, embed, new_vector_store(), nodes)
-    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)  # COMPACT: one flat string
+    # COMPACT: one flat string
+    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)
     stats = llm.last_stats
     # COMPACT joins the texts with "\n\n": every chunk but the last one matches its precomputed
     # formatted text; the last one is found bare and its KV computed on demand.
-    assert (stats.mode, stats.chunks, stats.chunk_hits, stats.chunk_misses) == ("blend", TOP_K, TOP_K - 1, 1)
+    assert (stats.mode, stats.chunks, stats.chunk_hits, stats.chunk_misses) == (
+        "blend",
+        TOP_K,
+        TOP_K - 1,
+        1,
+    )
 
 
 def test_chat_template_engine_blends_at_node_boundaries(make_llm, embed, new_vector_store, nodes):
@@ -133,13 +156,15 @@ def test_chat_template_engine_blends_at_node_boundaries(make_llm, embed, new_vec
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
     assert blend == full and (stats.chunk_hits, stats.chunk_misses) == (TOP_K, 0)
 
-    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)  # stock: llm.chat(messages)
+    # stock: llm.chat(messages)
+    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)
     assert llm.last_stats.chunk_hits == TOP_K - 1
 
 
 def _entry(llm, node):
     engine = llm.engine
-    return engine.store.get(engine.key(engine.prompts.chunk_prefix_ids(), engine.prompts.encode(llm.chunk_text(node))))
+    return engine.store.get(engine.key(engine.prompts.chunk_prefix_ids(),
+                                       engine.prompts.encode(llm.chunk_text(node))))
 
 
 def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure_none(
@@ -155,32 +180,40 @@ def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure
         got = _entry(llm, node).sensitivity
         before = engine.prompts.encode(llm.chunk_text(nodes[i - 1]))
         assert got is not None and got.max() > 0
-        assert torch.equal(got, engine.profiled(_entry(llm, node), prefix_ids, [before]).sensitivity)
+        assert torch.equal(got,
+                           engine.profiled(_entry(llm, node), prefix_ids, [before]).sensitivity)
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
-    assert (stats.selector, stats.chunk_hits, stats.chunk_misses, stats.profiles_computed) == ("profile", TOP_K, 0, 0)
+    assert (stats.selector, stats.chunk_hits, stats.chunk_misses,
+            stats.profiles_computed) == ("profile", TOP_K, 0, 0)
 
 
-def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(make_llm, embed, new_vector_store,
-                                                                                nodes):
+def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(
+    make_llm, embed, new_vector_store, nodes
+):
     from llama_index.core.ingestion.pipeline import get_transformation_hash
 
     llm = make_llm()
     plain = BlendKVTransform(llm)
     assert plain.profile is False and BlendKVTransform(llm, profile=True).profile is True
     assert BlendKVTransform(llm, profile=3).profile == 3
-    assert get_transformation_hash(nodes, BlendKVTransform(llm, profile=3)) != get_transformation_hash(
+    assert get_transformation_hash(nodes,
+                                   BlendKVTransform(llm, profile=3)) != get_transformation_hash(
         nodes, BlendKVTransform(llm, profile=True))
     with pytest.raises(ValueError, match="profile must be"):
         BlendKVTransform(llm, profile=-1)
-    assert get_transformation_hash(nodes, plain) != get_transformation_hash(nodes, BlendKVTransform(llm, profile=True))
+    assert get_transformation_hash(nodes, plain) != get_transformation_hash(
+        nodes, BlendKVTransform(llm, profile=True)
+    )
     index = ingest(llm, embed, new_vector_store(), nodes)
     assert all(_entry(llm, n).sensitivity is None for n in nodes)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
     assert stats.profiles_computed == TOP_K  # measured at the first query instead
 
 
-def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(make_llm, embed, new_vector_store, nodes):
+def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(
+    make_llm, embed, new_vector_store, nodes
+):
     """The shared default ("{text}" joined with "\n\n") is what LlamaIndex's synthesizers render:
     a stock query engine's prompt holds every node verbatim, and the separators between them were
     ingested too; BlendSynthesizer writes the same layout."""
@@ -189,9 +222,11 @@ def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(make_llm, embe
     llm = make_llm(chunk_template=DEFAULT_CHUNK_TEMPLATE, chunk_separator=DEFAULT_SEPARATOR)
     index = ingest(llm, embed, new_vector_store(), nodes)
     assert len(llm.engine.store) == len(nodes) + 2  # + the chunk prefix and the separator
-    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)  # COMPACT: one flat string
+    # COMPACT: one flat string
+    index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)
     stats = llm.last_stats
     assert (stats.chunks, stats.chunk_hits, stats.chunk_misses) == (2 * TOP_K - 1, 2 * TOP_K - 1, 0)
     full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
-    assert blend == full and (stats.chunks, stats.chunk_hits, stats.chunk_misses) == (2 * TOP_K - 1,) * 2 + (0,)
+    assert blend == full and (stats.chunks, stats.chunk_hits,
+                              stats.chunk_misses) == (2 * TOP_K - 1,) * 2 + (0,)

@@ -40,11 +40,19 @@ def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 def test_gguf_file_loads_the_same_weights(tiny_gguf):
     path, model, tokenizer = tiny_gguf
-    ids = tokenizer("The quick brown fox jumps over the lazy dog", add_special_tokens=False)["input_ids"]
+    ids = tokenizer("The quick brown fox jumps over the lazy dog",
+                    add_special_tokens=False)["input_ids"]
     for engine in (BlendEngine.from_pretrained(path, device="cpu", chat=False),
-                   BlendEngine.from_pretrained(path.parent, gguf_file=path.name, device="cpu", chat=False)):
-        assert engine.tokenizer("The quick brown fox jumps over the lazy dog")["input_ids"][-len(ids):] == ids
-        torch.testing.assert_close(_logits(engine.model, ids), _logits(model, ids), rtol=0, atol=1e-5)
+                   BlendEngine.from_pretrained(path.parent, gguf_file=path.name, device="cpu",
+                                               chat=False)):
+        assert (
+            engine.tokenizer("The quick brown fox jumps over the lazy dog")["input_ids"][
+                -len(ids) :
+            ]
+            == ids
+        )
+        torch.testing.assert_close(_logits(engine.model, ids), _logits(model, ids), rtol=0,
+                                   atol=1e-5)
         assert not hasattr(engine.model.config, "quantization_config")
 
 
@@ -64,13 +72,17 @@ def packaged(tiny_gguf, tmp_path, monkeypatch) -> PackagedGGUF:
 def test_short_name_converts_once_then_reads_the_cache(packaged, tiny_gguf, tmp_path, monkeypatch):
     lines: list[str] = []
     folder = converted_model("tiny-test", tmp_path / "cache", say=lines.append)
-    assert (folder / "model.safetensors").is_file() and (folder / "blendrag-conversion.json").is_file()
+    assert (folder / "model.safetensors").is_file() and (
+        folder / "blendrag-conversion.json"
+    ).is_file()
     assert any("converting tiny.gguf" in line for line in lines)  # progress is shown
     monkeypatch.setattr(catalog, "_convert", lambda *a: pytest.fail("converted twice"))
     assert converted_model("tiny-test", tmp_path / "cache", say=lines.append) == folder
-    engine = BlendEngine.from_pretrained("tiny-test", cache_dir=tmp_path / "cache", device="cpu", chat=False)
+    engine = BlendEngine.from_pretrained("tiny-test", cache_dir=tmp_path / "cache", device="cpu",
+                                         chat=False)
     ids = [5, 17, 42, 99]
-    torch.testing.assert_close(_logits(engine.model, ids), _logits(tiny_gguf[1], ids), rtol=0, atol=1e-5)
+    torch.testing.assert_close(_logits(engine.model, ids), _logits(tiny_gguf[1], ids), rtol=0,
+                               atol=1e-5)
     assert "fake_gguf_pkg" not in sys.modules
 
 
@@ -85,7 +97,8 @@ def test_interrupted_conversion_is_never_used(packaged, tmp_path, monkeypatch):
     monkeypatch.setattr(catalog, "_convert", dies_midway)
     with pytest.raises(KeyboardInterrupt):
         converted_model("tiny-test", tmp_path / "cache", say=lambda _: None)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == []  # nothing left that looks finished
+    # nothing left that looks finished
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == []
     # a conversion killed hard (no cleanup) leaves a partial folder: ignored, then converted anew
     (tmp_path / "cache" / ".partial-tiny-test-x").mkdir()
     (tmp_path / "cache" / ".partial-tiny-test-x" / "config.json").write_text("{}")
@@ -126,7 +139,8 @@ def test_packaged_smollm2_answers_from_a_passage():
 
     engine = BlendEngine.from_pretrained("smollm2-135m-instruct", device="cpu")
     layout = engine.build_prompt("Read the passage and answer the question.\n\n",
-                                 ["Marie Curie was born in Warsaw in 1867. She moved to Paris in 1891.\n\n"],
+                                 ["Marie Curie was born in Warsaw in 1867. She moved to Paris in "
+                                  "1891.\n\n"],
                                  "Where was Marie Curie born?")
     out = engine.generate(layout, BlendConfig(mode="full"), GenerationConfig(max_new_tokens=12))
     assert "warsaw" in out.text.lower()

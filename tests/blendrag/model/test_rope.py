@@ -41,7 +41,9 @@ def test_stored_keys_rotate_to_keys_computed_at_new_positions(engine_for, rope, 
         hf_keys = out.past_key_values.layers[layer].keys[0, :, p:]  # [Hkv, T, D] post-RoPE
         ours = table.rotate(stored.keys[layer], slice(p + shift, n + shift))
         assert (ours - hf_keys).abs().max().item() < 1e-4
-        assert (stored.values[layer] - out.past_key_values.layers[layer].values[0, :, p:]).abs().max() < 1e-4
+        assert (
+            stored.values[layer] - out.past_key_values.layers[layer].values[0, :, p:]
+        ).abs().max() < 1e-4
 
 
 def test_keys_are_really_stored_pre_rope(engine_for):

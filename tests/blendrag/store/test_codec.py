@@ -101,7 +101,8 @@ def test_other_format_version_is_refused():
 
 
 def test_only_float_kv_dtypes_are_storable():
-    kv = ChunkKV(torch.zeros(1, 1, 2, 2, dtype=torch.int32), torch.zeros(1, 1, 2, 2, dtype=torch.int32), (1, 2))
+    kv = ChunkKV(torch.zeros(1, 1, 2, 2, dtype=torch.int32),
+                 torch.zeros(1, 1, 2, 2, dtype=torch.int32), (1, 2))
     with pytest.raises(ValueError, match="not storable"):
         encode(KEY, kv)
 
@@ -128,7 +129,9 @@ def test_official_safetensors_reader_reads_our_files(tmp_path):
     path = tmp_path / "entry.safetensors"
     path.write_bytes(encode(KEY, kv))
     with safe_open(str(path), framework="pt") as f:
-        assert f.metadata()["key"] == KEY and json.loads(f.metadata()["token_ids"]) == list(kv.token_ids)
+        assert f.metadata()["key"] == KEY and json.loads(f.metadata()["token_ids"]) == list(
+            kv.token_ids
+        )
         assert torch.equal(f.get_tensor("k.1"), kv.keys[1])
 
 
@@ -141,7 +144,8 @@ def test_official_safetensors_reader_reads_our_files(tmp_path):
         pytest.param(lambda h: h["v.1"].update(dtype="F16", shape=[2, 8, 32]), id="dtype-swap"),
         pytest.param(lambda h: h.pop("v.2"), id="missing-layer"),
         pytest.param(lambda h: h["k.0"].pop("shape"), id="missing-field"),
-        pytest.param(lambda h: (h["k.0"].update(data_offsets=h["k.1"]["data_offsets"])), id="aliased-offsets"),
+        pytest.param(lambda h: (h["k.0"].update(data_offsets=h["k.1"]["data_offsets"])),
+                     id="aliased-offsets"),
     ],
 )
 def test_malformed_headers_raise_entry_error(edit):

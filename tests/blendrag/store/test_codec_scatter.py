@@ -1,4 +1,5 @@
-"""Whole-entry reads are one scatter read per run of adjacent tensors; short reads resume exactly."""
+"""Whole-entry reads are one scatter read per run of adjacent tensors; short reads resume
+exactly."""
 
 from __future__ import annotations
 

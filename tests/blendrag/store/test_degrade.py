@@ -17,7 +17,11 @@ from helpers.kvgen import make_kv, same_bits
 
 
 def _warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "blendrag.store"]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "blendrag.store"
+    ]
 
 
 def test_uncreatable_directory_degrades_to_ram_with_a_warning(tmp_path, caplog):
@@ -32,7 +36,9 @@ def test_uncreatable_directory_degrades_to_ram_with_a_warning(tmp_path, caplog):
     assert store.stats().tier("disk").available is False
 
 
-def test_full_disk_degrades_with_one_warning_leaves_no_partial_file_and_recovers(make_store, tmp_path, caplog, monkeypatch):
+def test_full_disk_degrades_with_one_warning_leaves_no_partial_file_and_recovers(
+    make_store, tmp_path, caplog, monkeypatch
+):
     store = make_store(retry_after_s=3600)
     store.put("before", make_kv(0))
     real_write = diskcache.Disk._write
@@ -95,7 +101,8 @@ def test_read_only_directory_degrades_to_ram_with_a_warning(tmp_path, caplog):
         # Root ignores permission bits (CAP_DAC_OVERRIDE): the store runs in a child process
         # whose capability bounding set lacks it, so the read-only bits bind it as they bind users.
         if not procs.can_drop_dac_override():
-            pytest.skip("running as root without CAP_SETPCAP: cannot make a directory read-only to this process")
+            pytest.skip("running as root without CAP_SETPCAP: cannot make a directory read-only to "
+                        "this process")
         directory = tmp_path / "kv"
         _populate(directory)
         _chmod_tree(directory, writable=False)

@@ -1,4 +1,5 @@
-"""Several processes on one disk tier: a reader sees a writer's entries, concurrent writers agree."""
+"""Several processes on one disk tier: a reader sees a writer's entries, concurrent writers
+agree."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ def test_second_process_reads_what_the_first_wrote(tmp_path):
     for s in seeds:
         store.put(f"key{s}", make_kv(s, **KV))
     store.close()
-    out = procs.run("read", {"dir": str(tmp_path / "kv"), "budget": 8 << 20, "keys": ["key11", "key12", "key13", "nope"],
+    out = procs.run("read",
+                    {"dir": str(tmp_path / "kv"), "budget": 8 << 20,
+                     "keys": ["key11", "key12", "key13", "nope"],
                              "seeds": seeds + [0], "kv": KV})
     assert out == {"key11": True, "key12": True, "key13": True, "nope": False}
 
@@ -29,7 +32,9 @@ def _check_consistent(directory, keys, seeds, budget):
     store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=budget))
     present = {k: store.get(k) for k in keys}
     assert store.stats().tier("disk").corrupt == 0
-    assert all(kv is None or same_bits(kv, make_kv(s, **KV)) for kv, s in zip(present.values(), seeds))
+    assert all(
+        kv is None or same_bits(kv, make_kv(s, **KV)) for kv, s in zip(present.values(), seeds)
+    )
     assert usage.used_bytes <= budget
     assert len(files) == usage.entries  # no file without a row (and rows were all readable)
     return sum(kv is not None for kv in present.values())
@@ -43,7 +48,8 @@ def test_two_processes_writing_the_same_entries_leave_a_consistent_store(tmp_pat
     a = procs.start("write", {**args, "keys": keys, "seeds": seeds})
     b = procs.start("write", {**args, "keys": keys[::-1], "seeds": seeds[::-1]})
     for out in (procs.finish(a), procs.finish(b)):
-        assert out == {"bad_reads": 0, "errors": 0, "corrupt": 0, "available": True, "over_budget": False}
+        assert out == {"bad_reads": 0, "errors": 0, "corrupt": 0, "available": True,
+                       "over_budget": False}
     assert _check_consistent(directory, keys, seeds, budget) == 12
 
 
@@ -55,5 +61,6 @@ def test_concurrent_writers_under_a_tight_budget_never_exceed_it(tmp_path):
     a = procs.start("write", {**args, "keys": keys, "seeds": seeds})
     b = procs.start("write", {**args, "keys": keys[::-1], "seeds": seeds[::-1]})
     for out in (procs.finish(a), procs.finish(b)):
-        assert out == {"bad_reads": 0, "errors": 0, "corrupt": 0, "available": True, "over_budget": False}
+        assert out == {"bad_reads": 0, "errors": 0, "corrupt": 0, "available": True,
+                       "over_budget": False}
     assert 1 <= _check_consistent(directory, keys, seeds, budget) <= 5

@@ -38,7 +38,8 @@ def _data_offsets(data: bytes, name: str) -> tuple[int, int]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_profile_round_trips_bitwise_from_bytes_path_and_handle(dtype, tmp_path):
     kv = make_kv(1, dtype=dtype, profile=True)
-    kv.sensitivity[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])  # bits, not just values
+    # bits, not just values
+    kv.sensitivity[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])
     data = encode(KEY, kv)
     path = tmp_path / "entry.safetensors"
     path.write_bytes(data)
@@ -66,7 +67,9 @@ def test_profile_is_one_plain_float32_tensor_and_layers_read_without_it():
     data = encode(KEY, kv)
     tensors = safetensors.torch.load(data)  # any safetensors reader sees it
     assert sorted(tensors) == sorted([SENSITIVITY, *(f"{k}.{i}" for i in range(3) for k in "kv")])
-    assert tensors[SENSITIVITY].dtype == torch.float32 and torch.equal(tensors[SENSITIVITY], kv.sensitivity)
+    assert tensors[SENSITIVITY].dtype == torch.float32 and torch.equal(
+        tensors[SENSITIVITY], kv.sensitivity
+    )
     with open_entry(data, KEY) as entry:
         assert entry.has_sensitivity is True
         k1, v1 = entry.layer(1)
@@ -105,11 +108,22 @@ def test_a_flipped_byte_in_the_profile_is_a_checksum_error(at):
     "edit",
     [
         pytest.param(lambda h: h.pop(SENSITIVITY), id="tensor-dropped"),
-        pytest.param(lambda h: h[SENSITIVITY].update(dtype="F16", shape=[2 * T]), id="dtype-and-shape"),
+        pytest.param(
+            lambda h: h[SENSITIVITY].update(dtype="F16", shape=[2 * T]), id="dtype-and-shape"
+        ),
         pytest.param(lambda h: h[SENSITIVITY].update(dtype="I32"), id="int-dtype"),
-        pytest.param(lambda h: h["__metadata__"].update(checksums=json.dumps(
-            {k: v for k, v in json.loads(h["__metadata__"]["checksums"]).items() if k != SENSITIVITY})),
-            id="checksum-dropped"),
+        pytest.param(
+            lambda h: h["__metadata__"].update(
+                checksums=json.dumps(
+                    {
+                        k: v
+                        for k, v in json.loads(h["__metadata__"]["checksums"]).items()
+                        if k != SENSITIVITY
+                    }
+                )
+            ),
+            id="checksum-dropped",
+        ),
     ],
 )
 def test_a_tampered_profile_header_is_an_entry_error(edit):
@@ -180,10 +194,15 @@ def test_disk_round_trip_and_promotion_to_ram_keep_the_profile(make_store):
     make_store().put("k", kv, ram=False)
     reader = make_store()  # fresh RAM tier on the same directory
     first = reader.get("k")
-    assert first.sensitivity is not None and torch.equal(_bits(first.sensitivity), _bits(kv.sensitivity))
+    assert first.sensitivity is not None and torch.equal(_bits(first.sensitivity),
+                                                         _bits(kv.sensitivity))
     assert same_bits(first, kv)
     s = reader.stats()
-    assert (s.tier("disk").hits, s.tier("ram").entries, s.tier("ram").bytes_written) == (1, 1, held_bytes(kv))
+    assert (s.tier("disk").hits, s.tier("ram").entries, s.tier("ram").bytes_written) == (
+        1,
+        1,
+        held_bytes(kv),
+    )
     second = reader.get("k")  # served by RAM now
     assert second is first and reader.stats().tier("ram").hits == 1
     assert torch.equal(second.sensitivity, kv.sensitivity)
@@ -200,12 +219,15 @@ def test_replacing_an_entry_with_its_profiled_version_updates_every_tier(make_st
     assert torch.equal(make_store().get("k").sensitivity, profiled.sensitivity)  # disk has it too
 
 
-def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_server, redis_prefix, tmp_path):
+def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_server, redis_prefix,
+                                                         tmp_path):
     kv = make_kv(15, profile=True)
     make_store(disk_dir=None, redis_url=redis_server.url, redis_prefix=redis_prefix).put("k", kv)
-    store = make_store(disk_dir=tmp_path / "disk", redis_url=redis_server.url, redis_prefix=redis_prefix)
+    store = make_store(disk_dir=tmp_path / "disk", redis_url=redis_server.url,
+                       redis_prefix=redis_prefix)
     got = store.get("k")  # Redis hit, promoted to disk and RAM
-    assert got.sensitivity is not None and torch.equal(_bits(got.sensitivity), _bits(kv.sensitivity))
+    assert got.sensitivity is not None and torch.equal(_bits(got.sensitivity),
+                                                       _bits(kv.sensitivity))
     s = store.stats()
     assert (s.tier("redis").hits, s.tier("disk").entries, s.tier("ram").entries) == (1, 1, 1)
     disk_only = make_store(disk_dir=tmp_path / "disk", ram_bytes=0)
@@ -218,7 +240,8 @@ def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_serve
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_profile_is_stored_on_the_cpu(make_store):
     kv = make_kv(17, profile=True)
-    on_gpu = ChunkKV(kv.keys.cuda(), kv.values.cuda(), kv.token_ids, kv.prefix_hash, kv.sensitivity.cuda())
+    on_gpu = ChunkKV(kv.keys.cuda(), kv.values.cuda(), kv.token_ids, kv.prefix_hash,
+                     kv.sensitivity.cuda())
     store = make_store()
     store.put("k", on_gpu)
     assert store.get("k").sensitivity.device.type == "cpu"
@@ -232,14 +255,22 @@ def test_profiles_precomputed_by_one_process_serve_another(model_dir, tmp_path, 
     """Profiles written by precompute come back from disk: the profile selector measures none."""
     config = StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=8 << 20)
     with TieredKVStore(config) as store:
-        writer = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
+        writer = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                             store=store)
         layout = writer.build_prompt(PREFIX, PASSAGES, SUFFIX)
         writer.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=True)
-        written = [store.get(writer.key(layout.chunk_prefix_ids, ids)).sensitivity for ids in layout.chunk_ids]
+        written = [store.get(writer.key(layout.chunk_prefix_ids,
+                                        ids)).sensitivity for ids in layout.chunk_ids]
     with TieredKVStore(config) as store:
-        reader = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
+        reader = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                             store=store)
         stats = reader.prefill(layout, BlendConfig(selector="profile", ratio=0.3)).stats
-        assert (stats.chunk_hits, stats.chunk_misses, stats.profiles_computed) == (len(PASSAGES), 0, 0)
-        read = [store.get(reader.key(layout.chunk_prefix_ids, ids)).sensitivity for ids in layout.chunk_ids]
+        assert (stats.chunk_hits, stats.chunk_misses, stats.profiles_computed) == (
+            len(PASSAGES),
+            0,
+            0,
+        )
+        read = [store.get(reader.key(layout.chunk_prefix_ids,
+                                     ids)).sensitivity for ids in layout.chunk_ids]
     assert all(torch.equal(a, b) for a, b in zip(written, read))
     assert all(s.max() > 0 for s in read)

@@ -32,7 +32,11 @@ def test_entries_are_shared_through_redis(redis_store, redis_server, redis_prefi
     assert reader.contains("k") and not reader.contains("other")
     assert same_bits(reader.get("k"), kv)
     s = reader.stats()
-    assert (s.tier("ram").misses, s.tier("redis").hits, s.tier("redis").bytes_read) == (1, 1, len(encode("k", kv)))
+    assert (s.tier("ram").misses, s.tier("redis").hits, s.tier("redis").bytes_read) == (
+        1,
+        1,
+        len(encode("k", kv)),
+    )
 
 
 def test_redis_hit_is_promoted_to_disk_and_ram(redis_store, tmp_path):
@@ -48,7 +52,8 @@ def test_redis_hit_is_promoted_to_disk_and_ram(redis_store, tmp_path):
     assert same_bits(disk_only.get("k"), make_kv(2))
 
 
-def test_corrupt_redis_entry_is_a_logged_miss_and_is_deleted(redis_store, redis_server, redis_prefix, caplog):
+def test_corrupt_redis_entry_is_a_logged_miss_and_is_deleted(redis_store, redis_server,
+                                                             redis_prefix, caplog):
     store = redis_store(ram_bytes=0)
     store.put("k", make_kv(3))
     client = redis_server.client()
@@ -76,7 +81,8 @@ def test_ttl_is_applied(redis_store, redis_server, redis_prefix):
     assert 0 < redis_server.client().ttl(redis_prefix + "k") <= 600
 
 
-@pytest.mark.skipif(REDIS_BINARY is None, reason="redis-server binary not found (apt-get install redis-server)")
+@pytest.mark.skipif(REDIS_BINARY is None,
+                    reason="redis-server binary not found (apt-get install redis-server)")
 def test_redis_going_down_degrades_with_a_warning(make_store, tmp_path, caplog):
     pytest.importorskip("redis")
     server = LocalRedis(tmp_path)
@@ -97,7 +103,8 @@ def test_redis_going_down_degrades_with_a_warning(make_store, tmp_path, caplog):
 def test_unreachable_redis_at_start_is_a_warning_not_an_error(make_store, caplog):
     pytest.importorskip("redis")
     with caplog.at_level(logging.WARNING, logger="blendrag.store"):
-        store = make_store(disk_dir=None, redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_timeout_s=0.5)
+        store = make_store(disk_dir=None, redis_url=f"redis://127.0.0.1:{free_port()}/0",
+                           redis_timeout_s=0.5)
     assert any("failed to open" in r.getMessage() for r in caplog.records)
     store.put("k", make_kv(1))
     assert same_bits(store.get("k"), make_kv(1))

@@ -96,7 +96,12 @@ def test_clear_empties_every_tier_and_reset_stats_zeroes_counters(make_store):
     assert store.get("k1") is None and store.missing(["k0", "k1"]) == ["k0", "k1"]
     store.reset_stats()
     s = store.stats()
-    assert (s.gets, s.tier("ram").hits, s.tier("disk").misses, s.tier("disk").bytes_written) == (0, 0, 0, 0)
+    assert (s.gets, s.tier("ram").hits, s.tier("disk").misses, s.tier("disk").bytes_written) == (
+        0,
+        0,
+        0,
+        0,
+    )
 
 
 def test_delete_removes_from_every_tier(make_store):
