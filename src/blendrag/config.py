@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 MODES = ("full", "prefix", "reuse", "blend")
-SELECTORS = ("cacheblend", "epic", "profile", "query", "random")
+SELECTORS = ("preview", "cacheblend", "epic", "profile", "query", "random")
 DEVIATIONS = ("value", "key")
 
 
@@ -23,6 +23,11 @@ class BlendConfig:
       ``blend``  selective recompute: cached chunks plus a ``ratio`` of chunk tokens recomputed
                  at every layer, chosen by ``selector``.
     selector (blend only):
+      ``preview``    tokens the question reads (attention of the suffix over the cached rows, in
+                     a preview pass of the suffix alone) weighted by how far context moves them
+                     (``ChunkKV.context_shift``, measured at ingestion); ``attention_floor`` is
+                     added to each layer's normalized attention. Static after the preview: the
+                     same tokens at every layer. engine/preview.py, selectors.PreviewSelector.
       ``cacheblend`` KV deviation at ``check_layers`` with gradual filtering down to ``ratio``.
       ``epic``       the first ``ratio`` of each chunk's tokens (attention-sink repair).
       ``profile``    the ``ratio`` of chunk tokens whose keys their context moves most, measured
@@ -43,6 +48,7 @@ class BlendConfig:
     ratio_schedule: tuple[float, ...] | None = None
     deviation: str = "value"
     seed: int = 0
+    attention_floor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -52,6 +58,9 @@ class BlendConfig:
         if (not isinstance(self.ratio, (int, float)) or not 0.0 <= float(self.ratio) <= 1.0
                 or math.isnan(self.ratio)):
             raise ValueError(f"ratio must be in [0, 1], got {self.ratio!r}")
+        if (not isinstance(self.attention_floor, (int, float)) or math.isnan(self.attention_floor)
+                or self.attention_floor < 0):
+            raise ValueError(f"attention_floor must be >= 0, got {self.attention_floor!r}")
         if self.deviation not in DEVIATIONS:
             raise ValueError(f"deviation must be one of {DEVIATIONS}, got {self.deviation!r}")
         layers = tuple(int(x) for x in self.check_layers)

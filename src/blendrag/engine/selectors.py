@@ -1,8 +1,8 @@
 """Which chunk tokens blend recomputes.
 
-Static selectors (epic, profile, random) decide before layer 0 and recompute the same tokens
-at every layer. Scoring selectors (cacheblend, query) recompute every chunk token until their first
-check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chunk tokens at
+Static selectors (preview, epic, profile, random) decide before layer 0 and recompute the same
+tokens at every layer. Scoring selectors (cacheblend, query) recompute every chunk token until
+their first check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chunk tokens at
 ``check_layers[i]`` (gradual filtering). Suffix tokens are always kept.
 """
 
@@ -17,6 +17,7 @@ import torch
 from blendrag.config import BlendConfig
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer import attention_probs
+from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.prompt import PromptLayout
 
 
@@ -87,28 +88,69 @@ class RandomSelector(Selector):
         return self.chunk_positions[chosen.to(self.device)]
 
 
-class ProfileSelector(Selector):
-    """The top ceil(ratio * C) chunk tokens by their stored context-sensitivity profile, ranked
-    across all chunks (engine/profile.py). The first chunk is left out when it follows the very
-    prefix it was computed after: its cached rows are then exact."""
+class StaticTopSelector(Selector):
+    """The top ceil(ratio * C) chunk tokens by ``self.scores`` ([C] on the CPU), ranked across
+    all chunks, recomputed at every layer."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float,
-                 profiles: Sequence[torch.Tensor | None] = ()) -> None:
-        super().__init__(config, layout, device, scaling)
-        if len(profiles) != len(layout.chunk_spans) or any(p is None for p in profiles):
-            raise ValueError("the profile selector needs a sensitivity profile for every chunk "
-                             "(BlendEngine fills them in; got chunk KVs without one)")
-        scores = torch.cat([p.float() for p in profiles])  # [C] on the CPU
-        if layout.chunk_prefix_ids == layout.prefix_ids and layout.chunk_spans:
-            first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
-            scores[:first] = -1.0  # exact rows: chosen last, only if the budget exceeds the rest
-        self.scores = scores
+    scores: torch.Tensor
 
     def initial(self) -> torch.Tensor:
         count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
         chosen = torch.topk(self.scores, count).indices.sort().values
         return self.chunk_positions[chosen.to(self.device)]
+
+
+def _first_chunk_exact(layout: PromptLayout, chunks: Sequence[ChunkKV]) -> bool:
+    """The first chunk's cached rows are exact when it was computed right after this very
+    prefix, with no ingestion context."""
+    return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context
+
+
+class ProfileSelector(StaticTopSelector):
+    """The top ceil(ratio * C) chunk tokens by their stored context-sensitivity profile, ranked
+    across all chunks (engine/profile.py). The first chunk is left out when its cached rows
+    are exact."""
+
+    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
+                 scaling: float, chunks: Sequence[ChunkKV] = ()) -> None:
+        super().__init__(config, layout, device, scaling)
+        profiles = [kv.sensitivity for kv in chunks]
+        if len(profiles) != len(layout.chunk_spans) or any(p is None for p in profiles):
+            raise ValueError("the profile selector needs a sensitivity profile for every chunk "
+                             "(BlendEngine fills them in; got chunk KVs without one)")
+        scores = torch.cat([p.float() for p in profiles])  # [C] on the CPU
+        if _first_chunk_exact(layout, chunks):
+            first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
+            scores[:first] = -1.0  # exact rows: chosen last, only if the budget exceeds the rest
+        self.scores = scores
+
+
+class PreviewSelector(StaticTopSelector):
+    """blendrag's default. Tokens the question reads whose rows context moves most: the score
+    of chunk token t is sum over layers l of (a_l(t) / mean_t a_l + floor) * sqrt(shift_l(t)),
+    where a_l is the attention the suffix paid t over the cached rows in the preview pass
+    (engine/preview.py) and shift_l the stored context shift (ChunkKV.context_shift; 1 for
+    chunks stored without one). ``attention_floor`` keeps tokens that context moves much in
+    reach where the preview, made over stale keys, pays them little attention."""
+
+    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
+                 scaling: float, chunks: Sequence[ChunkKV] = (),
+                 attention: torch.Tensor | None = None) -> None:
+        super().__init__(config, layout, device, scaling)
+        if attention is None or tuple(attention.shape[1:]) != (self.num_chunk_tokens,):
+            raise ValueError("the preview selector needs the preview pass's attention [layers, C]")
+        att = attention.float()
+        att = att / att.mean(dim=1, keepdim=True).clamp_min(1e-12)  # [L, C], mean 1 per layer
+        shifts = [kv.context_shift for kv in chunks]
+        if len(shifts) == len(layout.chunk_spans) and all(s is not None for s in shifts):
+            prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
+        else:  # a chunk stored without its context: rank by attention alone
+            prior = torch.ones_like(att)
+        scores = ((att + config.attention_floor) * prior).sum(dim=0)  # [C]
+        if _first_chunk_exact(layout, chunks):
+            first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
+            scores[:first] = -1.0
+        self.scores = scores
 
 
 class ScoringSelector(Selector):
@@ -179,6 +221,7 @@ class QuerySelector(ScoringSelector):
 SELECTORS: dict[str, type[Selector]] = {
     "cacheblend": CacheBlendSelector,
     "epic": EpicSelector,
+    "preview": PreviewSelector,
     "profile": ProfileSelector,
     "query": QuerySelector,
     "random": RandomSelector,
@@ -186,12 +229,16 @@ SELECTORS: dict[str, type[Selector]] = {
 
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
-                  scaling: float, profiles: Sequence[torch.Tensor | None] = ()) -> Selector:
-    """The selector of ``config``; its check layers must exist in the model. ``profiles``: the
-    chunks' sensitivity profiles, in prompt order (profile selector only)."""
+                  scaling: float, chunks: Sequence[ChunkKV] = (),
+                  attention: torch.Tensor | None = None) -> Selector:
+    """The selector of ``config``; its check layers must exist in the model. ``chunks``: the
+    chunks' cached KVs in prompt order (their profiles and context shifts); ``attention``: the
+    preview pass's [layers, C] (preview selector only)."""
     if config.selector in ("cacheblend", "query") and config.check_layers[-1] >= num_layers:
         raise ValueError(f"check_layers {config.check_layers} exceed the model's {num_layers} "
                          "layers")
     if config.selector == "profile":
-        return ProfileSelector(config, layout, device, scaling, profiles)
+        return ProfileSelector(config, layout, device, scaling, chunks)
+    if config.selector == "preview":
+        return PreviewSelector(config, layout, device, scaling, chunks, attention)
     return SELECTORS[config.selector](config, layout, device, scaling)

@@ -26,6 +26,8 @@ class RequestStats:
     prefix_hit: bool = False
     tokens_reused: int = 0
     # chunk profiles measured by this request (profile selector, first use)
+    preview_tokens: int = 0  # suffix tokens the preview pass computed, at every layer
+    layers: int = 0
     profiles_computed: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
     recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
@@ -49,6 +51,15 @@ class RequestStats:
         return sum(per_layer) / (len(per_layer) * self.chunk_tokens)
 
     @property
+    def compute_fraction(self) -> float:
+        """Every token-layer this request computed (the main pass and the preview pass) over a
+        full prefill's (prompt tokens x layers): its compute relative to a full prefill."""
+        if not self.layers or not self.prompt_tokens:
+            return 0.0
+        total = sum(self.computed_per_layer) + self.preview_tokens * self.layers
+        return total / (self.prompt_tokens * self.layers)
+
+    @property
     def decode_tokens_per_s(self) -> float:
         """Tokens after the first one, per second of decoding."""
         steps = self.new_tokens - 1
@@ -57,5 +68,6 @@ class RequestStats:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["recompute_fraction"] = self.recompute_fraction
+        d["compute_fraction"] = self.compute_fraction
         d["decode_tokens_per_s"] = self.decode_tokens_per_s
         return d

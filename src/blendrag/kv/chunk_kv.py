@@ -7,7 +7,7 @@ chunk occupies in a later request, for every RoPE variant (docs/architecture.md,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -23,6 +23,11 @@ class ChunkKV:
     sensitivity: [T] float32 or None: how far each token's keys move when the chunk follows
       another chunk instead of the prefix alone (the ``profile`` selector's prior, see
       ``engine/profile.py``); None when the chunk was stored without a profile
+    context: tag of the ingestion context the rows were computed in ("" = after the prefix
+      alone; see ``engine/context.py``): part of the store key
+    context_shift: [layers, T] float32 or None: per layer, the squared L2 distance (summed over
+      heads) between each token's values computed in that context and after the prefix alone;
+      how far context moves the token (the ``preview`` selector's prior)
     """
 
     keys: torch.Tensor
@@ -30,6 +35,8 @@ class ChunkKV:
     token_ids: tuple[int, ...]
     prefix_hash: str = ""
     sensitivity: torch.Tensor | None = None
+    context: str = ""
+    context_shift: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.keys.shape != self.values.shape:
@@ -52,6 +59,10 @@ class ChunkKV:
                 f"ChunkKV sensitivity must be [T] = [{len(self.token_ids)}], got "
                 f"{tuple(self.sensitivity.shape)}"
             )
+        expected = (self.num_layers, len(self.token_ids))
+        if self.context_shift is not None and tuple(self.context_shift.shape) != expected:
+            raise ValueError(f"ChunkKV context_shift must be [layers, T] = {list(expected)}, got "
+                             f"{tuple(self.context_shift.shape)}")
 
     @property
     def num_tokens(self) -> int:
@@ -65,18 +76,19 @@ class ChunkKV:
     def nbytes(self) -> int:
         return self.keys.numel() * self.keys.element_size() * 2
 
+    @property
+    def extra_nbytes(self) -> int:
+        """Bytes of the optional per-token priors (profile, context shift)."""
+        return sum(t.numel() * t.element_size()
+                   for t in (self.sensitivity, self.context_shift) if t is not None)
+
     def to(self, device: torch.device | str) -> ChunkKV:
+        """K and V on ``device`` (the priors stay on the host, where selectors read them)."""
         if self.keys.device == torch.device(device):
             return self
-        return ChunkKV(
-            self.keys.to(device, non_blocking=True),
-            self.values.to(device, non_blocking=True),
-            self.token_ids,
-            self.prefix_hash,
-            self.sensitivity,
-        )
+        return replace(self, keys=self.keys.to(device, non_blocking=True),
+                       values=self.values.to(device, non_blocking=True))
 
     def with_sensitivity(self, sensitivity: torch.Tensor) -> ChunkKV:
         """The same rows with a profile attached (float32 on the CPU: it is read on the host)."""
-        return ChunkKV(self.keys, self.values, self.token_ids, self.prefix_hash,
-                       sensitivity.detach().to("cpu", torch.float32).contiguous())
+        return replace(self, sensitivity=sensitivity.detach().to("cpu", torch.float32).contiguous())

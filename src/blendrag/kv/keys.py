@@ -2,7 +2,9 @@
 
 A key depends on what determines the KV rows and on nothing else: the format version, the
 model (architecture config, weights, dtype), the tokenizer, the prefix the chunk was computed
-after, and the chunk's token ids. It does not depend on the chunk's position or neighbours.
+after, the ingestion context it was computed in (fixed filler passages, identified by a tag)
+and the chunk's token ids. It does not depend on the chunk's position or neighbours in a
+prompt.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-KEY_FORMAT_VERSION = 1
+KEY_FORMAT_VERSION = 2  # 2: the ingestion context tag is part of the key
 
 
 def hash_ids(ids: Sequence[int]) -> str:
@@ -24,11 +26,12 @@ def hash_ids(ids: Sequence[int]) -> str:
 
 
 def chunk_key(model_fp: str, tokenizer_fp: str, prefix_ids: Sequence[int],
-              chunk_ids: Sequence[int]) -> str:
-    """Key of the KV of ``chunk_ids`` computed right after ``prefix_ids``."""
+              chunk_ids: Sequence[int], context: str = "") -> str:
+    """Key of the KV of ``chunk_ids`` computed after ``prefix_ids`` in the ingestion context
+    ``context`` (its tag; "" = right after the prefix)."""
     h = hashlib.sha256()
     for part in (f"blendrag-kv-v{KEY_FORMAT_VERSION}", model_fp, tokenizer_fp, hash_ids(prefix_ids),
-                 hash_ids(chunk_ids)):
+                 hash_ids(chunk_ids), context):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()

@@ -4,7 +4,8 @@ Layout::
 
     k.{i}, v.{i}    [kv_heads, T, head_dim] of layer i (keys pre-RoPE)
     sensitivity     [T] float32, optional: the chunk's context-sensitivity profile
-    __metadata__    format, version, key, prefix_hash, dtype, shape [L, H, T, D],
+    context_shift   [L, T] float32, optional: per layer, how far context moves each value
+    __metadata__    format, version, key, prefix_hash, context, dtype, shape [L, H, T, D],
                     token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex}),
                     meta_checksum (xxh3-128 over all the other metadata fields)
 
@@ -34,11 +35,12 @@ import xxhash
 from blendrag.kv.chunk_kv import ChunkKV
 
 FORMAT_NAME = "blendrag-chunk-kv"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the ingestion context tag and the context shift
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _MAX_HEADER = 100 << 20  # the safetensors limit
 SENSITIVITY = "sensitivity"
+CONTEXT_SHIFT = "context_shift"
 
 
 def _iov_max() -> int:
@@ -83,13 +85,15 @@ def encode(key: str, kv: ChunkKV) -> bytes:
     for i in range(kv.num_layers):
         tensors[f"k.{i}"] = keys[i]
         tensors[f"v.{i}"] = values[i]
-    if kv.sensitivity is not None:
-        tensors[SENSITIVITY] = kv.sensitivity.detach().to("cpu", torch.float32).contiguous()
+    for name, prior in ((SENSITIVITY, kv.sensitivity), (CONTEXT_SHIFT, kv.context_shift)):
+        if prior is not None:
+            tensors[name] = prior.detach().to("cpu", torch.float32).contiguous()
     meta = {
         "format": FORMAT_NAME,
         "version": str(FORMAT_VERSION),
         "key": key,
         "prefix_hash": kv.prefix_hash,
+        "context": kv.context,
         "dtype": dtype,
         "shape": json.dumps(list(keys.shape)),
         "token_ids": json.dumps(list(kv.token_ids)),
@@ -143,16 +147,21 @@ class EntryReader:
             self.token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
             self._checksums = dict(json.loads(meta["checksums"]))
             self.prefix_hash = str(meta["prefix_hash"])
+            self.context = str(meta["context"])
         except (KeyError, ValueError, TypeError) as exc:
             raise EntryError(f"malformed metadata: {exc!r}") from None
         if len(self.shape) != 4 or self.shape[2] != len(self.token_ids):
             raise EntryError(f"shape {self.shape} does not match {len(self.token_ids)} token ids")
         names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in "kv"}
-        self.has_sensitivity = SENSITIVITY in self._checksums
-        if self.has_sensitivity:
-            names.add(SENSITIVITY)
+        self.priors = {SENSITIVITY: (self.shape[2],), CONTEXT_SHIFT: (self.shape[0], self.shape[2])}
+        self.priors = {k: v for k, v in self.priors.items() if k in self._checksums}
+        names.update(self.priors)
         if set(self._checksums) != names or set(self._tensors.names()) != names:
             raise EntryError("tensor names do not match the declared layer count")
+
+    @property
+    def has_sensitivity(self) -> bool:
+        return SENSITIVITY in self.priors
 
     @property
     def num_layers(self) -> int:
@@ -179,14 +188,14 @@ class EntryReader:
             for i in range(self.num_layers)
             for kind, t in (("k", keys), ("v", values))
         ]
-        sensitivity = torch.empty(self.shape[2],
-                                  dtype=torch.float32) if self.has_sensitivity else None
-        if sensitivity is not None:
-            parts.append((SENSITIVITY, sensitivity))
+        priors = {name: torch.empty(shape, dtype=torch.float32)
+                  for name, shape in self.priors.items()}
+        parts += list(priors.items())
         self._tensors.read_many(parts)
         for name, out in parts:
             self._verify(name, out)
-        return ChunkKV(keys, values, self.token_ids, self.prefix_hash, sensitivity)
+        return ChunkKV(keys, values, self.token_ids, self.prefix_hash, priors.get(SENSITIVITY),
+                       self.context, priors.get(CONTEXT_SHIFT))
 
     def _read_checked(self, name: str, out: torch.Tensor) -> None:
         self._tensors.read_into(name, out)

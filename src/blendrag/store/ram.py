@@ -18,12 +18,11 @@ from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsa
 
 
 def held_bytes(kv: ChunkKV) -> int:
-    """Host memory an entry holds: its K and V rows (``ChunkKV.nbytes``) plus its
-    context-sensitivity profile where it has one (4 bytes a token). What the RAM tier's byte
-    budget counts; ``ChunkKV.nbytes`` stays the size of the KV rows alone."""
-    profile = kv.sensitivity
-    extra = profile.numel() * profile.element_size() if profile is not None else 0
-    return kv.nbytes + extra
+    """Host memory an entry holds: its K and V rows (``ChunkKV.nbytes``) plus its per-token
+    priors where it has them (profile: 4 bytes a token; context shift: 4 bytes a token and
+    layer). What the RAM tier's byte budget counts; ``ChunkKV.nbytes`` stays the size of the KV
+    rows alone."""
+    return kv.nbytes + kv.extra_nbytes
 
 
 class MemoryKVStore:

@@ -8,6 +8,7 @@ benched (``TierHealth``); a defective entry is a logged miss and is deleted. ``g
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -257,12 +258,12 @@ class TieredKVStore:
 
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded.
-    tensors = [kv.keys, kv.values] + ([kv.sensitivity] if kv.sensitivity is not None else [])
-    if all(t.device.type == "cpu" for t in tensors):
+    tensors = [kv.keys, kv.values, kv.sensitivity, kv.context_shift]
+    if all(t is None or t.device.type == "cpu" for t in tensors):
         return kv
-    sensitivity = kv.sensitivity.to("cpu") if kv.sensitivity is not None else None
-    return ChunkKV(kv.keys.to("cpu"), kv.values.to("cpu"), kv.token_ids, kv.prefix_hash,
-                   sensitivity)
+    return dataclasses.replace(kv, **{name: t.to("cpu") for name, t in (
+        ("keys", kv.keys), ("values", kv.values), ("sensitivity", kv.sensitivity),
+        ("context_shift", kv.context_shift)) if t is not None})
 
 
 def _size_of(source: bytes | BinaryIO) -> int:

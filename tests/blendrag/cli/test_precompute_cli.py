@@ -153,14 +153,16 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     for text in TEXTS:
         ids = engine.prompts.encode(text)
         got = store.get(engine.key(prefix_ids, ids))
-        ref = engine._chunk_prefill(prefix, prefix_ids, ids)
+        ref = engine.compute_chunk(prefix, prefix_ids, ids)
         assert (
             got is not None
             and torch.equal(got.keys, ref.keys)
             and torch.equal(got.values, ref.values)
         )
     disk = store.stats().tier("disk")
-    assert (disk.corrupt, disk.errors, disk.entries) == (0, 0, 1 + len(TEXTS))
+    # the chunk prefix, the prefix + each filler of the ingestion context, the chunks
+    fillers = len(engine.context.fillers)
+    assert (disk.corrupt, disk.errors, disk.entries) == (0, 0, 1 + fillers + len(TEXTS))
     store.close()
 
 

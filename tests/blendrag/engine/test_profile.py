@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig
+from blendrag.engine.chunks import prefill_chunk
 from blendrag.engine.profile import key_deviation, neighbours, profile_depth
 from blendrag.engine.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
@@ -70,8 +71,8 @@ def test_precompute_stores_the_deviation_after_the_previous_chunk(engine_for):
     ids = layout.chunk_ids
     for i in range(len(ids)):
         stored = engine.store.get(engine.key(anchor, ids[i]))
-        alone = engine._chunk_prefill(None, anchor, ids[i])
-        after = engine._chunk_prefill(None, anchor + list(ids[i - 1]), ids[i])
+        alone = prefill_chunk(engine, None, anchor, ids[i])
+        after = prefill_chunk(engine, None, anchor + list(ids[i - 1]), ids[i])
         # the served KV is the stand-alone one
         assert torch.allclose(stored.keys, alone.keys, atol=1e-5)
         assert torch.allclose(stored.sensitivity, key_deviation(alone, after), rtol=1e-3, atol=1e-4)
@@ -82,11 +83,11 @@ def test_profile_selector_takes_the_top_tokens_across_chunks_but_not_the_exact_f
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     _ingest(engine, layout)
-    profiles = [engine.store.get(engine.key(layout.chunk_prefix_ids,
-                                            ids)).sensitivity for ids in layout.chunk_ids]
+    kvs = [engine.store.get(engine.key(layout.chunk_prefix_ids, ids)) for ids in layout.chunk_ids]
+    profiles = [kv.sensitivity for kv in kvs]
     cfg = BlendConfig(selector="profile", ratio=0.3)
     sel = make_selector(cfg, layout, engine.adapter.num_layers, engine.device,
-                        engine.adapter.scaling, profiles)
+                        engine.adapter.scaling, kvs)
     picked = sel.initial()
     first_end = layout.chunk_spans[0][1]
     scores = torch.cat(profiles)
@@ -106,7 +107,8 @@ def test_profile_selector_needs_a_profile_per_chunk(engine_for):
     with pytest.raises(ValueError, match="profile"):
         make_selector(BlendConfig(selector="profile"), layout, engine.adapter.num_layers,
                       engine.device,
-                      engine.adapter.scaling, [None] * len(layout.chunk_ids))
+                      engine.adapter.scaling, [engine.compute_chunk(None, (), ids)
+                                               for ids in layout.chunk_ids])
 
 
 def test_profile_at_ratio_one_equals_full_prefill(engine_for):
@@ -161,9 +163,9 @@ def test_profile_uses_the_cached_prefix_and_matches_a_plain_recompute(engine_for
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
-    alone = engine._chunk_prefill(None, anchor, ids[1])
+    alone = prefill_chunk(engine, None, anchor, ids[1])
     with_cache = engine.profiled(alone, anchor, [ids[0]], engine.prefix_kv(anchor))
-    plain = key_deviation(alone, engine._chunk_prefill(None, anchor + list(ids[0]), ids[1]))
+    plain = key_deviation(alone, prefill_chunk(engine, None, anchor + list(ids[0]), ids[1]))
     assert torch.allclose(with_cache.sensitivity, plain, rtol=1e-3, atol=1e-4)
 
 
@@ -173,9 +175,9 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
     engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=2)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     for i in range(len(ids)):
-        alone = engine._chunk_prefill(None, anchor, ids[i])
+        alone = prefill_chunk(engine, None, anchor, ids[i])
         devs = [key_deviation(alone,
-                              engine._chunk_prefill(None, anchor + list(ids[(i - j) % len(ids)]),
+                              prefill_chunk(engine, None, anchor + list(ids[(i - j) % len(ids)]),
                                                     ids[i]))
                 for j in (1, 2)]
         expected = torch.maximum(devs[0], devs[1])
@@ -196,7 +198,7 @@ def test_profiled_refuses_no_probe_and_empty_probes(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     anchor = list(layout.chunk_prefix_ids)
-    alone = engine._chunk_prefill(None, anchor, layout.chunk_ids[0])
+    alone = prefill_chunk(engine, None, anchor, layout.chunk_ids[0])
     for probes in ([], [[]]):
         with pytest.raises(ValueError, match="probe"):
             engine.profiled(alone, anchor, probes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blendrag import BlendConfig, BlendEngine
+from blendrag import NO_CONTEXT, BlendConfig, BlendEngine
 from blendrag.ingest import precompute
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.kvgen import make_kv
@@ -21,7 +21,7 @@ def _tiers(stats) -> dict[str, tuple[int, int]]:
 def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_path):
     config = StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=4 << 20)
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                         store=TieredKVStore(config))
+                                         store=TieredKVStore(config), context=NO_CONTEXT)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     n = len(PASSAGES)
     cold = engine.prefill(layout, BlendConfig(ratio=0.3)).stats.store
@@ -46,7 +46,7 @@ def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_p
 
 def test_precomputed_chunks_are_served_from_disk_first(model_dir, make_store):
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                         store=make_store())
+                                         store=make_store(), context=NO_CONTEXT)
     precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(ratio=0.3)).stats

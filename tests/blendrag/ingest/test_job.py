@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blendrag import BlendConfig, BlendEngine, MemoryKVStore
+from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, precompute
 from blendrag.integration.text_index import ChunkTextIndex
 from helpers.sources import DOCS, make_chroma
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture
 def engine(model_dir, make_store) -> BlendEngine:
     return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                       store=make_store())
+                                       store=make_store(), context=NO_CONTEXT)
 
 
 def _key(engine: BlendEngine, text: str) -> str:
@@ -37,7 +37,7 @@ def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
     prefix = engine.prefix_kv(prefix_ids)
     for text in PASSAGES:
         stored = engine.store.get(_key(engine, text))
-        ref = engine._chunk_prefill(prefix, prefix_ids, engine.prompts.encode(text))
+        ref = engine.compute_chunk(prefix, prefix_ids, engine.prompts.encode(text))
         assert torch.equal(stored.keys, ref.keys) and torch.equal(stored.values, ref.values)
 
 
@@ -52,7 +52,8 @@ def test_a_ram_only_store_still_gets_the_entries(model_dir):
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                          store=MemoryKVStore())
     assert precompute(engine, PASSAGES, prefix=PREFIX, progress=False).computed == 4
-    assert len(engine.store) == 5
+    # the chunk prefix, once more after each filler of the ingestion context, and the chunks
+    assert len(engine.store) == 1 + len(engine.context.fillers) + 4
 
 
 def test_resumes_where_it_stopped_and_repeats_are_computed_once(engine):
@@ -123,7 +124,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
         assert got.max() > 0
     # the served rows are the stand-alone ones, profile or not
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
-    ref = engine._chunk_prefill(engine.prefix_kv(prefix_ids), prefix_ids, engine.prompts.encode(p2))
+    ref = engine.compute_chunk(engine.prefix_kv(prefix_ids), prefix_ids, engine.prompts.encode(p2))
     assert torch.equal(_stored(engine, p2).keys,
                        ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
     # queries with the profile selector find every profile in the store
@@ -137,7 +138,7 @@ def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(
 ):
     precompute(engine, PASSAGES, prefix=PREFIX, progress=False, batch_size=1, profile=True)
     whole = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                        store=make_store(disk_dir=None))
+                                        store=make_store(disk_dir=None), context=NO_CONTEXT)
     whole.precompute(whole.prompts.chunk_prefix_ids(PREFIX),
                      [whole.prompts.encode(t) for t in PASSAGES], profile=True)
     for text in PASSAGES[1:]:

@@ -24,10 +24,10 @@ def tiny_model(model_dir):
 def engine(tiny_model):
     """A fresh engine (empty KV store) over the shared tiny model; chunk KVs are computed after
     the canonical chunk prefix "" (after the chat template head), as framework chains need."""
-    from blendrag import BlendEngine
+    from blendrag import NO_CONTEXT, BlendEngine
 
     model, tokenizer = tiny_model
-    return BlendEngine(model, tokenizer, chat=True, chunk_prefix="")
+    return BlendEngine(model, tokenizer, chat=True, chunk_prefix="", context=NO_CONTEXT)
 
 
 @pytest.fixture

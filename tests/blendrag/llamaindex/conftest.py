@@ -18,7 +18,7 @@ from llama_index.core import Settings  # noqa: E402
 from llama_index.core.schema import TextNode  # noqa: E402
 from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
 
-from blendrag import BlendEngine  # noqa: E402
+from blendrag import NO_CONTEXT, BlendEngine  # noqa: E402
 from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbeddings  # noqa: E402
 from helpers.tiny import PASSAGES  # noqa: E402
 
@@ -58,7 +58,8 @@ def make_llm(base_engine):
     sharing the tiny model's weights, chunks written with OWN_SEPARATOR unless told otherwise."""
 
     def make(chat: bool = False, **kwargs) -> BlendLLM:
-        engine = BlendEngine(base_engine.model, base_engine.tokenizer, chat=chat, chunk_prefix="")
+        engine = BlendEngine(base_engine.model, base_engine.tokenizer, chat=chat, chunk_prefix="",
+                             context=NO_CONTEXT)
         kwargs.setdefault("generation_config", GENERATION)
         for key, value in OWN_SEPARATOR.items():
             kwargs.setdefault(key, value)
