@@ -23,11 +23,13 @@ class BlendConfig:
       ``blend``  selective recompute: cached chunks plus a ``ratio`` of chunk tokens recomputed
                  at every layer, chosen by ``selector``.
     selector (blend only):
-      ``preview``    tokens the question reads (attention of the suffix over the cached rows, in
-                     a preview pass of the suffix alone) weighted by how far context moves them
-                     (``ChunkKV.context_shift``, measured at ingestion); ``attention_floor`` is
-                     added to each layer's normalized attention. Static after the preview: the
-                     same tokens at every layer. engine/preview.py, selectors.PreviewSelector.
+      ``preview``    the default. Tokens the question reads (attention of the suffix over the
+                     cached rows, in a preview pass of the suffix alone) weighted by how far
+                     context moves them (``ChunkKV.context_shift``, measured at ingestion);
+                     ``attention_floor`` is added to each layer's normalized attention. Static
+                     after the preview: the same tokens at every layer. engine/preview.py,
+                     selectors.PreviewSelector; the default ratio 0.20 is the knee of the
+                     fidelity frontier on SmolLM2-135M-Instruct (docs/benchmarks.md).
       ``cacheblend`` KV deviation at ``check_layers`` with gradual filtering down to ``ratio``.
       ``epic``       the first ``ratio`` of each chunk's tokens (attention-sink repair).
       ``profile``    the ``ratio`` of chunk tokens whose keys their context moves most, measured
@@ -42,13 +44,13 @@ class BlendConfig:
     """
 
     mode: str = "blend"
-    selector: str = "cacheblend"
-    ratio: float = 0.15
+    selector: str = "preview"
+    ratio: float = 0.20
     check_layers: tuple[int, ...] = (1,)
     ratio_schedule: tuple[float, ...] | None = None
     deviation: str = "value"
     seed: int = 0
-    attention_floor: float = 1.0
+    attention_floor: float = 4.0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -29,12 +29,11 @@ from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 1.0)
+DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 FULL = BlendConfig(mode="full")
 INGEST_ORDERS = ("prompt", "shuffled")
 RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",
-               "ttft_s",
-               "speedup_vs_full", "recompute_fraction", "n")
+               "ttft_s", "speedup_vs_full", "recompute_fraction", "compute_fraction", "n")
 """Keys of one JSON record (``ConfigSummary.record``)."""
 
 
@@ -121,6 +120,7 @@ class ExampleResult:
     kl: float
     ttft_s: float
     recompute_fraction: float
+    compute_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,7 @@ class ConfigSummary:
     ttft_s: float
     speedup_vs_full: float
     recompute_fraction: float
+    compute_fraction: float
     n: int
     quality_by_kind: dict[str, float] = field(default_factory=dict)
 
@@ -227,7 +228,8 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
             exact_match=exact_match(answer, item.answers),
             first_token_agreement=float(first_token_agrees(reference, logits)),
             kl=first_token_kl(reference, logits), ttft_s=stats.ttft_s,
-            recompute_fraction=stats.recompute_fraction))
+            recompute_fraction=stats.recompute_fraction,
+            compute_fraction=stats.compute_fraction))
     return out
 
 
@@ -302,5 +304,6 @@ def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> C
         first_token_agreement=_mean([e.first_token_agreement for e in rows]),
         kl=_mean([e.kl for e in rows]),
         ttft_s=ttft, speedup_vs_full=full_ttft / ttft if ttft > 0 else float("inf"),
-        recompute_fraction=_mean([e.recompute_fraction for e in rows]), n=len(rows),
+        recompute_fraction=_mean([e.recompute_fraction for e in rows]),
+        compute_fraction=_mean([e.compute_fraction for e in rows]), n=len(rows),
         quality_by_kind=by_kind)

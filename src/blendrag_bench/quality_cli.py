@@ -57,7 +57,7 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help=f"comma-separated subset of {','.join(MODES)}")
     q.add_argument("--selectors", type=_csv(str), default=SELECTORS,
                    help=f"comma-separated subset of {','.join(SELECTORS)}")
-    q.add_argument("--ratios", type=_csv(float), default=(0.05, 0.10, 0.15, 0.20, 0.30, 1.0),
+    q.add_argument("--ratios", type=_csv(float), default=(0.05, 0.10, 0.15, 0.20, 0.30, 0.50),
                    help="comma-separated recompute ratios of blend")
     q.add_argument("--max-new-tokens", type=int, default=32)
     q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],

@@ -9,9 +9,9 @@ from pathlib import Path
 from blendrag_bench.quality import ConfigSummary, QualityReport
 
 TABLE_MD, TABLE_CSV, PLOT_PNG = "table.md", "table.csv", "quality_vs_ttft.png"
+COMPUTE_PNG = "fidelity_vs_compute.png"
 CSV_COLUMNS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",
-               "ttft_s",
-               "speedup_vs_full", "recompute_fraction", "n")
+               "ttft_s", "speedup_vs_full", "recompute_fraction", "compute_fraction", "n")
 
 
 def _fmt_ratio(ratio: float | None) -> str:
@@ -36,13 +36,14 @@ def format_markdown(report: QualityReport) -> str:
                 if any(s.selector == "profile" for s in report.summaries) else ""),
              "",
              "| mode | selector | ratio | quality | EM | first-token agreement | KL(full‖mode) | "
-             "TTFT ms | speedup | recompute |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "TTFT ms | speedup | recompute | compute |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report.summaries:
         lines.append(f"| {s.mode} | {s.selector or '-'} | {_fmt_ratio(s.ratio)} | {s.quality:.3f} "
                      f"| {s.exact_match:.3f} | {s.first_token_agreement:.3f} | {s.kl:.4f} | "
                      f"{s.ttft_s * 1e3:.1f} | "
-                     f"{s.speedup_vs_full:.2f}x | {s.recompute_fraction:.3f} |")
+                     f"{s.speedup_vs_full:.2f}x | {s.recompute_fraction:.3f} | "
+                     f"{s.compute_fraction:.3f} |")
     if len(report.kinds) > 1:
         lines += ["", "Quality per kind:", "", "| config | " + " | ".join(report.kinds) + " |",
                   "|---|" + "---:|" * len(report.kinds)]
@@ -124,6 +125,40 @@ def plot_quality_vs_ttft(report: QualityReport, path: Path) -> None:
     fig.savefig(path)
 
 
+def plot_fidelity_vs_compute(report: QualityReport, path: Path) -> None:
+    """First-token agreement and KL(full||mode) against the compute spent (every computed
+    token-layer, preview passes included, over full prefill's): one line per blend selector,
+    markers for the baselines. The fidelity frontier of docs/benchmarks.md."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11.0, 4.5), dpi=120)
+    FigureCanvasAgg(fig)
+    panels = fig.subplots(1, 3)
+    metrics = (("quality", "answer quality"), ("first_token_agreement", "first-token agreement"),
+               ("kl", "KL(full || mode), log scale"))
+    for ax, (attr, label) in zip(panels, metrics):
+        for selector, rows in _series(report.summaries).items():
+            ax.plot([s.compute_fraction for s in rows], [getattr(s, attr) for s in rows],
+                    marker="o", label=f"blend ({selector})")
+        for s in report.summaries:
+            if s.mode in _BASELINES and s.mode != "full":
+                marker, color, name = _BASELINES[s.mode]
+                ax.scatter([s.compute_fraction], [getattr(s, attr)], marker=marker, s=90,
+                           color=color, label=name, zorder=3)
+        if attr == "kl":
+            ax.set_yscale("log")
+            ax.axhline(0.02, color="black", linestyle=":", linewidth=1)
+        ax.set_xlabel("compute / full prefill's")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+    panels[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{_short(report.model)} on {report.dataset} ({report.items} items)",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def _short(model: str) -> str:
     """A local model directory by its name; hub ids as they are."""
     path = Path(model)
@@ -140,13 +175,15 @@ def _pad_limits(ax, qualities: list[float]) -> None:
 def write_report(
     report: QualityReport, out_dir: Path, json_path: Path | None = None
 ) -> dict[str, Path]:
-    """Write table.md, table.csv, quality_vs_ttft.png into ``out_dir`` (and the JSON records to
-    ``json_path``); returns the paths by kind."""
+    """Write table.md, table.csv, quality_vs_ttft.png, fidelity_vs_compute.png into ``out_dir``
+    (and the JSON records to ``json_path``); returns the paths by kind."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out_dir / TABLE_MD, "csv": out_dir / TABLE_CSV, "png": out_dir / PLOT_PNG}
+    paths = {"md": out_dir / TABLE_MD, "csv": out_dir / TABLE_CSV, "png": out_dir / PLOT_PNG,
+             "compute_png": out_dir / COMPUTE_PNG}
     paths["md"].write_text(format_markdown(report) + "\n")
     write_csv(report, paths["csv"])
     plot_quality_vs_ttft(report, paths["png"])
+    plot_fidelity_vs_compute(report, paths["compute_png"])
     if json_path is not None:
         write_json(report, json_path)
         paths["json"] = json_path

@@ -63,11 +63,12 @@ def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
     assert all(set(r) == set(RECORD_KEYS) == {"mode", "selector", "ratio", "quality", "exact_match",
                                               "first_token_agreement", "kl", "ttft_s",
                                               "speedup_vs_full",
-                                              "recompute_fraction", "n"}
+                                              "recompute_fraction", "compute_fraction", "n"}
                for r in loaded)
     assert [(r["mode"], r["selector"], r["ratio"]) for r in loaded] == [
         ("full", None, None), ("blend", "cacheblend", 0.2), ("blend", "cacheblend", 1.0)]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["compute_png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (
         paths["csv"]
         .read_text()

@@ -16,7 +16,8 @@ def _summary(mode, selector, ratio, quality, ttft) -> ConfigSummary:
                          exact_match=quality / 2,
                          first_token_agreement=1.0, kl=0.01, ttft_s=ttft,
                          speedup_vs_full=1.0 / ttft,
-                         recompute_fraction=ratio or 0.0, n=4,
+                         recompute_fraction=ratio or 0.0,
+                         compute_fraction=ratio or 1.0, n=4,
                          quality_by_kind={"single": quality, "pronoun": 0.5})
 
 
@@ -39,7 +40,8 @@ def test_markdown_table_and_kinds() -> None:
     lines = md.splitlines()
     assert lines[0].startswith("Quality vs TTFT: model `demo`")
     assert (
-        "| blend | epic | 0.30 | 0.800 | 0.400 | 1.000 | 0.0100 | 550.0 | 1.82x | 0.300 |" in lines
+        "| blend | epic | 0.30 | 0.800 | 0.400 | 1.000 | 0.0100 | 550.0 | 1.82x | 0.300 | 0.300 |"
+        in lines
     )
     assert "| full | - | - | 0.900 |" in md
     assert "| config | single | pronoun |" in md and "| blend-epic@0.1 | 0.600 | 0.500 |" in md
@@ -48,6 +50,7 @@ def test_markdown_table_and_kinds() -> None:
 def test_files_written(tmp_path: Path) -> None:
     paths = write_report(_report(), tmp_path / "o")
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "fidelity_vs_compute.png",
         "quality_vs_ttft.png",
         "table.csv",
         "table.md",
@@ -68,8 +71,8 @@ def test_cli_bench_quality(model_dir, tmp_path: Path, capsys) -> None:
     assert rc == 0
     printed = capsys.readouterr().out
     assert "| full | - | - |" in printed and "| reuse | - | - |" in printed
-    assert {p.name for p in (out / "synthetic").iterdir()} == {"table.md", "table.csv",
-                                                               "quality_vs_ttft.png"}
+    assert {p.name for p in (out / "synthetic").iterdir()} == {
+        "table.md", "table.csv", "quality_vs_ttft.png", "fidelity_vs_compute.png"}
     assert [(r["dataset"], r["mode"]) for r in json.loads(js.read_text())] == [
         ("synthetic", "full"),
         ("synthetic", "reuse"),

@@ -2,8 +2,8 @@
 
 Static selectors (preview, epic, profile, random) decide before layer 0 and recompute the same
 tokens at every layer. Scoring selectors (cacheblend, query) recompute every chunk token until
-their first check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chunk tokens at
-``check_layers[i]`` (gradual filtering). Suffix tokens are always kept.
+their first check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chunk
+tokens at ``check_layers[i]`` (gradual filtering). Suffix tokens are always kept.
 """
 
 from __future__ import annotations

@@ -55,9 +55,9 @@ def test_check_layer_beyond_model(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     with pytest.raises(ValueError, match="exceed the model's 3 layers"):
-        engine.prefill(layout, BlendConfig(check_layers=(1, 5)))
+        engine.prefill(layout, BlendConfig(selector="cacheblend", check_layers=(1, 5)))
     with pytest.raises(ValueError, match="cacheblend check layers must be >= 1"):
-        engine.prefill(layout, BlendConfig(check_layers=(0,)))
+        engine.prefill(layout, BlendConfig(selector="cacheblend", check_layers=(0,)))
 
 
 def test_unsupported_architecture_lists_supported():

@@ -28,7 +28,7 @@ def test_blend_ratio_one_equals_full_and_hf(engine_for, family):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
-    for selector in ("cacheblend", "epic", "query", "random"):
+    for selector in ("preview", "cacheblend", "epic", "query", "random"):
         blend = engine.prefill(layout,
                                BlendConfig(mode="blend", selector=selector, ratio=1.0)).logits
         assert max_diff(blend, full) < TOL, selector
@@ -44,7 +44,7 @@ def test_blend_ratio_one_with_chat_template(engine_for):
     assert engine.tokenizer.convert_tokens_to_ids("<|end|>") in layout.suffix_ids
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     blend = engine.prefill(layout,
-                           BlendConfig(ratio=1.0, check_layers=(1, 2),
+                           BlendConfig(selector="cacheblend", ratio=1.0, check_layers=(1, 2),
                                        ratio_schedule=(1.0, 1.0))).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
     assert max_diff(blend, full) < TOL

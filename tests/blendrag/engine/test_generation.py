@@ -89,7 +89,7 @@ def test_eos_ends_generation(engine_for):
 def test_stats_report_reuse_and_recompute(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    res = engine.generate(layout, BlendConfig(ratio=0.25),
+    res = engine.generate(layout, BlendConfig(selector="cacheblend", ratio=0.25),
                           GenerationConfig(max_new_tokens=6, eos_token_ids=()))
     s = res.stats
     layers = engine.adapter.num_layers

@@ -45,7 +45,7 @@ def test_cacheblend_keeps_the_most_deviating_tokens(engine_for):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full"))
     reuse = engine.prefill(layout, BlendConfig(mode="reuse"))
-    pre = engine.prefill(layout, BlendConfig(ratio=0.2), trace=True)
+    pre = engine.prefill(layout, BlendConfig(selector="cacheblend", ratio=0.2), trace=True)
     kept = pre.output.trace[1]["pos"]
     kept = kept[kept < layout.suffix_start]
     # at layer 1, all chunk tokens were recomputed at layer 0: fresh v at layer 1 == full's v
@@ -58,7 +58,7 @@ def test_cacheblend_keeps_the_most_deviating_tokens(engine_for):
 def test_gradual_filtering_follows_the_schedule(engine_for):
     engine = engine_for("llama", layers=5)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    cfg = BlendConfig(ratio=0.1, check_layers=(1, 2, 3))
+    cfg = BlendConfig(selector="cacheblend", ratio=0.1, check_layers=(1, 2, 3))
     assert cfg.ratio_schedule == (0.4, 0.2, 0.1)
     s = engine.prefill(layout, cfg).stats
     c = s.chunk_tokens
