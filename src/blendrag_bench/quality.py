@@ -199,7 +199,7 @@ def _answer(stream: GenerationStream, first_line: bool) -> str:
 
 
 def _generation(item: EvalItem, config: QualityConfig) -> GenerationConfig:
-    short = item.metric == "qa_f1"
+    short = item.metric != "rouge_l"  # only summaries need long answers
     return GenerationConfig(
         max_new_tokens=config.max_new_tokens if short else config.summary_max_new_tokens
     )
