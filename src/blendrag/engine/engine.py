@@ -28,7 +28,7 @@ from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
 from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
+from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids, tokenizer_fingerprint
 from blendrag.model.adapters import adapter_for
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
@@ -74,7 +74,7 @@ class BlendEngine:
             if tokenizer is not None else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.model_fp = model_fingerprint(model)
+        self._identity = ModelIdentity(model)  # re-fingerprinted if weights change in place
         self.tokenizer_fp = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
                              else "no-tokenizer")
         self.eos_token_ids = _eos_ids(model, tokenizer)
@@ -102,6 +102,12 @@ class BlendEngine:
         )
         return cls(model, tokenizer, store=store, chat=chat, system=system,
                    chunk_prefix=chunk_prefix, context=context)
+
+    @property
+    def model_fp(self) -> str:
+        """The model's fingerprint (part of every key), hashed again when a weight has changed
+        in place since (``blendrag.kv.keys.ModelIdentity``)."""
+        return self._identity.fingerprint
 
     @property
     def name(self) -> str:
