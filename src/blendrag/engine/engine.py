@@ -125,6 +125,9 @@ class BlendEngine:
         return self.prompts
 
     def check_length(self, layout: PromptLayout, new_tokens: int = 0) -> None:
+        if not isinstance(layout, PromptLayout):  # the first check of prefill and stream
+            raise ValueError(f"expected a PromptLayout, got {type(layout).__name__}: build one "
+                             "with engine.build_prompt(prefix, chunks, suffix)")
         limit = self.adapter.max_positions
         if layout.num_tokens + new_tokens > limit:
             raise ValueError(f"prompt of {layout.num_tokens} tokens + {new_tokens} new tokens "
@@ -175,7 +178,7 @@ class BlendEngine:
         whether its KV was computed now (None: a text without tokens has no KV). ``profile`` and
         ``on_chunk``: see :meth:`precompute`."""
         self._builder()
-        return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).add(list(texts))
+        return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).add(texts)
 
     def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
                    profile: bool | int = False,
