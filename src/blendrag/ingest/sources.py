@@ -118,7 +118,7 @@ def chunks_from_jsonl(path: str | Path, field: str = "text",
         except ValueError as exc:
             if not skip_bad_lines:
                 raise
-            log.warning("skipped %s", exc)
+            log.info("skipped %s", exc)  # listed in bad_lines: the caller reports them
             bad.append(str(exc))
             continue
         good.append(n)
