@@ -139,18 +139,23 @@ class ModelIdentity:
 
     def changed(self) -> bool:
         """True when some weight is not the tensor, or not in the state, seen at ``refresh``."""
-        for (_, owner, kind, name, t), state in zip(self._slots, self._state):
-            if getattr(owner, kind).get(name) is not t or _state(t) != state:
+        for (_, owner, kind, name, t), (version, ptr) in zip(self._slots, self._state):
+            # the cheap comparisons first: this runs for every key the engine makes
+            if getattr(owner, kind).get(name) is not t or (
+                    version is not None and t._version != version):
+                return True
+            if t.data_ptr() != ptr:
                 return True
         return False
 
 
-def _state(t: torch.Tensor) -> tuple:
+def _state(t: torch.Tensor) -> tuple[int | None, int]:
+    """(version counter, storage address): an in-place write bumps the first, a new dtype,
+    shape or device (``.to()``, ``.data = ...``) moves the second."""
     try:
-        version = t._version
+        return t._version, t.data_ptr()
     except RuntimeError:  # an inference tensor keeps no version counter
-        version = None
-    return version, t.data_ptr(), t.dtype, tuple(t.shape), t.device
+        return None, t.data_ptr()
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
