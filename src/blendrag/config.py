@@ -57,7 +57,8 @@ class BlendConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.selector not in SELECTORS:
             raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
-        if (not isinstance(self.ratio, (int, float)) or not 0.0 <= float(self.ratio) <= 1.0
+        if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
+                or not 0.0 <= float(self.ratio) <= 1.0
                 or math.isnan(self.ratio)):
             raise ValueError(f"ratio must be in [0, 1], got {self.ratio!r}")
         if (not isinstance(self.attention_floor, (int, float)) or math.isnan(self.attention_floor)

@@ -111,6 +111,13 @@ class PromptBuilder:
         """Ids of one piece. ``first``: the piece that starts the prompt, which gets the
         tokenizer's own specials (BOS) unless a chat template is used: a rendered template
         already spells its specials out as text."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")  # the tokenizers library raises TypeError on a lone surrogate
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text is not valid Unicode: {exc.reason} at character "
+                             f"{exc.start}") from None
         specials = first and not self.chat
         return list(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
-from blendrag.store.config import DEFAULT_DISK_DIR
+from blendrag.store.config import DEFAULT_DISK_DIR, StoreConfig
 from blendrag.store.disk import DiskTier
 from blendrag.store.redis_tier import RedisTier
 
@@ -18,10 +19,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats = sub.add_parser("stats", help="entries, bytes, budget and lifetime hits of the store")
     _add_location(stats)
     stats.add_argument("--json", action="store_true", help="print one JSON object")
-    stats.set_defaults(func=_stats)
+    stats.set_defaults(func=_guarded(_stats))
     clear = sub.add_parser("clear", help="delete every entry (Redis: only keys under the prefix)")
     _add_location(clear)
-    clear.set_defaults(func=_clear)
+    clear.set_defaults(func=_guarded(_clear))
+
+
+def _guarded(command):
+    """``command`` with its failures (an unreachable or malformed Redis URL, a damaged disk
+    tier) as one ``error:`` line and exit status 2 instead of a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            if args.redis_url is not None:  # the checks StoreConfig makes
+                StoreConfig(ram_bytes=0, disk_dir=None, redis_url=args.redis_url,
+                            redis_prefix=args.redis_prefix)
+            return command(args)
+        except _store_errors() as exc:
+            print(f"blendrag cache {args.cache_command}: error: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            return 2
+
+    return run
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    import sqlite3
+
+    from blendrag.store.redis_tier import redis
+
+    errors: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError, sqlite3.Error)
+    return errors + ((redis.exceptions.RedisError,) if redis is not None else ())
 
 
 def _add_location(p: argparse.ArgumentParser) -> None:

@@ -77,6 +77,9 @@ def _add_source(p: argparse.ArgumentParser) -> None:
                    help="file pattern under --folder (default *.txt; **/*.txt recurses)")
     p.add_argument("--field", default="text",
                    help="JSONL field holding the chunk text (default text)")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="leave out (with a warning naming each) JSONL lines that are not an "
+                        "object with a string --field, instead of stopping at the first")
 
 
 def _add_prompt(p: argparse.ArgumentParser) -> None:
@@ -92,17 +95,30 @@ def _add_prompt(p: argparse.ArgumentParser) -> None:
 
 
 def _precompute(args: argparse.Namespace) -> int:
+    """Exit status 0: every chunk stored; 1: the job ran but some chunks were not stored (the
+    summary names them); 2: an error stopped it (one ``error:`` line)."""
     try:
         source, config = _check(args)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        summary = _run(args, source, config)
+    except (ValueError, OSError, ImportError) as exc:
+        # bad input, a model that cannot be loaded, an unreadable source: no traceback
         print(f"blendrag precompute: error: {exc}", file=sys.stderr)
         return 2
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    summary = _run(args, source, config)
     print(json.dumps(summary.to_dict()) if args.json else f"{source.name}\n{summary.format()}")
+    if source.bad_lines:
+        print(f"blendrag precompute: left out {len(source.bad_lines)} bad lines of the source:",
+              file=sys.stderr)
+        for bad in source.bad_lines:
+            print(f"  skipped {bad}", file=sys.stderr)
+    if not summary.complete:
+        print(f"blendrag precompute: error: {len(summary.failures)} chunks have no stored KV"
+              + (" and the text index failed" if summary.text_index_error else ""),
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -115,6 +131,8 @@ def _check(args: argparse.Namespace):
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.skip_bad_lines and args.jsonl is None:
+        raise ValueError("--skip-bad-lines applies to --jsonl sources only")
     config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
                          disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix)
@@ -145,7 +163,7 @@ def _source(args: argparse.Namespace):
         return chunks_from_chroma(args.chroma_dir, args.collection)
     if args.folder is not None:
         return chunks_from_folder(args.folder, args.glob)
-    return chunks_from_jsonl(args.jsonl, args.field)
+    return chunks_from_jsonl(args.jsonl, args.field, skip_bad_lines=args.skip_bad_lines)
 
 
 def _size(text: str) -> int:

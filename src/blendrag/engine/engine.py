@@ -28,7 +28,7 @@ from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats
 from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.keys import chunk_key, hash_ids, model_fingerprint, tokenizer_fingerprint
+from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids, tokenizer_fingerprint
 from blendrag.model.adapters import adapter_for
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
@@ -74,7 +74,7 @@ class BlendEngine:
             if tokenizer is not None else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.model_fp = model_fingerprint(model)
+        self._identity = ModelIdentity(model)  # re-fingerprinted if weights change in place
         self.tokenizer_fp = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
                              else "no-tokenizer")
         self.eos_token_ids = _eos_ids(model, tokenizer)
@@ -104,6 +104,12 @@ class BlendEngine:
                    chunk_prefix=chunk_prefix, context=context)
 
     @property
+    def model_fp(self) -> str:
+        """The model's fingerprint (part of every key), hashed again when a weight has changed
+        in place since (``blendrag.kv.keys.ModelIdentity``)."""
+        return self._identity.fingerprint
+
+    @property
     def name(self) -> str:
         return str(getattr(self.model.config, "_name_or_path", "") or type(self.model).__name__)
 
@@ -119,6 +125,9 @@ class BlendEngine:
         return self.prompts
 
     def check_length(self, layout: PromptLayout, new_tokens: int = 0) -> None:
+        if not isinstance(layout, PromptLayout):  # the first check of prefill and stream
+            raise ValueError(f"expected a PromptLayout, got {type(layout).__name__}: build one "
+                             "with engine.build_prompt(prefix, chunks, suffix)")
         limit = self.adapter.max_positions
         if layout.num_tokens + new_tokens > limit:
             raise ValueError(f"prompt of {layout.num_tokens} tokens + {new_tokens} new tokens "
@@ -169,7 +178,7 @@ class BlendEngine:
         whether its KV was computed now (None: a text without tokens has no KV). ``profile`` and
         ``on_chunk``: see :meth:`precompute`."""
         self._builder()
-        return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).add(list(texts))
+        return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).add(texts)
 
     def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
                    profile: bool | int = False,

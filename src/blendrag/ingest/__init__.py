@@ -12,7 +12,13 @@ batches, resumably:
 See docs/store.md ("Precompute") and ``blendrag precompute --help``.
 """
 
-from blendrag.ingest.ingestion import IngestCounts, IngestEngine, Ingestion, kv_bytes_per_token
+from blendrag.ingest.ingestion import (
+    ChunkFailure,
+    IngestCounts,
+    IngestEngine,
+    Ingestion,
+    kv_bytes_per_token,
+)
 from blendrag.ingest.job import IngestSummary, PrecomputeSummary, ingest_source, precompute
 from blendrag.ingest.sources import (
     ChunkSource,
@@ -22,6 +28,7 @@ from blendrag.ingest.sources import (
 )
 
 __all__ = [
+    "ChunkFailure",
     "ChunkSource",
     "IngestCounts",
     "IngestEngine",

@@ -7,6 +7,14 @@ computed after the chunk prefix. Every entry point goes through ``Ingestion``:
 ``BlendChroma`` and LlamaIndex's ``BlendKVTransform`` / ``BlendLLM.ingest`` (the last two through
 ``blendrag.integration``).
 
+A chunk that cannot have a KV is refused before anything is computed: a text that is not valid
+Unicode (a lone surrogate) and a chunk longer than the model's context leaves after the chunk
+prefix and the ingestion context's longest filler. ``strict`` runs (the default:
+``BlendEngine.ingest``, the framework integrations) raise ``ValueError``; the bulk job lists
+them in ``failures`` and goes on. After each batch the computed chunks are looked up in the
+store's persistent tiers: one that no tier kept (a full or unusable disk) is not counted as
+computed and is listed in ``failures`` with the store's reason.
+
 An ``Ingestion`` may take its texts in several batches (``add``): with profiles
 (``profile=k``, ``engine/profile.py``) the last k non-empty chunks of the earlier batches go in
 front of the next batch, stored already and therefore skipped, as the profile neighbours of its
@@ -38,8 +46,12 @@ class IngestEngine(Protocol):
     """What ingestion uses of a ``BlendEngine``."""
 
     prompts: PromptBuilder | None
-    adapter: Any  # num_layers, num_kv_heads, head_dim
+    adapter: Any  # num_layers, num_kv_heads, head_dim, max_positions
     dtype: torch.dtype
+    store: Any  # a KVStore
+    context: Any  # a ChunkContext: its fillers go before every chunk
+
+    def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str: ...
 
     def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
                    profile: bool | int = False, on_chunk: OnChunk | None = None) -> list[bool]: ...
@@ -50,11 +62,13 @@ class IngestCounts:
     """What an ingestion did so far.
 
     chunks:   texts given
-    computed: KVs computed and stored now
+    computed: KVs computed and stored now (by a persistent tier, where the store has one)
     skipped:  texts whose KV was already stored (or that repeat an earlier text)
     empty:    texts with no tokens (nothing to store)
-    tokens:   tokens whose KV was computed
+    tokens:   tokens of the computed chunks
     profiled: computed chunks stored with a context-sensitivity profile
+    refused:  texts refused before computing (not valid Unicode, longer than the context)
+    not_stored: chunks computed but kept by no persistent tier of the store
     """
 
     chunks: int = 0
@@ -63,6 +77,8 @@ class IngestCounts:
     empty: int = 0
     tokens: int = 0
     profiled: int = 0
+    refused: int = 0
+    not_stored: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -71,6 +87,20 @@ class IngestCounts:
         for name, value in asdict(other).items():
             setattr(self, name, getattr(self, name) + value)
         return self
+
+
+@dataclass(frozen=True)
+class ChunkFailure:
+    """A text that has no stored KV after ingestion, and why.
+
+    index:  position of the text among all the texts of the run (0-based)
+    reason: why (refused, or not stored and the store's explanation)
+    preview: the text's first characters
+    """
+
+    index: int
+    reason: str
+    preview: str = ""
 
 
 class Ingestion:
@@ -82,11 +112,13 @@ class Ingestion:
     chunk of the run is measured after the last ones of its batch (not at all when that batch
     holds only it; the engine then measures it on first use).
     ``on_chunk(i, computed)``: progress, after each non-empty text ``i`` of an ``add`` call.
+    ``strict``: a refused text raises ``ValueError`` (before anything of its batch is
+    computed); else it is listed in ``failures`` and the others go on.
     """
 
     def __init__(self, engine: IngestEngine, prefix: str | None = None, *,
                  profile: bool | int = False,
-                 on_chunk: OnChunk | None = None) -> None:
+                 on_chunk: OnChunk | None = None, strict: bool = True) -> None:
         if engine.prompts is None:
             raise ValueError("ingestion needs an engine with a tokenizer")
         self.engine = engine
@@ -94,21 +126,43 @@ class Ingestion:
         # raises early without a prefix
         self.chunk_prefix_ids = engine.prompts.chunk_prefix_ids(prefix)
         self.on_chunk = on_chunk
+        self.strict = strict
         self.counts = IngestCounts()
+        self.failures: list[ChunkFailure] = []
+        self.max_chunk_tokens = _max_chunk_tokens(engine, self.chunk_prefix_ids)
         # the last non-empty chunks so far: the next ones' neighbours
         self._previous: list[list[int]] = []
 
     def add(self, texts: Sequence[str]) -> list[bool | None]:
         """Ingest one batch of texts; per text: True (KV computed now), False (already stored)
-        or None (no tokens)."""
-        return self.add_ids([self.engine.prompts.encode(t) for t in texts])
+        or None (no KV: no tokens, or refused, see ``failures``)."""
+        if isinstance(texts, (str, bytes)):
+            raise ValueError("texts must be a sequence of chunk texts, got a single "
+                             f"{type(texts).__name__} (wrap it in a list)")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {self.counts.chunks + i} is a {type(text).__name__}, not "
+                                 "a str")
+        ids: list[list[int] | str] = []
+        for text in texts:
+            try:
+                ids.append(self.engine.prompts.encode(text))
+            except ValueError as exc:  # not valid Unicode: refused like a chunk too long
+                ids.append(str(exc))
+        return self.add_ids(ids, texts)
 
-    def add_ids(self, chunks: Sequence[Sequence[int]]) -> list[bool | None]:
-        """``add`` for texts tokenized already."""
-        todo = [i for i, ids in enumerate(chunks) if len(ids)]
+    def add_ids(self, chunks: Sequence[Sequence[int] | str],
+                texts: Sequence[str] | None = None) -> list[bool | None]:
+        """``add`` for texts tokenized already (a str in place of ids: a text refused with that
+        reason; ``texts``: the texts, for the previews in ``failures``)."""
+        base = self.counts.chunks
+        refused = self._refusals(chunks, texts, base)
+        todo = [i for i, ids in enumerate(chunks) if i not in refused and len(ids)]
         counts = self.counts
         counts.chunks += len(chunks)
-        counts.empty += len(chunks) - len(todo)
+        counts.refused += len(refused)
+        counts.empty += len(chunks) - len(todo) - len(refused)
         # The previous batches' last chunks go first: stored already, they are skipped and not
         # counted again; they are the neighbours of this batch's first chunks.
         head = self._previous[-self.depth:] if self.depth else []
@@ -131,8 +185,66 @@ class Ingestion:
 
         if todo:
             self.engine.precompute(self.chunk_prefix_ids, batch, profile=self.depth, on_chunk=done)
+            self._check_stored([i for i in todo if result[i]], chunks, texts, base, profiled)
         self._previous = batch[-self.depth:] if self.depth else []
         return result
+
+    def _refusals(self, chunks: Sequence[Sequence[int] | str], texts: Sequence[str] | None,
+                  base: int) -> set[int]:
+        """Indexes of the chunks refused before computing; raises in a strict run."""
+        limit = self.max_chunk_tokens
+        found = []
+        for i, ids in enumerate(chunks):
+            if isinstance(ids, str):
+                found.append((i, f"refused: {ids}"))
+            elif len(ids) > limit:
+                found.append((i, f"refused: {len(ids)} tokens, longer than the {limit} the "
+                                 f"model's context of {self.engine.adapter.max_positions} "
+                                 "positions leaves after the chunk prefix and context"))
+        if found and self.strict:
+            i, reason = found[0]
+            raise ValueError(f"text {base + i} {reason}" + (
+                f" (and {len(found) - 1} more)" if len(found) > 1 else ""))
+        for i, reason in found:
+            self.failures.append(ChunkFailure(base + i, reason, _preview(texts, i)))
+        return {i for i, _ in found}
+
+    def _check_stored(self, computed: list[int], chunks: Sequence[Sequence[int]],
+                      texts: Sequence[str] | None, base: int, profiled: bool) -> None:
+        """Move the computed chunks that no persistent tier kept from ``computed`` to
+        ``not_stored``, with the store's reason, into ``failures``."""
+        store = self.engine.store
+        keys = {self.engine.key(self.chunk_prefix_ids, chunks[i]): i for i in computed}
+        # A store without persistent tiers (MemoryKVStore) has only ``missing``.
+        lost = getattr(store, "unpersisted", store.missing)(list(keys))
+        if not lost:
+            return
+        problems = getattr(store, "problems", lambda: [])()
+        reason = ("not stored: " + "; ".join(problems) if problems else
+                  "not stored: no persistent tier kept it (larger than the tier's budget?)")
+        for key in lost:
+            i = keys[key]
+            self.counts.computed -= 1
+            self.counts.tokens -= len(chunks[i])
+            self.counts.profiled -= profiled
+            self.counts.not_stored += 1
+            self.failures.append(ChunkFailure(base + i, reason, _preview(texts, i)))
+
+
+def _max_chunk_tokens(engine: IngestEngine, chunk_prefix_ids: Sequence[int]) -> int:
+    """Longest chunk whose KV fits the model's context: after the chunk prefix and the
+    ingestion context's longest filler (each chunk is computed after each filler)."""
+    context = getattr(engine, "context", None)
+    fillers = getattr(context, "fillers", ()) or ()
+    longest = max((len(engine.prompts.encode(f)) for f in fillers), default=0)
+    return engine.adapter.max_positions - len(chunk_prefix_ids) - longest
+
+
+def _preview(texts: Sequence[str] | None, i: int, n: int = 40) -> str:
+    if texts is None:
+        return ""
+    text = texts[i].encode("utf-8", "replace").decode("utf-8")
+    return text[:n] + ("…" if len(text) > n else "")
 
 
 def kv_bytes_per_token(engine: IngestEngine) -> int:

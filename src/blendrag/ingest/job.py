@@ -5,6 +5,12 @@ so a job that was interrupted, or run again on a grown collection, computes only
 Several processes may run it on one store at once: every entry is written whole, and at worst
 both compute the same chunk and write the same bytes.
 
+Honest about what it stored: a chunk that was refused (not valid Unicode, longer than the
+model's context) or computed but kept by no persistent tier of the store (a full or unusable
+disk) is not counted as computed; each is listed in ``failures`` with the reason, and the job
+goes on with the others. A text index that fails (a full disk) is reported the same way.
+``IngestSummary.complete`` is False then (``blendrag precompute`` exits with status 1).
+
 The texts go through the one ingestion path (``ingestion.Ingestion``) batch by batch. With
 ``profile=True`` each new chunk's context-sensitivity profile (``engine/profile.py``) is
 measured after the chunk before it in the source, its document neighbour (``profile=k``: after
@@ -13,6 +19,8 @@ each of the k before it), across batch boundaries.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sized
 from dataclasses import asdict, dataclass
@@ -20,9 +28,12 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from blendrag.ingest.ingestion import IngestEngine, Ingestion, kv_bytes_per_token
+from blendrag.ingest.ingestion import ChunkFailure, IngestEngine, Ingestion, kv_bytes_per_token
+
+log = logging.getLogger("blendrag.ingest")
 
 BATCH = 32
+SHOWN_FAILURES = 10  # failures listed by format(); to_dict() has them all
 
 
 class TextRecorder(Protocol):
@@ -36,13 +47,18 @@ class IngestSummary:
     """What one job did.
 
     chunks:   texts read from the source
-    computed: KVs computed and stored by this job
+    computed: KVs computed and stored (by a persistent tier of the store) by this job
     skipped:  texts whose KV was already stored (or that repeat an earlier text)
     empty:    texts with no tokens (nothing to store)
-    tokens:   tokens whose KV was computed
+    tokens:   tokens of the computed (and stored) chunks
     bytes:    KV bytes computed (tokens x 2 x layers x kv_heads x head_dim x bytes per element)
     seconds:  wall time of the job (reading, tokenizing, computing, storing)
     profiled: computed chunks stored with a context-sensitivity profile (``profile=True``)
+    refused:  texts refused before computing (not valid Unicode, longer than the context)
+    not_stored: chunks computed that no persistent tier kept (a full or unusable disk)
+    failures: one ``ChunkFailure`` (source position, reason, preview) per refused or not
+              stored text
+    text_index_error: why the text index stopped recording texts, if it did
     """
 
     chunks: int
@@ -53,6 +69,15 @@ class IngestSummary:
     bytes: int
     seconds: float
     profiled: int = 0
+    refused: int = 0
+    not_stored: int = 0
+    failures: tuple[ChunkFailure, ...] = ()
+    text_index_error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """True when every text with tokens has its KV stored (and its text recorded)."""
+        return not self.failures and self.text_index_error is None
 
     @property
     def tokens_per_s(self) -> float:
@@ -65,10 +90,21 @@ class IngestSummary:
     def format(self) -> str:
         profiles = (f"; context-sensitivity profiles measured for {self.profiled}" if self.profiled
                     else "")
-        return (f"chunks {self.chunks}: computed {self.computed}, already stored {self.skipped}, "
+        line = (f"chunks {self.chunks}: computed {self.computed}, already stored {self.skipped}, "
                 f"empty {self.empty}; "
                 f"{self.tokens} tokens, {self.bytes / 2**20:.1f} MiB of KV in {self.seconds:.1f} s "
                 f"({self.tokens_per_s:.0f} tokens/s){profiles}")
+        if self.complete:
+            return line
+        lines = [line, f"NOT STORED: {len(self.failures)} chunks (refused {self.refused}, "
+                       f"computed but not stored {self.not_stored})"]
+        for f in self.failures[:SHOWN_FAILURES]:
+            lines.append(f"  chunk {f.index} ({f.preview!r}): {f.reason}")
+        if len(self.failures) > SHOWN_FAILURES:
+            lines.append(f"  ... and {len(self.failures) - SHOWN_FAILURES} more")
+        if self.text_index_error is not None:
+            lines.append(f"text index: {self.text_index_error}")
+        return "\n".join(lines)
 
 
 PrecomputeSummary = IngestSummary
@@ -98,23 +134,41 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
     them on first use)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    # refuses a missing prefix or a bad profile now
-    run = Ingestion(engine, prefix, profile=profile)
+    if isinstance(chunks, (str, bytes)):
+        raise ValueError("chunks must be an iterable of chunk texts (a ChunkSource, a list), "
+                         f"got a single {type(chunks).__name__}")
+    # refuses a missing prefix or a bad profile now; lists refused texts and goes on
+    run = Ingestion(engine, prefix, profile=profile, strict=False)
     total = len(chunks) if isinstance(chunks, Sized) else None
     t0 = time.perf_counter()
+    index_error = None
     with tqdm(total=total, unit="chunk", desc="precompute", disable=not progress) as bar:
         run.on_chunk = lambda i, computed: _step(run, bar, t0)
         for texts in _batches(chunks, batch_size):
-            empty = run.counts.empty
-            run.add(texts)
-            bar.update(run.counts.empty - empty)
-            if text_index is not None:
-                text_index.add_many(texts)
+            skipped = run.counts.empty + run.counts.refused
+            result = run.add(texts)
+            bar.update(run.counts.empty + run.counts.refused - skipped)
+            if text_index is not None and index_error is None:  # texts that have a KV
+                index_error = _record(text_index, [t for t, r in zip(texts, result)
+                                                   if r is not None])
     counts = run.counts
     return IngestSummary(chunks=counts.chunks, computed=counts.computed, skipped=counts.skipped,
                          empty=counts.empty,
                          tokens=counts.tokens, bytes=counts.tokens * kv_bytes_per_token(engine),
-                         seconds=time.perf_counter() - t0, profiled=counts.profiled)
+                         seconds=time.perf_counter() - t0, profiled=counts.profiled,
+                         refused=counts.refused, not_stored=counts.not_stored,
+                         failures=tuple(run.failures), text_index_error=index_error)
+
+
+def _record(text_index: TextRecorder, texts: list[str]) -> str | None:
+    """Record ``texts``; the reason when the index cannot (then the job stops recording)."""
+    try:
+        text_index.add_many(texts)
+    except (OSError, sqlite3.Error) as exc:
+        log.warning("text index failed (%s: %s); texts are no longer recorded", type(exc).__name__,
+                    exc)
+        return f"stopped recording texts: {type(exc).__name__}: {exc}"
+    return None
 
 
 precompute = ingest_source

@@ -14,9 +14,12 @@ order) for neighbours to be document neighbours.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger("blendrag.ingest")
 
 CHROMA_PAGE = 256
 
@@ -28,6 +31,7 @@ class ChunkSource:
     name: str
     count: int
     read: Callable[[], Iterator[str]]
+    bad_lines: tuple[str, ...] = ()  # what a source that skips bad records left out, and why
 
     def __iter__(self) -> Iterator[str]:
         return self.read()
@@ -76,7 +80,8 @@ def _open_chroma(path: Path, name: str):
 def chunks_from_folder(directory: str | Path, glob: str = "*.txt",
                        encoding: str = "utf-8") -> ChunkSource:
     """One chunk per file matching ``glob`` under ``directory`` (``**/*.txt`` recurses), in
-    sorted path order; each file's whole text is the chunk."""
+    sorted path order; each file's whole text is the chunk. A file that is not ``encoding``
+    text raises ``ValueError`` naming it."""
     root = Path(directory)
     if not root.is_dir():
         raise FileNotFoundError(f"no folder at {root}")
@@ -84,35 +89,74 @@ def chunks_from_folder(directory: str | Path, glob: str = "*.txt",
 
     def read() -> Iterator[str]:
         for p in files:
-            yield p.read_text(encoding=encoding)
+            try:
+                yield p.read_text(encoding=encoding)
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{p}: not {encoding} text ({exc.reason} at byte "
+                                 f"{exc.start})") from None
 
     return ChunkSource(f"folder {root} ({glob})", len(files), read)
 
 
-def chunks_from_jsonl(path: str | Path, field: str = "text") -> ChunkSource:
+def chunks_from_jsonl(path: str | Path, field: str = "text",
+                      skip_bad_lines: bool = False) -> ChunkSource:
     """One chunk per line of a JSON Lines file: the string under ``field`` of each object.
-    Blank lines are skipped; a line that is not an object with a string ``field`` raises
-    ``ValueError`` naming the line."""
+    Blank lines are skipped. Every line is checked when the source is made: a line that is not
+    UTF-8 JSON, not an object, or lacks a string ``field`` raises ``ValueError`` naming the
+    file and line number, or with ``skip_bad_lines`` is logged and left out (``bad_lines``
+    lists them)."""
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"no file at {file}")
-    with file.open(encoding="utf-8") as f:
-        count = sum(1 for line in f if line.strip())
+    good: list[int] = []
+    bad: list[str] = []
+    for n, line in _lines(file):
+        if not line.strip():
+            continue
+        try:
+            _field(line, field, file, n)
+        except ValueError as exc:
+            if not skip_bad_lines:
+                raise
+            log.info("skipped %s", exc)  # listed in bad_lines: the caller reports them
+            bad.append(str(exc))
+            continue
+        good.append(n)
+    keep = set(good)
 
     def read() -> Iterator[str]:
-        with file.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    yield _field(line, field, file, n)
+        for n, line in _lines(file):
+            if n in keep:
+                yield _field(line, field, file, n)
 
-    return ChunkSource(f"jsonl {file} ({field})", count, read)
+    return ChunkSource(f"jsonl {file} ({field})", len(good), read, tuple(bad))
+
+
+def _lines(file: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line; a line that is not UTF-8 comes as "" after a check."""
+    with file.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield n, _NOT_UTF8 + f"{exc.reason} at byte {exc.start}"
+
+
+_NOT_UTF8 = "\0not-utf8\0"
 
 
 def _field(line: str, field: str, file: Path, n: int) -> str:
+    if line.startswith(_NOT_UTF8):
+        raise ValueError(f"{file}:{n}: not UTF-8 ({line[len(_NOT_UTF8):]})")
     try:
         obj = json.loads(line)
     except ValueError as exc:
         raise ValueError(f"{file}:{n}: not JSON ({exc})") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
-        raise ValueError(f"{file}:{n}: expected an object with a string field {field!r}")
+    if not isinstance(obj, dict):
+        raise ValueError(f"{file}:{n}: expected a JSON object, got {type(obj).__name__}")
+    if field not in obj:
+        raise ValueError(f"{file}:{n}: no field {field!r}")
+    if not isinstance(obj[field], str):
+        raise ValueError(f"{file}:{n}: field {field!r} is not a string "
+                         f"({type(obj[field]).__name__})")
     return obj[field]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import BinaryIO
 
@@ -150,14 +151,27 @@ class EntryReader:
             self.context = str(meta["context"])
         except (KeyError, ValueError, TypeError) as exc:
             raise EntryError(f"malformed metadata: {exc!r}") from None
-        if len(self.shape) != 4 or self.shape[2] != len(self.token_ids):
-            raise EntryError(f"shape {self.shape} does not match {len(self.token_ids)} token ids")
+        if (len(self.shape) != 4 or min(self.shape) < 0 or 0 in self.shape[:2] + self.shape[3:]
+                or self.shape[2] != len(self.token_ids)):
+            raise EntryError(f"shape {self.shape} is not [L, H, T, D] (T >= 0, others > 0) for "
+                             f"{len(self.token_ids)} token ids")
+        if 2 * self.shape[0] > len(self._tensors.names()):  # before a set of 2L names is built
+            raise EntryError(f"{len(self._tensors.names())} tensors for {self.shape[0]} layers")
         names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in "kv"}
         self.priors = {SENSITIVITY: (self.shape[2],), CONTEXT_SHIFT: (self.shape[0], self.shape[2])}
         self.priors = {k: v for k, v in self.priors.items() if k in self._checksums}
         names.update(self.priors)
         if set(self._checksums) != names or set(self._tensors.names()) != names:
             raise EntryError("tensor names do not match the declared layer count")
+        # Every tensor the header lists must have the declared dtype and shape before anything
+        # is allocated: the shape is then bounded by bytes the entry really holds.
+        for name in names:
+            want = (torch.float32, self.priors[name]) if name in self.priors else (
+                self.dtype, self.shape[1:])
+            if self._tensors.spec(name) != want:
+                dtype, shape = self._tensors.spec(name)
+                raise EntryError(f"{name} is {dtype} {shape}, the metadata declares "
+                                 f"{want[0]} {want[1]}")
 
     @property
     def has_sensitivity(self) -> bool:
@@ -255,6 +269,11 @@ class _Tensors:
     def names(self) -> list[str]:
         return list(self._specs)
 
+    def spec(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        """(dtype, shape) the header gives tensor ``name``."""
+        dtype, shape, _, _ = self._specs[name]
+        return dtype, shape
+
     def read_into(self, name: str, out: torch.Tensor) -> None:
         start, end, buf = self._place(name, out)
         if self._reader.read_into(self._base + start, buf) != end - start:
@@ -325,11 +344,19 @@ class _FileReader:
 
     def __init__(self, source: str | Path | BinaryIO) -> None:
         self._owned = isinstance(source, (str, Path))
+        self._fd = -1
         try:
-            self._fd = os.open(source, os.O_RDONLY) if self._owned else source.fileno()
-            self.size = os.fstat(self._fd).st_size
+            # O_NONBLOCK: opening a FIFO planted in place of an entry must not block
+            self._fd = (os.open(source, os.O_RDONLY | os.O_NONBLOCK) if self._owned
+                        else source.fileno())
+            st = os.fstat(self._fd)
         except OSError as exc:
+            self.close()
             raise EntryError(f"cannot read entry file: {exc}") from None
+        if not stat.S_ISREG(st.st_mode):
+            self.close()
+            raise EntryError("entry is not a regular file")
+        self.size = st.st_size
 
     def read(self, offset: int, n: int) -> bytes:
         buf = bytearray(n)

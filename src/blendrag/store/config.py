@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +20,8 @@ class StoreConfig:
     disk_bytes:    budget of the disk tier, entry files plus the SQLite index
     disk_timeout_s: how long a writer waits for another process's lock before giving up
     redis_url:     shared tier, e.g. "redis://127.0.0.1:6379/0" (None = no Redis tier)
-    redis_prefix:  namespace of this store's keys on the Redis server
+    redis_prefix:  namespace of this store's keys on the Redis server: names are
+                   ``{prefix less trailing colons}:{key}``, disjoint from other namespaces
     redis_ttl_s:   expiry of Redis entries (None = bounded by the server's maxmemory policy)
     redis_timeout_s: socket timeout of Redis calls
     retry_after_s: a tier that failed (read-only/full disk, Redis down) is skipped this long
@@ -36,6 +38,9 @@ class StoreConfig:
     retry_after_s: float = 60.0
 
     def __post_init__(self) -> None:
+        for name in ("ram_bytes", "disk_bytes"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise ValueError(f"StoreConfig.{name} must be an int, got {getattr(self, name)!r}")
         if self.ram_bytes < 0:
             raise ValueError(f"StoreConfig.ram_bytes must be >= 0, got {self.ram_bytes}")
         if self.disk_bytes <= 0:
@@ -45,13 +50,19 @@ class StoreConfig:
         if self.redis_url is not None and not self.redis_url.startswith(_REDIS_SCHEMES):
             raise ValueError(f"StoreConfig.redis_url must start with one of {_REDIS_SCHEMES}, got "
                              f"{self.redis_url!r}")
-        if not self.redis_prefix:
-            raise ValueError("StoreConfig.redis_prefix must not be empty (it namespaces clear())")
+        if not isinstance(self.redis_prefix, str) or not self.redis_prefix.rstrip(":"):
+            raise ValueError("StoreConfig.redis_prefix must be a non-empty namespace (it scopes "
+                             f"clear()), got {self.redis_prefix!r}")
         if self.redis_ttl_s is not None and self.redis_ttl_s <= 0:
             raise ValueError("StoreConfig.redis_ttl_s must be positive or None, got "
                              f"{self.redis_ttl_s}")
         for name in ("disk_timeout_s", "redis_timeout_s", "retry_after_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"StoreConfig.{name} must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            # NaN compares false with everything: a NaN bench would never end, a NaN timeout
+            # never fire; an infinite one is as bad.
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(f"StoreConfig.{name} must be a finite number >= 0, got "
+                                 f"{value!r}")
         if self.ram_bytes == 0 and self.disk_dir is None and self.redis_url is None:
             raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir or redis_url")

@@ -8,7 +8,11 @@ serialized by the database lock). Two things it does not give are added here:
   ``put`` therefore evicts least-recently-used entries one at a time *before* writing, inside
   the same transaction as the insert, so no process ever sees the budget exceeded;
 - no pickle on the read path: diskcache unpickles any row whose mode says "pickle", so a
-  tampered index could run code. ``_BytesOnlyDisk`` stores and returns bytes only.
+  tampered index could run code. ``_BytesOnlyDisk`` stores and returns bytes only;
+- no file outside the store: diskcache joins a row's filename to the directory, so an absolute
+  or ``..`` filename would be read, and deleted with its empty parent folders when the entry is
+  dropped. ``_BytesOnlyDisk`` opens and removes only regular files inside the directory (a FIFO
+  would block the reader forever); any other row is an unusable entry, dropped as such.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import threading
 from pathlib import Path
 from typing import BinaryIO
@@ -24,6 +29,7 @@ from typing import BinaryIO
 import diskcache
 from diskcache.core import MODE_BINARY, MODE_RAW
 
+from blendrag.store.codec import EntryError
 from blendrag.store.protocol import TierUsage
 
 log = logging.getLogger("blendrag.store")
@@ -56,7 +62,32 @@ class _BytesOnlyDisk(diskcache.Disk):
         if mode not in (MODE_RAW, MODE_BINARY):
             log.warning("KV cache index row with mode %s refused (only raw bytes are read)", mode)
             raise OSError("refused non-bytes cache row")  # diskcache turns OSError into a miss
-        return super().fetch(mode, filename, value, read)
+        if mode == MODE_RAW:
+            return super().fetch(mode, filename, value, read)
+        # EntryError passes through diskcache: the store drops the row as an unusable entry.
+        handle = _open_regular(self._inside(filename))
+        if read:
+            return handle
+        with handle:
+            return handle.read()
+
+    def remove(self, file_path):
+        try:
+            self._inside(file_path)
+        except EntryError as exc:
+            log.warning("KV cache index row names %r: not removed (%s)", file_path, exc)
+            return
+        super().remove(file_path)
+
+    def _inside(self, filename) -> str:
+        """The full path of an index row's file; EntryError unless it lies inside the store."""
+        root = os.path.realpath(self._directory)
+        if not isinstance(filename, str) or os.path.isabs(filename):
+            raise EntryError(f"index row names a file outside the store: {filename!r}")
+        full = os.path.realpath(os.path.join(root, filename))
+        if os.path.commonpath([root, full]) != root or full == root:
+            raise EntryError(f"index row names a file outside the store: {filename!r}")
+        return full
 
     def _write(self, full_path, iterator, mode, encoding=None):
         # A full disk leaves a partial file that no index row points to: remove it.
@@ -66,6 +97,27 @@ class _BytesOnlyDisk(diskcache.Disk):
             with contextlib.suppress(OSError):
                 os.remove(full_path)
             raise
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """``open(path, "rb")`` for a regular file only: O_NONBLOCK so that a FIFO cannot block the
+    open, O_NOFOLLOW so that a planted symlink is not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise  # evicted by another process a moment ago: diskcache makes it a miss
+    except OSError as exc:
+        raise EntryError(f"cannot open entry file: {exc}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EntryError("entry path is not a regular file")
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+        handle.raw.name = path  # as open(path) would name it (entry_path reads it)
+        return handle
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class DiskTier:
@@ -107,8 +159,19 @@ class DiskTier:
             }
             if self._budget is not None:
                 settings["size_limit"] = self._budget
-            self._cache = diskcache.Cache(str(self.directory), timeout=self._timeout_s,
-                                          disk=_BytesOnlyDisk, **settings)
+            try:
+                cache = diskcache.Cache(str(self.directory), timeout=self._timeout_s,
+                                        disk=_BytesOnlyDisk, **settings)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                # diskcache applies every row of its Settings table as an option: a planted or
+                # damaged row fails here. An OSError benches the tier like any unusable disk.
+                raise OSError(f"damaged settings in {self.directory / 'cache.db'}: "
+                              f"{type(exc).__name__}: {exc}") from None
+            if not isinstance(cache.size_limit, int) or cache.size_limit <= 0:
+                cache.close()
+                raise OSError(f"damaged settings in {self.directory / 'cache.db'}: size_limit "
+                              f"{cache.size_limit!r}")
+            self._cache = cache
         return self._cache
 
     @property

@@ -20,6 +20,7 @@ class TierHealth:
         self.label = label
         self.retry_after_s = retry_after_s
         self._down_until = 0.0
+        self.last_error: str | None = None  # what the last failure was, for reports
 
     @property
     def available(self) -> bool:
@@ -28,6 +29,7 @@ class TierHealth:
     def failed(self, action: str, exc: BaseException) -> None:
         """Bench the tier after ``exc`` raised while doing ``action``, with one warning."""
         self._down_until = time.monotonic() + self.retry_after_s
+        self.last_error = f"{self.label} failed to {action} ({type(exc).__name__}: {exc})"
         log.warning(
             "KV store: %s failed to %s (%s: %s); continuing without it for %.0f s",
             self.label, action, type(exc).__name__, exc, self.retry_after_s,

@@ -1,6 +1,10 @@
 """Redis tier: entries shared by several processes or machines through one Redis server.
 
-Each entry is one Redis string ``{prefix}{key}`` holding the encoded bytes. The tier does not
+Each entry is one Redis string ``{namespace}:{key}`` holding the encoded bytes, where the
+namespace is the prefix less its trailing colons (the default ``blendrag:kv:`` gives names
+``blendrag:kv:<key>``). The colon is the delimiter and keys never contain one, so namespaces
+are disjoint: ``app1`` owns ``app1:<key>`` and nothing of ``app10:…`` or ``app1:x:…``, and
+``clear()`` and ``count_entries()`` touch exactly the names of their own. The tier does not
 bound its own size: configure the server (``maxmemory`` with ``maxmemory-policy allkeys-lru``)
 or give entries a TTL (``StoreConfig.redis_ttl_s``).
 """
@@ -8,6 +12,7 @@ or give entries a TTL (``StoreConfig.redis_ttl_s``).
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 
 from blendrag.store.protocol import TierUsage
 
@@ -30,6 +35,10 @@ class RedisTier:
             raise ImportError("the Redis tier needs redis-py: pip install 'blendrag[redis]'")
         self.url = url
         self.prefix = prefix
+        self.namespace = prefix.rstrip(":")
+        if not self.namespace:
+            raise ValueError(f"Redis prefix {prefix!r} names no namespace (it must not be empty "
+                             "or only colons)")
         self.ttl_s = ttl_s
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
                                             socket_connect_timeout=timeout_s)
@@ -59,7 +68,7 @@ class RedisTier:
     def clear(self) -> None:
         """Delete this store's keys only (the server may be shared with other data)."""
         batch: list[bytes] = []
-        for name in self._client.scan_iter(match=self._pattern(), count=_SCAN_BATCH):
+        for name in self._names():
             batch.append(name)
             if len(batch) >= _SCAN_BATCH:
                 self._client.delete(*batch)
@@ -73,13 +82,23 @@ class RedisTier:
 
     def count_entries(self) -> int:
         """Number of this store's entries (a full SCAN: for tools, not the request path)."""
-        return sum(1 for _ in self._client.scan_iter(match=self._pattern(), count=_SCAN_BATCH))
+        return sum(1 for _ in self._names())
 
     def close(self) -> None:
         self._client.close()
 
     def _name(self, key: str) -> str:
-        return self.prefix + key
+        if ":" in key:
+            raise ValueError(f"Redis tier keys must not contain ':' (the namespace delimiter): "
+                             f"{key!r}")
+        return f"{self.namespace}:{key}"
 
-    def _pattern(self) -> str:
-        return re.sub(r"([*?\[\]\\])", r"\\\1", self.prefix) + "*"
+    def _names(self) -> Iterator[bytes]:
+        """This namespace's names: ``{namespace}:`` then a key without a colon (the SCAN
+        pattern also matches nested namespaces' names, which are left out here)."""
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.namespace) + ":*"
+        start = len(self.namespace.encode()) + 1
+        for name in self._client.scan_iter(match=pattern, count=_SCAN_BATCH):
+            raw = name if isinstance(name, bytes) else str(name).encode()
+            if b":" not in raw[start:]:
+                yield name

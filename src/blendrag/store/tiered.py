@@ -164,6 +164,31 @@ class TieredKVStore:
         """The keys no tier holds, in order: what a precompute job still has to compute."""
         return [k for k in keys if not self.contains(k)]
 
+    def unpersisted(self, keys: Iterable[str]) -> list[str]:
+        """The keys no persistent tier (disk, Redis) holds, in order; in a store without one,
+        the keys no tier holds. What a bulk job could not store (a benched tier holds none)."""
+        slots = [s for s in self._slots if not s.tier.volatile] or self._slots
+        # Benched tiers are asked too: a full disk still answers, and what it stored before
+        # it filled up is persisted. A tier that fails is not asked again in this call (a
+        # dead Redis would cost a timeout per key).
+        failed: set[int] = set()
+
+        def holds(i: int, key: str) -> bool:
+            if i in failed:
+                return False
+            try:
+                return slots[i].tier.contains(key)
+            except slots[i].tier.errors:
+                failed.add(i)
+                return False
+
+        return [k for k in keys if not any(holds(i, k) for i in range(len(slots)))]
+
+    def problems(self) -> list[str]:
+        """Why each benched tier is benched (its last failure), fastest tier first."""
+        return [s.health.last_error or s.tier.label for s in self._slots
+                if not s.health.available]
+
     def stats(self) -> StoreStats:
         """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""
         tiers = []

@@ -52,7 +52,7 @@ def test_jsonl_field_blank_lines_and_bad_lines(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "ok"}) + "\n" + json.dumps({"text": 3}) + "\n")
     with pytest.raises(ValueError,
-                       match=r"bad.jsonl:2: expected an object with a string field 'text'"):
+                       match=r"bad.jsonl:2: field 'text' is not a string \(int\)"):
         list(chunks_from_jsonl(bad))
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: not JSON"):

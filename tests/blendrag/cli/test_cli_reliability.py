@@ -1,0 +1,131 @@
+"""The CLI's failure paths (issue 13): bad input is one ``error:`` line and exit status 2, a job
+that could not store every chunk says which and exits 1; never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blendrag.cli import main
+from helpers.tiny import PASSAGES, PREFIX
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _args(model, store_dir, *source: str) -> list[str]:
+    return ["precompute", "--model", str(model), "--device", "cpu", "--store-dir", str(store_dir),
+            "--disk-bytes", "8M", "--no-chat", "--prefix", PREFIX, "--no-progress", *source]
+
+
+def _one_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(n in lines[0] for n in needles), lines[0]
+    return lines[0]
+
+
+BAD_LINES = {
+    "not-json": ("{not json", "not JSON"),
+    "no-field": ('{"body": "x"}', "no field 'text'"),
+    "not-a-string": ('{"text": 42}', "is not a string"),
+    "array": ('["a", "b"]', "expected a JSON object, got list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_LINES))
+def test_a_bad_jsonl_line_is_one_error_naming_the_line(model_dir, tmp_path, capsys, case):
+    line, reason = BAD_LINES[case]
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"text": PASSAGES[0]}) + "\n\n" + line + "\n")
+    assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f))) == 2
+    _one_error(capsys, "c.jsonl:3:", reason)
+    assert not (tmp_path / "kv").exists()  # checked before the model was loaded
+
+
+def test_skip_bad_lines_ingests_the_rest(model_dir, tmp_path, capsys):
+    f = tmp_path / "c.jsonl"
+    f.write_text("\n".join([json.dumps({"text": PASSAGES[0]}), *(v[0] for v in BAD_LINES.values()),
+                            json.dumps({"text": PASSAGES[1]})]) + "\n")
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--skip-bad-lines",
+                 "--json")
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    summary = json.loads(out.splitlines()[-1])
+    assert (summary["chunks"], summary["computed"], summary["failures"]) == (2, 2, [])
+    assert "left out 4 bad lines" in err and err.count("skipped") == 4
+
+
+def test_a_non_utf8_file_in_a_folder_is_named(model_dir, tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text(PASSAGES[0])
+    (tmp_path / "docs" / "b.txt").write_bytes(b"caf\xe9 in latin-1")
+    assert main(_args(model_dir("llama"), tmp_path / "kv", "--folder",
+                      str(tmp_path / "docs"))) == 2
+    _one_error(capsys, "b.txt", "not utf-8 text")
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"text": PASSAGES[0]}) + "\n")
+    return f
+
+
+def test_a_model_path_that_does_not_exist(tmp_path, jsonl, capsys):
+    assert main(_args(tmp_path / "no" / "such-model", tmp_path / "kv", "--jsonl",
+                      str(jsonl))) == 2
+    _one_error(capsys, "no model at")
+
+
+def test_a_hub_id_while_offline(tmp_path, jsonl, capsys, monkeypatch):
+    from transformers import AutoTokenizer
+
+    def offline(*args, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co' to load the files")
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", offline)
+    assert main(_args("some-org/some-model", tmp_path / "kv", "--jsonl", str(jsonl))) == 2
+    _one_error(capsys, "'some-org/some-model'", "hub id", "couldn't connect")
+
+
+def test_an_unknown_device(model_dir, tmp_path, jsonl, capsys):
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(jsonl))
+    argv[argv.index("--device") + 1] = "tpu9"
+    assert main(argv) == 2
+    _one_error(capsys, "tpu9")
+
+
+def test_a_store_dir_that_is_a_file_exits_1_naming_what_was_not_stored(model_dir, tmp_path,
+                                                                      capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    f = tmp_path / "c.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
+    assert main(_args(model_dir("llama"), blocker, "--jsonl", str(f))) == 1
+    out, err = capsys.readouterr()
+    assert "computed 0" in out and "NOT STORED: 4 chunks" in out and "failed to open" in out
+    assert "error: 4 chunks have no stored KV" in err and "Traceback" not in err
+
+
+def test_a_chunk_longer_than_the_context_is_refused_and_listed(model_dir, tmp_path, capsys):
+    f = tmp_path / "c.jsonl"
+    long = "the quick brown fox jumps over the lazy dog " * 150
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in [PASSAGES[0], long]))
+    assert main([*_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f)), "--json"]) == 1
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (summary["computed"], summary["refused"]) == (1, 1)
+    assert summary["failures"][0]["index"] == 1 and "longer than" in summary["failures"][0][
+        "reason"]
+
+
+@pytest.mark.parametrize("command", ["stats", "clear"])
+@pytest.mark.parametrize("url,needle", [("redis://127.0.0.1:1/0", "ConnectionError"),
+                                        ("http://localhost:6379", "redis_url must start"),
+                                        ("redis://[bad", "ValueError")])
+def test_cache_commands_with_a_bad_redis_url(tmp_path, capsys, command, url, needle):
+    pytest.importorskip("redis")
+    assert main(["cache", command, "--dir", str(tmp_path / "kv"), "--redis-url", url]) == 2
+    line = _one_error(capsys, f"blendrag cache {command}: error:", needle)
+    assert "Traceback" not in line
