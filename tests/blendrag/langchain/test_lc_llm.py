@@ -61,7 +61,11 @@ def test_generation_info_carries_stats(llm):
         and stats["chunks"] == 5
         and stats["chunk_misses"] + stats["chunk_hits"] == 5
     )
-    assert info["blendrag_prompt"] == {"source": "documents", "matched_chunks": 3, "chunks": 5}
+    prompt_info = info["blendrag_prompt"]
+    assert info["blended"] is True and prompt_info.pop("match_s") > 0
+    assert prompt_info == {"source": "documents", "matched_chunks": 3, "chunks": 5,
+                           "fallback": None}
+    assert 0 < stats["match_s"] < stats["ttft_s"]  # the layout counts in TTFT
     assert result.llm_output["model_name"] == llm.engine.name
 
 
