@@ -117,6 +117,11 @@ def prompt_layout(engine: BlendEngine, prompt: str, index: ChunkTextIndex,
                   len(texts) - flat.matched, len(texts))
     if texts and flat.full_only:  # none found verbatim: the ingested texts may still be there
         flat = flat_layout(engine.prompts, prompt, index, wrap=wrap)
+    if flat.full_only and index.path is not None and not texts:
+        before = len(index)
+        index.refresh()  # another process (an ingestion job) may have added texts since
+        if len(index) > before:
+            flat = flat_layout(engine.prompts, prompt, index, wrap=wrap)
     cause = None
     if flat.full_only:
         cause = ("documents_not_in_prompt" if texts else

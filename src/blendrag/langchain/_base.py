@@ -14,6 +14,7 @@ from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine
 from blendrag.integration import requests
 from blendrag.integration.fields import OVERRIDES, BlendFields
+from blendrag.integration.ingestion import default_text_index
 from blendrag.integration.requests import BlendRequest, FallbackFixes
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.langchain._prompt import BlendPrompt, blend_prompt
@@ -48,7 +49,9 @@ class BlendParams(BlendFields):
     """The engine (model, tokenizer, chunk-KV store). Give it a ``chunk_prefix`` so that KVs
     precomputed at ingestion match the chains' prompts."""
     text_index: ChunkTextIndex = Field(default_factory=ChunkTextIndex, exclude=True)
-    """Chunk texts recorded at ingestion; used to find chunks in a flat prompt."""
+    """Chunk texts recorded at ingestion; used to find chunks in a flat prompt. Default: kept
+    with the engine's KV store when it has a disk tier (``<disk_dir>/text_index``), else in
+    memory."""
     document_prompt: str = "{page_content}"
     """How the chain formats one Document into the prompt (``create_stuff_documents_chain``'s
     ``document_prompt``); the chunk text located in the prompt and recorded at ingestion. The
@@ -57,6 +60,15 @@ class BlendParams(BlendFields):
     """Route ``invoke`` through the token stream so callbacks get every token."""
 
     _fallback_fixes: ClassVar[FallbackFixes] = _FIXES
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_text_index(cls, data: Any) -> Any:
+        """No ``text_index`` given: the engine's (persisted with its KV store when that has a
+        disk tier, so a new process finds the texts ingested by an earlier one)."""
+        if isinstance(data, dict) and data.get("text_index") is None and "engine" in data:
+            data = {**data, "text_index": default_text_index(data["engine"])}
+        return data
 
     @model_validator(mode="after")
     def _check_settings(self) -> BlendParams:

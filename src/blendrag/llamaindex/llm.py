@@ -94,7 +94,9 @@ class BlendLLM(BlendFields, CustomLLM):
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._engine = engine
-        self._text_index = text_index if text_index is not None else ChunkTextIndex()
+        # default: kept with the KV store when it has a disk tier (survives a restart)
+        self._text_index = (text_index if text_index is not None
+                            else ingestion.default_text_index(engine))
 
     @model_validator(mode="before")
     @classmethod

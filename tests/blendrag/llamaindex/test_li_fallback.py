@@ -49,7 +49,8 @@ def test_responses_and_callbacks_carry_what_happened(make_llm, nodes):
     prompt = "Context:\n" + fmt.join(chunks) + f"\nQuestion: {QUESTION}\nAnswer:"
     response = llm.complete(prompt, nodes=nodes[:2])
     assert response.raw["blended"] is True and response.additional_kwargs["blended"] is True
-    assert response.raw["prompt"]["matched_chunks"] == 2 and response.raw["prompt"]["fallback"] is None
+    prompt_info = response.raw["prompt"]
+    assert prompt_info["matched_chunks"] == 2 and prompt_info["fallback"] is None
     stats = response.raw["stats"]
     assert stats["mode"] == "blend" and stats["chunk_hits"] + stats["chunk_misses"] == 2
     assert 0 < stats["recompute_fraction"] < 1 and stats["ttft_s"] > stats["match_s"] > 0
