@@ -264,3 +264,29 @@ def test_documents_formatted_differently_fall_back_to_the_index(llm):
     llm.text_index.add_many(PASSAGES[:3])
     llm.invoke(PROMPT, documents=[Document(page_content="[1] " + p) for p in PASSAGES[:3]])
     assert llm.last_prompt.source == "index" and llm.last_prompt.matched == 3
+
+
+def test_async_requests_leave_the_event_loop_free_and_run_concurrently(llm):
+    """ainvoke/astream run the model in worker threads: the loop keeps ticking meanwhile, and
+    concurrent requests on one engine give the answers they give one at a time."""
+    prompts = [PROMPT, TEMPLATE.format(context="\n\n".join(PASSAGES[:3]), input="Who made it?")]
+    expected = [llm.invoke(p, documents=DOCS) for p in prompts]
+
+    async def run():
+        ticks = 0
+        done = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        tick = asyncio.create_task(ticker())
+        answers = await asyncio.gather(*(llm.ainvoke(p, documents=DOCS) for p in prompts * 2))
+        done.set()
+        await tick
+        return answers, ticks
+
+    answers, ticks = asyncio.run(run())
+    assert answers == expected * 2 and ticks > 5
