@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ttft.add_argument("--json", type=Path, help="also write the records as JSON here")
     ttft.set_defaults(func=_ttft)
     _register_store(bench)
+    _register_match(bench)
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,35 @@ def _register_store(bench: argparse._SubParsersAction) -> None:
                        help="torch CPU threads (default: torch's own choice)")
     store.add_argument("--json", type=Path, help="also write the figures as one JSON object here")
     store.set_defaults(func=_store)
+
+
+def _register_match(bench: argparse._SubParsersAction) -> None:
+    match = bench.add_parser("match", help="time to find ingested chunks in a flat prompt, by "
+                             "index size")
+    match.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000, 1_000_000],
+                       help="indexed chunk counts")
+    match.add_argument("--chunk-chars", type=int, default=400)
+    match.add_argument("--prompt-chars", type=int, default=16_000,
+                       help="prompt length (16,000 characters: ~4,000 tokens)")
+    match.add_argument("--prompt-chunks", type=int, default=8,
+                       help="indexed chunks written into the prompt")
+    match.add_argument("--repeats", type=int, default=200, help="timed finds per size")
+    match.add_argument("--json", type=Path, help="also write the records as JSON here")
+    match.set_defaults(func=_match)
+
+
+def _match(args: argparse.Namespace) -> int:
+    from blendrag_bench.match import MatchBenchConfig, format_table, run, write_json
+
+    cfg = MatchBenchConfig(sizes=tuple(args.sizes), chunk_chars=args.chunk_chars,
+                           prompt_chars=args.prompt_chars, prompt_chunks=args.prompt_chunks,
+                           repeats=args.repeats)
+    records = run(cfg)
+    print(format_table(records, cfg))
+    if args.json:
+        write_json(records, cfg, args.json)
+        print(f"wrote {args.json}")
+    return 0
 
 
 def _ttft(args: argparse.Namespace) -> int:

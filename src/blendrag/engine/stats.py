@@ -31,6 +31,8 @@ class RequestStats:
     profiles_computed: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
     recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
+    # framework LLMs: finding the chunks in a flat prompt and tokenizing its pieces (in ttft_s)
+    match_s: float = 0.0
     kv_fetch_s: float = 0.0  # store lookups + computing missing chunk KVs
     prefill_s: float = 0.0
     ttft_s: float = 0.0

@@ -9,15 +9,16 @@ which both framework extras install.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import RequestStats
 from blendrag.integration.flat_prompt import FlatLayout
-from blendrag.integration.requests import BlendRequest
+from blendrag.integration.requests import BlendRequest, FallbackFixes, FallbackMonitor
+from blendrag.integration.text_index import ChunkTextIndex
 
 # Flat field -> BlendConfig / GenerationConfig field.
 BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio",
@@ -39,7 +40,15 @@ class BlendFields(BaseModel):
     selector's seed). Decoding (:class:`~blendrag.GenerationConfig`): ``max_tokens`` (new
     tokens), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``seed``, ``stop`` (added to the
     per-call stop strings), ``eos_token_ids`` (None: the model's), ``stream_holdback``.
+
+    ``strict``: a prompt in which no known chunk is found raises
+    :class:`~blendrag.integration.requests.NoChunkFoundError` instead of running as a plain
+    full prefill (which is otherwise logged as a warning the first time, naming the cause and
+    the fix, and counted in ``fallbacks``).
     """
+
+    _fallback_fixes: ClassVar[FallbackFixes]
+    """The framework's one-line fix of each fallback cause (set by each LLM class)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -62,7 +71,10 @@ class BlendFields(BaseModel):
     """Stop strings, added to the ones given per call."""
     eos_token_ids: tuple[int, ...] | None = None
     stream_holdback: bool = True
+    strict: bool = False
+    """Refuse (raise) instead of falling back to a full prefill when no known chunk is found."""
 
+    _fallback: FallbackMonitor = PrivateAttr(default_factory=FallbackMonitor)
     _last_stats: RequestStats | None = PrivateAttr(default=None)
     _last_prompt: FlatLayout | None = PrivateAttr(default=None)
 
@@ -70,6 +82,17 @@ class BlendFields(BaseModel):
     def last_stats(self) -> RequestStats | None:
         """Stats of the last finished request (a stream finishes when exhausted)."""
         return self._last_stats
+
+    @property
+    def fallbacks(self) -> int:
+        """Requests of this LLM that found no known chunk and ran as a plain full prefill."""
+        return self._fallback.count
+
+    def _fallback_hook(self, index: ChunkTextIndex,
+                       documents: int = 0) -> Callable[[FlatLayout], None]:
+        """What ``requests.start`` calls on a fallback: warn once and count, or raise."""
+        return lambda flat: self._fallback.check(flat, type(self).__name__, len(index),
+                                                 self._fallback_fixes, self.strict, documents)
 
     @property
     def last_prompt(self) -> FlatLayout | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from blendrag.integration.text_index import ChunkTextIndex, PromptSplit
+from blendrag.integration.text_index import ChunkTextIndex, PromptSplit, find_texts, split_spans
 from blendrag.prompt import PromptBuilder, PromptLayout
 
 
@@ -23,27 +23,30 @@ class FlatLayout:
 
     ``source``: "documents" (texts given with the request), "index" (ingested texts) or "none"
     (no known chunk: run it with mode="full"). ``matched``: chunks that are known texts;
-    ``chunks``: all chunks, gaps between known texts included.
+    ``chunks``: all chunks, gaps between known texts included. ``fallback``: with source
+    "none", why no chunk was found (``requests.FALLBACK_CAUSES``). ``match_s``: seconds spent
+    finding the chunks and tokenizing the pieces.
     """
 
     layout: PromptLayout
     source: str
     matched: int
     chunks: int
+    fallback: str | None = None
+    match_s: float = 0.0
 
     @property
     def full_only(self) -> bool:
         return self.source == "none"
 
     def info(self) -> dict:
-        return {"source": self.source, "matched_chunks": self.matched, "chunks": self.chunks}
+        return {"source": self.source, "matched_chunks": self.matched, "chunks": self.chunks,
+                "fallback": self.fallback, "match_s": self.match_s}
 
 
 def split_at(prompt: str, texts: Sequence[str]) -> PromptSplit:
     """Split ``prompt`` at the given chunk texts (known boundaries, however short)."""
-    local = ChunkTextIndex(min_chars=1)
-    local.add_many(t for t in texts if t)
-    return local.split(prompt)
+    return split_spans(prompt, find_texts(prompt, texts))
 
 
 def flat_layout(builder: PromptBuilder, prompt: str, index: ChunkTextIndex,

@@ -10,7 +10,10 @@ canonical ``chunk_prefix`` (docs/architecture.md, "Chunk prefix").
 from __future__ import annotations
 
 import hashlib
+import uuid
+import weakref
 from collections.abc import Sequence
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -19,6 +22,9 @@ from blendrag.ingest import IngestCounts, Ingestion
 from blendrag.integration.chunks import ChunkFormat
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.kv.keys import hash_ids
+
+TEXT_INDEX_DIR = "text_index"
+"""Folder, inside a store's disk tier, of the chunk texts recorded by the framework hooks."""
 
 PROGRESS_MIN = 32
 """Batches of at least this many chunks get a progress bar unless told otherwise."""
@@ -72,3 +78,43 @@ def kv_identity(engine: BlendEngine, chunk_format: ChunkFormat) -> str:
     parts = (engine.model_fp, engine.tokenizer_fp, hash_ids(engine.prompts.chunk_prefix_ids()),
              chunk_format.template, chunk_format.separator)
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def store_folder(store: object) -> Path | None:
+    """The disk tier's folder of a ``TieredKVStore`` (None: the store has no disk tier)."""
+    folder = getattr(getattr(store, "config", None), "disk_dir", None)
+    return Path(folder) if folder is not None else None
+
+
+def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
+    """The text index a framework LLM uses unless given one: persisted with the KV store when
+    it has a disk tier (``<disk_dir>/text_index``: a new process that opens the store finds
+    the chunk texts too), else in memory."""
+    folder = store_folder(engine.store)
+    return ChunkTextIndex(folder / TEXT_INDEX_DIR) if folder is not None else ChunkTextIndex()
+
+
+_VOLATILE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def persistence_identity(engine: BlendEngine, index: ChunkTextIndex) -> str:
+    """Where the KVs and texts of an ingestion step end up: the same string in a new process
+    only when both survive it (a disk or Redis KV tier, a persisted text index); otherwise
+    unique to these objects. Part of the LlamaIndex transform's cache key, so that an
+    ``IngestionCache`` skips the transform only when skipping loses nothing."""
+    config = getattr(engine.store, "config", None)
+    kv = None
+    if config is not None and (config.disk_dir is not None or config.redis_url is not None):
+        kv = f"disk={config.disk_dir} redis={config.redis_url} prefix={config.redis_prefix}"
+    texts = str(index.path.resolve()) if index.path is not None else None
+    if kv is None:
+        kv = f"volatile-{_volatile_id(engine.store)}"
+    if texts is None:
+        texts = f"volatile-{_volatile_id(index)}"
+    return f"kv: {kv}; texts: {texts}"
+
+
+def _volatile_id(obj: object) -> str:
+    if obj not in _VOLATILE:
+        _VOLATILE[obj] = uuid.uuid4().hex
+    return _VOLATILE[obj]

@@ -1,23 +1,43 @@
-"""Find ingested chunk texts inside a flat prompt string.
+"""Find ingested chunk texts inside a flat prompt string, in time proportional to the prompt.
 
 Stock chains (LangChain's stuff-documents chain, LlamaIndex synthesizers) hand the LLM one
 string. To blend it anyway, the ingestion hooks record every chunk text here, and the LLM
 splits the prompt at the chunk texts it contains: no separator string is asked of the user.
 
-Lookup is by anchors: the first ``ANCHOR`` characters of each text (the whole text if shorter)
-index the texts that start with them; scanning the prompt costs one dict lookup per
-position and anchor length, and a candidate is accepted only if the whole text matches.
+How (docs/matching.md has the measurements): each text is keyed by the hash of its first
+``ANCHOR`` characters (texts shorter than that: of their first ``min_chars``) and by the hash of
+the whole text (``span_hash``). A request hashes every window of the prompt at once (numpy, one
+pass per anchor length), keeps the windows whose anchor bit is set in a bitmap (a few false
+positives per thousand windows), and at those positions only checks the lengths of the texts
+with that anchor: one O(1) span hash and one set lookup each. Nothing depends on how many
+texts are indexed, except the bitmap's false-positive rate, which its growth keeps bounded. The
+index holds hashes, not texts: a million chunks cost memory for their hashes only (a persisted
+index keeps the texts on disk, ``text_rows``).
+
+Matches are leftmost, longest first at a position, never overlapping: the same rule as
+:func:`find_texts` (the texts given with a request), so both give the same split.
 """
 
 from __future__ import annotations
 
-import hashlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-ANCHOR = 32
+import numpy as np
+from tqdm.auto import tqdm
+
+from blendrag.integration.span_hash import SpanHasher, text_hash, with_length, with_lengths
+
+ANCHOR = 64
+"""Anchor length of texts at least this long (long anchors: texts sharing a head stay apart)."""
+_FIB = np.uint64(0x9E3779B97F4A7C15)
+_BITS_MIN, _BITS_MAX = 16, 30  # bitmap sizes, log2 of bits (8 KiB .. 128 MiB)
+_LOAD = 64  # bits per anchor before the bitmap grows (false positives ~ 1/64 at worst)
+_BATCH = 20_000
+PROGRESS_MIN = 100_000
+"""Loading at least this many persisted texts shows a progress bar."""
 
 
 @dataclass(frozen=True)
@@ -36,86 +56,209 @@ class PromptSplit:
 
 
 class ChunkTextIndex:
-    """Chunk texts by anchor; optionally persisted (diskcache, process-safe) under ``path``."""
+    """Chunk texts found in prompts by hash; persisted under the folder ``path`` when given
+    (plain-text SQLite rows, shared by processes; see ``text_rows``).
 
-    def __init__(self, path: str | Path | None = None, min_chars: int = 16) -> None:
+    ``min_chars``: shorter texts are not recorded (they would match by chance).
+    ``show_progress``: progress bar while loading a persisted index (None: from
+    ``PROGRESS_MIN`` texts).
+    """
+
+    def __init__(self, path: str | Path | None = None, min_chars: int = 16,
+                 show_progress: bool | None = None) -> None:
         if min_chars < 1:
             raise ValueError(f"min_chars must be >= 1, got {min_chars}")
         self.min_chars = min_chars
-        # Requests look texts up while ingestion (another thread) adds them.
-        self._lock = threading.RLock()
-        self._by_anchor: dict[str, set[str]] = {}
-        self._lengths: set[int] = set()
-        self._disk = None
-        if path is not None:
-            import diskcache
+        self.path = Path(path) if path is not None else None
+        self._short = min(min_chars, ANCHOR)
+        self._lock = threading.Lock()  # writers; readers (find) use snapshots, no lock
+        self._keys: set[int] = set()  # hash of each whole text, with its length
+        self._anchors: dict[int, int | tuple[int, ...]] = {}  # anchor key -> text lengths
+        self._anchor_lengths: dict[int, int] = {}  # anchor length -> texts using it
+        self._bitmap = (np.zeros(1 << (_BITS_MIN - 3), dtype=np.uint8), _BITS_MIN)
+        self._rows = None
+        self._last_row = 0
+        if self.path is not None:
+            from blendrag.integration.text_rows import TextRows
 
-            self._disk = diskcache.Cache(str(path))
-            for key in self._disk.iterkeys():
-                self._index(self._disk[key])
+            self._rows = TextRows(self.path)
+            self._load(show_progress)
+
+    # -- recording ---------------------------------------------------------------------------
 
     def add(self, text: str) -> bool:
         """Record ``text``; False when it is too short to be matched reliably."""
-        if len(text) < self.min_chars:
-            return False
-        self._index(text)
-        if self._disk is not None:
-            self._disk.set(hashlib.sha256(text.encode()).hexdigest(), text)
-        return True
+        return self.add_many([text]) == 1
 
     def add_many(self, texts: Iterable[str]) -> int:
-        return sum(self.add(t) for t in texts)
+        """Record texts (persisted when the index has a path); returns how many were long
+        enough to record (already recorded ones included)."""
+        long_enough = [t for t in texts if isinstance(t, str) and len(t) >= self.min_chars]
+        for start in range(0, len(long_enough), _BATCH):
+            new = self._index(long_enough[start:start + _BATCH])
+            if new and self._rows is not None:
+                self._rows.add(new)
+        return len(long_enough)
 
     def refresh(self) -> None:
-        """Pick up texts another process added to the persistent index."""
-        if self._disk is not None:
-            for key in self._disk.iterkeys():
-                self._index(self._disk[key])
+        """Pick up texts another process added to the persisted index."""
+        if self._rows is not None:
+            self._load(False)
+
+    def _load(self, show_progress: bool | None) -> None:
+        total = self._rows.count_after(self._last_row)
+        show = total >= PROGRESS_MIN if show_progress is None else show_progress
+        batch: list[str] = []
+        with tqdm(total=total, desc="loading chunk text index", unit="text",
+                  disable=not show) as bar:
+            for row_id, text in self._rows.rows_after(self._last_row):
+                self._last_row = row_id
+                if len(text) >= self.min_chars:
+                    batch.append(text)
+                if len(batch) >= _BATCH:
+                    self._index(batch)
+                    bar.update(len(batch))
+                    batch = []
+            self._index(batch)
+            bar.update(len(batch))
+
+    def _index(self, texts: Sequence[str]) -> list[str]:
+        """Hash texts in one vectorised pass and record them; returns those not known before."""
+        if not texts:
+            return []
+        lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+        starts = np.zeros(len(texts), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=starts[1:])
+        hasher = SpanHasher("".join(texts))
+        anchor_len = np.where(lengths >= ANCHOR, ANCHOR, self._short)
+        keys = with_lengths(hasher.spans(starts, lengths), lengths).tolist()
+        anchors = with_lengths(hasher.spans(starts, anchor_len), anchor_len)
+        new = []
+        with self._lock:
+            for text, key, anchor, n, a_len in zip(texts, keys, anchors.tolist(),
+                                                   lengths.tolist(), anchor_len.tolist()):
+                if key in self._keys:
+                    continue
+                self._keys.add(key)
+                self._anchor_lengths[a_len] = self._anchor_lengths.get(a_len, 0) + 1
+                known = self._anchors.get(anchor)
+                if known is None:
+                    self._anchors[anchor] = n
+                else:
+                    known = known if isinstance(known, tuple) else (known,)
+                    self._anchors[anchor] = tuple(sorted({*known, n}, reverse=True))
+                new.append(text)
+            self._set_bits(anchors)
+        return new
+
+    def _set_bits(self, anchors: np.ndarray) -> None:
+        bits, log2 = self._bitmap
+        needed = max(_BITS_MIN, min(_BITS_MAX, (len(self._anchors) * _LOAD).bit_length()))
+        if needed > log2:  # grow: rebuild from every anchor, then swap in one assignment
+            bits, log2 = np.zeros(1 << (needed - 3), dtype=np.uint8), needed
+            anchors = np.fromiter(self._anchors.keys(), dtype=np.uint64, count=len(self._anchors))
+        slot = _slots(anchors, log2)
+        np.bitwise_or.at(bits, slot >> np.uint64(3),
+                         np.left_shift(np.uint8(1), (slot & np.uint64(7)).astype(np.uint8)))
+        self._bitmap = (bits, log2)
+
+    # -- lookups -----------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._by_anchor.values())
+        return len(self._keys)
 
-    def __contains__(self, text: str) -> bool:
-        return text in self._by_anchor.get(text[:ANCHOR], ())
-
-    def _index(self, text: str) -> None:
-        anchor = text[:ANCHOR]
-        with self._lock:
-            self._by_anchor.setdefault(anchor, set()).add(text)
-            self._lengths.add(len(anchor))
+    def __contains__(self, text: object) -> bool:
+        return (isinstance(text, str) and len(text) >= self.min_chars
+                and with_length(text_hash(text), len(text)) in self._keys)
 
     def find(self, prompt: str) -> list[tuple[int, int]]:
         """Non-overlapping [start, end) spans of indexed texts in ``prompt``, left to right,
         longest match first at each position."""
-        with self._lock:
-            by_anchor = {a: tuple(t) for a, t in self._by_anchor.items()}
-            lengths = sorted(self._lengths, reverse=True)
-        spans, i = [], 0
-        while i < len(prompt):
-            best = 0
-            for n in lengths:
-                for text in by_anchor.get(prompt[i:i + n], ()):
-                    if len(text) > best and prompt.startswith(text, i):
-                        best = len(text)
-            if best:
-                spans.append((i, i + best))
-                i += best
-            else:
-                i += 1
+        if not self._keys or not prompt:
+            return []
+        hasher = SpanHasher(prompt)
+        bits, log2 = self._bitmap
+        positions, anchor_keys = [], []
+        for a_len, count in list(self._anchor_lengths.items()):
+            if not count or a_len > hasher.n:
+                continue
+            keys = with_lengths(hasher.windows(a_len), np.full(1, a_len))
+            slot = _slots(keys, log2)
+            hit = np.flatnonzero((bits[slot >> np.uint64(3)] >> (slot & np.uint64(7))) & 1)
+            positions.append(hit)
+            anchor_keys.append(keys[hit])
+        if not positions:
+            return []
+        pos = np.concatenate(positions)
+        order = np.argsort(pos, kind="stable")
+        candidates = zip(pos[order].tolist(), np.concatenate(anchor_keys)[order].tolist())
+        spans: list[tuple[int, int]] = []
+        best_at, best, cursor = -1, 0, 0
+        for i, anchor in candidates:
+            if i != best_at:  # a new position: settle the previous one
+                if best:
+                    spans.append((best_at, best_at + best))
+                    cursor = best_at + best
+                best_at, best = i, 0
+            if i < cursor:
+                continue
+            best = max(best, self._longest(hasher, i, anchor))
+        if best and best_at >= cursor:
+            spans.append((best_at, best_at + best))
         return spans
+
+    def _longest(self, hasher: SpanHasher, i: int, anchor: int) -> int:
+        """Length of the longest indexed text at ``i`` among those with this anchor (0: none)."""
+        lengths = self._anchors.get(anchor)
+        if lengths is None:  # a false positive of the bitmap
+            return 0
+        for n in (lengths,) if isinstance(lengths, int) else lengths:  # longest first
+            if i + n <= hasher.n and with_length(hasher.span(i, n), n) in self._keys:
+                return n
+        return 0
 
     def split(self, prompt: str) -> PromptSplit:
         """Split ``prompt`` at the indexed texts it contains; gaps between two found texts
         become chunks of their own so that nothing is dropped or reordered."""
-        spans = self.find(prompt)
-        if not spans:
-            return PromptSplit(prompt, (), "", ())
-        chunks, cached = [], []
-        for k, (s, e) in enumerate(spans):
-            if k and s > spans[k - 1][1]:
-                chunks.append(prompt[spans[k - 1][1]:s])
-                cached.append(False)
-            chunks.append(prompt[s:e])
-            cached.append(True)
-        return PromptSplit(prompt[:spans[0][0]], tuple(chunks), prompt[spans[-1][1]:],
-                           tuple(cached))
+        return split_spans(prompt, self.find(prompt))
+
+
+def _slots(keys: np.ndarray, log2: int) -> np.ndarray:
+    """Bitmap slot of each key (multiplicative hashing: the top ``log2`` bits)."""
+    with np.errstate(over="ignore"):
+        return (keys * _FIB) >> np.uint64(64 - log2)
+
+
+def find_texts(prompt: str, texts: Iterable[str]) -> list[tuple[int, int]]:
+    """Spans of the given texts in ``prompt`` (a request's few retrieved texts, however short),
+    by the rule of :meth:`ChunkTextIndex.find`: leftmost, longest first, non-overlapping."""
+    longest: dict[int, int] = {}
+    for text in set(texts):
+        if not text:
+            continue
+        i = prompt.find(text)
+        while i >= 0:
+            longest[i] = max(longest.get(i, 0), len(text))
+            i = prompt.find(text, i + 1)
+    spans, cursor = [], 0
+    for i in sorted(longest):
+        if i >= cursor:
+            spans.append((i, i + longest[i]))
+            cursor = i + longest[i]
+    return spans
+
+
+def split_spans(prompt: str, spans: Sequence[tuple[int, int]]) -> PromptSplit:
+    """``prompt`` cut at ``spans`` (sorted, non-overlapping); the gaps between spans are chunks
+    too (``cached`` False)."""
+    if not spans:
+        return PromptSplit(prompt, (), "", ())
+    chunks, cached = [], []
+    for k, (s, e) in enumerate(spans):
+        if k and s > spans[k - 1][1]:
+            chunks.append(prompt[spans[k - 1][1]:s])
+            cached.append(False)
+        chunks.append(prompt[s:e])
+        cached.append(True)
+    return PromptSplit(prompt[:spans[0][0]], tuple(chunks), prompt[spans[-1][1]:],
+                       tuple(cached))

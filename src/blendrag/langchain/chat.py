@@ -63,13 +63,20 @@ class ChatBlend(BlendParams, BaseChatModel):
                 run_manager: CallbackManagerForLLMRun | None = None,
                 **kwargs: Any) -> Iterator[ChatGenerationChunk]:
         request = self._start(self.render(messages), False, stop, kwargs)
+        # BaseChatModel reports every chunk to on_llm_new_token (and adds an empty "last" chunk,
+        # reported too, when ours is not marked last): the final metadata rides on the last text
+        # delta, so each delta is handed out once the next one is known (one decode step later)
+        # and callbacks count exactly the text chunks.
+        held: str | None = None
         for delta in request.stream:
-            yield ChatGenerationChunk(message=AIMessageChunk(content=delta))
+            if held is not None:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=held))
+            held = delta
         info = self._finish(request)
         stats = request.stream.result.stats
         usage = UsageMetadata(input_tokens=stats.prompt_tokens, output_tokens=stats.new_tokens,
                               total_tokens=stats.prompt_tokens + stats.new_tokens)
-        last = AIMessageChunk(content="", usage_metadata=usage, chunk_position="last",
+        last = AIMessageChunk(content=held or "", usage_metadata=usage, chunk_position="last",
                               response_metadata={"model_name": self.engine.name,
                                                  "model_provider": "blendrag"})
         yield ChatGenerationChunk(message=last, generation_info=info)

@@ -10,6 +10,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError("BlendChroma needs langchain-chroma: pip install blendrag[chroma]") from exc
 from langchain_core.documents import Document
+from tqdm.auto import tqdm
 
 from blendrag.config import profile_depth
 from blendrag.ingest import IngestCounts
@@ -41,7 +42,12 @@ class BlendChroma(Chroma):
     forward per chunk (``profile=k``: after each of the k texts before it, k forwards). Each
     text of an ``add_texts`` call is measured after the text before it in that call (the first
     after the last), so add a document's chunks in order, in one call;
-    the separators after the last text. Other arguments are Chroma's.
+    the separators after the last text.
+    ``record_existing``: when the collection already holds documents (a persisted store
+    reopened in a new process), record their texts in ``llm.text_index`` now (no KV computed;
+    progress bar from ``PROGRESS_MIN`` texts), so the first query finds its chunks; their KVs
+    come from the engine's store, or are computed once at the first query that needs them
+    (``ingest_existing()`` precomputes them all). Other arguments are Chroma's.
     """
 
     PROGRESS_MIN = PROGRESS_MIN
@@ -49,7 +55,7 @@ class BlendChroma(Chroma):
     def __init__(self, *args: Any, llm: BlendParams,
                  separators: Sequence[str] = (DEFAULT_SEPARATOR,),
                  show_progress: bool | None = None, profile: bool | int = False,
-                 **kwargs: Any) -> None:
+                 record_existing: bool = True, **kwargs: Any) -> None:
         require_chunk_prefix(llm.engine)
         super().__init__(*args, **kwargs)
         self.llm = llm
@@ -58,6 +64,8 @@ class BlendChroma(Chroma):
         profile_depth(profile)  # refuse a bad value now, not at the first add_texts
         self.profile = profile
         self.ingest_counts = IngestCounts()
+        if record_existing:
+            self.record_existing()
 
     def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
                   ids: list[str] | None = None, **kwargs: Any) -> list[str]:
@@ -77,6 +85,24 @@ class BlendChroma(Chroma):
         opened over a collection filled elsewhere); returns the counts of this call."""
         got = self.get(include=["documents", "metadatas"])
         return self._ingest(got["documents"], got["metadatas"])
+
+    def record_existing(self, page: int = 10_000) -> int:
+        """Record the texts of the documents already in the collection in ``llm.text_index``
+        (those it lacks; no KV is computed); returns how many were new."""
+        index, total = self.llm.text_index, self._collection.count()
+        show = total >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
+        new = 0
+        with tqdm(total=total, desc="recording chunk texts", unit="text",
+                  disable=not show or not total) as bar:
+            for offset in range(0, total, page):
+                got = self.get(include=["documents", "metadatas"], limit=page, offset=offset)
+                docs = [Document(page_content=t or "", metadata=m or {})
+                        for t, m in zip(got["documents"], got["metadatas"])]
+                chunks = [c for c in format_documents(docs, self.llm.document_prompt)
+                          if c not in index]
+                new += index.add_many(chunks)
+                bar.update(len(docs))
+        return new
 
     def _ingest(self, texts: list[str], metadatas: list[dict] | None) -> IngestCounts:
         metas = list(metadatas or []) + [{}] * (len(texts) - len(metadatas or []))

@@ -54,14 +54,10 @@ class BlendLLM(BlendParams, BaseLLM):
                 **kwargs: Any) -> Iterator[GenerationChunk]:
         request = self._start(prompt, True, stop, kwargs)
         for delta in request.stream:
-            yield self._emit(GenerationChunk(text=delta), run_manager)
-        yield self._emit(GenerationChunk(text="", generation_info=self._finish(request)),
-                         run_manager)
-
-    @staticmethod
-    def _emit(chunk: GenerationChunk,
-              run_manager: CallbackManagerForLLMRun | None) -> GenerationChunk:
-        # BaseLLM.stream does not report tokens to callbacks: each chunk is reported here.
-        if run_manager is not None:
-            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-        return chunk
+            chunk = GenerationChunk(text=delta)
+            # BaseLLM.stream does not report tokens to callbacks: each text chunk is reported
+            # here, and only those (the final chunk below carries metadata, not a token).
+            if run_manager is not None:
+                run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+        yield GenerationChunk(text="", generation_info=self._finish(request))

@@ -9,6 +9,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, TransformComponent
 
 from blendrag.config import profile_depth
+from blendrag.integration.ingestion import persistence_identity
 from blendrag.llamaindex.llm import BlendLLM
 
 
@@ -18,10 +19,13 @@ class BlendKVTransform(TransformComponent):
     for flat-prompt detection, and returns the nodes unchanged.
 
     Put it after the splitter (it must see the final node texts). The pipeline's
-    ``IngestionCache`` skips the transform on a re-run with the same nodes; nothing depends on
-    it having run: the LLM computes and stores a missing KV at query time. The cache key
-    includes ``kv_identity`` (model, tokenizer, chunk prefix, chunk template and separator), so a
-    different model runs the transform again.
+    ``IngestionCache`` skips the transform on a re-run with the same nodes, and its cache key
+    includes ``kv_identity`` (model, tokenizer, chunk prefix, chunk template and separator: a
+    different model runs the transform again) and ``persistence``: where the KVs and the
+    recorded texts live. That is the same string in a new process only when both survive a
+    restart (a disk or Redis KV tier and a persisted text index, which is the default with a
+    disk tier); otherwise the transform runs again, so a cache hit never leaves the LLM
+    without the texts (and KVs) it needs.
 
     ``profile``: also store each new node's context-sensitivity profile, for an LLM blending
     with ``BlendConfig(selector="profile")``; one more forward per node. Each node is measured
@@ -30,6 +34,8 @@ class BlendKVTransform(TransformComponent):
     """
 
     kv_identity: str = Field(description="What node KVs depend on besides the node text.")
+    persistence: str = Field(description="Where the KVs and texts go; the same in a new process "
+                             "only when both survive it.")
     profile: bool | int = Field(default=False,
                                 description="Also store each node's context-sensitivity profile "
                                 "(an int: measured after each of that many preceding nodes).")
@@ -37,7 +43,8 @@ class BlendKVTransform(TransformComponent):
 
     def __init__(self, llm: BlendLLM, *, profile: bool | int = False, **kwargs: Any) -> None:
         profile_depth(profile)  # refuse a bad value at construction
-        super().__init__(kv_identity=llm.kv_identity, profile=profile, **kwargs)
+        super().__init__(kv_identity=llm.kv_identity, profile=profile,
+                         persistence=persistence_identity(llm.engine, llm.text_index), **kwargs)
         self._llm = llm
 
     @classmethod

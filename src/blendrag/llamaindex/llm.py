@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from llama_index.core.base.llms.generic_utils import (
     astream_completion_response_to_chat_response,
@@ -40,8 +40,17 @@ from blendrag.engine import BlendEngine
 from blendrag.integration import ingestion, requests
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR, ChunkFormat
 from blendrag.integration.fields import BlendFields, fields_from_configs, overrides_from
-from blendrag.integration.requests import BlendRequest
+from blendrag.integration.requests import BlendRequest, FallbackFixes
 from blendrag.integration.text_index import ChunkTextIndex
+
+_FIXES = FallbackFixes(
+    empty_index="put BlendKVTransform(llm) in the IngestionPipeline's transformations, after the "
+                "splitter (or call llm.ingest(nodes) on the index's nodes)",
+    not_in_prompt="the synthesizer writes nodes differently from chunk_template: answer with "
+                  "blend_query_engine(index, llm), or set chunk_template to the synthesizer's",
+    documents_not_in_prompt="pass nodes= as the prompt writes them (the chunk_template "
+                            "formats each node)",
+)
 
 NodeLike = NodeWithScore | BaseNode | str
 """A retrieved node (formatted with the chunk template) or a chunk text taken verbatim."""
@@ -64,7 +73,10 @@ class BlendLLM(BlendFields, CustomLLM):
     and ``generation_config=`` (config objects) fill them, at construction and per call.
     Per-call keyword arguments: ``nodes``, ``blend_config``, ``generation_config`` and any flat
     field. ``last_stats`` holds the last finished request's :class:`RequestStats`; every final
-    response carries them in ``additional_kwargs["stats"]`` and ``raw["stats"]``.
+    response carries ``blended`` (False: a plain full prefill), ``stats`` (mode, chunk
+    hits/misses, recompute fraction, TTFT, ...) and ``prompt`` (chunks matched, fallback cause)
+    in ``raw`` and ``additional_kwargs`` (so callback handlers see them in the response).
+    ``strict=True`` raises instead of falling back to a full prefill.
     """
 
     chunk_template: str = Field(default=DEFAULT_CHUNK_TEMPLATE,
@@ -72,6 +84,7 @@ class BlendLLM(BlendFields, CustomLLM):
     chunk_separator: str = Field(default=DEFAULT_SEPARATOR,
                                  description="What goes between two chunks of a prompt.")
 
+    _fallback_fixes: ClassVar[FallbackFixes] = _FIXES
     _engine: BlendEngine = PrivateAttr()
     _text_index: ChunkTextIndex = PrivateAttr()
     # ChunkTextIndex locks its tables: async requests (worker threads) may search it while
@@ -81,7 +94,9 @@ class BlendLLM(BlendFields, CustomLLM):
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._engine = engine
-        self._text_index = text_index if text_index is not None else ChunkTextIndex()
+        # default: kept with the KV store when it has a disk tier (survives a restart)
+        self._text_index = (text_index if text_index is not None
+                            else ingestion.default_text_index(engine))
 
     @model_validator(mode="before")
     @classmethod
@@ -218,7 +233,8 @@ class BlendLLM(BlendFields, CustomLLM):
                                       wrap=not formatted)
         overrides, stop = overrides_from(kwargs)
         return requests.start(self._engine, flat, self.make_blend_config(**overrides),
-                              self.make_generation_config(stop, **overrides))
+                              self.make_generation_config(stop, **overrides),
+                              self._fallback_hook(self._text_index, len(texts or ())))
 
     def _responses(self, request: BlendRequest) -> CompletionResponseGen:
         """One response per text delta, then a final one (empty delta) carrying the stats."""
@@ -226,13 +242,12 @@ class BlendLLM(BlendFields, CustomLLM):
         for delta in request.stream:
             text += delta
             yield CompletionResponse(text=text, delta=delta)
-        self._finished(request)
+        info = self._finished(request)
         result = request.result
-        stats = result.stats.to_dict()
-        raw = {"token_ids": list(result.token_ids), "finish_reason": result.finish_reason,
-               "stats": stats}
-        yield CompletionResponse(text=result.text, delta="", raw=raw,
-                                 additional_kwargs={"stats": stats})
+        meta = {"blended": info["blended"], "stats": info["blendrag"],
+                "prompt": info["blendrag_prompt"]}
+        raw = {"token_ids": list(result.token_ids), "finish_reason": result.finish_reason, **meta}
+        yield CompletionResponse(text=result.text, delta="", raw=raw, additional_kwargs=meta)
 
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
         *_, last = self._responses(self._start(prompt, formatted, kwargs))  # drain the stream

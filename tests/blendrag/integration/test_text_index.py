@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import pickle
+import random
+import sqlite3
+from pathlib import Path
+
 import pytest
 
-from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.integration.text_index import ChunkTextIndex, find_texts
 
 DOCS = [
     "Lionel Messi was born in Rosario, Argentina, in 1987.",
@@ -51,3 +58,95 @@ def test_persistent_index_is_shared_between_instances(tmp_path):
 def test_bad_min_chars():
     with pytest.raises(ValueError, match="min_chars"):
         ChunkTextIndex(min_chars=0)
+
+
+def test_overlapping_repeated_and_prefix_sharing_texts():
+    a = "The river Danube flows through ten countries of Europe."
+    b = a[:30] + " and is nothing like the other passage at all."  # shares a's first 30 chars
+    c = a[20:] + " It ends in the Black Sea."  # overlaps a's tail
+    index = ChunkTextIndex()
+    index.add_many([a, b, c])
+    prompt = f"Q: {a}\n{b}\n{a}{c[len(a) - 20:]}\n{c}?"
+    spans = index.find(prompt)
+    assert [prompt[s:e] for s, e in spans] == [a, b, a, c]
+    assert spans == find_texts(prompt, [a, b, c])
+    # c starts inside the second a (overlap): the leftmost text wins, c is not cut out of it
+    assert prompt.count(c) == 2 and len(spans) == 4
+
+
+def test_index_and_given_texts_agree_on_random_prompts():
+    """The hashed index and the literal search of a request's own texts follow one rule."""
+    rng = random.Random(7)
+    for _ in range(40):
+        alphabet = "ab "
+        texts = ["".join(rng.choices(alphabet, k=rng.randint(4, 80))) for _ in range(12)]
+        texts += [texts[0] + texts[1], texts[2][:5] + texts[3]]
+        index = ChunkTextIndex(min_chars=4)
+        index.add_many(texts)
+        pieces = [rng.choice(texts) if rng.random() < 0.6 else
+                  "".join(rng.choices(alphabet, k=rng.randint(0, 9))) for _ in range(10)]
+        prompt = "".join(pieces)
+        known = [t for t in set(texts) if len(t) >= 4]
+        assert index.find(prompt) == find_texts(prompt, known)
+
+
+def test_unicode_and_lone_surrogates():
+    text = "Zürich 🏔 — naïve café \ud800 text with a lone surrogate in it"
+    index = ChunkTextIndex()
+    index.add(text)
+    prompt = "« " + text + " »"
+    assert text in index and [prompt[s:e] for s, e in index.find(prompt)] == [text]
+
+
+def test_many_texts_keep_working_as_the_bitmap_grows():
+    index = ChunkTextIndex()
+    texts = [f"passage number {i} of the corpus, with some words" for i in range(30_000)]
+    assert index.add_many(texts) == 30_000 and len(index) == 30_000
+    prompt = "x" + texts[17] + "\n\n" + texts[29_999] + "y"
+    assert index.split(prompt).chunks == (texts[17], "\n\n", texts[29_999])
+    assert "passage number 30000 of the corpus, with some words" not in index
+
+
+def test_persisted_texts_are_plain_rows(tmp_path):
+    ChunkTextIndex(tmp_path / "idx").add_many(DOCS)
+    with sqlite3.connect(tmp_path / "idx" / "texts.sqlite3") as db:
+        rows = db.execute("SELECT typeof(text), text FROM texts ORDER BY id").fetchall()
+    assert rows == [("text", t) for t in DOCS]
+    reopened = ChunkTextIndex(tmp_path / "idx")
+    assert len(reopened) == 3 and all(t in reopened for t in DOCS)
+
+
+class _Boom:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["BOOM_FILE"]),))
+
+
+def test_a_planted_pickle_row_is_dropped_not_run(tmp_path, monkeypatch, caplog):
+    boom = tmp_path / "boom"
+    monkeypatch.setenv("BOOM_FILE", str(boom))
+    folder = tmp_path / "idx"
+    ChunkTextIndex(folder).add(DOCS[0])
+    with sqlite3.connect(folder / "texts.sqlite3") as db:
+        db.execute("INSERT INTO texts (digest, text) VALUES ('x', ?)", (pickle.dumps(_Boom()),))
+    with caplog.at_level(logging.WARNING):
+        index = ChunkTextIndex(folder)
+    assert not boom.exists() and len(index) == 1 and DOCS[0] in index
+    assert "not plain text" in caplog.text
+    with sqlite3.connect(folder / "texts.sqlite3") as db:  # and deleted: warned about once
+        assert db.execute("SELECT COUNT(*) FROM texts").fetchone() == (1,)
+
+
+def test_old_diskcache_folder_is_read_without_unpickling(tmp_path, monkeypatch, caplog):
+    diskcache = pytest.importorskip("diskcache")
+    boom = tmp_path / "boom"
+    monkeypatch.setenv("BOOM_FILE", str(boom))
+    folder = tmp_path / "old"
+    with diskcache.Cache(str(folder)) as old:  # what earlier versions wrote
+        old.set("a", DOCS[0])
+        old.set("b", DOCS[1])
+        old.set("evil", _Boom())  # a pickled row (diskcache's pickle mode)
+    with caplog.at_level(logging.WARNING):
+        index = ChunkTextIndex(folder)
+    assert not boom.exists() and len(index) == 2 and DOCS[1] in index
+    assert "never unpickled" in caplog.text
+    assert len(ChunkTextIndex(folder)) == 2  # migrated once, still there

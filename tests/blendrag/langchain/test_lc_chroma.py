@@ -239,3 +239,31 @@ def test_an_empty_document_has_no_kv_and_keeps_its_neighbours_apart(
                            _profile_after(engine, PASSAGES[1], PASSAGES[0]))
     else:
         assert _entry(engine, PASSAGES[1]).sensitivity is None
+
+
+def test_reopened_collection_records_its_texts_and_the_stock_chain_blends(
+        llm, engine, embedder, chroma_client, collection_name, documents, prompt):
+    """A BlendChroma opened over a filled collection (a persisted store in a new process)
+    records the texts at once: the first stock-chain query blends, no ingest_existing()."""
+    from langchain_classic.chains import create_retrieval_chain
+    from langchain_classic.chains.combine_documents import create_stuff_documents_chain
+
+    from blendrag import NO_CONTEXT, BlendEngine
+    from blendrag.langchain import BlendChroma, BlendLLM
+
+    BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                               collection_name=collection_name, llm=llm)
+    fresh = BlendLLM(engine=BlendEngine(engine.model, engine.tokenizer, chat=True,
+                                        chunk_prefix="", context=NO_CONTEXT), max_tokens=4)
+    store = BlendChroma(client=chroma_client, collection_name=collection_name,
+                        embedding_function=embedder, llm=fresh)
+    assert len(fresh.text_index) == len(documents) and store.ingest_counts.chunks == 0
+    chain = create_retrieval_chain(store.as_retriever(search_kwargs={"k": 3}),
+                                   create_stuff_documents_chain(fresh, prompt))
+    chain.invoke({"input": "Who created Python?"})
+    assert fresh.last_prompt.source == "index" and fresh.last_prompt.matched == 3
+    assert fresh.fallbacks == 0 and fresh.last_stats.mode == "blend"
+    opened = BlendChroma(client=chroma_client, collection_name=collection_name,
+                         embedding_function=embedder, llm=BlendLLM(engine=engine),
+                         record_existing=False)
+    assert len(opened.llm.text_index) == 0

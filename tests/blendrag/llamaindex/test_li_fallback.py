@@ -1,0 +1,63 @@
+"""LlamaIndex side of a request that finds no known chunk: one warning naming the cause and the
+fix, a counter, ``strict``, and every response (and callback payload) saying what happened."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from llama_index.core import VectorStoreIndex
+from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+from llama_index.core.callbacks.schema import EventPayload
+
+from blendrag.integration.requests import NoChunkFoundError
+from helpers.li_data import QUESTION
+
+WARNING = "found no known chunk"
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and WARNING in r.getMessage()]
+
+
+def test_index_built_without_the_transform_warns_once_and_strict_raises(
+        make_llm, embed, new_vector_store, nodes, caplog):
+    from llama_index.core import StorageContext
+
+    llm = make_llm()
+    storage = StorageContext.from_defaults(vector_store=new_vector_store())
+    index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed)
+    engine = index.as_query_engine(llm=llm, similarity_top_k=2)  # stock synthesizer
+    with caplog.at_level(logging.WARNING):
+        engine.query(QUESTION)
+        engine.query(QUESTION)
+    (message,) = _warnings(caplog)
+    assert "text index is empty" in message and "BlendKVTransform(llm)" in message
+    assert llm.fallbacks >= 2 and llm.last_stats.mode == "full"
+
+    strict = make_llm(strict=True)
+    with pytest.raises(NoChunkFoundError, match="BlendKVTransform"):
+        index.as_query_engine(llm=strict, similarity_top_k=2).query(QUESTION)
+
+
+def test_responses_and_callbacks_carry_what_happened(make_llm, nodes):
+    debug = LlamaDebugHandler()
+    llm = make_llm(callback_manager=CallbackManager([debug]))
+    fmt = llm.chunk_format
+    chunks = [fmt.format(n.text) for n in nodes[:2]]
+    prompt = "Context:\n" + fmt.join(chunks) + f"\nQuestion: {QUESTION}\nAnswer:"
+    response = llm.complete(prompt, nodes=nodes[:2])
+    assert response.raw["blended"] is True and response.additional_kwargs["blended"] is True
+    prompt_info = response.raw["prompt"]
+    assert prompt_info["matched_chunks"] == 2 and prompt_info["fallback"] is None
+    stats = response.raw["stats"]
+    assert stats["mode"] == "blend" and stats["chunk_hits"] + stats["chunk_misses"] == 2
+    assert 0 < stats["recompute_fraction"] < 1 and stats["ttft_s"] > stats["match_s"] > 0
+
+    *_, last = llm.stream_complete("A prompt with no known chunk in it.")
+    assert last.raw["blended"] is False and last.raw["prompt"]["fallback"] == "not_in_prompt"
+    assert llm.fallbacks == 1
+    payloads = [end.payload[EventPayload.COMPLETION] for _, end in
+                debug.get_event_pairs(CBEventType.LLM)]
+    assert [p.raw["blended"] for p in payloads] == [True, False]
