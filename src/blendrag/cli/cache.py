@@ -72,10 +72,8 @@ def _disk_stats(directory: Path) -> dict[str, object]:
 def _kinds(directory: Path) -> dict[str, dict[str, int]]:
     """Entries, tokens and bytes of chunk and prefix entries (plus unreadable ones), from the
     entry headers; the SQLite index is opened read-only so that inspecting changes nothing."""
-    from blendrag.kv.keys import hash_ids
     from blendrag.store.codec import EntryError, open_entry
 
-    empty_prefix = hash_ids([])
     out = {k: {"entries": 0, "tokens": 0, "bytes": 0} for k in ("chunks", "prefixes", "other")}
     con = sqlite3.connect(f"file:{directory / 'cache.db'}?mode=ro", uri=True)
     try:
@@ -87,7 +85,8 @@ def _kinds(directory: Path) -> dict[str, dict[str, int]]:
         try:
             with open_entry(directory / filename, str(key)) as entry:
                 tokens = len(entry.token_ids)
-                after_nothing = entry.prefix_hash == empty_prefix and not entry.context
+                # a prefix's KV is computed after nothing: no prefix hash, no context tag
+                after_nothing = not entry.prefix_hash and not entry.context
                 kind = "prefixes" if after_nothing else "chunks"
         except (EntryError, OSError, TypeError):
             pass  # evicted meanwhile, or not a blendrag entry: counted as "other"

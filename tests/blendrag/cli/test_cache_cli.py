@@ -9,7 +9,6 @@ import pytest
 
 from blendrag.cli import cache as store_cli
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.kv.keys import hash_ids
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.kvgen import make_kv
 
@@ -29,7 +28,7 @@ def _fill(directory, n: int, prefixes: int = 0) -> None:
             store.put(f"k{i}", make_kv(i))
         for i in range(prefixes):
             kv = make_kv(100 + i)
-            store.put(f"p{i}", ChunkKV(kv.keys, kv.values, kv.token_ids, prefix_hash=hash_ids([])))
+            store.put(f"p{i}", ChunkKV(kv.keys, kv.values, kv.token_ids, prefix_hash=""))
         store.get("k0")
         store.get("absent")
 
