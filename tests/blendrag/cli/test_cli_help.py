@@ -69,7 +69,8 @@ def test_one_name_per_idea() -> None:
         assert "--json" in opts[path], path
     every = set().union(*opts.values())
     assert not every & {"--dir", "--workdir", "--profile", "--repeat"}
-    threads = {p.get_default("threads") for path, p in COMMANDS.items() if "--threads" in opts[path]}
+    threads = {p.get_default("threads") for path, p in COMMANDS.items()
+               if "--threads" in opts[path]}
     assert len(threads) == 1  # one default for every command that runs the model
 
 
