@@ -1,16 +1,49 @@
-"""blendrag: RAG prefill from cached chunk KVs with selective recompute (CacheBlend)."""
+"""blendrag: RAG prefill from cached chunk KVs with selective recompute (CacheBlend).
 
-from blendrag.config import BlendConfig, GenerationConfig
-from blendrag.engine import BlendEngine, GenerationResult, Prefill, RequestStats
-from blendrag.engine.context import NO_CONTEXT, ChunkContext
-from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.prompt import PromptBuilder, PromptLayout
-from blendrag.store.protocol import KVStore
-from blendrag.store.ram import MemoryKVStore
+The public names below are imported on first use: ``import blendrag`` (and so every
+``blendrag --help``) must not pay for torch and transformers (several seconds) before they are
+needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the same names, for type checkers and editors
+    from blendrag.config import BlendConfig, GenerationConfig
+    from blendrag.engine import BlendEngine, GenerationResult, Prefill, RequestStats
+    from blendrag.engine.context import NO_CONTEXT, ChunkContext
+    from blendrag.kv.chunk_kv import ChunkKV
+    from blendrag.prompt import PromptBuilder, PromptLayout
+    from blendrag.store.protocol import KVStore
+    from blendrag.store.ram import MemoryKVStore
+
+_EXPORTS = {
+    "BlendConfig": "blendrag.config", "GenerationConfig": "blendrag.config",
+    "BlendEngine": "blendrag.engine", "GenerationResult": "blendrag.engine",
+    "Prefill": "blendrag.engine", "RequestStats": "blendrag.engine",
+    "NO_CONTEXT": "blendrag.engine.context", "ChunkContext": "blendrag.engine.context",
+    "ChunkKV": "blendrag.kv.chunk_kv",
+    "PromptBuilder": "blendrag.prompt", "PromptLayout": "blendrag.prompt",
+    "KVStore": "blendrag.store.protocol", "MemoryKVStore": "blendrag.store.ram",
+}
 
 __all__ = [
-    "BlendConfig", "BlendEngine", "ChunkContext", "ChunkKV", "GenerationConfig", "GenerationResult",
-    "KVStore", "MemoryKVStore", "NO_CONTEXT", "Prefill", "PromptBuilder", "PromptLayout",
+    "NO_CONTEXT", "BlendConfig", "BlendEngine", "ChunkContext", "ChunkKV", "GenerationConfig",
+    "GenerationResult", "KVStore", "MemoryKVStore", "Prefill", "PromptBuilder", "PromptLayout",
     "RequestStats",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'blendrag' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

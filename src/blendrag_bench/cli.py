@@ -1,126 +1,189 @@
-"""`blendrag bench ...` sub-commands."""
+"""`blendrag bench ...` sub-commands: ttft, store, match and quality (``quality_cli``)."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 
-from blendrag.cli.options import add_model_options
+from blendrag.cli.options import (
+    add_json_option,
+    add_model_options,
+    add_progress_option,
+    add_store_dir_option,
+)
+
+RANDOM = "random"  # --model value of the benchmarks' default: random weights of a given shape
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from blendrag_bench import quality_cli
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    quality_cli.register(bench)
-    ttft = bench.add_parser("ttft", help="TTFT and peak memory of every mode, side by side")
-    _add_workload_args(ttft)
-    ttft.add_argument("--hidden", type=int, default=512)
-    ttft.add_argument("--heads", type=int, default=8)
-    ttft.add_argument("--kv-heads", type=int, default=2)
-    ttft.add_argument("--intermediate", type=int, default=1792)
-    ttft.add_argument("--suffix-tokens", type=int, default=64)
-    ttft.add_argument("--repeats", type=int, default=3)
-    ttft.add_argument("--json", type=Path, help="also write the records as JSON here")
-    ttft.set_defaults(func=_ttft)
+    group = sub.add_parser("bench", help="benchmarks: TTFT, store throughput, chunk matching, "
+                           "answer quality",
+                           description="Benchmarks; docs/benchmarks.md has the figures they "
+                                       "made, with the commands.")
+    bench = group.add_subparsers(dest="bench", required=True, metavar="{ttft,store,match,quality}")
+    _register_ttft(bench)
     _register_store(bench)
     _register_match(bench)
+    quality_cli.register(bench)
+
+
+def _register_ttft(bench: argparse._SubParsersAction) -> None:
+    ttft = bench.add_parser(
+        "ttft", help="TTFT and peak memory of every mode, side by side",
+        description="Time to first token and peak memory of HF's forward and every prefill "
+                    "mode on the same prompt (chunk KVs precomputed first, untimed), then the "
+                    "headline figures with their targets (PASS only when every run meets it).")
+    _add_workload_args(ttft)
+    ttft.add_argument("--hidden", type=int, default=512,
+                      help="hidden size of the random model (default: 512)")
+    ttft.add_argument("--heads", type=int, default=8,
+                      help="attention heads of the random model (default: 8)")
+    ttft.add_argument("--kv-heads", type=int, default=2,
+                      help="KV heads of the random model (default: 2)")
+    ttft.add_argument("--intermediate", type=int, default=1792,
+                      help="MLP width of the random model (default: 1792)")
+    ttft.add_argument("--suffix-tokens", type=int, default=64,
+                      help="question tokens after the chunks (default: 64)")
+    ttft.add_argument("--repeats", type=int, default=3,
+                      help="timed calls per mode in a run, after one warm-up; the median is "
+                           "reported (default: 3)")
+    ttft.add_argument("--runs", type=int, default=1,
+                      help="independent runs (model rebuilt each time); headline figures are "
+                           "then the median with the min-max range (default: 1; use 3 or more "
+                           "for figures you publish)")
+    add_progress_option(ttft)
+    add_json_option(ttft, "the records of every run and the headline figures")
+    ttft.set_defaults(func=_ttft)
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     """Flags of the default benchmark workload (ttft.py's TTFTWorkload), shared by ttft and
     store."""
-    add_model_options(parser, default=None,
-                      default_help="random weights, Mistral-7B's depth and GQA")
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--chunks", type=int, default=6)
-    parser.add_argument("--chunk-tokens", type=int, default=512)
+    add_model_options(parser, default=RANDOM,
+                      default_help=f"{RANDOM}: random weights, Mistral-7B's depth and GQA")
+    parser.add_argument("--layers", type=int, default=32,
+                        help="layers of the random model (default: 32)")
+    parser.add_argument("--chunks", type=int, default=6,
+                        help="retrieved chunks in the prompt (default: 6)")
+    parser.add_argument("--chunk-tokens", type=int, default=512,
+                        help="tokens per chunk (default: 512)")
 
 
 def _register_store(bench: argparse._SubParsersAction) -> None:
-    store = bench.add_parser("store",
-                             help="stored bytes/token, precompute and per-tier load throughput")
+    store = bench.add_parser(
+        "store", help="stored bytes/token, precompute and per-tier load throughput",
+        description="Bytes stored per token against the KV formula, precompute throughput "
+                    "against HF's forward, and each tier's load throughput against a plain read "
+                    "of the same bytes.")
     _add_workload_args(store)
     store.add_argument("--repeats", type=int, default=9,
-                       help="timed loads per tier (median reported)")
-    store.add_argument("--dir", type=Path,
-                       help="disk tier directory (default: a temporary one, removed after)")
-    store.add_argument("--no-redis", action="store_true", help="skip the Redis tier")
-    store.add_argument("--threads", type=int,
-                       help="torch CPU threads (default: torch's own choice)")
-    store.add_argument("--json", type=Path, help="also write the figures as one JSON object here")
+                       help="timed loads per tier; the median is reported (default: 9)")
+    add_store_dir_option(store, default=None,
+                         default_help="a temporary directory, removed after")
+    store.add_argument("--no-redis", action="store_true",
+                       help="skip the Redis tier (default: measured when redis-server exists)")
+    add_json_option(store, "the figures")
     store.set_defaults(func=_store)
 
 
+def _workload(args: argparse.Namespace, **shape):
+    import torch
+
+    from blendrag_bench.ttft import TTFTWorkload
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return TTFTWorkload(model=None if args.model == RANDOM else args.model,
+                        gguf_file=args.gguf_file, device=device, dtype=args.dtype,
+                        layers=args.layers, chunks=args.chunks, chunk_tokens=args.chunk_tokens,
+                        **shape)
+
+
 def _register_match(bench: argparse._SubParsersAction) -> None:
-    match = bench.add_parser("match", help="time to find ingested chunks in a flat prompt, by "
-                             "index size")
+    match = bench.add_parser(
+        "match", help="time to find ingested chunks in a flat prompt, by index size",
+        description="Chunk matching: build a text index of N chunks (each size in a fresh "
+                    "process), then time finding the indexed chunks written into a long prompt.")
     match.add_argument("--sizes", type=int, nargs="+", default=[1_000, 100_000, 1_000_000],
-                       help="indexed chunk counts")
-    match.add_argument("--chunk-chars", type=int, default=400)
+                       help="indexed chunk counts (default: 1000 100000 1000000)")
+    match.add_argument("--chunk-chars", type=int, default=400,
+                       help="characters per indexed chunk (default: 400)")
     match.add_argument("--prompt-chars", type=int, default=16_000,
-                       help="prompt length (16,000 characters: ~4,000 tokens)")
+                       help="prompt length (default: 16000 characters, ~4,000 tokens)")
     match.add_argument("--prompt-chunks", type=int, default=8,
-                       help="indexed chunks written into the prompt")
-    match.add_argument("--repeats", type=int, default=200, help="timed finds per size")
-    match.add_argument("--json", type=Path, help="also write the records as JSON here")
+                       help="indexed chunks written into the prompt (default: 8)")
+    match.add_argument("--repeats", type=int, default=200,
+                       help="timed finds per size (default: 200)")
+    add_json_option(match, "the records")
     match.set_defaults(func=_match)
 
 
 def _match(args: argparse.Namespace) -> int:
-    from blendrag_bench.match import MatchBenchConfig, format_table, run, write_json
+    from dataclasses import asdict
+
+    from blendrag.cli.options import emit
+    from blendrag_bench.match import MatchBenchConfig, format_table, run
 
     cfg = MatchBenchConfig(sizes=tuple(args.sizes), chunk_chars=args.chunk_chars,
                            prompt_chars=args.prompt_chars, prompt_chunks=args.prompt_chunks,
                            repeats=args.repeats)
     records = run(cfg)
-    print(format_table(records, cfg))
-    if args.json:
-        write_json(records, cfg, args.json)
-        print(f"wrote {args.json}")
+    emit(args, {"config": asdict(cfg), "records": [asdict(r) for r in records]},
+         format_table(records, cfg))
     return 0
 
 
 def _ttft(args: argparse.Namespace) -> int:
     import torch
 
-    from blendrag_bench.ttft import TTFTWorkload, format_table, ratios, run, write_json
+    from blendrag.cli.options import apply_threads, emit
+    from blendrag.cli.progress import Progress
+    from blendrag_bench.ttft import format_table, run
+    from blendrag_bench.ttft_summary import format_summary, summarize
 
-    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",
-                     dtype=args.dtype,
-                     layers=args.layers,
-                     hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
-                     intermediate=args.intermediate,
-                     chunks=args.chunks, chunk_tokens=args.chunk_tokens,
-                     suffix_tokens=args.suffix_tokens,
-                     repeats=args.repeats)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    records = run(w)
-    print(format_table(records, w))
-    print("\n".join(ratios(records)))
-    if args.json:
-        write_json(records, args.json)
-        print(f"wrote {args.json}")
+    try:
+        if args.runs < 1:
+            raise ValueError(f"--runs must be >= 1, got {args.runs}")
+        w = _workload(args, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
+                      intermediate=args.intermediate, suffix_tokens=args.suffix_tokens,
+                      repeats=args.repeats)
+    except ValueError as e:
+        print(f"blendrag bench ttft: error: {e}", file=sys.stderr)
+        return 2
+    threads = apply_threads(args)
+    print(f"torch {torch.__version__}, {threads} threads", file=sys.stderr)
+    runs, tables = [], []
+    for i in range(1, args.runs + 1):
+        label = f"run {i}/{args.runs}" if args.runs > 1 else "bench ttft"
+        bars: dict[str, Progress] = {}
+
+        def step(phase: str, done: int, total: int, label: str = label, bars=bars) -> None:
+            if phase not in bars:
+                unit = {"timing": "timed calls", "memory": "modes"}.get(phase, "")
+                bars[phase] = Progress(f"{label} {phase}", unit, enabled=not args.no_progress)
+            bars[phase](done, total)
+
+        records = run(w, on_step=step)
+        runs.append(records)
+        tables.append(format_table(records, w))
+    summary = summarize(runs)
+    text = "\n\n".join(tables) + "\n\n" + "\n".join(format_summary(summary))
+    emit(args, {"threads": threads, "runs": runs, "summary": summary}, text)
     return 0
 
 
 def _store(args: argparse.Namespace) -> int:
-    import torch
+    from blendrag.cli.options import apply_threads, emit
+    from blendrag_bench.store import StoreBenchConfig, format_report, ratios, run
 
-    from blendrag_bench.store import StoreBenchConfig, format_report, ratios, run, write_json
-    from blendrag_bench.ttft import TTFTWorkload
-
-    w = TTFTWorkload(model=args.model, gguf_file=args.gguf_file, device=args.device or "cpu",
-                     dtype=args.dtype,
-                     layers=args.layers,
-                     chunks=args.chunks, chunk_tokens=args.chunk_tokens)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    report = run(StoreBenchConfig(workload=w, repeats=args.repeats, directory=args.dir,
-                                  redis=not args.no_redis))
-    print(format_report(report))
-    print("\n".join(ratios(report)))
-    if args.json:
-        write_json(report, args.json)
-        print(f"wrote {args.json}")
+    try:
+        config = StoreBenchConfig(workload=_workload(args), repeats=args.repeats,
+                                  directory=args.store_dir, redis=not args.no_redis)
+    except ValueError as e:
+        print(f"blendrag bench store: error: {e}", file=sys.stderr)
+        return 2
+    apply_threads(args)
+    report = run(config)
+    emit(args, report, format_report(report) + "\n" + "\n".join(ratios(report)))
     return 0

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from blendrag.cli.options import add_model_options
+from blendrag.cli.options import (
+    add_chat_option,
+    add_json_option,
+    add_model_options,
+    add_profile_neighbours_option,
+    add_progress_option,
+)
+from blendrag.cli.progress import Progress
 from blendrag.config import MODES, SELECTORS
 
-_CHAT = {"auto": None, "on": True, "off": False}
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 10}
@@ -32,16 +37,18 @@ def _csv(kind: type) -> Callable[[str], tuple]:
 
 def register(bench: argparse._SubParsersAction) -> None:
     """Add ``quality`` to the ``blendrag bench`` group."""
-    q = bench.add_parser("quality", help="answer quality vs TTFT of every mode and selector")
+    q = bench.add_parser(
+        "quality", help="answer quality vs TTFT of every mode and selector",
+        description="Answer quality against TTFT of every mode, selector and recompute ratio on "
+                    "question sets; writes a table and a plot per dataset. Long on a CPU: the "
+                    "progress line says how long.")
     q.add_argument("--dataset", type=_csv(str), default=DEFAULT_DATASETS,
                    help="comma-separated: 'synthetic' (generated multi-passage questions), "
                         "'musique' (shipped "
                         "MuSiQue subset, 6 passages each), a CacheBlend .json or a LongBench "
                         f".jsonl file (default: {','.join(DEFAULT_DATASETS)})")
     add_model_options(q)
-    q.add_argument("--chat", default="auto", choices=list(_CHAT),
-                   help="chat template around prompts (auto: off for the demo model, the "
-                        "tokenizer's otherwise)")
+    add_chat_option(q)
     q.add_argument(
         "--limit",
         type=int,
@@ -52,34 +59,38 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--max-chunk-tokens", type=int, default=512,
                    help="cut each passage after a word to at most this many tokens (default 512, "
                         "as the CacheBlend paper); 0: no cut")
-    q.add_argument("--offset", type=int, default=0, help="items to skip first")
+    q.add_argument("--offset", type=int, default=0, help="items to skip first (default: 0)")
     q.add_argument("--modes", type=_csv(str), default=MODES,
-                   help=f"comma-separated subset of {','.join(MODES)}")
+                   help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     q.add_argument("--selectors", type=_csv(str), default=SELECTORS,
-                   help=f"comma-separated subset of {','.join(SELECTORS)}")
+                   help=f"comma-separated subset of {','.join(SELECTORS)} (default: all)")
     q.add_argument("--ratios", type=_csv(float), default=(0.05, 0.10, 0.15, 0.20, 0.30, 0.50),
-                   help="comma-separated recompute ratios of blend")
-    q.add_argument("--max-new-tokens", type=int, default=32)
+                   help="comma-separated recompute ratios of blend "
+                        "(default: 0.05,0.1,0.15,0.2,0.3,0.5)")
+    q.add_argument("--max-new-tokens", type=int, default=32,
+                   help="answer length limit in tokens (default: 32)")
     q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],
                    help="order chunks are precomputed in: the neighbour each context profile is "
                         "measured "
                         "after (prompt: the chunk before it in the prompt; shuffled: a seeded "
-                        "shuffle)")
-    q.add_argument("--profile-neighbours", type=int, default=1, metavar="K",
-                   help="measure each context profile after the K chunks before it in the "
-                        "ingestion order, keeping each token's largest deviation (default 1)")
-    q.add_argument("--no-warmup", action="store_true", help="time the first item's configs cold")
+                        "shuffle) (default: prompt)")
+    add_profile_neighbours_option(
+        q, default=1, what="measure each context profile after each of the K chunks before it "
+                           "in the ingestion order, keeping each token's largest deviation")
+    q.add_argument("--no-warmup", action="store_true",
+                   help="time the first item's configs cold (default: one warm-up item first)")
     q.add_argument("--out-dir", type=Path, default=Path("runs/quality"),
-                   help="where <dataset>/table.md, table.csv and quality_vs_ttft.png go (default "
-                        "runs/quality)")
-    q.add_argument("--json", type=Path,
-                   help="also write the per-config records of every dataset as JSON here")
+                   help="where <dataset>/table.md, table.csv and quality_vs_ttft.png go "
+                        "(default: runs/quality)")
+    add_progress_option(q)
+    add_json_option(q, "the per-config records of every dataset")
     q.set_defaults(func=_quality)
 
 
 def _quality(args: argparse.Namespace) -> int:
     import json
 
+    from blendrag.cli.options import apply_threads
     from blendrag_bench.datasets import dataset_name, load_dataset
     from blendrag_bench.quality import QualityConfig, load_engine, run_quality
     from blendrag_bench.report import format_markdown, records, write_report
@@ -87,7 +98,7 @@ def _quality(args: argparse.Namespace) -> int:
     try:
         config = QualityConfig(model=args.model, gguf_file=args.gguf_file,
                                device=args.device or "cpu",
-                               dtype=args.dtype, chat=_CHAT[args.chat], modes=args.modes,
+                               dtype=args.dtype, chat=args.chat, modes=args.modes,
                                selectors=args.selectors,
                                ratios=args.ratios, max_new_tokens=args.max_new_tokens,
                                warmup=not args.no_warmup,
@@ -96,6 +107,7 @@ def _quality(args: argparse.Namespace) -> int:
                                max_chunk_tokens=args.max_chunk_tokens or None)
         datasets = [(dataset_name(d), load_dataset(d, limit=_limit(args, d), offset=args.offset))
                     for d in args.dataset]
+        apply_threads(args)
         engine = load_engine(config)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"blendrag bench quality: error: {e}", file=sys.stderr)
@@ -105,34 +117,26 @@ def _quality(args: argparse.Namespace) -> int:
         print(f"{name}: {len(items)} items x {len(config.configs())} configs on {config.model}",
               file=sys.stderr)
         try:
-            report = run_quality(items, config, engine=engine, dataset=name, on_item=Progress(name))
+            report = run_quality(items, config, engine=engine, dataset=name,
+                                 on_item=Progress(name, "items", enabled=not args.no_progress))
         except ValueError as e:
             print(f"blendrag bench quality: error: {e}", file=sys.stderr)
             return 2
         paths = write_report(report, args.out_dir / name)
-        print(format_markdown(report) + "\n")
-        print("wrote " + ", ".join(str(p) for p in paths.values()) + "\n")
+        if args.json != "-":
+            print(format_markdown(report) + "\n")
+        print("wrote " + ", ".join(str(p) for p in paths.values()), file=sys.stderr)
         all_records += [{"dataset": name, "model": config.model, **r} for r in records(report)]
-        if args.json:  # after every dataset, so a long run leaves what it measured
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(all_records, indent=2))
-    if args.json:
-        print(f"wrote {args.json} ({len(all_records)} records)")
+        if args.json and args.json != "-":  # after every dataset: a long run keeps what it did
+            path = Path(args.json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(all_records, indent=2))
+    if args.json == "-":
+        print(json.dumps(all_records, indent=2))
+    elif args.json:
+        print(f"wrote {args.json} ({len(all_records)} records)", file=sys.stderr)
     return 0
 
 
 def _limit(args: argparse.Namespace, dataset: str) -> int | None:
     return args.limit if args.limit is not None else DEFAULT_LIMITS.get(dataset)
-
-
-class Progress:
-    """``item n/N`` with the time spent and left, on one stderr line."""
-
-    def __init__(self, label: str) -> None:
-        self.label, self.t0 = label, time.perf_counter()
-
-    def __call__(self, done: int, total: int) -> None:
-        spent = time.perf_counter() - self.t0
-        left = spent / done * (total - done)
-        print(f"\r  {self.label}: item {done}/{total}, {spent:.0f} s spent, ~{left:.0f} s left   ",
-              end="\n" if done == total else "", file=sys.stderr, flush=True)

