@@ -41,7 +41,7 @@ class TTFTWorkload:
     prefix_tokens: int = 32
     suffix_tokens: int = 64
     ratios: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30)
-    selectors: tuple[str, ...] = ("cacheblend", "profile", "epic")
+    selectors: tuple[str, ...] = ("preview", "cacheblend", "profile", "epic")
     repeats: int = 3
     dtype: str = "float32"
     device: str = "cpu"

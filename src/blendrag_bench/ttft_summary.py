@@ -49,6 +49,7 @@ HEADLINES = (
     Headline("full vs HF forward", _full_vs_hf, "%", "within ±5 %", lambda v: abs(v) <= 0.05),
     Headline("blend cacheblend@15% speedup", _speedup("cacheblend", 0.15), "x", ">= 4x",
              lambda v: v >= 4.0),
+    Headline("blend preview@20% (the default) speedup", _speedup("preview", 0.20), "x"),
     Headline("blend profile@15% speedup", _speedup("profile", 0.15), "x"),
     Headline("blend epic@15% speedup", _speedup("epic", 0.15), "x"),
     Headline("reuse speedup", _speedup(None, None, mode="reuse"), "x", ">= 10x",

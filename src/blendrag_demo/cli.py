@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="questions to ask (default: all 12 of the real corpus; 12 synthetic with "
                         "--model demo)")
     p.add_argument("--ratio", type=float, default=None,
-                   help="blend recompute ratio (default: BlendConfig's, 0.15)")
+                   help="blend recompute ratio (default: BlendConfig's, 0.20)")
     p.set_defaults(func=_demo)
 
 

@@ -24,7 +24,7 @@ from blendrag.integration.text_index import ChunkTextIndex
 BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio",
                 "check_layers": "check_layers",
                 "ratio_schedule": "ratio_schedule", "deviation": "deviation",
-                "selector_seed": "seed"}
+                "selector_seed": "seed", "attention_floor": "attention_floor"}
 GENERATION_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
                      "top_k": "top_k", "seed": "seed", "eos_token_ids": "eos_token_ids",
                      "stream_holdback": "stream_holdback"}
@@ -36,10 +36,11 @@ class BlendFields(BaseModel):
     """Flat request settings shared by the LangChain and LlamaIndex LLMs.
 
     Prefill (:class:`~blendrag.BlendConfig`): ``mode``, ``selector``, ``ratio``,
-    ``check_layers``, ``ratio_schedule``, ``deviation``, ``selector_seed`` (the ``random``
-    selector's seed). Decoding (:class:`~blendrag.GenerationConfig`): ``max_tokens`` (new
-    tokens), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``seed``, ``stop`` (added to the
-    per-call stop strings), ``eos_token_ids`` (None: the model's), ``stream_holdback``.
+    ``check_layers``, ``ratio_schedule``, ``deviation``, ``attention_floor``, ``selector_seed``
+    (the ``random`` selector's seed). Decoding (:class:`~blendrag.GenerationConfig`):
+    ``max_tokens`` (new tokens), ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``seed``,
+    ``stop`` (added to the per-call stop strings), ``eos_token_ids`` (None: the model's),
+    ``stream_holdback``.
 
     ``strict``: a prompt in which no known chunk is found raises
     :class:`~blendrag.integration.requests.NoChunkFoundError` instead of running as a plain
@@ -54,8 +55,9 @@ class BlendFields(BaseModel):
 
     mode: str = "blend"
     """``full`` | ``prefix`` | ``reuse`` | ``blend`` (see :class:`~blendrag.BlendConfig`)."""
-    selector: str = "cacheblend"
-    ratio: float = 0.15
+    selector: str = "preview"
+    ratio: float = 0.20
+    attention_floor: float = 4.0
     check_layers: tuple[int, ...] = (1,)
     ratio_schedule: tuple[float, ...] | None = None
     deviation: str = "value"

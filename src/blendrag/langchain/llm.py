@@ -22,7 +22,7 @@ class BlendLLM(BlendParams, BaseLLM):
     chunk KVs are blended (``mode``/``selector``/``ratio``); a prompt without any known chunk
     gets a plain full prefill. With a chat-template engine the prompt is the user message.
 
-    >>> llm = BlendLLM(engine=BlendEngine.from_pretrained(path, chunk_prefix=""), ratio=0.15)
+    >>> llm = BlendLLM(engine=BlendEngine.from_pretrained(path, chunk_prefix=""), ratio=0.2)
     >>> llm.invoke(prompt, documents=docs)
     >>> llm.last_stats.chunk_hits
     """

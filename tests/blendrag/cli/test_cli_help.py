@@ -38,7 +38,7 @@ def test_every_command_is_listed() -> None:
     assert set(COMMANDS) == {
         "blendrag", "blendrag precompute", "blendrag cache", "blendrag cache stats",
         "blendrag cache clear", "blendrag bench", "blendrag bench ttft", "blendrag bench store",
-        "blendrag bench quality", "blendrag demo"}
+        "blendrag bench match", "blendrag bench quality", "blendrag demo"}
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS))

@@ -52,7 +52,7 @@ def test_skip_bad_lines_ingests_the_rest(model_dir, tmp_path, capsys):
                  "--json")
     assert main(argv) == 0
     out, err = capsys.readouterr()
-    summary = json.loads(out.splitlines()[-1])
+    summary = json.loads(out)
     assert (summary["chunks"], summary["computed"], summary["failures"]) == (2, 2, [])
     assert "left out 4 bad lines" in err and err.count("skipped") == 4
 
@@ -114,7 +114,7 @@ def test_a_chunk_longer_than_the_context_is_refused_and_listed(model_dir, tmp_pa
     long = "the quick brown fox jumps over the lazy dog " * 150
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in [PASSAGES[0], long]))
     assert main([*_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f)), "--json"]) == 1
-    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    summary = json.loads(capsys.readouterr().out)
     assert (summary["computed"], summary["refused"]) == (1, 1)
     assert summary["failures"][0]["index"] == 1 and "longer than" in summary["failures"][0][
         "reason"]
@@ -126,6 +126,6 @@ def test_a_chunk_longer_than_the_context_is_refused_and_listed(model_dir, tmp_pa
                                         ("redis://[bad", "ValueError")])
 def test_cache_commands_with_a_bad_redis_url(tmp_path, capsys, command, url, needle):
     pytest.importorskip("redis")
-    assert main(["cache", command, "--dir", str(tmp_path / "kv"), "--redis-url", url]) == 2
+    assert main(["cache", command, "--store-dir", str(tmp_path / "kv"), "--redis-url", url]) == 2
     line = _one_error(capsys, f"blendrag cache {command}: error:", needle)
     assert "Traceback" not in line
