@@ -22,7 +22,7 @@ from blendrag.config import MODES, SELECTORS
 
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
-DEFAULT_LIMITS = {"synthetic": 40, "musique": 10}
+DEFAULT_LIMITS = {"synthetic": 40, "musique": 6}  # each default run: ~30 min on 2 cores
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
