@@ -26,10 +26,10 @@ from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_k
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
 from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
+from blendrag_bench.quality_cli import DEFAULT_RATIOS
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 FULL = BlendConfig(mode="full")
 INGEST_ORDERS = ("prompt", "shuffled")
 RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",

@@ -23,6 +23,7 @@ from blendrag.config import MODES, SELECTORS
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 6}  # each default run: ~30 min on 2 cores
+DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
@@ -64,9 +65,9 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help=f"comma-separated subset of {','.join(MODES)} (default: all)")
     q.add_argument("--selectors", type=_csv(str), default=SELECTORS,
                    help=f"comma-separated subset of {','.join(SELECTORS)} (default: all)")
-    q.add_argument("--ratios", type=_csv(float), default=(0.05, 0.10, 0.15, 0.20, 0.30, 0.50),
-                   help="comma-separated recompute ratios of blend "
-                        "(default: 0.05,0.1,0.15,0.2,0.3,0.5)")
+    q.add_argument("--ratios", type=_csv(float), default=DEFAULT_RATIOS,
+                   help="comma-separated recompute ratios of blend (default: "
+                        + ",".join(f"{r:g}" for r in DEFAULT_RATIOS) + ")")
     q.add_argument("--max-new-tokens", type=int, default=32,
                    help="answer length limit in tokens (default: 32)")
     q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],

@@ -100,10 +100,15 @@ class StaticTopSelector(Selector):
         return self.chunk_positions[chosen.to(self.device)]
 
 
-def _first_chunk_exact(layout: PromptLayout, chunks: Sequence[ChunkKV]) -> bool:
-    """The first chunk's cached rows are exact when it was computed right after this very
-    prefix, with no ingestion context."""
-    return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context
+def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
+                   chunks: Sequence[ChunkKV]) -> torch.Tensor:
+    """``scores`` [C] with the first chunk's tokens ranked last when its cached rows are exact
+    (computed right after this very prefix, with no ingestion context): they are chosen only if
+    the budget exceeds the rest."""
+    if chunks and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context:
+        first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
+        scores[:first] = -1.0
+    return scores
 
 
 class ProfileSelector(StaticTopSelector):
@@ -118,11 +123,8 @@ class ProfileSelector(StaticTopSelector):
         if len(profiles) != len(layout.chunk_spans) or any(p is None for p in profiles):
             raise ValueError("the profile selector needs a sensitivity profile for every chunk "
                              "(BlendEngine fills them in; got chunk KVs without one)")
-        scores = torch.cat([p.float() for p in profiles])  # [C] on the CPU
-        if _first_chunk_exact(layout, chunks):
-            first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
-            scores[:first] = -1.0  # exact rows: chosen last, only if the budget exceeds the rest
-        self.scores = scores
+        self.scores = _last_if_exact(torch.cat([p.float() for p in profiles]), layout,
+                                     chunks)  # [C] on the CPU
 
 
 class PreviewSelector(StaticTopSelector):
@@ -146,11 +148,8 @@ class PreviewSelector(StaticTopSelector):
             prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)
-        scores = ((att + config.attention_floor) * prior).sum(dim=0)  # [C]
-        if _first_chunk_exact(layout, chunks):
-            first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
-            scores[:first] = -1.0
-        self.scores = scores
+        self.scores = _last_if_exact(((att + config.attention_floor) * prior).sum(dim=0), layout,
+                                     chunks)  # [C]
 
 
 class ScoringSelector(Selector):

@@ -28,6 +28,7 @@ BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio",
 GENERATION_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
                      "top_k": "top_k", "seed": "seed", "eos_token_ids": "eos_token_ids",
                      "stream_holdback": "stream_holdback"}
+_BLEND = BlendConfig()
 OVERRIDES = frozenset({*BLEND_FIELDS, *GENERATION_FIELDS})
 """Keyword arguments a single call may override."""
 
@@ -53,15 +54,16 @@ class BlendFields(BaseModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    mode: str = "blend"
+    # BlendConfig's own defaults: one place decides what an unconfigured request does
+    mode: str = _BLEND.mode
     """``full`` | ``prefix`` | ``reuse`` | ``blend`` (see :class:`~blendrag.BlendConfig`)."""
-    selector: str = "preview"
-    ratio: float = 0.20
-    attention_floor: float = 4.0
-    check_layers: tuple[int, ...] = (1,)
+    selector: str = _BLEND.selector
+    ratio: float = _BLEND.ratio
+    attention_floor: float = _BLEND.attention_floor
+    check_layers: tuple[int, ...] = _BLEND.check_layers
     ratio_schedule: tuple[float, ...] | None = None
-    deviation: str = "value"
-    selector_seed: int = 0
+    deviation: str = _BLEND.deviation
+    selector_seed: int = _BLEND.seed
     max_tokens: int = 256
     """Maximum number of new tokens."""
     temperature: float = 0.0
