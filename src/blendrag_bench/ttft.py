@@ -19,7 +19,9 @@ import torch
 
 from blendrag.config import BlendConfig
 from blendrag.engine.engine import BlendEngine
+from blendrag.engine.phases import PHASES
 from blendrag.prompt import PromptLayout
+from blendrag_bench.flops import FlopModel
 from blendrag_bench.memory import peak_bytes, pin_malloc_thresholds
 
 
@@ -132,14 +134,20 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
     for i, (label, fn) in enumerate(runs.items(), 1):
         peaks[label] = peak_bytes(fn, engine.device)
         step("memory", i, len(runs))
-    stats = {c.label: engine.prefill(layout, c).stats for c in configs(w)}
-    full_s = statistics.median(times[BlendConfig(mode="full").label])
+    # one more call per mode, timed phase by phase (on CUDA it synchronizes at every phase)
+    stats = {c.label: engine.prefill(layout, c, timed=True).stats for c in configs(w)}
+    flops = FlopModel.of(engine.adapter)
+    full_label = BlendConfig(mode="full").label
+    full_s = statistics.median(times[full_label])
+    full_flops = flops.request(stats[full_label])
     records = [_record("hf", None, None, times["hf"], full_s, peaks["hf"], None)]
     for c in configs(w):
         blend = c.mode == "blend"
+        st = stats[c.label]
         records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
-                               times[c.label], full_s, peaks[c.label],
-                               stats[c.label].recompute_fraction))
+                               times[c.label], full_s, peaks[c.label], st.recompute_fraction)
+                       | {"ideal_speedup": full_flops / flops.request(st),
+                          "phase_s": st.phase_s})
     return records
 
 
@@ -151,21 +159,53 @@ def _record(mode, selector, ratio, samples, full_s, peak, recompute) -> dict:
             "peak_extra_mib": peak / 2**20, "recompute_fraction": recompute}
 
 
+def breakdown_rows(records: list[dict]) -> list[dict]:
+    """The records the phase breakdown shows: full, reuse, the fastest blend at 15 % and the
+    default (preview at 20 %)."""
+    at15 = [r for r in records if r["mode"] == "blend" and r["ratio"] == 0.15]
+    default = BlendConfig()
+    rows = [r for r in records if r["mode"] in ("full", "reuse")]
+    if at15:
+        rows.append(min(at15, key=lambda r: r["ttft_s"]))
+    rows += [r for r in records if r["mode"] == "blend" and r["selector"] == default.selector
+             and r["ratio"] == default.ratio and r not in rows]
+    return rows
+
+
+def format_breakdown(records: list[dict]) -> str:
+    """Milliseconds per phase (engine/phases.py) of one timed call per row."""
+    rows = breakdown_rows(records)
+    shown = [p for p in PHASES if any((r.get("phase_s") or {}).get(p, 0) >= 5e-4 for r in rows)]
+    lines = ["where the time goes (ms, one call each, timed phase by phase):",
+             f"{'mode':<22}" + "".join(f"{p:>10}" for p in shown) + f"{'sum':>10}"]
+    for r in rows:
+        ph = r.get("phase_s") or {}
+        name = r["mode"] if r["mode"] != "blend" else f"{r['selector']}@{r['ratio']:.0%}"
+        lines.append(f"{name:<22}" + "".join(f"{ph.get(p, 0) * 1e3:>10.1f}" for p in shown)
+                     + f"{sum(ph.values()) * 1e3:>10.1f}")
+    return "\n".join(lines)
+
+
 def format_table(records: list[dict], w: TTFTWorkload) -> str:
     n = w.prefix_tokens + w.chunks * w.chunk_tokens + w.suffix_tokens
     model = w.model or f"random Mistral-shaped {w.layers}L h{w.hidden} {w.heads}/{w.kv_heads} heads"
     lines = [f"workload: {model}, {w.dtype} on {w.device}, prompt {n} tokens = {w.prefix_tokens} "
              f"prefix + {w.chunks}x{w.chunk_tokens} chunks + {w.suffix_tokens} suffix; "
              f"median of {w.repeats}",
+             "ideal: full prefill's FLOPs over the mode's (blendrag_bench/flops.py); "
+             "share: speedup / ideal",
              f"{'mode':<8}{'selector':<12}{'ratio':>6}{'TTFT ms':>10}{'min-max ms':>16}"
-             f"{'speedup':>9}{'peak MiB':>10}{'recomp':>8}"]
+             f"{'speedup':>9}{'ideal':>8}{'share':>7}{'peak MiB':>10}{'recomp':>8}"]
     for r in records:
         ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         rec = f"{r['recompute_fraction']:.3f}" if r["recompute_fraction"] is not None else "-"
         span = f"{r['ttft_min_s'] * 1e3:.0f}-{r['ttft_max_s'] * 1e3:.0f}"
+        ideal = r.get("ideal_speedup")
+        ideal_s = f"{ideal:>7.2f}x{r['speedup_vs_full'] / ideal:>7.2f}" if ideal else f"{'-':>15}"
         lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}"
-                     f"{span:>16}{r['speedup_vs_full']:>8.2f}x{r['peak_extra_mib']:>10.1f}{rec:>8}")
-    return "\n".join(lines)
+                     f"{span:>16}{r['speedup_vs_full']:>8.2f}x{ideal_s}"
+                     f"{r['peak_extra_mib']:>10.1f}{rec:>8}")
+    return "\n".join(lines) + "\n\n" + format_breakdown(records)
 
 
 def write_json(records: list[dict], path: Path) -> None:

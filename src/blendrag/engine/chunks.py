@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.fused_kv import CachedSegment
 from blendrag.engine.prefill import LoopPlan, run_loop
 from blendrag.engine.profile import key_deviation
 from blendrag.kv.chunk_kv import ChunkKV
@@ -33,7 +33,7 @@ def prefill_chunk(engine: BlendEngine, prefix: ChunkKV | None, prefix_ids: Seque
     else:
         plan = LoopPlan(ids, [CachedSegment(0, prefix)], torch.arange(p, n, device=dev),
                         capture=True)
-    out = run_loop(engine.adapter, plan, _buffer(engine, n), engine.rope(n))
+    out = run_loop(engine.adapter, plan, engine._buffer(n), engine.rope(n))
     rows = slice(plan.active.numel() - len(chunk_ids), None)  # captured = active; chunk's last
     return ChunkKV(out.keys[:, :, rows].contiguous(), out.values[:, :, rows].contiguous(),
                    tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
@@ -72,8 +72,3 @@ def profiled(engine: BlendEngine, kv: ChunkKV, chunk_prefix_ids: Sequence[int],
         after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)
         deviations.append(key_deviation(kv, after))
     return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]
-
-
-def _buffer(engine: BlendEngine, capacity: int) -> FusedKV:
-    a = engine.adapter
-    return FusedKV(a.num_layers, a.num_kv_heads, capacity, a.head_dim, engine.dtype, engine.device)

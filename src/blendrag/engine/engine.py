@@ -19,8 +19,9 @@ from blendrag.config import (
 )
 from blendrag.engine import chunks as chunk_compute
 from blendrag.engine.context import NO_CONTEXT, ChunkContext
-from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
+from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.prefill import LoopOutput, LoopPlan, run_loop
 from blendrag.engine.preview import suffix_attention
 from blendrag.engine.profile import neighbours
@@ -74,6 +75,7 @@ class BlendEngine:
             if tokenizer is not None else None
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self._buffers = BufferPool()  # the request KV buffer, lent again once free
         self._identity = ModelIdentity(model)  # re-fingerprinted if weights change in place
         self.tokenizer_fp = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
                              else "no-tokenizer")
@@ -267,30 +269,38 @@ class BlendEngine:
     # ---- requests --------------------------------------------------------------------------
 
     def prefill(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
-                extra_capacity: int = 0,
-                trace: bool = False) -> Prefill:
-        """Prefill ``layout`` in ``config.mode``; returns first-token logits and the request KV."""
+                extra_capacity: int = 0, trace: bool = False, timed: bool = False) -> Prefill:
+        """Prefill ``layout`` in ``config.mode``; returns first-token logits and the request KV.
+        ``timed``: also measure each phase (``stats.phase_s``; engine/phases.py), which on CUDA
+        synchronizes at every step: a breakdown, not a TTFT."""
         self.check_length(layout, extra_capacity)
         t0 = time.perf_counter()
+        clock = PhaseClock(self.device) if timed else OFF
+        clock.restart()
         stats = _new_stats(layout, config)
         before = self.store.stats()
         cached = self._cached_segments(layout, config, stats)
         stats.kv_fetch_s = time.perf_counter() - t0
+        clock.lap("fetch")
         # this request's fetches and writes
         stats.store = self.store.stats().since(before).to_dict()
         n = layout.num_tokens
         stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
         stats.layers = self.adapter.num_layers
+        t1 = time.perf_counter()
         fused = self._buffer(n + extra_capacity)
         rope = self.rope(n)
-        t1 = time.perf_counter()
-        plan = self._plan(layout, config, cached, fused, rope, stats)
-        out = run_loop(self.adapter, plan, fused, rope, trace=trace)
+        clock.lap("setup")
+        plan = self._plan(layout, config, cached, fused, rope, stats, clock)
+        out = run_loop(self.adapter, plan, fused, rope, trace=trace, clock=clock)
         logits = self.logits(out.hidden)
+        clock.lap("logits")
         stats.prefill_s = time.perf_counter() - t1
         stats.ttft_s = time.perf_counter() - t0
+        stats.phase_s = dict(clock.seconds) if timed else None
         stats.computed_per_layer = out.active_per_layer
         stats.recomputed_chunk_tokens_per_layer = out.chunk_active_per_layer
+        stats.attended_keys_per_layer = out.attended_keys_per_layer
         return Prefill(logits, fused, stats, out)
 
     def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
@@ -356,7 +366,8 @@ class BlendEngine:
         return kv
 
     def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment],
-              fused: FusedKV, rope: RopeTable, stats: RequestStats) -> LoopPlan:
+              fused: FusedKV, rope: RopeTable, stats: RequestStats,
+              clock: PhaseClock = OFF) -> LoopPlan:
         dev = self.device
         ids = torch.tensor(layout.ids, device=dev)
         n = layout.num_tokens
@@ -368,17 +379,26 @@ class BlendEngine:
         chunk_kvs = [s.kv for s in cached if s.start >= chunks[0]]
         attention = None
         if config.selector == "preview":  # where the question looks, over the cached rows
-            attention = suffix_attention(self.adapter, layout, cached, fused, rope)
+            clock.lap("plan")
+            attention, stats.preview_attended_keys = suffix_attention(self.adapter, layout,
+                                                                      cached, fused, rope)
             stats.preview_tokens = len(layout.suffix_ids)
+            clock.lap("preview")
         selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling,
                                  chunk_kvs, attention)
+        clock.lap("plan")
         suffix = torch.arange(layout.suffix_start, n, device=dev)
         return LoopPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector,
-                        chunk_range=chunks)
+                        chunk_range=chunks, preloaded=attention is not None)
 
     def _buffer(self, capacity: int) -> FusedKV:
         a = self.adapter
-        return FusedKV(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype, self.device)
+        return self._buffers.take(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype,
+                                  self.device)
+
+    def release_buffers(self) -> None:
+        """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)."""
+        self._buffers.clear()
 
     def rope(self, n: int) -> RopeTable:
         """cos/sin of positions [0, n) from the model's own rotary embedding."""

@@ -6,10 +6,12 @@ and tokens the request computes, which overwrite their rows.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
 
+from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTable
 
@@ -35,18 +37,30 @@ class FusedKV:
         self.v = torch.empty_like(self.k)
         self.length = 0
 
+    @classmethod
+    def over(cls, k: torch.Tensor, v: torch.Tensor) -> FusedKV:
+        """A request KV over existing storage (views of a pooled buffer)."""
+        fused = cls.__new__(cls)
+        fused.k, fused.v, fused.length = k, v, 0
+        return fused
+
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def load(self, layer: int, segments: list[CachedSegment], rope: RopeTable) -> None:
-        """Write the cached rows of ``layer``, keys rotated at their positions in this request."""
+    def load(self, layer: int, segments: list[CachedSegment], rope: RopeTable,
+             clock: PhaseClock = OFF) -> None:
+        """Write the cached rows of ``layer``: values copied, keys rotated straight from the
+        stored pre-RoPE rows into their rows of this request (one pass, no temporary copy)."""
+        for seg in segments:
+            v = seg.kv.values[layer].to(self.v.device, self.v.dtype, non_blocking=True)
+            self.v[layer, :, seg.start:seg.end] = v  # [Hkv, T, D]
+        clock.lap("load")
         for seg in segments:
             rows = slice(seg.start, seg.end)
             k = seg.kv.keys[layer].to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
-            self.k[layer, :, rows] = rope.rotate(k, rows)
-            self.v[layer, :, rows] = seg.kv.values[layer].to(self.v.device, self.v.dtype,
-                                                             non_blocking=True)
+            rope.rotate_into(self.k[layer, :, rows], k, rows)
+        clock.lap("rotate")
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """pos: [A] positions; k, v: [Hkv, A, D] (k rotated)."""
@@ -56,3 +70,50 @@ class FusedKV:
     def rows(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v of ``layer`` for positions [0, n): [Hkv, n, D] each (views)."""
         return self.k[layer, :, :n], self.v[layer, :, :n]
+
+
+class BufferPool:
+    """Keeps the last request's KV buffer and lends it to the next request once nothing uses it.
+
+    A fresh buffer costs more than its allocation: on the CPU a buffer of tens of MB is a new
+    mmap whose pages fault on first touch, which was a third of the rows' load time. A request
+    gets views of the pooled tensors; the pool lends them again only when no view of them is
+    alive (the storage's use count: the pooled tensor plus the probe itself), so a caller that
+    keeps a Prefill, its FusedKV or any slice of it keeps its rows. One buffer is kept, the
+    largest asked for so far; ``clear()`` drops it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def take(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
+             dtype: torch.dtype, device: torch.device) -> FusedKV:
+        """A request KV of ``capacity`` rows: views of the pooled buffer when it fits and is
+        free, else a new buffer (which the pool keeps if it holds none, or only a smaller one)."""
+        with self._lock:  # concurrent requests must not both see the buffer free
+            kv = self._kv
+            fits = (kv is not None and kv[0].dtype == dtype and kv[0].device == device
+                    and kv[0].shape[2] >= capacity
+                    and (kv[0].shape[0], kv[0].shape[1], kv[0].shape[3])
+                    == (layers, kv_heads, head_dim))
+            if fits and _unused(kv[0]) and _unused(kv[1]):
+                return FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity])
+            fused = FusedKV(layers, kv_heads, capacity, head_dim, dtype, device)
+            if kv is None or not fits:
+                self._kv = fused.k, fused.v
+                return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity])
+            return fused
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kv = None
+
+
+def _unused(t: torch.Tensor) -> bool:
+    """Whether only the pool's tensor ``t`` refers to its storage (no view lent out is alive)."""
+    count = getattr(torch._C, "_storage_Use_Count", None)
+    if count is None:  # a torch without the counter: never lend a buffer twice
+        return False
+    # the pooled tensor and the storage handle made for this probe
+    return count(t.untyped_storage()._cdata) <= 2

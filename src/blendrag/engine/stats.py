@@ -31,6 +31,10 @@ class RequestStats:
     profiles_computed: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
     recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
+    # keys attended to by the computed tokens, per layer (attention work), and by the preview
+    # pass over all its layers
+    attended_keys_per_layer: list[int] = field(default_factory=list)
+    preview_attended_keys: int = 0
     # framework LLMs: finding the chunks in a flat prompt and tokenizing its pieces (in ttft_s)
     match_s: float = 0.0
     kv_fetch_s: float = 0.0  # store lookups + computing missing chunk KVs
@@ -41,6 +45,8 @@ class RequestStats:
     finish_reason: str | None = None
     # what this request did to the store: StoreStats.since(before).to_dict()
     store: dict | None = None
+    # seconds per phase (engine/phases.py) of a request prefilled with timed=True, else None
+    phase_s: dict[str, float] | None = None
 
     @property
     def recompute_fraction(self) -> float:

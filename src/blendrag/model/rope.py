@@ -23,12 +23,28 @@ class RopeTable:
         self.sin: torch.Tensor = sin[0]
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor | slice) -> torch.Tensor:
-        """x: [heads, A, D] at absolute positions ``pos`` -> rotated x (same shape)."""
+        """x: [heads, A, D] at absolute positions ``pos`` -> rotated x (same shape, contiguous)."""
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        self.rotate_into(out, x, pos)
+        return out
+
+    def rotate_into(self, out: torch.Tensor, x: torch.Tensor, pos: torch.Tensor | slice) -> None:
+        """Write x: [heads, A, D] rotated at positions ``pos`` into ``out`` (same shape, any
+        strides: e.g. rows of the request's KV), with the arithmetic of HF's
+        ``x * cos + rotate_half(x) * sin`` (bit for bit) but without its four temporaries of
+        x's size: cached keys are rotated at every layer of every request."""
         if isinstance(pos, slice):
             idx = slice(pos.start - self.start, pos.stop - self.start)
         else:
             idx = pos - self.start if self.start else pos
-        return apply_rope(x, self.cos[idx], self.sin[idx])
+        cos, sin = self.cos[idx], self.sin[idx]  # [A, D]
+        h = x.shape[-1] // 2
+        x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
+        # rotate_half(x) = [-x2, x1]: o1 = x1*c1 + (-x2)*s1 == x1*c1 - x2*s1 exactly
+        torch.mul(x1, cos[:, :h], out=o1)
+        o1.sub_(x2 * sin[:, :h])
+        torch.mul(x2, cos[:, h:], out=o2)
+        o2.add_(x1 * sin[:, h:])
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -37,5 +53,5 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, A, D]; cos, sin: [A, D]."""
+    """x: [heads, A, D]; cos, sin: [A, D]. HF's formula (the reference ``rotate_into`` keeps)."""
     return x * cos + rotate_half(x) * sin

@@ -1,0 +1,157 @@
+"""The fixed cost of a cached request (issue 18): pooled request buffers, keys rotated in place,
+one attention computation in the preview pass, the per-phase clock and the attention work
+counted per layer. Each change must leave the logits as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blendrag import BlendConfig
+from blendrag.engine.fused_kv import BufferPool
+from blendrag.engine.layer import attention_probs
+from blendrag.engine.phases import PHASES
+from blendrag.engine.prefill import LoopPlan, run_loop
+from blendrag.model.rope import RopeTable, apply_rope
+from blendrag_bench.flops import FlopModel
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+CPU = torch.device("cpu")
+MODES = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode="reuse"),
+         BlendConfig(mode="blend", selector="preview", ratio=0.3),
+         BlendConfig(mode="blend", selector="cacheblend", ratio=0.3),
+         BlendConfig(mode="blend", selector="epic", ratio=0.3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_into_is_hf_rope_bit_for_bit(engine_for, dtype):
+    rotary = engine_for("llama").adapter.rotary
+    table = RopeTable(rotary, 40, dtype, CPU)
+    x = torch.randn(40, 2, 16).to(dtype).transpose(0, 1)  # [heads, T, D], not contiguous
+    out = torch.full((2, 50, 16), float("nan"), dtype=dtype)[:, 5:45]  # rows of a buffer
+    table.rotate_into(out[:, :34], x[:, 3:37], slice(3, 37))
+    assert out[:, 34:].isnan().all()  # nothing written outside the rows
+    ref = apply_rope(x[:, 3:37], table.cos[3:37], table.sin[3:37])
+    assert torch.equal(out[:, :34], ref)
+    assert torch.equal(table.rotate(x, torch.arange(40)), apply_rope(x, table.cos, table.sin))
+
+
+def test_pool_lends_a_buffer_again_only_when_no_view_of_it_lives():
+    pool = BufferPool()
+    with torch.inference_mode():
+        a = pool.take(2, 2, 10, 4, torch.float32, CPU)
+        b = pool.take(2, 2, 10, 4, torch.float32, CPU)  # a is alive: a buffer of its own
+        assert a.k.data_ptr() != b.k.data_ptr()
+        base = a.k.data_ptr()
+        del a
+        c = pool.take(2, 2, 8, 4, torch.float32, CPU)  # smaller: views of the pooled one
+        assert c.k.data_ptr() == base and c.capacity == 8
+        kept = c.v[1]
+        del c
+        assert pool.take(2, 2, 8, 4, torch.float32, CPU).k.data_ptr() != base  # a view lives
+        del kept
+        assert pool.take(2, 2, 8, 4, torch.float32, CPU).k.data_ptr() == base
+        bigger = pool.take(2, 2, 20, 4, torch.float32, CPU)  # too small: replaced
+        assert bigger.k.data_ptr() != base and bigger.capacity == 20
+        assert pool.take(2, 2, 8, 4, torch.bfloat16, CPU).k.dtype == torch.bfloat16
+
+
+def test_a_kept_prefill_keeps_its_rows_while_later_requests_run(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    first = engine.prefill(layout, BlendConfig(mode="reuse"))
+    rows = first.fused.k[:, :, :layout.num_tokens].clone()
+    other = engine.build_prompt(PREFIX, PASSAGES[::-1], "Another question?")
+    for config in MODES:
+        engine.prefill(other, config)
+    assert torch.equal(first.fused.k[:, :, :layout.num_tokens], rows)
+
+
+@pytest.mark.parametrize("config", MODES, ids=lambda c: c.label)
+def test_pooled_buffers_change_no_logits(engine_for, config):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    other = engine.build_prompt(PREFIX, PASSAGES[:2], "Something else entirely?")
+    first = engine.prefill(layout, config).logits
+    engine.prefill(other, config)  # leaves its rows in the pooled buffer
+    again = engine.prefill(layout, config).logits
+    engine.release_buffers()
+    fresh = engine.prefill(layout, config).logits
+    assert torch.equal(first, again) and torch.equal(again, fresh)
+
+
+def test_preview_attention_is_the_explicit_probabilities(engine_for):
+    """One attention computation serves the layer's output and the selector's scores: the
+    scores equal the probabilities computed apart from the loop, and the output equals the
+    loop's ordinary attention (the reuse pass over the same rows)."""
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    cached = engine._cached_segments(layout, BlendConfig(mode="reuse"), _stats(layout))
+    n, lo, hi = layout.num_tokens, len(layout.prefix_ids), layout.suffix_start
+    ids, suffix = torch.tensor(layout.ids), torch.arange(hi, n)
+    rope = engine.rope(n)
+    scored = engine._buffer(n)
+    out = run_loop(engine.adapter, LoopPlan(ids, cached, suffix, score_range=(lo, hi)), scored,
+                   rope, trace=True)
+    plain = engine._buffer(n)
+    ref = run_loop(engine.adapter, LoopPlan(ids, cached, suffix), plain, rope)
+    assert torch.allclose(out.hidden, ref.hidden, atol=1e-5)
+    for i, step in enumerate(out.trace):
+        probs = attention_probs(step["q"], scored.k[i, :, :n], step["pos"], engine.adapter.scaling)
+        assert torch.allclose(out.attention[i], probs[:, :, lo:hi].sum(dim=(0, 1)), atol=1e-5)
+    assert out.attention.shape == (engine.adapter.num_layers, hi - lo)
+
+
+@pytest.mark.parametrize("config", MODES, ids=lambda c: c.label)
+def test_timed_prefill_charges_every_phase_and_changes_nothing(engine_for, config):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    plain = engine.prefill(layout, config)
+    timed = engine.prefill(layout, config, timed=True)
+    assert torch.equal(plain.logits, timed.logits)
+    assert plain.stats.phase_s is None
+    phases = timed.stats.phase_s
+    assert set(phases) <= set(PHASES)
+    assert {"fetch", "setup", "project", "attention", "mlp", "logits"} <= set(phases)
+    preview = config.selector == "preview" and config.mode == "blend"
+    assert ("preview" in phases) == preview
+    # the preview pass loads the cached rows for the blend pass (and is charged for it)
+    assert ("load" in phases) == (config.mode != "full" and not preview)
+    assert ("select" in phases) == (config.selector == "cacheblend" and config.mode == "blend")
+    assert 0 < sum(phases.values()) <= timed.stats.ttft_s
+
+
+def test_attention_work_is_counted_per_layer(engine_for):
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    n, s, layers = layout.num_tokens, layout.suffix_start, engine.adapter.num_layers
+    full = engine.prefill(layout, BlendConfig(mode="full")).stats
+    assert full.attended_keys_per_layer == [n * (n + 1) // 2] * layers
+    reuse = engine.prefill(layout, BlendConfig(mode="reuse")).stats
+    assert reuse.attended_keys_per_layer == [sum(range(s + 1, n + 1))] * layers
+    preview = engine.prefill(layout, BlendConfig(selector="preview", ratio=0.3)).stats
+    assert preview.preview_attended_keys == layers * sum(range(s + 1, n + 1))
+    flops = FlopModel.of(engine.adapter)
+    hidden, inter = engine.model.config.hidden_size, engine.model.config.intermediate_size
+    kv = engine.adapter.num_kv_heads * engine.adapter.head_dim
+    assert flops.per_token == 2 * (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter)
+    assert flops.request(full) == layers * (n * flops.per_token + n * (n + 1) // 2 * flops.per_key)
+    assert flops.request(full) / flops.request(reuse) > 1
+    # the preview pass costs what reuse costs, on top of the blend pass
+    blend_only = sum(preview.computed_per_layer) * flops.per_token + sum(
+        preview.attended_keys_per_layer) * flops.per_key
+    assert flops.request(preview) == blend_only + flops.request(reuse)
+
+
+def test_sliding_window_caps_the_keys_counted(engine_for):
+    engine = engine_for("mistral", sliding_window=8)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    n = layout.num_tokens
+    full = engine.prefill(layout, BlendConfig(mode="full")).stats
+    assert full.attended_keys_per_layer[0] == sum(min(p + 1, 8) for p in range(n))
+
+
+def _stats(layout):
+    from blendrag.engine.engine import _new_stats
+
+    return _new_stats(layout, BlendConfig(mode="reuse"))
