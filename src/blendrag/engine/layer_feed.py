@@ -67,7 +67,8 @@ class LayerFeed:
 
     @property
     def pipelined(self) -> bool:
-        return self._thread is not None
+        """Whether a background reader reads ahead (depth > 0 and something to read)."""
+        return self.depth > 0
 
     def get(self, i: int) -> Rows:
         """Layer ``i``'s rows of every segment (layers are asked for in order, once each)."""
