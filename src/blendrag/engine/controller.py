@@ -45,7 +45,7 @@ class LoadingConfig:
     ema: weight of a request's measurement in the moving averages.
     """
 
-    prefetch_layers: int = 2
+    prefetch_layers: int = 4
     auto_cap: float = 0.5
     margin: float = 0.9
     ema: float = 0.5
@@ -221,6 +221,11 @@ def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats,
     stats.load_wait_s = feed.wait_s
     loop_s = stats.prefill_s
     stats.compute_s = max(loop_s - feed.wait_s, 0.0)
-    token_layers = sum(stats.computed_per_layer) + stats.preview_tokens * stats.layers
+    # The compute speed is learnt from the requests whose computed tokens are like those a
+    # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
+    # computes causal blocks, cheaper per token, which would make the controller overshoot.
+    token_layers = 0
+    if stats.mode in ("blend", "reuse"):
+        token_layers = sum(stats.computed_per_layer) + stats.preview_tokens * stats.layers
     controller.observe(feed.tier_s, feed.tier_bytes, stats.compute_s, token_layers, load_work_s,
                        stats.tokens_reused * stats.layers)
