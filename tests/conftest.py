@@ -60,17 +60,17 @@ def engine_for(model_dir):
 
 @pytest.fixture
 def make_store(tmp_path):
-    """factory(**StoreConfig overrides) -> TieredKVStore on tmp_path/'kv' by default; closed
-    after."""
+    """factory(wrap=None, **StoreConfig overrides) -> TieredKVStore on tmp_path/'kv' by default
+    (``wrap``: applied to each tier, see ``TieredKVStore``); closed after."""
     from blendrag.store import StoreConfig, TieredKVStore
 
     stores: list[TieredKVStore] = []
 
-    def make(**kw) -> TieredKVStore:
+    def make(wrap=None, **kw) -> TieredKVStore:
         kw.setdefault("disk_dir", tmp_path / "kv")
         kw.setdefault("ram_bytes", 1 << 20)
         kw.setdefault("disk_bytes", 4 << 20)
-        store = TieredKVStore(StoreConfig(**kw))
+        store = TieredKVStore(StoreConfig(**kw), wrap=wrap)
         stores.append(store)
         return store
 

@@ -4,11 +4,12 @@ the ingestion option ``profile``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MODES = ("full", "prefix", "reuse", "blend")
 SELECTORS = ("preview", "cacheblend", "epic", "profile", "query", "random")
 DEVIATIONS = ("value", "key")
+DEFAULT_RATIO = 0.20  # the knee of the fidelity frontier (docs/benchmarks.md); auto's floor
 
 
 @dataclass(frozen=True)
@@ -41,18 +42,29 @@ class BlendConfig:
       the first one every chunk token is recomputed. ``ratio_schedule[i]`` is the fraction of chunk
       tokens kept at ``check_layers[i]``; non-increasing, ending at ``ratio``. Default: halve at
       each check, ending at ``ratio``.
+    ratio="auto" (or ``auto_ratio=True``): the loading controller (engine/controller.py) picks
+      the ratio per request: the largest whose recompute still hides under the loading of the
+      cached rows, never below the floor ``ratio`` (0.20 with "auto"; ``auto_ratio=True`` keeps
+      the ``ratio`` given) and never above ``LoadingConfig.auto_cap``. The choice and the
+      estimates behind it are in ``RequestStats.controller``.
     """
 
     mode: str = "blend"
     selector: str = "preview"
-    ratio: float = 0.20
+    ratio: float | str = DEFAULT_RATIO
     check_layers: tuple[int, ...] = (1,)
     ratio_schedule: tuple[float, ...] | None = None
     deviation: str = "value"
     seed: int = 0
     attention_floor: float = 4.0
+    auto_ratio: bool = False
 
     def __post_init__(self) -> None:
+        if self.ratio == "auto":  # the default ratio is the quality floor
+            object.__setattr__(self, "ratio", DEFAULT_RATIO)
+            object.__setattr__(self, "auto_ratio", True)
+        if not isinstance(self.auto_ratio, bool):
+            raise ValueError(f"auto_ratio must be a bool, got {self.auto_ratio!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.selector not in SELECTORS:
@@ -60,7 +72,7 @@ class BlendConfig:
         if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
                 or not 0.0 <= float(self.ratio) <= 1.0
                 or math.isnan(self.ratio)):
-            raise ValueError(f"ratio must be in [0, 1], got {self.ratio!r}")
+            raise ValueError(f"ratio must be in [0, 1] or 'auto', got {self.ratio!r}")
         if (not isinstance(self.attention_floor, (int, float)) or math.isnan(self.attention_floor)
                 or self.attention_floor < 0):
             raise ValueError(f"attention_floor must be >= 0, got {self.attention_floor!r}")
@@ -92,7 +104,19 @@ class BlendConfig:
     def label(self) -> str:
         if self.mode != "blend":
             return self.mode
-        return f"blend-{self.selector}@{self.ratio:g}"
+        auto = "auto>=" if self.auto_ratio else ""
+        return f"blend-{self.selector}@{auto}{self.ratio:g}"
+
+    def at_ratio(self, ratio: float) -> BlendConfig:
+        """This config with the controller's ``ratio`` (no longer auto); the check-layer
+        schedule is scaled from the floor's (each step capped at 1)."""
+        floor = float(self.ratio)
+        if floor > 0:
+            schedule = tuple(min(1.0, r * ratio / floor) for r in self.ratio_schedule)
+            schedule = (*schedule[:-1], ratio)
+        else:
+            schedule = None  # the default halving schedule of the new ratio
+        return replace(self, ratio=ratio, ratio_schedule=schedule, auto_ratio=False)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,27 @@ def _register_ttft(bench: argparse._SubParsersAction) -> None:
                            "for figures you publish)")
     add_progress_option(ttft)
     add_json_option(ttft, "the records of every run and the headline figures")
+    _add_tier_args(ttft)
     ttft.set_defaults(func=_ttft)
+
+
+def _add_tier_args(ttft: argparse.ArgumentParser) -> None:
+    """Flags of the loading benchmark (ttft_tiers.py): given --tier, the command compares
+    sequential and pipelined loading and ratio=auto instead of every mode."""
+    ttft.add_argument("--tier", choices=["ram", "disk", "redis"], default=None,
+                      help="time loading the cached rows from this tier: full, sequential load + "
+                           "blend, pipelined blend, ratio=auto, load-only, compute-only")
+    ttft.add_argument("--bandwidth", type=float, default=None, metavar="GBPS",
+                      help="with --tier: throttle its reads to this many GB/s (default: its own "
+                           "speed)")
+    ttft.add_argument("--latency-us", type=float, default=0.0, metavar="US",
+                      help="with --bandwidth: latency of each read in microseconds (default: 0)")
+    ttft.add_argument("--selector", default="cacheblend",
+                      help="with --tier: the blend selector (default: cacheblend)")
+    ttft.add_argument("--ratio", type=float, default=0.20,
+                      help="with --tier: the floor ratio (default: 0.20)")
+    ttft.add_argument("--prefetch", type=int, default=4,
+                      help="with --tier: layers read ahead when pipelined (default: 4)")
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -153,6 +173,8 @@ def _ttft(args: argparse.Namespace) -> int:
         return 2
     threads = apply_threads(args)
     print(f"torch {torch.__version__}, {threads} threads", file=sys.stderr)
+    if args.tier is not None:
+        return _ttft_tier(args, w, threads)
     runs, tables = [], []
     for i in range(1, args.runs + 1):
         label = f"run {i}/{args.runs}" if args.runs > 1 else "bench ttft"
@@ -170,6 +192,24 @@ def _ttft(args: argparse.Namespace) -> int:
     summary = summarize(runs)
     text = "\n\n".join(tables) + "\n\n" + "\n".join(format_summary(summary))
     emit(args, {"threads": threads, "runs": runs, "summary": summary}, text)
+    return 0
+
+
+def _ttft_tier(args: argparse.Namespace, w, threads: int) -> int:
+    from blendrag.cli.options import emit
+    from blendrag_bench.ttft_tiers import TierBenchConfig, format_table, run, verdicts
+
+    try:
+        cfg = TierBenchConfig(workload=w, tier=args.tier, bandwidth_gbps=args.bandwidth,
+                              latency_us=args.latency_us, selector=args.selector,
+                              floor=args.ratio, prefetch=args.prefetch)
+    except ValueError as e:
+        print(f"blendrag bench ttft: error: {e}", file=sys.stderr)
+        return 2
+    records = run(cfg)
+    emit(args, {"threads": threads, "tier": args.tier, "bandwidth_gbps": args.bandwidth,
+                "latency_us": args.latency_us, "records": records,
+                "verdicts": verdicts(records)}, format_table(records, cfg))
     return 0
 
 

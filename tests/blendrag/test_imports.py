@@ -44,7 +44,9 @@ ALLOWED = {
     "blendrag_bench": {*CORE, "blendrag_demo"},
 }
 # Finer rule inside one edge: the engine uses a store through its protocol, and RAM as the default.
-ENGINE_STORE_MODULES = {"blendrag.store", "blendrag.store.protocol", "blendrag.store.ram"}
+# the protocol, the RAM default, and layer-wise reads (what a store hands the layer loop)
+ENGINE_STORE_MODULES = {"blendrag.store", "blendrag.store.protocol", "blendrag.store.ram",
+                        "blendrag.store.layered"}
 
 
 def unit(module: str) -> str | None:
@@ -119,7 +121,8 @@ def test_the_core_never_imports_the_demo_or_the_benchmarks():
 def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_default():
     used = {name for module, name in EDGES.get(("blendrag.engine", "blendrag.store"), set())}
     assert used <= ENGINE_STORE_MODULES | {
-        f"{m}.{n}" for m in ENGINE_STORE_MODULES for n in ("KVStore", "MemoryKVStore")
+        f"{m}.{n}" for m in ENGINE_STORE_MODULES
+        for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "LayerReadError", "open_layers")
     }
 
 

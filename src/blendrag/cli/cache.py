@@ -1,4 +1,5 @@
-"""`blendrag cache stats` and `blendrag cache clear`: inspect or empty a persistent KV store.
+"""`blendrag cache stats` and `blendrag cache clear`: inspect or empty a persistent KV store
+(`blendrag cache plan`, which tier a prompt shape needs, is in ``cache_plan.py``).
 
 What a store holds, as ``stats`` explains it: *chunk* entries (one per ingested passage, its KV
 computed after the chunk prefix, by default in the ingestion context of two filler passages)
@@ -29,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "cache", help="inspect or clear the persistent chunk-KV store",
         description="Inspect (stats) or empty (clear) the persistent KV store that precompute, "
                     "demo and the framework integrations write to.")
-    sub = cache.add_subparsers(dest="cache_command", required=True, metavar="{stats,clear}")
+    sub = cache.add_subparsers(dest="cache_command", required=True,
+                               metavar="{stats,clear,plan}")
     stats = sub.add_parser(
         "stats", help="entries (chunks, prefixes), sizes, budget and look-up counts",
         description="What the store holds: chunk and prefix entries with their tokens and "
@@ -44,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_store_dir_option(clear)
     add_redis_options(clear)
     clear.set_defaults(func=_guarded(_clear))
+    from blendrag.cli import cache_plan
+
+    cache_plan.register(sub)
 
 
 def _guarded(command):

@@ -19,8 +19,10 @@ from blendrag.config import (
 )
 from blendrag.engine import chunks as chunk_compute
 from blendrag.engine.context import NO_CONTEXT, ChunkContext
+from blendrag.engine.controller import LoadingConfig, LoadingController, decide, observe
 from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.generation import GenerationResult, GenerationStream
+from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.prefill import LoopOutput, LoopPlan, run_loop
 from blendrag.engine.preview import suffix_attention
@@ -35,6 +37,7 @@ from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
 from blendrag.model.rope import RopeTable
 from blendrag.prompt import PromptBuilder, PromptLayout
+from blendrag.store.layered import LayeredEntry, LayerReadError, open_layers
 from blendrag.store.protocol import KVStore
 from blendrag.store.ram import MemoryKVStore
 
@@ -62,9 +65,12 @@ class BlendEngine:
 
     def __init__(self, model: torch.nn.Module, tokenizer, store: KVStore | None = None,
                  chat: bool | None = None, system: str | None = None,
-                 chunk_prefix: str | None = None, context: ChunkContext | None = None) -> None:
+                 chunk_prefix: str | None = None, context: ChunkContext | None = None,
+                 loading: LoadingConfig | None = None) -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
-        ``ChunkContext()`` (two filler passages) with a tokenizer, ``NO_CONTEXT`` without one."""
+        ``ChunkContext()`` (two filler passages) with a tokenizer, ``NO_CONTEXT`` without one.
+        ``loading``: how cached rows are loaded (pipelined by default) and how ``ratio="auto"``
+        chooses (engine/controller.py)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.adapter = adapter_for(model)
@@ -76,6 +82,7 @@ class BlendEngine:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self._buffers = BufferPool()  # the request KV buffer, lent again once free
+        self.controller = LoadingController(loading)
         self._identity = ModelIdentity(model)  # re-fingerprinted if weights change in place
         self.tokenizer_fp = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
                              else "no-tokenizer")
@@ -104,6 +111,15 @@ class BlendEngine:
         )
         return cls(model, tokenizer, store=store, chat=chat, system=system,
                    chunk_prefix=chunk_prefix, context=context)
+
+    @property
+    def loading(self) -> LoadingConfig:
+        return self.controller.config
+
+    @loading.setter
+    def loading(self, config: LoadingConfig) -> None:
+        """A new loading config (its measurements kept)."""
+        self.controller.config = config
 
     @property
     def model_fp(self) -> str:
@@ -233,20 +249,26 @@ class BlendEngine:
 
     def _lookup(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
                 context: ChunkContext) -> ChunkKV | None:
-        key = self.key(chunk_prefix_ids, chunk_ids, context)
-        kv = self.store.get(key)
-        if kv is None:
+        kv = self.store.get(self.key(chunk_prefix_ids, chunk_ids, context))
+        if kv is None or not self._matches(kv, kv.keys.shape, kv.keys.dtype, chunk_prefix_ids,
+                                           chunk_ids, context):
             return None
+        return kv
+
+    def _matches(self, kv: ChunkKV | LayeredEntry, shape: Sequence[int], dtype: torch.dtype,
+                 chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
+                 context: ChunkContext) -> bool:
+        """Whether a stored entry is the one the request asked for (else a collision or a
+        foreign entry: a logged miss)."""
         a = self.adapter
         expected = (a.num_layers, a.num_kv_heads, len(chunk_ids), a.head_dim)
         prefix_hash = hash_ids(chunk_prefix_ids) if chunk_prefix_ids else ""
         if (kv.token_ids != tuple(chunk_ids) or kv.prefix_hash != prefix_hash
-                or kv.context != context.tag
-                or tuple(kv.keys.shape) != expected or kv.keys.dtype != self.dtype):
-            log.warning("store entry %s does not match the request (collision or foreign entry); "
-                        "recomputing", key[:12])
-            return None
-        return kv
+                or kv.context != context.tag or tuple(shape) != expected or dtype != self.dtype):
+            log.warning("store entry for %d tokens does not match the request (collision or "
+                        "foreign entry); recomputing", len(chunk_ids))
+            return False
+        return True
 
     def _compute(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
                  chunk_ids: Sequence[int], context: ChunkContext) -> ChunkKV:
@@ -269,39 +291,86 @@ class BlendEngine:
     # ---- requests --------------------------------------------------------------------------
 
     def prefill(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
-                extra_capacity: int = 0, trace: bool = False, timed: bool = False) -> Prefill:
+                extra_capacity: int = 0, trace: bool = False, timed: bool = False,
+                prefetch: int | None = None) -> Prefill:
         """Prefill ``layout`` in ``config.mode``; returns first-token logits and the request KV.
         ``timed``: also measure each phase (``stats.phase_s``; engine/phases.py), which on CUDA
-        synchronizes at every step: a breakdown, not a TTFT."""
+        synchronizes at every step: a breakdown, not a TTFT. ``prefetch``: layers of cached
+        rows read ahead of the loop (default ``self.loading.prefetch_layers``; 0: sequential).
+
+        A cached entry whose layer fails to load midway (a tier error, a checksum) is never
+        used: the request is done again with that chunk recomputed (``stats.load_retries``)."""
         self.check_length(layout, extra_capacity)
         t0 = time.perf_counter()
+        depth = self.loading.prefetch_layers if prefetch is None else prefetch
+        skip: set[str] = set()
+        while True:
+            try:
+                pre = self._prefill_once(layout, config, extra_capacity, trace, timed, depth,
+                                         skip, t0)
+            except LayerReadError as exc:
+                if exc.key in skip:  # never opened again: a bug, not a storage failure
+                    raise
+                log.warning("cached rows of entry %s failed to load (%s); computing that chunk "
+                            "again", exc.key[:12], exc)
+                skip.add(exc.key)
+                continue
+            pre.stats.load_retries = len(skip)
+            return pre
+
+    def _prefill_once(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
+                      trace: bool, timed: bool, depth: int, skip: set[str],
+                      t0: float) -> Prefill:
         clock = PhaseClock(self.device) if timed else OFF
         clock.restart()
         stats = _new_stats(layout, config)
         before = self.store.stats()
-        cached = self._cached_segments(layout, config, stats)
-        stats.kv_fetch_s = time.perf_counter() - t0
-        clock.lap("fetch")
+        opened: list = []  # entries opened for this attempt, closed whatever happens
+        feed = None
+        try:
+            t_fetch = time.perf_counter()
+            cached = self._cached_segments(layout, config, stats, skip, opened)
+            stats.kv_fetch_s = time.perf_counter() - t_fetch
+            clock.lap("fetch")
+            feed = LayerFeed(cached, self.adapter.num_layers, self.device, depth)
+            config = self._auto_ratio(config, layout, cached, feed, stats)
+            n = layout.num_tokens
+            stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
+            stats.layers = self.adapter.num_layers
+            t1 = time.perf_counter()
+            fused = self._buffer(n + extra_capacity)
+            rope = self.rope(n)
+            clock.lap("setup")
+            plan = self._plan(layout, config, cached, fused, rope, stats, clock, feed)
+            out = run_loop(self.adapter, plan, fused, rope, trace=trace, clock=clock)
+            logits = self.logits(out.hidden)
+            clock.lap("logits")
+            _sync(self.device)
+            stats.prefill_s = time.perf_counter() - t1
+            stats.ttft_s = time.perf_counter() - t0
+        finally:
+            if feed is not None:
+                feed.close()
+            for entry in opened:  # a stored entry read through is promoted to faster tiers
+                entry.close()
         # this request's fetches and writes
         stats.store = self.store.stats().since(before).to_dict()
-        n = layout.num_tokens
-        stats.tokens_reused = sum(s.kv.num_tokens for s in cached)
-        stats.layers = self.adapter.num_layers
-        t1 = time.perf_counter()
-        fused = self._buffer(n + extra_capacity)
-        rope = self.rope(n)
-        clock.lap("setup")
-        plan = self._plan(layout, config, cached, fused, rope, stats, clock)
-        out = run_loop(self.adapter, plan, fused, rope, trace=trace, clock=clock)
-        logits = self.logits(out.hidden)
-        clock.lap("logits")
-        stats.prefill_s = time.perf_counter() - t1
-        stats.ttft_s = time.perf_counter() - t0
         stats.phase_s = dict(clock.seconds) if timed else None
         stats.computed_per_layer = out.active_per_layer
         stats.recomputed_chunk_tokens_per_layer = out.chunk_active_per_layer
         stats.attended_keys_per_layer = out.attended_keys_per_layer
+        observe(self.controller, feed, stats, out.load_work_s + stats.preview_load_work_s)
         return Prefill(logits, fused, stats, out)
+
+    def _auto_ratio(self, config: BlendConfig, layout: PromptLayout,
+                    cached: list[CachedSegment], feed: LayerFeed,
+                    stats: RequestStats) -> BlendConfig:
+        """``config`` at the controller's ratio when it asks for one (``ratio="auto"``)."""
+        if config.mode != "blend" or not config.auto_ratio:
+            return config
+        ratio, stats.controller = decide(self.controller, config, cached, feed, stats)
+        stats.ratio = ratio
+        return config.at_ratio(ratio)
 
     def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                generation: GenerationConfig = DEFAULT_GENERATION) -> GenerationStream:
@@ -330,27 +399,65 @@ class BlendEngine:
     # ---- plans -----------------------------------------------------------------------------
 
     def _cached_segments(self, layout: PromptLayout, config: BlendConfig,
-                         stats: RequestStats) -> list[CachedSegment]:
+                         stats: RequestStats, skip: frozenset[str] | set[str] = frozenset(),
+                         opened: list | None = None) -> list[CachedSegment]:
+        """The cached rows of the request: stored entries opened for layer-wise reads (their
+        layers are read by the loop's ``LayerFeed``), chunks missing from the store (or in
+        ``skip``: failed in an earlier attempt) computed and stored now. ``opened`` collects
+        the entries opened, for the caller to close."""
         if config.mode == "full":
             return []
-        prefix = self.prefix_kv(layout.prefix_ids, stats)  # exact whatever follows it
+        opened = [] if opened is None else opened
+
+        def open_or_compute(prefix_ids, ids, context, chunk_prefix) -> tuple[object, bool]:
+            """(the stored entry, True) or (the KV computed and stored now, False)."""
+            kv = self._open(prefix_ids, ids, context, skip, opened)
+            if kv is not None:
+                return kv, True
+            return self._compute(_whole(chunk_prefix()), prefix_ids, ids, context), False
+
+        prefix = None  # exact whatever follows it
+        if layout.prefix_ids:
+            prefix, stats.prefix_hit = open_or_compute((), layout.prefix_ids, NO_CONTEXT,
+                                                       lambda: None)
         segments = [CachedSegment(0, prefix)] if prefix is not None else []
         # only a chunk computed after this very prefix is an exact prefix
         context = self.context
         if config.mode == "prefix":
-            chunk_prefix_ids, chunk_prefix, chunks = layout.prefix_ids, prefix, layout.chunk_ids[:1]
+            chunk_prefix_ids, chunks = layout.prefix_ids, layout.chunk_ids[:1]
             context = NO_CONTEXT
         else:
             chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
-            same = chunk_prefix_ids == layout.prefix_ids
-            chunk_prefix = prefix if same else self.prefix_kv(chunk_prefix_ids)
+        same = chunk_prefix_ids == layout.prefix_ids
+
+        def chunk_prefix():  # its whole KV, needed only to compute a missing chunk
+            return prefix if same else self.prefix_kv(chunk_prefix_ids)
+
         profile = config.mode == "blend" and config.selector == "profile"
         for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
-            kv = self.chunk_kv(chunk_prefix_ids, ids, chunk_prefix, stats, context)
+            kv, hit = open_or_compute(chunk_prefix_ids, ids, context, chunk_prefix)
+            stats.chunk_hits += hit
+            stats.chunk_misses += not hit
             if profile and kv.sensitivity is None:
-                kv = self._profile_now(kv, chunk_prefix_ids, chunk_prefix, chunks, i, stats)
+                kv = self._profile_now(_whole(kv), chunk_prefix_ids, _whole(chunk_prefix()),
+                                       chunks, i, stats)
             segments.append(CachedSegment(start, kv))
         return segments
+
+    def _open(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
+              context: ChunkContext, skip: frozenset[str] | set[str],
+              opened: list) -> LayeredEntry | None:
+        """The stored entry of the chunk opened for layer-wise reads (header checked against
+        the request), or None: a miss, a key in ``skip``, or a foreign entry."""
+        key = self.key(chunk_prefix_ids, chunk_ids, context)
+        if key in skip:
+            return None
+        entry = open_layers(self.store, key)
+        if entry is None:
+            return None
+        opened.append(entry)
+        return entry if self._matches(entry, entry.shape, entry.dtype, chunk_prefix_ids,
+                                      chunk_ids, context) else None
 
     def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Sequence[int],
                      chunk_prefix: ChunkKV | None,
@@ -367,7 +474,7 @@ class BlendEngine:
 
     def _plan(self, layout: PromptLayout, config: BlendConfig, cached: list[CachedSegment],
               fused: FusedKV, rope: RopeTable, stats: RequestStats,
-              clock: PhaseClock = OFF) -> LoopPlan:
+              clock: PhaseClock = OFF, feed: LayerFeed | None = None) -> LoopPlan:
         dev = self.device
         ids = torch.tensor(layout.ids, device=dev)
         n = layout.num_tokens
@@ -375,13 +482,13 @@ class BlendEngine:
         first_computed = cached[-1].end if cached else 0
         if config.mode != "blend":
             return LoopPlan(ids, cached, torch.arange(first_computed, n, device=dev),
-                            chunk_range=chunks)
+                            chunk_range=chunks, feed=feed)
         chunk_kvs = [s.kv for s in cached if s.start >= chunks[0]]
         attention = None
         if config.selector == "preview":  # where the question looks, over the cached rows
             clock.lap("plan")
-            attention, stats.preview_attended_keys = suffix_attention(self.adapter, layout,
-                                                                      cached, fused, rope)
+            preview = suffix_attention(self.adapter, layout, cached, fused, rope, feed)
+            attention, stats.preview_attended_keys, stats.preview_load_work_s = preview
             stats.preview_tokens = len(layout.suffix_ids)
             clock.lap("preview")
         selector = make_selector(config, layout, self.adapter.num_layers, dev, self.adapter.scaling,
@@ -389,7 +496,7 @@ class BlendEngine:
         clock.lap("plan")
         suffix = torch.arange(layout.suffix_start, n, device=dev)
         return LoopPlan(ids, cached, torch.cat([selector.initial(), suffix]), selector=selector,
-                        chunk_range=chunks, preloaded=attention is not None)
+                        chunk_range=chunks, preloaded=attention is not None, feed=feed)
 
     def _buffer(self, capacity: int) -> FusedKV:
         a = self.adapter
@@ -415,6 +522,17 @@ def _new_stats(layout: PromptLayout, config: BlendConfig) -> RequestStats:
         suffix_tokens=len(layout.suffix_ids),
         chunks=len(layout.chunk_ids),
     )
+
+
+def _whole(kv: ChunkKV | LayeredEntry | None) -> ChunkKV | None:
+    """A cached KV in full (an opened entry is read through): what computing a chunk after it
+    needs."""
+    return kv if kv is None or isinstance(kv, ChunkKV) else kv.materialize()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":  # the logits are ready: what the first token waits for
+        torch.cuda.synchronize(device)
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:  # tokenizer may be None

@@ -14,14 +14,17 @@ import torch
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTable
+from blendrag.store.layered import LayeredEntry
 
 
 @dataclass
 class CachedSegment:
-    """A cached KV placed at ``start`` in the request."""
+    """A cached KV placed at ``start`` in the request: a ``ChunkKV`` in memory or a stored
+    entry opened for layer-wise reads (``blendrag.store.layered.LayeredEntry``); the loop reads
+    it through ``kv.layer(i)`` only."""
 
     start: int
-    kv: ChunkKV
+    kv: ChunkKV | LayeredEntry
 
     @property
     def end(self) -> int:
@@ -48,18 +51,20 @@ class FusedKV:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def load(self, layer: int, segments: list[CachedSegment], rope: RopeTable,
+    def load(self, layer: int, segments: list[CachedSegment],
+             rows: list[tuple[torch.Tensor, torch.Tensor]], rope: RopeTable,
              clock: PhaseClock = OFF) -> None:
-        """Write the cached rows of ``layer``: values copied, keys rotated straight from the
-        stored pre-RoPE rows into their rows of this request (one pass, no temporary copy)."""
-        for seg in segments:
-            v = seg.kv.values[layer].to(self.v.device, self.v.dtype, non_blocking=True)
+        """Write the cached rows of ``layer``: ``rows[j]`` = (pre-RoPE keys, values) of
+        ``segments[j]``, each [Hkv, T, D] (from ``LayerFeed.get``); values copied, keys rotated
+        straight into their rows of this request (one pass, no temporary copy)."""
+        for seg, (_, v) in zip(segments, rows):
+            v = v.to(self.v.device, self.v.dtype, non_blocking=True)
             self.v[layer, :, seg.start:seg.end] = v  # [Hkv, T, D]
         clock.lap("load")
-        for seg in segments:
-            rows = slice(seg.start, seg.end)
-            k = seg.kv.keys[layer].to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
-            rope.rotate_into(self.k[layer, :, rows], k, rows)
+        for seg, (k, _) in zip(segments, rows):
+            span = slice(seg.start, seg.end)
+            k = k.to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
+            rope.rotate_into(self.k[layer, :, span], k, span)
         clock.lap("rotate")
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -5,6 +5,7 @@ A plan says which rows come from the cache and which tokens are computed ("activ
 layer 0; a blend selector may shrink the active set at its check layers. Per layer:
 
   1. load the cached rows of this layer into the fused KV, keys rotated to their positions
+     (the rows come from a ``LayerFeed``: read now, or read ahead while earlier layers compute)
   2. project the active tokens: q, k, v (fresh)
   3. at a check layer, score the active chunk tokens against their cached rows and keep the top
   4. write the fresh k, v of every active token into the fused KV
@@ -16,6 +17,7 @@ active keep their cached KV.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +31,7 @@ from blendrag.engine.layer import (
     finish,
     project,
 )
+from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.selectors import CheckView, Selector
 from blendrag.model.adapters import LlamaAdapter
@@ -51,6 +54,9 @@ class LoopPlan:
     # the cached rows are in the buffer already: a preview pass over the same buffer loaded
     # them and wrote only rows this plan computes again at every layer (the suffix)
     preloaded: bool = False
+    # where the cached rows come from, layer by layer (pipelined or not); None: read in the
+    # loop (a sequential feed over ``cached``)
+    feed: LayerFeed | None = None
 
 
 @dataclass
@@ -65,6 +71,7 @@ class LoopOutput:
     values: torch.Tensor | None = None  # [layers, Hkv, A, D]
     attention: torch.Tensor | None = None  # [layers, end - start] float32 (score_range only)
     trace: list[dict] | None = None
+    load_work_s: float = 0.0  # the loop's time copying and rotating cached rows it was given
 
 
 @torch.inference_mode()
@@ -87,9 +94,16 @@ def run_loop(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTa
     lo, hi = plan.chunk_range
     in_chunks = int(((pos >= lo) & (pos < hi)).sum())
 
+    feed = None
+    if plan.cached and not plan.preloaded:
+        feed = plan.feed or LayerFeed(plan.cached, len(adapter.layers), fused.k.device)
+
     for i, layer in enumerate(adapter.layers):
-        if plan.cached and not plan.preloaded:
-            fused.load(i, plan.cached, rope, clock)
+        if feed is not None:
+            rows = feed.get(i)
+            t0 = time.perf_counter()
+            fused.load(i, plan.cached, rows, rope, clock)
+            out.load_work_s += time.perf_counter() - t0
         q, k, k_pre, v = project(adapter, layer, h, pos, rope)  # q: [H, A, D]; k, v: [Hkv, A, D]
         clock.lap("project")
         keep = None

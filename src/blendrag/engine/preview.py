@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.prefill import LoopPlan, run_loop
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTable
@@ -24,14 +25,17 @@ from blendrag.prompt import PromptLayout
 
 @torch.inference_mode()
 def suffix_attention(adapter: LlamaAdapter, layout: PromptLayout, cached: list[CachedSegment],
-                     fused: FusedKV, rope: RopeTable) -> tuple[torch.Tensor, int]:
+                     fused: FusedKV, rope: RopeTable,
+                     feed: LayerFeed | None = None) -> tuple[torch.Tensor, int, float]:
     """Attention the suffix pays each chunk token over the cached rows, per layer, summed over
-    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens), and the keys
-    the pass attended to over all layers (its attention work). Leaves the cached rows loaded
-    in ``fused`` (the blend pass need not load them again)."""
+    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens), the keys the
+    pass attended to over all layers (its attention work), and its time copying cached rows.
+    Leaves the cached rows loaded in ``fused`` (the blend pass need not load them again): the
+    pass is the consumer of ``feed``, so with pipelined loading it overlaps the loading of the
+    cached rows, and the blend pass after it has nothing left to overlap."""
     n, dev = layout.num_tokens, fused.k.device
     lo, hi = len(layout.prefix_ids), layout.suffix_start
     plan = LoopPlan(torch.tensor(layout.ids, device=dev), cached,
-                    torch.arange(hi, n, device=dev), score_range=(lo, hi))
+                    torch.arange(hi, n, device=dev), score_range=(lo, hi), feed=feed)
     out = run_loop(adapter, plan, fused, rope)
-    return out.attention.cpu(), sum(out.attended_keys_per_layer)
+    return out.attention.cpu(), sum(out.attended_keys_per_layer), out.load_work_s

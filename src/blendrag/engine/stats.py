@@ -47,6 +47,18 @@ class RequestStats:
     store: dict | None = None
     # seconds per phase (engine/phases.py) of a request prefilled with timed=True, else None
     phase_s: dict[str, float] | None = None
+    # loading the cached rows (engine/layer_feed.py): read ahead of the loop or in it; the
+    # reader's time (load_s, all tiers), the loop's waits for rows (load_wait_s), the loop's
+    # time less its waits (compute_s, the preview pass included)
+    pipelined: bool = False
+    load_s: float = 0.0
+    load_wait_s: float = 0.0
+    compute_s: float = 0.0
+    preview_load_work_s: float = 0.0  # the preview pass's copying of cached rows
+    # attempts redone because a cached entry failed to load midway (that chunk recomputed)
+    load_retries: int = 0
+    # ratio="auto": the loading controller's choice and the estimates it used (controller.py)
+    controller: dict | None = None
 
     @property
     def recompute_fraction(self) -> float:

@@ -82,6 +82,11 @@ class ChunkKV:
         return sum(t.numel() * t.element_size()
                    for t in (self.sensitivity, self.context_shift) if t is not None)
 
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of layer ``i``: [kv_heads, T, head_dim] views (the layer-wise read of
+        an entry held in memory, ``blendrag.store.layered``)."""
+        return self.keys[i], self.values[i]
+
     def to(self, device: torch.device | str) -> ChunkKV:
         """K and V on ``device`` (the priors stay on the host, where selectors read them)."""
         if self.keys.device == torch.device(device):

@@ -27,7 +27,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, runtime_checkable
 
 import safetensors.torch
 import torch
@@ -110,11 +110,35 @@ def decode(source: Source, key: str) -> ChunkKV:
         return entry.read_all()
 
 
-def open_entry(source: Source, key: str) -> EntryReader:
-    """Open an entry for layer-by-layer reading (bytes, a path, or an open binary file)."""
+def open_entry(source: Source | RangeReader, key: str) -> EntryReader:
+    """Open an entry for layer-by-layer reading (bytes, a path, an open binary file, or a
+    ``RangeReader`` such as the Redis tier's GETRANGE reader)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         return EntryReader(_Tensors(_BufferReader(source)), key)
+    if isinstance(source, RangeReader):
+        return EntryReader(_Tensors(source), key)
     return EntryReader(_Tensors(_FileReader(source)), key)
+
+
+@runtime_checkable
+class RangeReader(Protocol):
+    """Positioned reads of one stored entry of ``size`` bytes (a tier's layer-wise source).
+    ``read_into_many`` fills the buffers in order from ``offset`` and returns the bytes read,
+    fewer only at the end of the entry."""
+
+    size: int
+
+    def read(self, offset: int, n: int) -> bytes: ...
+    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int: ...
+    def close(self) -> None: ...
+
+
+def file_reader(handle: BinaryIO) -> RangeReader:
+    """Positioned reads on an open entry file (the disk tier's layer-wise source); closing the
+    reader closes ``handle``."""
+    reader = _FileReader(handle)
+    reader.handle = handle
+    return reader
 
 
 class EntryReader:
@@ -184,13 +208,32 @@ class EntryReader:
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer ``i``, each [kv_heads, T, head_dim], verified; only that
         layer's bytes are read."""
-        if not 0 <= i < self.num_layers:
-            raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
         k = torch.empty(self.shape[1:], dtype=self.dtype)
         v = torch.empty(self.shape[1:], dtype=self.dtype)
-        self._read_checked(f"k.{i}", k)
-        self._read_checked(f"v.{i}", v)
+        self.layer_into(i, k, v)
         return k, v
+
+    def layer_into(self, i: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Read layer ``i`` into ``k`` and ``v`` (contiguous [kv_heads, T, head_dim] of the
+        entry's dtype) and verify both against their checksums; one scatter read when the two
+        tensors are adjacent in the entry."""
+        if not 0 <= i < self.num_layers:
+            raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
+        parts = [(f"k.{i}", k), (f"v.{i}", v)]
+        self._tensors.read_many(parts)
+        for name, out in parts:
+            self._verify(name, out)
+
+    def read_priors(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The sensitivity [T] and context shift [L, T] (float32, verified), None where the
+        entry has none: what a reader needs before the first layer."""
+        priors = {name: torch.empty(shape, dtype=torch.float32)
+                  for name, shape in self.priors.items()}
+        if priors:
+            self._tensors.read_many(list(priors.items()))
+            for name, out in priors.items():
+                self._verify(name, out)
+        return priors.get(SENSITIVITY), priors.get(CONTEXT_SHIFT)
 
     def read_all(self) -> ChunkKV:
         """Every layer, read straight into one stacked ``ChunkKV`` (one copy from the source, in
@@ -210,10 +253,6 @@ class EntryReader:
             self._verify(name, out)
         return ChunkKV(keys, values, self.token_ids, self.prefix_hash, priors.get(SENSITIVITY),
                        self.context, priors.get(CONTEXT_SHIFT))
-
-    def _read_checked(self, name: str, out: torch.Tensor) -> None:
-        self._tensors.read_into(name, out)
-        self._verify(name, out)
 
     def _verify(self, name: str, out: torch.Tensor) -> None:
         if _digest(out) != self._checksums[name]:
@@ -237,7 +276,7 @@ class _Tensors:
     an ``EntryError``, and read exactly one tensor's bytes. Writing still uses safetensors.
     """
 
-    def __init__(self, reader: _BufferReader | _FileReader) -> None:
+    def __init__(self, reader: RangeReader) -> None:
         self._reader = reader
         try:
             header = self._header(reader)
@@ -250,7 +289,7 @@ class _Tensors:
             reader.close()
             raise
 
-    def _header(self, reader: _BufferReader | _FileReader) -> dict:
+    def _header(self, reader: RangeReader) -> dict:
         head = reader.read(0, 8)
         if len(head) < 8:
             raise EntryError("truncated: shorter than a safetensors header")
@@ -276,7 +315,7 @@ class _Tensors:
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         start, end, buf = self._place(name, out)
-        if self._reader.read_into(self._base + start, buf) != end - start:
+        if self._reader.read_into_many(self._base + start, [buf]) != end - start:
             raise EntryError(f"truncated in {name}")
 
     def read_many(self, items: list[tuple[str, torch.Tensor]]) -> None:
@@ -343,6 +382,7 @@ class _FileReader:
     """Positioned reads (pread) from an entry file, by path or on a caller's open handle."""
 
     def __init__(self, source: str | Path | BinaryIO) -> None:
+        self.handle: BinaryIO | None = None
         self._owned = isinstance(source, (str, Path))
         self._fd = -1
         try:
@@ -384,6 +424,9 @@ class _FileReader:
         if self._owned and self._fd >= 0:
             os.close(self._fd)
         self._fd = -1
+        if self.handle is not None:  # a handle handed over by ``file_reader``
+            self.handle.close()
+            self.handle = None
 
 
 def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:

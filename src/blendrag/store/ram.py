@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
+from blendrag.store.layered import KVLayers
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 
 
@@ -62,6 +63,11 @@ class MemoryKVStore:
         self._counters.add(hits=hit, misses=not hit, bytes_read=held_bytes(kv) if hit else 0,
                            load_seconds=time.perf_counter() - t0)
         return kv
+
+    def open_layers(self, key: str) -> KVLayers | None:
+        """The entry for ``key`` as a layered entry (views: nothing more to read), or None."""
+        kv = self.get(key)
+        return None if kv is None else KVLayers(kv, key, "ram")
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
         """Insert ``kv`` as most recently used, evicting least recently used entries to fit
@@ -149,6 +155,10 @@ class RamTier:
         """The entry and the bytes it holds, or None."""
         kv = self.lru.get(key)
         return None if kv is None else (Entry(key, kv), held_bytes(kv))
+
+    def open_layers(self, key: str) -> KVLayers | None:
+        """The entry as a layered entry over the held tensors, or None."""
+        return self.lru.open_layers(key)
 
     def write(self, entry: Entry) -> int:
         """Hold ``entry.kv``; the bytes it holds, 0 when it exceeds the budget."""

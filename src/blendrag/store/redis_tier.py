@@ -55,6 +55,11 @@ class RedisTier:
     def fetch(self, key: str) -> bytes | None:
         return self._client.get(self._name(key))
 
+    def open_ranges(self, key: str) -> RedisRanges | None:
+        """Positioned reads of the entry (GETRANGE), for layer-wise loading: only the bytes
+        asked for cross the network. None when the key is absent."""
+        return RedisRanges.open(self._client, self._name(key))
+
     def put(self, key: str, data: bytes) -> bool:
         self._client.set(self._name(key), data, ex=self.ttl_s)
         return True
@@ -102,3 +107,50 @@ class RedisTier:
             raw = name if isinstance(name, bytes) else str(name).encode()
             if b":" not in raw[start:]:
                 yield name
+
+
+class RedisRanges:
+    """One Redis string read by byte ranges (a codec ``RangeReader``).
+
+    Opening costs one round trip: STRLEN and the first ``head`` bytes (the safetensors header
+    of an entry, token ids and checksums included, fits in 64 KiB up to some 5,000 tokens) in
+    one pipeline; each later read is one GETRANGE per run of adjacent tensors. The string may be
+    replaced or evicted between reads: a range then comes back short or with other bytes, which
+    the codec reports as a truncated entry or a checksum mismatch."""
+
+    HEAD = 64 << 10
+
+    def __init__(self, client, name: str, size: int, head: bytes) -> None:
+        self._client, self._name, self.size, self._head = client, name, size, head
+
+    @classmethod
+    def open(cls, client, name: str) -> RedisRanges | None:
+        pipe = client.pipeline(transaction=False)
+        pipe.strlen(name)
+        pipe.getrange(name, 0, cls.HEAD - 1)
+        size, head = pipe.execute()
+        if not size:
+            return None
+        return cls(client, name, int(size), bytes(head))
+
+    def read(self, offset: int, n: int) -> bytes:
+        end = min(offset + n, self.size)
+        if end <= len(self._head):
+            return self._head[offset:end]
+        if end <= offset:
+            return b""
+        return bytes(self._client.getrange(self._name, offset, end - 1))
+
+    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
+        data = self.read(offset, sum(len(b) for b in bufs))
+        done = 0
+        for buf in bufs:
+            part = data[done:done + len(buf)]
+            buf[:len(part)] = part
+            done += len(part)
+            if len(part) < len(buf):
+                break
+        return done
+
+    def close(self) -> None:
+        self._head = b""

@@ -12,17 +12,19 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import BinaryIO, Protocol
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import Entry, EntryError, decode
+from blendrag.store.codec import Entry, EntryError, RangeReader, decode, file_reader, open_entry
 from blendrag.store.config import StoreConfig
+from blendrag.store.counted import CountedLayers
 from blendrag.store.disk import DiskTier
 from blendrag.store.health import TierHealth
+from blendrag.store.layered import EntryLayers, KVLayers, LayeredEntry
 from blendrag.store.protocol import ByteTier, StoreStats, TierCounters, TierStats, TierUsage
-from blendrag.store.ram import RamTier
+from blendrag.store.ram import RamTier, held_bytes
 from blendrag.store.redis_tier import RedisTier
 
 log = logging.getLogger("blendrag.store")
@@ -43,6 +45,7 @@ class Tier(Protocol):
 
     def open(self) -> object: ...
     def read(self, key: str) -> tuple[Entry, int] | None: ...
+    def open_layers(self, key: str) -> LayeredEntry | None: ...
     def write(self, entry: Entry) -> int: ...
     def contains(self, key: str) -> bool: ...
     def delete(self, key: str) -> None: ...
@@ -53,7 +56,7 @@ class Tier(Protocol):
 
 class EncodedTier:
     """A ``ByteTier`` (disk, Redis) as a ``Tier``: entries encoded on the way in, decoded and
-    verified on the way out."""
+    verified on the way out (whole, or layer by layer: ``open_layers``)."""
 
     volatile = False
 
@@ -75,6 +78,26 @@ class EncodedTier:
             if hasattr(source, "close"):
                 source.close()
         return Entry(key, kv, source if isinstance(source, bytes) else None), size
+
+    def open_layers(self, key: str) -> EntryLayers | None:
+        """The entry opened for layer-wise reads: header and priors read and verified now,
+        each layer when asked for (disk: positioned reads on the file; Redis: GETRANGE)."""
+        opener = getattr(self.tier, "open_ranges", None)
+        source = opener(key) if opener is not None else self.tier.fetch(key)
+        if source is None:
+            return None
+        if not isinstance(source, (bytes, RangeReader)):  # an open entry file
+            try:
+                source = file_reader(source)
+            except BaseException:
+                source.close()
+                raise
+        reader = open_entry(source, key)  # closes the source when the header is bad
+        try:
+            return EntryLayers(reader, key, self.name)
+        except BaseException:
+            reader.close()
+            raise
 
     def write(self, entry: Entry) -> int:
         data = entry.data
@@ -111,8 +134,12 @@ class TieredKVStore:
     tier: treat their tensors as read-only.
     """
 
-    def __init__(self, config: StoreConfig | None = None) -> None:
+    def __init__(self, config: StoreConfig | None = None,
+                 wrap: Callable[[Tier], Tier] | None = None) -> None:
+        """``wrap``: applied to every tier before use (e.g. ``throttle.ThrottledTier``, the
+        benchmarks' model of a slower device)."""
         self.config = config = config if config is not None else StoreConfig()
+        self._wrap = wrap
         self._gets = TierCounters()  # store level: hits/misses over all tiers
         self._slots: list[_Slot] = []
         if config.ram_bytes:
@@ -126,6 +153,7 @@ class TieredKVStore:
                                             config.redis_timeout_s)))
 
     def _add(self, tier: Tier) -> None:
+        tier = self._wrap(tier) if self._wrap is not None else tier
         slot = _Slot(tier, TierHealth(tier.label, self.config.retry_after_s))
         self._slots.append(slot)
         self._call(slot, "open", tier.open)  # warn at start-up, not at the first request
@@ -144,6 +172,19 @@ class TieredKVStore:
                 break
         self._gets.add(hits=entry is not None, misses=entry is None)
         return entry.kv if entry is not None else None
+
+    def open_layers(self, key: str) -> LayeredEntry | None:
+        """The entry for ``key`` from the fastest tier that has one, opened for layer-wise
+        reads (``store/layered.py``), or None. A layer that fails later raises
+        ``LayerReadError`` (the entry is dropped, or its tier benched); an entry read through
+        is copied into every faster tier when it is closed."""
+        for i, slot in enumerate(self._slots):
+            entry = self._read(slot, key, layered=True)
+            if entry is not None:
+                self._gets.add(hits=1)
+                return CountedLayers(self, slot, self._slots[:i], entry)
+        self._gets.add(misses=1)
+        return None
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
         """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
@@ -239,14 +280,15 @@ class TieredKVStore:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _read(self, slot: _Slot, key: str) -> Entry | None:
-        """The tier's entry for ``key``, counted; a defective entry is a logged miss and is
-        deleted."""
+    def _read(self, slot: _Slot, key: str, layered: bool = False):
+        """The tier's entry for ``key`` (``layered``: opened for layer-wise reads), counted; a
+        defective entry is a logged miss and is deleted."""
         if not slot.health.available:
             return None
         t0 = time.perf_counter()
+        read = slot.tier.open_layers if layered else slot.tier.read
         try:
-            found = self._call(slot, "read", lambda: slot.tier.read(key))
+            found = self._call(slot, "read", lambda: read(key))
         except EntryError as exc:
             log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
                         slot.tier.name, key[:16], exc)
@@ -256,6 +298,10 @@ class TieredKVStore:
         if found is None:
             slot.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
             return None
+        if layered:  # its layers' bytes are counted as they are read (CountedLayers)
+            held = held_bytes(found.kv) if isinstance(found, KVLayers) else 0
+            slot.counters.add(hits=1, bytes_read=held, load_seconds=time.perf_counter() - t0)
+            return found
         entry, size = found
         slot.counters.add(hits=1, bytes_read=size, load_seconds=time.perf_counter() - t0)
         return entry

@@ -1,0 +1,231 @@
+"""The loading controller (CacheBlend §5): which recompute ratio, and which storage tier.
+
+With pipelined loading (``engine/layer_feed.py``) a blend request takes about
+``layers x max(load per layer, compute per layer)``. Loading a layer costs the same whatever
+the ratio; recomputing a layer grows with it. So when loading is the bottleneck, recomputing
+more is free up to the point where compute catches up with the load, and more recompute is
+more quality. The controller answers two questions from measured speeds:
+
+- ``choose_ratio``: per request, the largest ratio whose per-layer compute stays under
+  ``margin`` x the per-layer load, clamped to [floor, cap]; the floor is the configured ratio
+  (the quality the user asked for), the cap bounds the cost when loading is very slow.
+- ``choose_tier``: for ``blendrag cache plan``, the cheapest tier whose per-layer load of a
+  given prompt still hides under its per-layer compute (TTFT at the compute bound).
+
+A layer's compute is modelled as ``fixed_row_s x cached rows`` (copying and rotating the
+cached rows, the same at any ratio) plus ``token_s x computed tokens`` (ratio x chunk tokens
+plus the suffix); a tier's load as ``latency + bytes / bandwidth``. ``LoadingController`` keeps
+exponential moving averages of the measured figures: seconds per byte per tier (from the
+layer feed's reads) and the two compute coefficients (from the loop's time less its waits).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from blendrag.config import BlendConfig
+    from blendrag.engine.fused_kv import CachedSegment
+    from blendrag.engine.layer_feed import LayerFeed
+    from blendrag.engine.stats import RequestStats
+
+
+@dataclass(frozen=True)
+class LoadingConfig:
+    """How an engine loads cached rows and how its controller chooses.
+
+    prefetch_layers: layers the background reader may be ahead of the loop (0: sequential
+      loading, each layer read when the loop needs it).
+    auto_cap: the largest ratio ``ratio="auto"`` may choose.
+    margin: aim the recompute of a layer at this fraction of its load (timing noise would
+      otherwise make the loop wait now and then).
+    ema: weight of a request's measurement in the moving averages.
+    """
+
+    prefetch_layers: int = 4
+    auto_cap: float = 0.5
+    margin: float = 0.9
+    ema: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prefetch_layers, bool) or not isinstance(self.prefetch_layers, int) \
+                or self.prefetch_layers < 0:
+            raise ValueError(f"prefetch_layers must be an int >= 0, got {self.prefetch_layers!r}")
+        for name in ("auto_cap", "margin", "ema"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or not 0 < value <= 1):
+                raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True)
+class RatioChoice:
+    ratio: float
+    reason: str  # "load-bound", "load-bound: capped", "compute-bound: floor", ...
+
+
+def layer_compute_s(ratio: float, chunk_tokens: int, other_tokens: int, cached_rows: int,
+                    token_s: float, fixed_row_s: float) -> float:
+    """Modelled compute of one layer: the computed tokens plus copying the cached rows."""
+    return token_s * (ratio * chunk_tokens + other_tokens) + fixed_row_s * cached_rows
+
+
+def choose_ratio(load_layer_s: float, chunk_tokens: int, other_tokens: int, cached_rows: int,
+                 token_s: float, fixed_row_s: float, floor: float, cap: float,
+                 margin: float = 0.9) -> RatioChoice:
+    """The largest ratio in [floor, cap] whose modelled layer compute is at most
+    ``margin x load_layer_s`` (rounded down to 0.001); the floor when even it does not hide."""
+    cap = max(cap, floor)
+    if chunk_tokens <= 0 or token_s <= 0:
+        return RatioChoice(floor, "no chunk tokens to recompute" if chunk_tokens <= 0
+                           else "no compute estimate")
+    budget = margin * load_layer_s - layer_compute_s(0.0, chunk_tokens, other_tokens,
+                                                    cached_rows, token_s, fixed_row_s)
+    ratio = math.floor(1000 * budget / (token_s * chunk_tokens)) / 1000
+    if ratio <= floor:
+        return RatioChoice(floor, "compute-bound: floor")
+    if ratio >= cap:
+        return RatioChoice(cap, "load-bound: capped")
+    return RatioChoice(ratio, "load-bound")
+
+
+@dataclass(frozen=True)
+class TierModel:
+    """A storage tier as the planner sees it: its name, read bandwidth (GB/s) and latency per
+    request (us). Tiers are given cheapest first."""
+
+    name: str
+    bandwidth_gbps: float
+    latency_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a tier needs a name")
+        if not (math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
+            raise ValueError(f"tier {self.name}: bandwidth must be > 0 GB/s, got "
+                             f"{self.bandwidth_gbps!r}")
+        if not (math.isfinite(self.latency_us) and self.latency_us >= 0):
+            raise ValueError(f"tier {self.name}: latency must be >= 0 us, got {self.latency_us!r}")
+
+    def layer_load_s(self, layer_bytes: int, requests: int) -> float:
+        """One layer of a prompt: ``requests`` reads (one per cached entry) of ``layer_bytes``
+        in all."""
+        return requests * self.latency_us * 1e-6 + layer_bytes / (self.bandwidth_gbps * 1e9)
+
+
+@dataclass(frozen=True)
+class TierVerdict:
+    tier: str
+    load_layer_s: float
+    compute_layer_s: float
+    ttft_s: float  # layers x max(load, compute) per layer: the pipelined estimate
+    compute_bound: bool
+
+
+def choose_tier(tiers: list[TierModel], layers: int, layer_bytes: int, entries: int,
+                compute_layer_s: float) -> tuple[str | None, list[TierVerdict]]:
+    """The cheapest tier (the first in ``tiers``) whose per-layer load hides under
+    ``compute_layer_s``, None when none does; and every tier's figures."""
+    verdicts = []
+    for t in tiers:
+        load = t.layer_load_s(layer_bytes, entries)
+        verdicts.append(TierVerdict(t.name, load, compute_layer_s,
+                                    layers * max(load, compute_layer_s), load <= compute_layer_s))
+    best = next((v.tier for v in verdicts if v.compute_bound), None)
+    return best, verdicts
+
+
+class LoadingController:
+    """Moving averages of the measured load and compute speeds, and the per-request choice."""
+
+    def __init__(self, config: LoadingConfig | None = None) -> None:
+        self.config = config or LoadingConfig()
+        self._lock = threading.Lock()
+        self.s_per_byte: dict[str, float] = {}  # per tier
+        self.token_s: float | None = None  # seconds per computed token and layer
+        self.fixed_row_s: float | None = None  # seconds per cached row and layer (copy, rotate)
+
+    def observe(self, tier_s: dict[str, float], tier_bytes: dict[str, int], compute_s: float,
+                token_layers: int, load_work_s: float, cached_row_layers: int) -> None:
+        """Fold in one request: reading time and bytes per tier; the loop's compute (its time
+        less its waits) over the token-layers it computed; its copy/rotate time over the
+        cached row-layers it loaded."""
+        with self._lock:
+            for tier, seconds in tier_s.items():
+                if tier_bytes.get(tier):
+                    self.s_per_byte[tier] = self._avg(self.s_per_byte.get(tier),
+                                                      seconds / tier_bytes[tier])
+            if cached_row_layers:
+                self.fixed_row_s = self._avg(self.fixed_row_s, load_work_s / cached_row_layers)
+            if token_layers:
+                token = max(compute_s - load_work_s, 0.0) / token_layers
+                self.token_s = self._avg(self.token_s, token)
+
+    def _avg(self, old: float | None, new: float) -> float:
+        a = self.config.ema
+        return new if old is None else (1 - a) * old + a * new
+
+    def decide(self, layer_bytes_per_tier: dict[str, int], chunk_tokens: int, other_tokens: int,
+               cached_rows: int, floor: float) -> tuple[float, dict]:
+        """The ratio for a pipelined request whose cached rows come from the tiers in
+        ``layer_bytes_per_tier`` (bytes of one layer from each), and the decision's record."""
+        c = self.config
+        with self._lock:
+            unknown = [t for t in layer_bytes_per_tier if t not in self.s_per_byte]
+            load = sum(self.s_per_byte.get(t, 0.0) * b for t, b in layer_bytes_per_tier.items())
+            token_s, fixed = self.token_s, self.fixed_row_s
+        info = {"floor": floor, "cap": c.auto_cap, "load_layer_s": load, "token_layer_s": token_s,
+                "fixed_row_layer_s": fixed, "tiers": sorted(layer_bytes_per_tier)}
+        if unknown or token_s is None or fixed is None:
+            missing = ", ".join(unknown) or "compute"
+            choice = RatioChoice(floor, f"no estimate yet ({missing}): floor")
+        else:
+            choice = choose_ratio(load, chunk_tokens, other_tokens, cached_rows, token_s, fixed,
+                                  floor, c.auto_cap, c.margin)
+            info["compute_layer_s"] = layer_compute_s(choice.ratio, chunk_tokens, other_tokens,
+                                                      cached_rows, token_s, fixed)
+        info.update(ratio=choice.ratio, reason=choice.reason)
+        return choice.ratio, info
+
+
+def decide(controller: LoadingController, config: BlendConfig, cached: list[CachedSegment],
+           feed: LayerFeed, stats: RequestStats) -> tuple[float, dict]:
+    """The ratio of an auto-ratio request, and its record for ``RequestStats.controller``.
+
+    Only a pipelined request whose blend pass reads the layers can hide recompute under
+    loading: with sequential loading nothing overlaps, and the ``preview`` selector's preview
+    pass reads every layer before the blend pass starts (it needs all of them to choose), so
+    both keep the floor."""
+    floor = float(config.ratio)
+    if not feed.pipelined or config.selector == "preview":
+        why = ("sequential loading: nothing to hide recompute under" if not feed.pipelined
+               else "preview: its preview pass reads every layer before the blend pass")
+        return floor, {"floor": floor, "ratio": floor, "reason": why}
+    per_tier: dict[str, int] = {}
+    for seg in cached:
+        tier = getattr(seg.kv, "tier", "computed")
+        if tier != "computed":  # computed by this request: nothing to load
+            per_tier[tier] = per_tier.get(tier, 0) + seg.kv.layer_nbytes
+    return controller.decide(per_tier, stats.chunk_tokens, stats.suffix_tokens,
+                             sum(s.kv.num_tokens for s in cached), floor)
+
+
+def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats,
+            load_work_s: float) -> None:
+    """Fill the request's loading figures in ``stats`` and fold them into ``controller``."""
+    stats.pipelined = feed.pipelined
+    stats.load_s = sum(feed.tier_s.values())
+    stats.load_wait_s = feed.wait_s
+    loop_s = stats.prefill_s
+    stats.compute_s = max(loop_s - feed.wait_s, 0.0)
+    # The compute speed is learnt from the requests whose computed tokens are like those a
+    # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
+    # computes causal blocks, cheaper per token, which would make the controller overshoot.
+    token_layers = 0
+    if stats.mode in ("blend", "reuse"):
+        token_layers = sum(stats.computed_per_layer) + stats.preview_tokens * stats.layers
+    controller.observe(feed.tier_s, feed.tier_bytes, stats.compute_s, token_layers, load_work_s,
+                       stats.tokens_reused * stats.layers)

@@ -1,0 +1,66 @@
+"""What ``TieredKVStore.open_layers`` hands out: a tier's layered entry whose reads the store
+counts, whose failures the store deals with, and which the store promotes when read through."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.codec import Entry, EntryError
+from blendrag.store.layered import KVLayers, LayeredEntry, LayerReadError
+
+if TYPE_CHECKING:
+    from blendrag.store.tiered import TieredKVStore, _Slot
+
+log = logging.getLogger("blendrag.store")
+
+
+class CountedLayers:
+    """A tier's layered entry as the store hands it out: each layer read is counted in the
+    tier's stats, a failing one turns into ``LayerReadError`` after the store has dealt with
+    it (a defective entry deleted from the tier, a failing tier benched), and a fully read
+    entry is copied into the faster tiers on ``close``."""
+
+    def __init__(self, store: TieredKVStore, slot: _Slot, faster: list[_Slot],
+                 entry: LayeredEntry) -> None:
+        self._store, self._slot, self._faster, self._entry = store, slot, faster, entry
+        self._counted: set[int] = set()
+
+    def __getattr__(self, name: str):  # the header fields and shape properties
+        return getattr(self._entry, name)
+
+    def layer(self, i: int):
+        slot, key = self._slot, self._entry.key
+        t0 = time.perf_counter()
+        try:
+            rows = self._entry.layer(i)
+        except EntryError as exc:
+            log.warning("KV store: %s entry %s fails at layer %d (%s); deleted", slot.tier.name,
+                        key[:16], i, exc)
+            slot.counters.add(corrupt=1, load_seconds=time.perf_counter() - t0)
+            self._store._call(slot, "delete", lambda: slot.tier.delete(key))
+            raise LayerReadError(key, i, exc) from exc
+        except slot.tier.errors as exc:
+            slot.counters.add(errors=1)
+            slot.health.failed("read", exc)
+            raise LayerReadError(key, i, exc) from exc
+        if i not in self._counted and not isinstance(self._entry, KVLayers):
+            self._counted.add(i)
+            slot.counters.add(bytes_read=self._entry.layer_nbytes,
+                              load_seconds=time.perf_counter() - t0)
+        return rows
+
+    def materialize(self) -> ChunkKV:
+        for i in range(self._entry.num_layers):
+            self.layer(i)  # counted, failures handled
+        return self._entry.materialize()
+
+    def close(self) -> None:
+        entry = self._entry
+        if self._faster and getattr(entry, "complete", False):
+            promoted = Entry(entry.key, entry.materialize())
+            for faster in self._faster:
+                self._store._write(faster, promoted)
+        entry.close()

@@ -1,0 +1,158 @@
+"""Layer-wise reads of a stored chunk KV: the header at once, then one layer at a time.
+
+A request's prefill asks for layer i of every cached chunk while it computes layer i - 1
+(``engine/layer_feed.py``), so a store hands out a ``LayeredEntry`` instead of a whole
+``ChunkKV``: its header fields (token ids, prefix hash, context, shape, dtype) and its small
+priors (sensitivity, context shift) are read and verified when it is opened, and ``layer(i)``
+reads and verifies only layer i. The integrity unit is the layer: each of ``k.{i}`` and
+``v.{i}`` is checked against its own checksum from the (checksummed) header before it is
+returned, so a defect in layer k is found when layer k is read, and layers before it, already
+used, were verified.
+
+A read that fails after the entry was opened (a checksum mismatch, a tier that went away)
+raises ``LayerReadError``: the rows of that layer do not exist, so the request cannot go on
+with this entry (``BlendEngine.prefill`` redoes the request with the chunk recomputed).
+
+- ``KVLayers``: over a ``ChunkKV`` held in memory (RAM tier, a chunk computed by this
+  request): ``layer(i)`` returns views, nothing is read.
+- ``EntryLayers``: over the codec's ``EntryReader`` (disk: positioned reads on the entry file;
+  Redis: GETRANGE of the layer's byte ranges), each layer read into its slot of one stacked
+  buffer, so that a fully read entry is a ``ChunkKV`` without another copy.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.codec import EntryReader
+
+
+class LayerReadError(RuntimeError):
+    """Layer ``layer`` of the entry ``key`` could not be read or failed its checksum after the
+    entry was opened. The entry is unusable for this request; the store has dropped it (a
+    defect) or benched the tier it came from (a storage failure)."""
+
+    def __init__(self, key: str, layer: int, cause: BaseException | str) -> None:
+        super().__init__(f"layer {layer} of entry {key[:16]}: {cause}")
+        self.key = key
+        self.layer = layer
+
+
+@runtime_checkable
+class LayeredEntry(Protocol):
+    """A stored chunk KV opened for layer-wise reading (see the module docstring)."""
+
+    key: str
+    tier: str  # where the layers come from: "ram", "disk", "redis", ... or "computed"
+    token_ids: tuple[int, ...]
+    prefix_hash: str
+    context: str
+    sensitivity: torch.Tensor | None
+    context_shift: torch.Tensor | None
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]: ...  # [L, Hkv, T, D]
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def num_tokens(self) -> int: ...
+    @property
+    def num_layers(self) -> int: ...
+    @property
+    def layer_nbytes(self) -> int: ...  # bytes of one layer's K and V
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def materialize(self) -> ChunkKV: ...
+    def close(self) -> None: ...
+
+
+class _Shape:
+    """Properties every layered entry derives from ``shape`` and ``dtype``."""
+
+    shape: tuple[int, int, int, int]
+    dtype: torch.dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[2]
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape[0]
+
+    @property
+    def layer_nbytes(self) -> int:
+        _, h, t, d = self.shape
+        return 2 * h * t * d * self.dtype.itemsize
+
+
+class KVLayers(_Shape):
+    """A ``ChunkKV`` in memory as a layered entry: layers are views, reads cost nothing."""
+
+    def __init__(self, kv: ChunkKV, key: str = "", tier: str = "ram") -> None:
+        self.kv, self.key, self.tier = kv, key, tier
+        self.token_ids, self.prefix_hash, self.context = kv.token_ids, kv.prefix_hash, kv.context
+        self.sensitivity, self.context_shift = kv.sensitivity, kv.context_shift
+        self.shape = tuple(kv.keys.shape)
+        self.dtype = kv.keys.dtype
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.kv.keys[i], self.kv.values[i]  # [Hkv, T, D] views
+
+    def materialize(self) -> ChunkKV:
+        return self.kv
+
+    def close(self) -> None:
+        pass
+
+
+class EntryLayers(_Shape):
+    """An encoded entry (disk, Redis) read layer by layer through an ``EntryReader``.
+
+    ``layer(i)`` reads layer i into slot i of the stacked K and V ([L, Hkv, T, D], allocated
+    at open: the same memory a whole-entry read takes) and verifies it; ``complete`` says
+    whether every layer has been read, after which ``materialize`` is free. Raises
+    ``EntryError`` or the tier's storage errors (the store turns them into
+    ``LayerReadError``)."""
+
+    def __init__(self, reader: EntryReader, key: str, tier: str) -> None:
+        self._reader, self.key, self.tier = reader, key, tier
+        self.token_ids, self.prefix_hash = reader.token_ids, reader.prefix_hash
+        self.context = reader.context
+        self.shape, self.dtype = reader.shape, reader.dtype
+        self.sensitivity, self.context_shift = reader.read_priors()
+        self._keys = torch.empty(self.shape, dtype=self.dtype)
+        self._values = torch.empty(self.shape, dtype=self.dtype)
+        self._read = [False] * self.num_layers
+
+    @property
+    def complete(self) -> bool:
+        return all(self._read)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._read[i]:
+            self._reader.layer_into(i, self._keys[i], self._values[i])
+            self._read[i] = True
+        return self._keys[i], self._values[i]
+
+    def materialize(self) -> ChunkKV:
+        for i in range(self.num_layers):
+            self.layer(i)
+        return ChunkKV(self._keys, self._values, self.token_ids, self.prefix_hash,
+                       self.sensitivity, self.context, self.context_shift)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def open_layers(store: object, key: str) -> LayeredEntry | None:
+    """``store.open_layers(key)`` where the store has it, else its whole entry (``get``) as a
+    ``KVLayers``: any ``KVStore`` serves layer-wise reads, a store without them has loaded the
+    whole entry before the first layer is asked for."""
+    opener = getattr(store, "open_layers", None)
+    if opener is not None:
+        return opener(key)
+    kv = store.get(key)
+    return None if kv is None else KVLayers(kv, key, "store")

@@ -1,0 +1,120 @@
+"""A storage model for benchmarks: a tier whose reads take as long as a given device's would.
+
+``ThrottledTier`` wraps any tier of a ``TieredKVStore`` (``TieredKVStore(config,
+wrap=...)``) and makes every read last at least ``latency + bytes / bandwidth``: a whole entry
+(``read``), the header of a layered entry (``open_layers``: one latency) and each layer
+(``layer(i)``: one latency + the layer's bytes). It sleeps the difference between that and the
+time the real read took, so the modelled device is never faster than the real one underneath.
+``time.sleep`` releases the GIL: a throttled read overlaps the model's compute as real I/O
+does, which is what the pipelined-loading benchmark measures (NVMe ~3 GB/s, a network tier
+~1 GB/s with ~100 us per request, on a machine that has neither).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.codec import Entry
+from blendrag.store.layered import LayeredEntry
+from blendrag.store.protocol import TierUsage
+
+
+@dataclass(frozen=True)
+class Throttle:
+    """bandwidth_gbps: GB/s (1e9 bytes) of the modelled device; latency_us: per request."""
+
+    bandwidth_gbps: float
+    latency_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("bandwidth_gbps", "latency_us"):
+            value = getattr(self, name)
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                raise ValueError(f"Throttle.{name} must be a finite number >= 0, got {value!r}")
+        if self.bandwidth_gbps == 0:
+            raise ValueError("Throttle.bandwidth_gbps must be > 0")
+
+    def seconds(self, nbytes: int) -> float:
+        """How long reading ``nbytes`` in one request takes on the modelled device."""
+        return self.latency_us * 1e-6 + nbytes / (self.bandwidth_gbps * 1e9)
+
+    def wait(self, nbytes: int, since: float) -> None:
+        """Sleep until ``seconds(nbytes)`` have passed since ``since`` (a perf_counter)."""
+        left = self.seconds(nbytes) - (time.perf_counter() - since)
+        if left > 0:
+            time.sleep(left)
+
+
+class ThrottledTier:
+    """``tier`` (a ``tiered.Tier``) read at the speed of ``throttle``; writes are not slowed."""
+
+    def __init__(self, tier, throttle: Throttle) -> None:
+        self.tier, self.throttle = tier, throttle
+        self.name, self.label, self.errors = tier.name, tier.label, tier.errors
+        self.volatile = tier.volatile
+
+    def read(self, key: str) -> tuple[Entry, int] | None:
+        t0 = time.perf_counter()
+        found = self.tier.read(key)
+        self.throttle.wait(found[1] if found is not None else 0, t0)
+        return found
+
+    def open_layers(self, key: str) -> LayeredEntry | None:
+        t0 = time.perf_counter()
+        entry = self.tier.open_layers(key)
+        self.throttle.wait(0, t0)  # the header: one request
+        return None if entry is None else ThrottledLayers(entry, self.throttle)
+
+    def open(self) -> object:
+        return self.tier.open()
+
+    def write(self, entry: Entry) -> int:
+        return self.tier.write(entry)
+
+    def contains(self, key: str) -> bool:
+        return self.tier.contains(key)
+
+    def delete(self, key: str) -> None:
+        self.tier.delete(key)
+
+    def clear(self) -> None:
+        self.tier.clear()
+
+    def usage(self) -> TierUsage:
+        return self.tier.usage()
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+class ThrottledLayers:
+    """A layered entry whose first read of each layer lasts at least one throttled request."""
+
+    def __init__(self, entry: LayeredEntry, throttle: Throttle) -> None:
+        self._entry, self._throttle = entry, throttle
+        self._done: set[int] = set()
+
+    def __getattr__(self, name: str):  # header fields, shape properties, ``complete``
+        return getattr(self._entry, name)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
+        rows = self._entry.layer(i)
+        if i not in self._done:
+            self._done.add(i)
+            self._throttle.wait(self._entry.layer_nbytes, t0)
+        return rows
+
+    def materialize(self) -> ChunkKV:
+        for i in range(self._entry.num_layers):
+            self.layer(i)
+        return self._entry.materialize()
+
+    def close(self) -> None:
+        self._entry.close()

@@ -1,0 +1,159 @@
+"""Pipelined loading (engine/layer_feed.py): the same logits as sequential loading for every
+mode and tier, and a tier that fails midway through a request never yields wrong logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blendrag import BlendConfig
+from blendrag.store import MemoryKVStore
+from blendrag.store.codec import EntryError
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+MODES = [
+    BlendConfig(mode="full"),
+    BlendConfig(mode="prefix"),
+    BlendConfig(mode="reuse"),
+    BlendConfig(selector="preview", ratio=0.3),
+    BlendConfig(selector="cacheblend", ratio=0.3),
+    BlendConfig(selector="epic", ratio=0.3),
+    BlendConfig(selector="profile", ratio=0.3),
+]
+LAYERS = 4  # the tiny model's depth here: failures are injected at a middle layer
+
+
+@pytest.fixture
+def tier_store(make_store, redis_server, redis_prefix):
+    """factory(tier, wrap=None) -> a store that serves reads from ``tier`` only."""
+
+    def make(tier: str, wrap=None):
+        if tier == "ram":
+            return MemoryKVStore() if wrap is None else make_store(disk_dir=None, wrap=wrap)
+        kw = {"ram_bytes": 0, "disk_bytes": 64 << 20}
+        if tier == "redis":
+            kw.update(disk_dir=None, redis_url=redis_server.url, redis_prefix=redis_prefix)
+        return make_store(wrap=wrap, **kw)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """Logits of every mode from an engine on the default RAM store, read sequentially."""
+    from blendrag import BlendEngine
+    from blendrag.engine.context import NO_CONTEXT
+
+    engine = BlendEngine.from_pretrained(model_dir("llama", layers=LAYERS), device="cpu",
+                                         chat=False, context=NO_CONTEXT)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.precompute(layout.prefix_ids, layout.chunk_ids, profile=True)
+    return {c.label: engine.prefill(layout, c, prefetch=0).logits for c in MODES}
+
+
+@pytest.fixture
+def engine_on(engine_for):
+    def make(store):
+        engine = engine_for("llama", layers=LAYERS)
+        engine.store = store
+        layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+        engine.precompute(layout.prefix_ids, layout.chunk_ids, profile=True)
+        return engine, layout
+
+    return make
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk", "redis"])
+def test_pipelined_equals_sequential_for_every_mode(tier_store, engine_on, reference, tier,
+                                                    one_thread):
+    engine, layout = engine_on(tier_store(tier))
+    for config in MODES:
+        sequential = engine.prefill(layout, config, prefetch=0)
+        pipelined = engine.prefill(layout, config, prefetch=2)
+        assert torch.equal(pipelined.logits, sequential.logits), config.label
+        # and both equal the RAM store's: the bytes of every tier are the rows computed
+        assert torch.equal(sequential.logits, reference[config.label]), config.label
+        assert not sequential.stats.pipelined
+        assert pipelined.stats.pipelined == (config.mode != "full")
+        if config.mode != "full" and tier != "ram":  # the layers really came from the tier
+            assert pipelined.stats.store["tiers"][0]["bytes_read"] > 0
+            assert pipelined.stats.load_s > 0
+
+
+class FailAt:
+    """A tier whose layered entries fail at ``layer``: ``EntryError`` (a checksum mismatch)
+    or ``OSError`` (the tier going away) - once, for the first entry read that far."""
+
+    def __init__(self, tier, layer: int, error: type[BaseException]) -> None:
+        self.tier, self.layer, self.error, self.failed = tier, layer, error, []
+        self.name, self.label, self.errors = tier.name, tier.label, tier.errors
+        self.volatile = tier.volatile
+
+    def __getattr__(self, name):
+        return getattr(self.tier, name)
+
+    def open_layers(self, key):
+        entry = self.tier.open_layers(key)
+        return None if entry is None else _Failing(entry, self)
+
+
+class _Failing:
+    def __init__(self, entry, owner: FailAt) -> None:
+        self._entry, self._owner = entry, owner
+
+    def __getattr__(self, name):
+        return getattr(self._entry, name)
+
+    def layer(self, i):
+        owner = self._owner
+        if i == owner.layer and not owner.failed:
+            owner.failed.append(self._entry.key)
+            raise owner.error(f"injected failure at layer {i}")
+        return self._entry.layer(i)
+
+
+@pytest.mark.parametrize("error", [EntryError, OSError])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_a_tier_failing_midway_falls_back_to_recompute(tier_store, engine_on, reference,
+                                                       error, prefetch, one_thread):
+    wraps: list[FailAt] = []
+
+    def wrap(tier):
+        wraps.append(FailAt(tier, layer=2, error=error))
+        return wraps[-1]
+
+    store = tier_store("disk", wrap=wrap)
+    engine, layout = engine_on(store)
+    config = BlendConfig(selector="cacheblend", ratio=0.3)
+    pre = engine.prefill(layout, config, prefetch=prefetch)
+    # the right logits: those of a request whose rows all loaded (never a mix)
+    assert torch.equal(pre.logits, reference[config.label])
+    assert pre.stats.load_retries == 1
+    [bad] = wraps[0].failed
+    if error is EntryError:  # a defective entry is dropped, then computed and stored again
+        assert pre.stats.chunk_misses + (not pre.stats.prefix_hit) == 1
+        assert store.stats().tier("disk").corrupt == 1
+        assert store.contains(bad)
+    else:  # a failing tier is benched: the retry computes every chunk
+        assert not store.stats().tier("disk").available
+        assert pre.stats.chunk_hits == 0
+    again = engine.prefill(layout, config, prefetch=prefetch)
+    assert torch.equal(again.logits, reference[config.label]) and again.stats.load_retries == 0
+
+
+def test_auto_ratio_recomputes_more_when_loading_is_slow(tier_store, engine_on, one_thread):
+    from blendrag.store.throttle import Throttle, ThrottledTier
+
+    slow = Throttle(bandwidth_gbps=0.002, latency_us=100)  # ~40 ms a tiny chunk's layer
+    engine, layout = engine_on(tier_store("disk", wrap=lambda t: ThrottledTier(t, slow)))
+    auto = BlendConfig(selector="cacheblend", ratio="auto")
+    first = engine.prefill(layout, auto)  # no estimate yet: the floor
+    assert first.stats.ratio == 0.2 and first.stats.controller["reason"].startswith("no estimate")
+    second = engine.prefill(layout, auto)
+    assert second.stats.controller["reason"] == "load-bound: capped"
+    assert second.stats.ratio == engine.loading.auto_cap
+    floor = engine.prefill(layout, BlendConfig(selector="cacheblend", ratio=0.2))
+    assert second.stats.recompute_fraction > floor.stats.recompute_fraction
+    # sequential loading has nothing to hide recompute under: the floor
+    seq = engine.prefill(layout, auto, prefetch=0)
+    assert seq.stats.ratio == 0.2 and seq.stats.controller["reason"].startswith("sequential")

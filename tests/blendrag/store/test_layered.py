@@ -1,0 +1,99 @@
+"""Layer-wise reads (store/layered.py): each tier returns the stored rows layer by layer,
+reads only that layer, verifies it, and a throttled tier takes the modelled time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from blendrag.store import MemoryKVStore
+from blendrag.store.codec import EntryError, encode, open_entry
+from blendrag.store.layered import LayerReadError
+from blendrag.store.throttle import Throttle, ThrottledTier
+from helpers.kvgen import make_kv
+
+
+def _check(entry, kv) -> None:
+    assert (entry.token_ids, entry.prefix_hash, entry.shape) == (kv.token_ids, kv.prefix_hash,
+                                                                 tuple(kv.keys.shape))
+    assert torch.equal(entry.sensitivity, kv.sensitivity)
+    for i in reversed(range(kv.num_layers)):  # any order: a layer is read on its own
+        k, v = entry.layer(i)
+        assert torch.equal(k, kv.keys[i]) and torch.equal(v, kv.values[i])
+
+
+def test_every_tier_reads_layer_by_layer(make_store, redis_server, redis_prefix):
+    kv = make_kv(1, profile=True)
+    ram = MemoryKVStore()
+    disk = make_store(ram_bytes=0)
+    redis = make_store(ram_bytes=0, disk_dir=None, redis_url=redis_server.url,
+                       redis_prefix=redis_prefix)
+    for store, tier in ((ram, "ram"), (disk, "disk"), (redis, "redis")):
+        store.put("k", kv)
+        entry = store.open_layers("k")
+        assert entry.tier == tier
+        _check(entry, kv)
+        entry.close()
+        assert store.open_layers("absent") is None
+    # the persistent tiers read each layer's bytes once, counted as they are read
+    per_layer = kv.nbytes // kv.num_layers
+    assert disk.stats().tier("disk").bytes_read == kv.num_layers * per_layer
+
+
+def test_a_read_through_entry_is_promoted_to_ram(make_store):
+    kv = make_kv(2)
+    store = make_store()
+    store.put("k", kv, ram=False)
+    entry = store.open_layers("k")
+    for i in range(kv.num_layers):
+        entry.layer(i)
+    entry.close()
+    assert store.stats().tier("ram").entries == 1
+    assert store.open_layers("k").tier == "ram"
+
+
+def test_a_layer_failing_its_checksum_is_reported_and_the_entry_dropped(make_store):
+    kv = make_kv(3)
+    store = make_store(ram_bytes=0)
+    store.put("k", kv)
+    path = store._slots[0].tier.tier.entry_path("k")
+    data = bytearray(path.read_bytes())
+    reader = open_entry(bytes(data), "k")
+    start = 8 + reader._tensors._header_len + reader._tensors._specs["v.1"][2]
+    reader.close()
+    data[start] ^= 0xFF  # one bit pattern of layer 1's values
+    path.write_bytes(bytes(data))
+    entry = store.open_layers("k")  # the header is intact
+    entry.layer(0)
+    with pytest.raises(LayerReadError) as err:
+        entry.layer(1)
+    assert (err.value.key, err.value.layer) == ("k", 1)
+    assert isinstance(err.value.__cause__, EntryError)
+    entry.close()
+    assert not store.contains("k") and store.stats().tier("disk").corrupt == 1
+
+
+def test_throttled_reads_take_the_modelled_time(make_store):
+    kv = make_kv(4, layers=4, tokens=256, dim=64)  # 256 KiB a layer
+    throttle = Throttle(bandwidth_gbps=0.05, latency_us=2000)  # 2 ms + 5.2 ms a layer
+    store = make_store(ram_bytes=0, disk_bytes=64 << 20,
+                       wrap=lambda t: ThrottledTier(t, throttle))
+    store.put("k", kv)
+    layer = kv.nbytes // kv.num_layers
+    assert throttle.seconds(layer) == pytest.approx(2e-3 + layer / 5e7)
+    t0 = time.perf_counter()
+    entry = store.open_layers("k")
+    for i in range(kv.num_layers):
+        entry.layer(i)
+    took = time.perf_counter() - t0
+    modelled = throttle.seconds(0) + kv.num_layers * throttle.seconds(layer)
+    assert modelled <= took < 3 * modelled + 0.05
+    entry.close()
+    t0 = time.perf_counter()
+    assert store.get("k") is not None  # a whole entry: one request of all its bytes
+    assert time.perf_counter() - t0 >= throttle.seconds(len(encode("k", kv)))
+    for bad in (dict(bandwidth_gbps=0), dict(bandwidth_gbps=1, latency_us=-1)):
+        with pytest.raises(ValueError):
+            Throttle(**bad)
