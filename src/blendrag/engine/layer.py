@@ -44,19 +44,23 @@ def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, pos: t
                   window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``attend`` for a few queries whose attention is also wanted (the preview pass): the
     probabilities are computed once, explicitly, in float32, and used for both.
-    q: [H, A, D] at positions pos: [A] over keys [0, n) -> o: [H, A, D], per_key: [n] float32
-    (the probabilities summed over heads and queries)."""
+    q: [H, A, D] at positions pos: [A] (sorted) over keys [0, n) -> o: [H, A, D] and
+    per_key: [n] float32 (the probabilities summed over heads and queries)."""
     k, v = fused.k[layer_idx, :, :n], fused.v[layer_idx, :, :n]  # [Hkv, n, D]
     heads, a, d = q.shape
     hkv = k.shape[0]
-    # q head h reads kv head h // (heads / hkv): fold each group of q heads into one matmul
-    logits = q.float().reshape(hkv, -1, d) @ k.float().transpose(1, 2)  # [Hkv, g*A, n]
-    logits = logits.view(heads, a, n) * adapter.scaling
-    keys = torch.arange(n, device=pos.device)
-    visible = keys[None] <= pos[:, None]  # [A, n]
+    # q head h reads kv head h // (heads / hkv): fold each group of q heads into one matmul;
+    # the scale goes on q ([H, A, D]) rather than on the [H, A, n] logits
+    q = (q.float() * adapter.scaling).reshape(hkv, -1, d)
+    logits = (q @ k.float().transpose(1, 2)).view(heads, a, n)  # [H, A, n]
+    # every key before the first query is visible to all (no window): mask only the rest
+    lo = 0 if window is not None else int(pos[0])
+    keys = torch.arange(lo, n, device=pos.device)
+    hidden = keys[None] > pos[:, None]  # [A, n - lo]
     if window is not None:
-        visible &= keys[None] > pos[:, None] - window
-    probs = logits.masked_fill(~visible, float("-inf")).softmax(-1)  # [H, A, n]
+        hidden |= keys[None] <= pos[:, None] - window
+    logits[:, :, lo:].masked_fill_(hidden, float("-inf"))
+    probs = logits.softmax(-1)  # [H, A, n]
     o = probs.to(v.dtype).view(hkv, -1, n) @ v  # [Hkv, g*A, D]
     return o.view(heads, a, d), probs.sum(dim=(0, 1))
 
