@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig
+from blendrag.engine import request
 from blendrag.engine.fused_kv import BufferPool
 from blendrag.engine.layer import attention_probs
 from blendrag.engine.phases import PHASES
@@ -86,7 +87,8 @@ def test_preview_attention_is_the_explicit_probabilities(engine_for):
     loop's ordinary attention (the reuse pass over the same rows)."""
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    cached = engine._cached_segments(layout, BlendConfig(mode="reuse"), _stats(layout))
+    reuse = BlendConfig(mode="reuse")
+    cached = request.cached_segments(engine, layout, reuse, request.new_stats(layout, reuse))
     n, lo, hi = layout.num_tokens, len(layout.prefix_ids), layout.suffix_start
     ids, suffix = torch.tensor(layout.ids), torch.arange(hi, n)
     rope = engine.rope(n)
@@ -150,8 +152,3 @@ def test_sliding_window_caps_the_keys_counted(engine_for):
     full = engine.prefill(layout, BlendConfig(mode="full")).stats
     assert full.attended_keys_per_layer[0] == sum(min(p + 1, 8) for p in range(n))
 
-
-def _stats(layout):
-    from blendrag.engine.engine import _new_stats
-
-    return _new_stats(layout, BlendConfig(mode="reuse"))
