@@ -34,6 +34,18 @@ def test_the_largest_ratio_whose_compute_hides_under_the_load():
                                                    1e-6)
 
 
+def test_a_step_within_the_estimates_error_keeps_the_floor():
+    # room for 0.177 over a floor of 0.15: 2.7 points, less than a 5-point minimum step
+    choice = choose_ratio(10e-3, **SHAPE, floor=0.15, cap=0.5, margin=0.9, min_step=0.05)
+    assert choice == RatioChoice(0.15, "load about level with compute: floor")
+    assert choose_ratio(10e-3, **SHAPE, floor=0.12, cap=0.5, margin=0.9,
+                        min_step=0.05).ratio == 0.177  # 5.7 points: taken
+    assert choose_ratio(10e-3, **SHAPE, floor=0.15, cap=0.16, margin=0.9,
+                        min_step=0.05).ratio == 0.16  # the cap is a step the user allowed
+    with pytest.raises(ValueError, match="min_step"):
+        LoadingConfig(min_step=1.0)
+
+
 def test_never_below_the_floor_nor_above_the_cap():
     assert choose_ratio(1e-3, **SHAPE, floor=0.2, cap=0.5) == RatioChoice(0.2,
                                                                           "compute-bound: floor")
