@@ -48,20 +48,8 @@ def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, pos: t
     per_key: [n] float32 (the probabilities summed over heads and queries)."""
     k, v = fused.k[layer_idx, :, :n], fused.v[layer_idx, :, :n]  # [Hkv, n, D]
     heads, a, d = q.shape
-    hkv = k.shape[0]
-    # q head h reads kv head h // (heads / hkv): fold each group of q heads into one matmul;
-    # the scale goes on q ([H, A, D]) rather than on the [H, A, n] logits
-    q = (q.float() * adapter.scaling).reshape(hkv, -1, d)
-    logits = (q @ k.float().transpose(1, 2)).view(heads, a, n)  # [H, A, n]
-    # every key before the first query is visible to all (no window): mask only the rest
-    lo = 0 if window is not None else int(pos[0])
-    keys = torch.arange(lo, n, device=pos.device)
-    hidden = keys[None] > pos[:, None]  # [A, n - lo]
-    if window is not None:
-        hidden |= keys[None] <= pos[:, None] - window
-    logits[:, :, lo:].masked_fill_(hidden, float("-inf"))
-    probs = logits.softmax(-1)  # [H, A, n]
-    o = probs.to(v.dtype).view(hkv, -1, n) @ v  # [Hkv, g*A, D]
+    probs = attention_probs(q, k, pos, adapter.scaling, window)  # [H, A, n]
+    o = probs.to(v.dtype).view(k.shape[0], -1, n) @ v  # [Hkv, g*A, D]
     return o.view(heads, a, d), probs.sum(dim=(0, 1))
 
 
@@ -112,13 +100,23 @@ def attention_blocks(pos: torch.Tensor, n: int, window: int | None,
     return out
 
 
-def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor,
-                    scaling: float) -> torch.Tensor:
+def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scaling: float,
+                    window: int | None = None) -> torch.Tensor:
     """Attention probabilities of queries at positions ``q_pos`` over the keys at positions
-    [0, n), with the exact causal mask, in float32 (for scoring and analysis; the layers
-    themselves run ``finish``). q: [H, S, D]; k: [Hkv, n, D]; q_pos: [S] -> [H, S, n]."""
-    q, k = q.float(), k.float()
-    k = k.repeat_interleave(q.shape[0] // k.shape[0], dim=0)  # [H, n, D]
-    logits = q @ k.transpose(1, 2) * scaling  # [H, S, n]
-    visible = torch.arange(k.shape[1], device=q_pos.device)[None] <= q_pos[:, None]  # [S, n]
-    return logits.masked_fill(~visible, float("-inf")).softmax(-1)
+    [0, n), with the exact causal (and sliding-window) mask, in float32: the preview pass's
+    output and scores, a scoring selector's and the evaluation's analysis.
+    q: [H, S, D]; k: [Hkv, n, D]; q_pos: [S] -> [H, S, n]."""
+    heads, s, d = q.shape
+    hkv, n = k.shape[0], k.shape[1]
+    # q head h reads kv head h // (heads / hkv): fold each group of q heads into one matmul;
+    # the scale goes on q ([H, S, D]) rather than on the [H, S, n] logits
+    q = (q.float() * scaling).reshape(hkv, -1, d)
+    logits = (q @ k.float().transpose(1, 2)).view(heads, s, n)  # [H, S, n]
+    # every key before the first query is visible to all (no window): mask only the rest
+    lo = 0 if window is not None else int(q_pos.min()) if s else n
+    keys = torch.arange(lo, n, device=q_pos.device)
+    hidden = keys[None] > q_pos[:, None]  # [S, n - lo]
+    if window is not None:
+        hidden |= keys[None] <= q_pos[:, None] - window
+    logits[:, :, lo:].masked_fill_(hidden, float("-inf"))
+    return logits.softmax(-1)

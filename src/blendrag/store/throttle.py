@@ -21,7 +21,6 @@ import torch
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.layered import LayeredEntry
-from blendrag.store.protocol import TierUsage
 
 
 @dataclass(frozen=True)
@@ -52,12 +51,14 @@ class Throttle:
 
 
 class ThrottledTier:
-    """``tier`` (a ``tiered.Tier``) read at the speed of ``throttle``; writes are not slowed."""
+    """``tier`` (a ``tiered.Tier``) read at the speed of ``throttle``; writes are not slowed.
+    Everything but the two reads (``read``, ``open_layers``) is the wrapped tier's own."""
 
     def __init__(self, tier, throttle: Throttle) -> None:
         self.tier, self.throttle = tier, throttle
-        self.name, self.label, self.errors = tier.name, tier.label, tier.errors
-        self.volatile = tier.volatile
+
+    def __getattr__(self, name: str):  # name, label, errors, volatile, write, contains, ...
+        return getattr(self.tier, name)
 
     def read(self, key: str) -> tuple[Entry, int] | None:
         t0 = time.perf_counter()
@@ -70,27 +71,6 @@ class ThrottledTier:
         entry = self.tier.open_layers(key)
         self.throttle.wait(0, t0)  # the header: one request
         return None if entry is None else ThrottledLayers(entry, self.throttle)
-
-    def open(self) -> object:
-        return self.tier.open()
-
-    def write(self, entry: Entry) -> int:
-        return self.tier.write(entry)
-
-    def contains(self, key: str) -> bool:
-        return self.tier.contains(key)
-
-    def delete(self, key: str) -> None:
-        self.tier.delete(key)
-
-    def clear(self) -> None:
-        self.tier.clear()
-
-    def usage(self) -> TierUsage:
-        return self.tier.usage()
-
-    def close(self) -> None:
-        self.tier.close()
 
 
 class ThrottledLayers:
