@@ -54,7 +54,8 @@ class BlendEngine:
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
                  loading: LoadingConfig | None = None) -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
-        ``ChunkContext()`` (two filler passages) with a tokenizer, ``NO_CONTEXT`` without one.
+        ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
+        ``NO_CONTEXT`` without one.
         ``loading``: how cached rows are loaded (pipelined by default) and how ``ratio="auto"``
         chooses (engine/controller.py)."""
         self.model = model.eval()
@@ -199,7 +200,8 @@ class BlendEngine:
         ``profile=k``: after each of the k chunks before it, keeping each token's largest
         deviation (k forwards per chunk; robust when prompts order chunks differently).
         Each chunk is computed in the engine's ingestion context (``self.context``: one forward
-        per filler, plus one alone for the context shift). ``on_chunk(i, computed)`` is called
+        per filler, plus one alone for the context shift, stored too when the context keeps
+        exact first passages). ``on_chunk(i, computed)`` is called
         after each chunk (progress bars)."""
         depth = profile_depth(profile)
         empty = [i for i, ids in enumerate(chunks) if not len(ids)]
@@ -214,11 +216,13 @@ class BlendEngine:
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                kv = self.compute_chunk(chunk_prefix, chunk_prefix_ids, ids, self.context)
+                kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, ids, self.context)
                 probes = neighbours(chunks, i, depth)
                 if probes:
                     kv = self.profiled(kv, chunk_prefix_ids, probes, chunk_prefix)
                 self.store.put(key, kv, ram=False)
+                if alone is not None:
+                    self.store.put(self.key(chunk_prefix_ids, ids, NO_CONTEXT), alone, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
@@ -258,9 +262,12 @@ class BlendEngine:
 
     def _compute(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
                  chunk_ids: Sequence[int], context: ChunkContext) -> ChunkKV:
-        """Compute ``chunk_ids``'s KV after the cached chunk prefix in ``context``; store it."""
-        kv = self.compute_chunk(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
+        """Compute ``chunk_ids``'s KV after the cached chunk prefix in ``context``; store it (and
+        the chunk computed alone, when the context keeps it for first passages)."""
+        kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
         self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv)
+        if alone is not None:
+            self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone)
         return kv
 
     def compute_chunk(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
@@ -268,11 +275,21 @@ class BlendEngine:
         """``chunk_ids``'s KV after the chunk prefix (KV ``chunk_prefix``) in ``context``
         (default: the engine's), computed now and not stored: what ``chunk_kv`` stores."""
         context = self.context if context is None else context
+        return self._compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)[0]
+
+    def _compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
+                      chunk_ids: Sequence[int],
+                      context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
+        """The chunk's KV in ``context`` and, when the context stores it too
+        (``exact_first``), the chunk computed alone (else None)."""
         alone = chunk_compute.prefill_chunk(self, chunk_prefix, chunk_prefix_ids, chunk_ids)
         if not context.fillers:
-            return alone
-        fillers = [(ids, self.prefix_kv([*chunk_prefix_ids, *ids])) for ids in self._filler_ids]
-        return chunk_compute.in_context(self, alone, chunk_prefix_ids, fillers, context.tag)
+            return alone, None
+        filler_ids = self._filler_ids if context == self.context else [
+            self.prompts.encode(f) for f in context.fillers]
+        fillers = [(ids, self.prefix_kv([*chunk_prefix_ids, *ids])) for ids in filler_ids]
+        kv = chunk_compute.in_context(self, alone, chunk_prefix_ids, fillers, context.tag)
+        return kv, alone if context.stores_alone else None
 
     # ---- requests --------------------------------------------------------------------------
 

@@ -163,11 +163,19 @@ def cached_segments(engine: BlendEngine, layout: PromptLayout, config: BlendConf
         return prefix if same else engine.prefix_kv(chunk_prefix_ids)
 
     profile = config.mode == "blend" and config.selector == "profile"
+    # the first passage follows this very prefix: its rows computed alone are exact
+    exact_first = same and context.stores_alone
     for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
-        kv, hit = open_or_compute(chunk_prefix_ids, ids, context, chunk_prefix)
+        exact = exact_first and i == 0
+        kv, hit = open_or_compute(chunk_prefix_ids, ids, NO_CONTEXT if exact else context,
+                                  chunk_prefix)
         stats.chunk_hits += hit
         stats.chunk_misses += not hit
-        if profile and kv.sensitivity is None:
+        if exact:
+            stats.exact_first = True
+            if profile and kv.sensitivity is None:  # ranked last by every static selector
+                kv = _whole(kv).with_sensitivity(torch.zeros(kv.num_tokens))
+        elif profile and kv.sensitivity is None:
             kv = _profile_now(engine, _whole(kv), chunk_prefix_ids, _whole(chunk_prefix()),
                                    chunks, i, stats)
         segments.append(CachedSegment(start, kv))

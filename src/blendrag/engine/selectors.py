@@ -105,10 +105,16 @@ def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
     """``scores`` [C] with the first chunk's tokens ranked last when its cached rows are exact
     (computed right after this very prefix, with no ingestion context): they are chosen only if
     the budget exceeds the rest."""
-    if chunks and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context:
+    if _exact(layout, chunks):
         first = layout.chunk_spans[0][1] - layout.chunk_spans[0][0]
         scores[:first] = -1.0
     return scores
+
+
+def _exact(layout: PromptLayout, chunks: Sequence[ChunkKV]) -> bool:
+    """Whether the first chunk's cached rows are exact: computed right after this very prefix
+    with no ingestion context (``ChunkContext.exact_first``, or no context at all)."""
+    return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context
 
 
 class ProfileSelector(StaticTopSelector):
@@ -144,10 +150,14 @@ class PreviewSelector(StaticTopSelector):
         att = attention.float()
         att = att / att.mean(dim=1, keepdim=True).clamp_min(1e-12)  # [L, C], mean 1 per layer
         shifts = [kv.context_shift for kv in chunks]
-        if len(shifts) == len(layout.chunk_spans) and all(s is not None for s in shifts):
-            prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
+        if len(shifts) == len(layout.chunk_spans) and all(
+                s is not None for s in shifts[1:]) and (shifts[0] is not None or _exact(
+                layout, chunks)):
+            # an exact first chunk has no shift (it is ranked last below)
+            prior = torch.cat([torch.zeros(att.shape[0], e - b) if s is None else s.float()
+                               for s, (b, e) in zip(shifts, layout.chunk_spans)], dim=1).sqrt()
         else:  # a chunk stored without its context: rank by attention alone
-            prior = torch.ones_like(att)
+            prior = torch.ones_like(att)  # [L, C]
         self.scores = _last_if_exact(((att + config.attention_floor) * prior).sum(dim=0), layout,
                                      chunks)  # [C]
 

@@ -24,6 +24,7 @@ class RequestStats:
     chunk_hits: int = 0
     chunk_misses: int = 0
     prefix_hit: bool = False
+    exact_first: bool = False  # the first passage's rows were its exact ones (ChunkContext)
     tokens_reused: int = 0
     # chunk profiles measured by this request (profile selector, first use)
     preview_tokens: int = 0  # suffix tokens the preview pass computed, at every layer

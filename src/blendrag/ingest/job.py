@@ -152,9 +152,12 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
                 index_error = _record(text_index, [t for t, r in zip(texts, result)
                                                    if r is not None])
     counts = run.counts
+    # the chunk computed alone is stored too when the context keeps it for first passages
+    entries = 2 if getattr(getattr(engine, "context", None), "stores_alone", False) else 1
     return IngestSummary(chunks=counts.chunks, computed=counts.computed, skipped=counts.skipped,
                          empty=counts.empty,
-                         tokens=counts.tokens, bytes=counts.tokens * kv_bytes_per_token(engine),
+                         tokens=counts.tokens,
+                         bytes=entries * counts.tokens * kv_bytes_per_token(engine),
                          seconds=time.perf_counter() - t0, profiled=counts.profiled,
                          refused=counts.refused, not_stored=counts.not_stored,
                          failures=tuple(run.failures), text_index_error=index_error)

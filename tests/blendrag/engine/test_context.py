@@ -25,7 +25,12 @@ def engine(engine_for):
 
 
 def test_context_validation_and_tag():
-    assert NO_CONTEXT.tag == "" and ChunkContext().tag.startswith("fill2-")
+    assert NO_CONTEXT.tag == "" and ChunkContext().tag.startswith("fill3-")
+    # exact_first changes what is stored beside the entry, not the entry: same key
+    assert ChunkContext(fillers=FILLERS, exact_first=False).tag == ChunkContext(FILLERS).tag
+    assert ChunkContext().stores_alone and not NO_CONTEXT.stores_alone
+    with pytest.raises(ValueError, match="exact_first"):
+        ChunkContext(exact_first="yes")
     assert ChunkContext(fillers=FILLERS).tag == ChunkContext(fillers=list(FILLERS)).tag
     assert ChunkContext(fillers=FILLERS).tag != ChunkContext(fillers=FILLERS[::-1]).tag
     for bad in ("one string", ("ok", ""), ("ok", None)):
@@ -62,6 +67,72 @@ def test_keys_name_the_context_and_entries_of_another_context_are_not_used(engin
     # a foreign entry planted under this context's key is refused, not served
     engine.store.put(engine.key(prefix_ids, ids), alone)
     assert engine.chunk_kv(prefix_ids, ids, None).context == engine.context.tag
+
+
+def test_ingestion_stores_the_chunk_computed_alone_for_first_passages(engine, engine_for):
+    prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
+    ids = engine.prompts.encode(PASSAGES[1])
+    engine.precompute(prefix_ids, [ids])
+    alone = engine.store.get(engine.key(prefix_ids, ids, NO_CONTEXT))
+    expected = prefill_chunk(engine, None, prefix_ids, ids)
+    assert alone is not None and alone.context == ""
+    assert torch.allclose(alone.keys, expected.keys, atol=TOL)
+    assert torch.allclose(alone.values, expected.values, atol=TOL)
+    off = engine_for("llama", context=ChunkContext(fillers=FILLERS, exact_first=False))
+    off.precompute(prefix_ids, [ids])
+    assert off.store.get(off.key(prefix_ids, ids)) is not None
+    assert off.store.get(off.key(prefix_ids, ids, NO_CONTEXT)) is None
+
+
+@pytest.mark.parametrize("mode", ["reuse", "blend"])
+def test_the_first_passage_takes_its_exact_rows(engine, mode):
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    full = engine.prefill(layout, BlendConfig(mode="full"))
+    pre = engine.prefill(layout, BlendConfig(mode=mode, ratio=0.25))
+    assert pre.stats.exact_first
+    lo, hi = len(layout.prefix_ids), layout.chunk_spans[1][0]
+    n = layout.num_tokens
+    # the first passage's rows are a full prefill's at every layer; the second's are not
+    assert (pre.fused.k[:, :, lo:hi] - full.fused.k[:, :, lo:hi]).abs().max() < TOL
+    assert (pre.fused.v[:, :, lo:hi] - full.fused.v[:, :, lo:hi]).abs().max() < TOL
+    s1 = slice(*layout.chunk_spans[1])
+    assert (pre.fused.v[:, :, s1] - full.fused.v[:, :, s1]).abs().max() > 1e-3
+    assert pre.fused.length == full.fused.length == n
+    # the store holds both entries of the first passage; the in-context one was not needed
+    first = layout.chunk_ids[0]
+    assert engine.store.get(engine.key(layout.chunk_prefix_ids, first, NO_CONTEXT)) is not None
+
+
+
+def test_without_exact_first_the_first_passage_takes_averaged_rows(engine_for):
+    off = engine_for("llama", context=ChunkContext(fillers=FILLERS, exact_first=False))
+    layout = off.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    full = off.prefill(layout, BlendConfig(mode="full"))
+    pre = off.prefill(layout, BlendConfig(mode="reuse"))
+    lo, hi = len(layout.prefix_ids), layout.chunk_spans[1][0]
+    assert not pre.stats.exact_first
+    assert (pre.fused.v[:, :, lo:hi] - full.fused.v[:, :, lo:hi]).abs().max() > 1e-3
+
+
+def test_preview_never_recomputes_an_exact_first_passage(engine):
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    first = layout.chunk_spans[0]
+    c = layout.suffix_start - len(layout.prefix_ids)
+    rest = c - (first[1] - first[0])
+    pre = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c))
+    # every chunk token but the first passage's is recomputed, none of the first's
+    assert pre.stats.recomputed_chunk_tokens_per_layer == [rest] * engine.adapter.num_layers
+    traced = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c), trace=True)
+    pos = traced.output.trace[0]["pos"]
+    assert not bool(((pos >= first[0]) & (pos < first[1])).any())
+
+
+def test_a_profile_request_does_not_store_the_exact_rows_under_the_context_key(engine):
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.prefill(layout, BlendConfig(selector="profile", ratio=0.2))
+    first = layout.chunk_ids[0]
+    kv = engine.store.get(engine.key(layout.chunk_prefix_ids, first))
+    assert kv is None or kv.context == engine.context.tag
 
 
 def test_context_shift_round_trips_through_the_codec(engine):
@@ -131,3 +202,12 @@ def test_an_engine_without_tokenizer_cannot_take_fillers(engine):
     assert BlendEngine(engine.model, None, store=MemoryKVStore()).context == NO_CONTEXT
     with pytest.raises(ValueError, match="tokenizer"):
         BlendEngine(engine.model, None, context=ChunkContext(fillers=FILLERS))
+
+
+def test_the_precompute_job_counts_both_entries_of_a_chunk(engine):
+    from blendrag.ingest import kv_bytes_per_token, precompute
+
+    summary = precompute(engine, [PASSAGES[0]], prefix=PREFIX, progress=False)
+    tokens = len(engine.prompts.encode(PASSAGES[0]))
+    assert (summary.computed, summary.tokens) == (1, tokens)
+    assert summary.bytes == 2 * tokens * kv_bytes_per_token(engine)

@@ -52,8 +52,9 @@ def test_a_ram_only_store_still_gets_the_entries(model_dir):
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                          store=MemoryKVStore())
     assert precompute(engine, PASSAGES, prefix=PREFIX, progress=False).computed == 4
-    # the chunk prefix, once more after each filler of the ingestion context, and the chunks
-    assert len(engine.store) == 1 + len(engine.context.fillers) + 4
+    # the chunk prefix, once more after each filler of the ingestion context, and the chunks,
+    # each in context and alone (the exact rows of a first passage)
+    assert len(engine.store) == 1 + len(engine.context.fillers) + 2 * 4
 
 
 def test_resumes_where_it_stopped_and_repeats_are_computed_once(engine):
