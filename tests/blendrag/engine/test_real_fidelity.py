@@ -1,7 +1,8 @@
 """Fidelity of the default blend on the real model, on the 40 held-out synthetic questions of
 docs/benchmarks.md ("Fidelity on a real model"). The target of 0.95 first-token agreement at
-20 % is not reached yet (measured: 0.85, KL 0.047; reuse 0.725, KL 0.197): this test holds the
-floor measured so far, so that a change that loses fidelity fails."""
+20 % is not reached (measured: 0.90, KL 0.025; reuse 0.775, KL 0.116; an oracle choosing each
+request's ratio reaches 0.925 at the same mean recompute): this test holds the floor measured
+so far, so that a change that loses fidelity fails."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def test_default_blend_holds_its_measured_fidelity_on_40_questions():
         kl_blend.append(first_token_kl(full, blend.logits))
         kl_reuse.append(first_token_kl(full, reuse))
         fractions.append(blend.stats.recompute_fraction)
+        assert blend.stats.exact_first  # the first passage took its exact rows
     assert len(items) == 40
-    assert sum(agree) / len(agree) >= 0.825  # measured 0.85 (34 of 40)
-    assert sum(kl_blend) / len(kl_blend) <= 0.06  # measured 0.047
+    assert sum(agree) / len(agree) >= 0.875  # measured 0.90 (36 of 40)
+    assert sum(kl_blend) / len(kl_blend) <= 0.032  # measured 0.025
     assert max(fractions) <= 0.21  # ceil() of 20 % of the chunk tokens
-    # and recompute is what keeps it: reusing the stored KVs as they are drifts 4x further
+    # and recompute is what keeps it: reusing the stored KVs as they are drifts 4.6x further
     assert sum(kl_blend) < 0.33 * sum(kl_reuse)
