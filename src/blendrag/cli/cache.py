@@ -1,8 +1,9 @@
 """`blendrag cache stats` and `blendrag cache clear`: inspect or empty a persistent KV store
 (`blendrag cache plan`, which tier a prompt shape needs, is in ``cache_plan.py``).
 
-What a store holds, as ``stats`` explains it: *chunk* entries (one per ingested passage, its KV
-computed after the chunk prefix, by default in the ingestion context of two filler passages)
+What a store holds, as ``stats`` explains it: *chunk* entries (with the default ingestion
+context two per ingested passage: its KV computed after the chunk prefix and each filler
+context, averaged, and computed after the chunk prefix alone, for a prompt's first passage)
 and *prefix* entries (KVs computed after nothing: each prompt prefix, and each prefix + filler
 passage, which ingestion caches once so that every chunk does not recompute them). The two are
 told apart by the header of each entry file, read without loading the tensors.
