@@ -150,11 +150,11 @@ class PreviewSelector(StaticTopSelector):
         att = attention.float()
         att = att / att.mean(dim=1, keepdim=True).clamp_min(1e-12)  # [L, C], mean 1 per layer
         shifts = [kv.context_shift for kv in chunks]
-        if len(shifts) == len(layout.chunk_spans) and all(
-                s is not None for s in shifts[1:]) and (shifts[0] is not None or _exact(
-                layout, chunks)):
-            # an exact first chunk has no shift (it is ranked last below)
-            prior = torch.cat([torch.zeros(att.shape[0], e - b) if s is None else s.float()
+        has = [s is not None for s in shifts]
+        # an exact first chunk has no shift: it is ranked last below whatever its prior
+        if len(shifts) == len(layout.chunk_spans) and all(has[1:]) and (
+                has[0] or _exact(layout, chunks)):
+            prior = torch.cat([s.float() if s is not None else torch.zeros(att.shape[0], e - b)
                                for s, (b, e) in zip(shifts, layout.chunk_spans)], dim=1).sqrt()
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)  # [L, C]
