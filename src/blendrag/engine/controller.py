@@ -62,13 +62,16 @@ class LoadingConfig:
             raise ValueError(f"prefetch_layers must be an int >= 0, got {self.prefetch_layers!r}")
         for name in ("auto_cap", "margin", "ema"):
             value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or not 0 < value <= 1):
+            if not (_finite(value) and 0 < value <= 1):
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-        step = self.min_step
-        if (isinstance(step, bool) or not isinstance(step, (int, float))
-                or not math.isfinite(step) or not 0 <= step < 1):
-            raise ValueError(f"min_step must be in [0, 1), got {step!r}")
+        if not (_finite(self.min_step) and 0 <= self.min_step < 1):
+            raise ValueError(f"min_step must be in [0, 1), got {self.min_step!r}")
+
+
+def _finite(value: object) -> bool:
+    """A finite int or float (not a bool)."""
+    return (not isinstance(value, bool) and isinstance(value, (int, float))
+            and math.isfinite(value))
 
 
 @dataclass(frozen=True)

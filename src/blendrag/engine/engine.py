@@ -220,9 +220,7 @@ class BlendEngine:
                 probes = neighbours(chunks, i, depth)
                 if probes:
                     kv = self.profiled(kv, chunk_prefix_ids, probes, chunk_prefix)
-                self.store.put(key, kv, ram=False)
-                if alone is not None:
-                    self.store.put(self.key(chunk_prefix_ids, ids, NO_CONTEXT), alone, ram=False)
+                self._put(chunk_prefix_ids, ids, self.context, kv, alone, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
@@ -265,10 +263,16 @@ class BlendEngine:
         """Compute ``chunk_ids``'s KV after the cached chunk prefix in ``context``; store it (and
         the chunk computed alone, when the context keeps it for first passages)."""
         kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
-        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv)
-        if alone is not None:
-            self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone)
+        self._put(chunk_prefix_ids, chunk_ids, context, kv, alone)
         return kv
+
+    def _put(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
+             context: ChunkContext, kv: ChunkKV, alone: ChunkKV | None, ram: bool = True) -> None:
+        """Store a computed chunk: ``kv`` under its context's key and, when the context keeps
+        it (``_compute_pair``), the chunk computed ``alone`` under the no-context key."""
+        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv, ram=ram)
+        if alone is not None:
+            self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone, ram=ram)
 
     def compute_chunk(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Sequence[int],
                       chunk_ids: Sequence[int], context: ChunkContext | None = None) -> ChunkKV:

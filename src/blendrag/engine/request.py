@@ -171,11 +171,8 @@ def cached_segments(engine: BlendEngine, layout: PromptLayout, config: BlendConf
                                   chunk_prefix)
         stats.chunk_hits += hit
         stats.chunk_misses += not hit
-        if exact:
-            stats.exact_first = True
-            if profile and kv.sensitivity is None:  # ranked last by every static selector
-                kv = _whole(kv).with_sensitivity(torch.zeros(kv.num_tokens))
-        elif profile and kv.sensitivity is None:
+        stats.exact_first |= exact
+        if profile and kv.sensitivity is None and not exact:  # exact rows need no profile
             kv = _profile_now(engine, _whole(kv), chunk_prefix_ids, _whole(chunk_prefix()),
                                    chunks, i, stats)
         segments.append(CachedSegment(start, kv))

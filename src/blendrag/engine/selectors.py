@@ -9,7 +9,7 @@ tokens at ``check_layers[i]`` (gradual filtering). Suffix tokens are always kept
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -117,6 +117,19 @@ def _exact(layout: PromptLayout, chunks: Sequence[ChunkKV]) -> bool:
     return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context
 
 
+def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Sequence[ChunkKV],
+            zeros: Callable[[int], torch.Tensor]) -> list[torch.Tensor] | None:
+    """One stored tensor per chunk (a profile, a context shift), or None when a chunk lacks it.
+    An exact first chunk is stored without one and needs none: its tokens are ranked last
+    whatever it holds, so it gets ``zeros(tokens)``."""
+    if len(values) != len(layout.chunk_spans):
+        return None
+    if values and values[0] is None and _exact(layout, chunks):
+        start, end = layout.chunk_spans[0]
+        values = [zeros(end - start), *values[1:]]
+    return None if any(v is None for v in values) else values
+
+
 class ProfileSelector(StaticTopSelector):
     """The top ceil(ratio * C) chunk tokens by their stored context-sensitivity profile, ranked
     across all chunks (engine/profile.py). The first chunk is left out when its cached rows
@@ -125,8 +138,8 @@ class ProfileSelector(StaticTopSelector):
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float, chunks: Sequence[ChunkKV] = ()) -> None:
         super().__init__(config, layout, device, scaling)
-        profiles = [kv.sensitivity for kv in chunks]
-        if len(profiles) != len(layout.chunk_spans) or any(p is None for p in profiles):
+        profiles = _stored([kv.sensitivity for kv in chunks], layout, chunks, torch.zeros)
+        if profiles is None:
             raise ValueError("the profile selector needs a sensitivity profile for every chunk "
                              "(BlendEngine fills them in; got chunk KVs without one)")
         self.scores = _last_if_exact(torch.cat([p.float() for p in profiles]), layout,
@@ -149,13 +162,10 @@ class PreviewSelector(StaticTopSelector):
             raise ValueError("the preview selector needs the preview pass's attention [layers, C]")
         att = attention.float()
         att = att / att.mean(dim=1, keepdim=True).clamp_min(1e-12)  # [L, C], mean 1 per layer
-        shifts = [kv.context_shift for kv in chunks]
-        has = [s is not None for s in shifts]
-        # an exact first chunk has no shift: it is ranked last below whatever its prior
-        if len(shifts) == len(layout.chunk_spans) and all(has[1:]) and (
-                has[0] or _exact(layout, chunks)):
-            prior = torch.cat([s.float() if s is not None else torch.zeros(att.shape[0], e - b)
-                               for s, (b, e) in zip(shifts, layout.chunk_spans)], dim=1).sqrt()
+        shifts = _stored([kv.context_shift for kv in chunks], layout, chunks,
+                         lambda t: torch.zeros(att.shape[0], t))
+        if shifts is not None:
+            prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)  # [L, C]
         self.scores = _last_if_exact(((att + config.attention_floor) * prior).sum(dim=0), layout,

@@ -119,10 +119,9 @@ def test_preview_never_recomputes_an_exact_first_passage(engine):
     first = layout.chunk_spans[0]
     c = layout.suffix_start - len(layout.prefix_ids)
     rest = c - (first[1] - first[0])
-    pre = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c))
-    # every chunk token but the first passage's is recomputed, none of the first's
-    assert pre.stats.recomputed_chunk_tokens_per_layer == [rest] * engine.adapter.num_layers
     traced = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c), trace=True)
+    # every chunk token but the first passage's is recomputed, none of the first's
+    assert traced.stats.recomputed_chunk_tokens_per_layer == [rest] * engine.adapter.num_layers
     pos = traced.output.trace[0]["pos"]
     assert not bool(((pos >= first[0]) & (pos < first[1])).any())
 
