@@ -22,7 +22,7 @@ from blendrag.engine.engine import BlendEngine
 from blendrag.engine.phases import PHASES
 from blendrag.prompt import PromptLayout
 from blendrag_bench.flops import FlopModel
-from blendrag_bench.memory import peak_bytes, pin_malloc_thresholds
+from blendrag_bench.memory import memory_mode, peak_bytes, timing_mode
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,7 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
     runs = {"hf": hf} | {c.label: (lambda c=c: engine.prefill(layout, c)) for c in configs(w)}
     times: dict[str, list[float]] = {k: [] for k in runs}
     total = (w.repeats + 1) * len(runs)
+    timing_mode()  # the same allocator settings in every run, the first included
     for rep in range(w.repeats + 1):  # round-robin so that machine noise hits every mode alike
         for i, (label, fn) in enumerate(runs.items(), 1):
             _sync(engine.device)
@@ -127,9 +128,7 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
             if rep:  # the first round warms up
                 times[label].append(time.perf_counter() - t0)
             step("timing", rep * len(runs) + i, total)
-    # Only now: pinned malloc thresholds make RSS follow live tensors, but every large temporary
-    # then becomes a fresh, page-faulting mmap, which would slow the timed runs (blend most).
-    pin_malloc_thresholds()
+    memory_mode()  # RSS follows live tensors only under it; it would slow the timing
     peaks = {}
     for i, (label, fn) in enumerate(runs.items(), 1):
         peaks[label] = peak_bytes(fn, engine.device)

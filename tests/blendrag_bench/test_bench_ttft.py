@@ -17,7 +17,9 @@ TINY = TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, 
 @pytest.fixture(scope="module")
 def records():
     mp = pytest.MonkeyPatch()
-    mp.setattr(ttft, "pin_malloc_thresholds", lambda: None)  # process-wide: not in a test run
+    # process-wide allocator settings: not in a test run
+    mp.setattr(ttft, "memory_mode", lambda: None)
+    mp.setattr(ttft, "timing_mode", lambda: None)
     try:
         yield run(TINY)
     finally:
