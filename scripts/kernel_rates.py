@@ -1,0 +1,89 @@
+"""FLOP rates of the kernels a cached request runs, against those of full prefill.
+
+    python scripts/kernel_rates.py --threads 1
+
+On ``bench ttft``'s default model shape (hidden 512, MLP 1792, 8 query / 2 KV heads of 64,
+3,168-token prompt): the MLP's matmuls at the row counts of reuse (64 suffix tokens), of blend
+at 15 % (525 rows) and of full prefill (3,168), and attention of reuse's 64 suffix queries and
+of blend's scattered queries (position-sorted blocks of 64, as ``attention_blocks`` cuts them)
+against full prefill's causal attention. A share below 1 is time a mode loses to its compute
+ideal because its kernels run slower per FLOP than full prefill's; the figures are quoted in
+docs/architecture.md, "The fixed cost of a cached request". Minimum of ``--repeats`` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from blendrag.engine.layer import attention_blocks
+
+T, HIDDEN, MLP, HEADS, KV_HEADS, D = 3168, 512, 1792, 8, 2, 64
+
+
+def best_ms(fn: Callable[[], object], repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times) * 1e3
+
+
+def mlp_rates(repeats: int) -> None:
+    gate, up = torch.nn.Linear(HIDDEN, MLP, bias=False), torch.nn.Linear(HIDDEN, MLP, bias=False)
+    down = torch.nn.Linear(MLP, HIDDEN, bias=False)
+    print("MLP (gate, up, down)   rows      ms  GFLOP/s  rate vs full's")
+    rates = {}
+    for name, rows in (("full", T), ("blend@15%", 525), ("reuse", 64)):
+        x = torch.randn(rows, HIDDEN)
+        ms = best_ms(lambda x=x: down(F.silu(gate(x)) * up(x)), repeats)
+        rates[name] = rows * HIDDEN * MLP * 3 * 2 / ms / 1e6
+        share = rates[name] / rates["full"]
+        print(f"  {name:20} {rows:6} {ms:7.2f} {rates[name]:8.1f} {share:10.2f}")
+
+
+def attend_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
+    blocks = attention_blocks(pos, T, None)
+    for b in blocks:  # q: [H, A, D]; k, v: [Hkv, T, D]
+        F.scaled_dot_product_attention(
+            q[None, :, b.rows], k[None, :, b.keys], v[None, :, b.keys], attn_mask=b.mask,
+            is_causal=b.causal, enable_gqa=True)
+
+
+def attention_rates(repeats: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(KV_HEADS, T, D, generator=g), torch.randn(KV_HEADS, T, D, generator=g)
+    chunk = torch.randperm(T - 96, generator=g)[:461].sort().values + 32  # 15 % of the chunks
+    suffix = torch.arange(T - 64, T)
+    print("attention              queries  ms     pairs/s (M)  rate vs full's")
+    rates = {}
+    for name, pos in (("full", torch.arange(T)), ("blend@15%", torch.cat([chunk, suffix])),
+                      ("reuse", suffix)):
+        q = torch.randn(HEADS, pos.shape[0], D, generator=g)
+        ms = best_ms(lambda q=q, pos=pos: attend_all(q, k, v, pos), repeats)
+        pairs = HEADS * int((pos + 1).sum())  # the query-key pairs the causal mask lets through
+        rates[name] = pairs / ms / 1e3
+        print(f"  {name:20} {pos.shape[0]:6} {ms:7.2f} {rates[name]:12.1f} "
+              f"{rates[name] / rates['full']:10.2f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--repeats", type=int, default=10, help="calls per figure (default: 10)")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads")
+    with torch.inference_mode():
+        mlp_rates(args.repeats)
+        attention_rates(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
