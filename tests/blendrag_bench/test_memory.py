@@ -1,7 +1,7 @@
 """The CPU peak-memory reading: a call's tensors must show in it even when earlier calls left
 freed memory in the heap (before the fix, the first run of ``bench ttft --runs 3`` read 0 MiB
-for full prefill's peak, and blend rows read 0 in every run). In a subprocess: the allocator
-settings are process-wide."""
+for full prefill's peak and every blend row's, and reuse read 0 in every run). In a
+subprocess: the allocator settings are process-wide."""
 
 from __future__ import annotations
 
