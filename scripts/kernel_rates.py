@@ -14,15 +14,24 @@ docs/architecture.md, "The fixed cost of a cached request". Minimum of ``--repea
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.layer import attention_blocks
+from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.layer import attend, attention_blocks
+from blendrag_bench.ttft import TTFTWorkload
 
-T, HIDDEN, MLP, HEADS, KV_HEADS, D = 3168, 512, 1792, 8, 2, 64
+W = TTFTWorkload()  # bench ttft's default shape
+T = W.prefix_tokens + W.chunks * W.chunk_tokens + W.suffix_tokens  # 3,168
+CHUNK = W.chunks * W.chunk_tokens
+HIDDEN, MLP, HEADS, KV_HEADS = W.hidden, W.intermediate, W.heads, W.kv_heads
+D = HIDDEN // HEADS  # head_dim, as MistralConfig derives it
+SELECTED = math.ceil(0.15 * CHUNK)  # blend at 15 %: 461 chunk tokens, + the suffix
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
@@ -40,7 +49,8 @@ def mlp_rates(repeats: int) -> None:
     down = torch.nn.Linear(MLP, HIDDEN, bias=False)
     print("MLP (gate, up, down)   rows      ms  GFLOP/s  rate vs full's")
     rates = {}
-    for name, rows in (("full", T), ("blend@15%", 525), ("reuse", 64)):
+    for name, rows in (("full", T), ("blend@15%", SELECTED + W.suffix_tokens),
+                       ("reuse", W.suffix_tokens)):
         x = torch.randn(rows, HIDDEN)
         ms = best_ms(lambda x=x: down(F.silu(gate(x)) * up(x)), repeats)
         rates[name] = rows * HIDDEN * MLP * 3 * 2 / ms / 1e6
@@ -48,29 +58,27 @@ def mlp_rates(repeats: int) -> None:
         print(f"  {name:20} {rows:6} {ms:7.2f} {rates[name]:8.1f} {share:10.2f}")
 
 
-def attend_all(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-    blocks = attention_blocks(pos, T, None)
-    for b in blocks:  # q: [H, A, D]; k, v: [Hkv, T, D]
-        F.scaled_dot_product_attention(
-            q[None, :, b.rows], k[None, :, b.keys], v[None, :, b.keys], attn_mask=b.mask,
-            is_causal=b.causal, enable_gqa=True)
-
-
 def attention_rates(repeats: int) -> None:
     g = torch.Generator().manual_seed(0)
-    k, v = torch.randn(KV_HEADS, T, D, generator=g), torch.randn(KV_HEADS, T, D, generator=g)
-    chunk = torch.randperm(T - 96, generator=g)[:461].sort().values + 32  # 15 % of the chunks
-    suffix = torch.arange(T - 64, T)
-    print("attention              queries  ms     pairs/s (M)  rate vs full's")
+    kv = FusedKV.over(torch.randn(1, KV_HEADS, T, D, generator=g),
+                      torch.randn(1, KV_HEADS, T, D, generator=g))  # one layer of a request KV
+    adapter = SimpleNamespace(scaling=D ** -0.5)  # all ``attend`` reads of an adapter
+    chunk = torch.randperm(CHUNK, generator=g)[:SELECTED].sort().values + W.prefix_tokens
+    suffix = torch.arange(T - W.suffix_tokens, T)
+    print("attention              queries  ms     pairs/s (M)  rate vs full's  computed/visible")
     rates = {}
     for name, pos in (("full", torch.arange(T)), ("blend@15%", torch.cat([chunk, suffix])),
                       ("reuse", suffix)):
         q = torch.randn(HEADS, pos.shape[0], D, generator=g)
-        ms = best_ms(lambda q=q, pos=pos: attend_all(q, k, v, pos), repeats)
-        pairs = HEADS * int((pos + 1).sum())  # the query-key pairs the causal mask lets through
-        rates[name] = pairs / ms / 1e3
+        blocks = attention_blocks(pos, T, None)  # what the engine's loop would cut
+        ms = best_ms(lambda q=q, b=blocks: attend(adapter, 0, q, kv, b), repeats)
+        visible = int((pos + 1).sum())  # the query-key pairs the causal mask lets through
+        # a masked block computes every pair of its rectangle; the causal kernel skips the rest
+        computed = sum(visible if b.causal else (b.rows.stop - b.rows.start)
+                       * (b.keys.stop - b.keys.start) for b in blocks)
+        rates[name] = HEADS * visible / ms / 1e3
         print(f"  {name:20} {pos.shape[0]:6} {ms:7.2f} {rates[name]:12.1f} "
-              f"{rates[name] / rates['full']:10.2f}")
+              f"{rates[name] / rates['full']:10.2f} {computed / visible:13.2f}")
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ that every run of a multi-run benchmark measures under the same ones):
 from __future__ import annotations
 
 import ctypes
+import functools
 import gc
 from collections.abc import Callable
 
@@ -27,6 +28,7 @@ import torch
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
     try:
         libc = ctypes.CDLL("libc.so.6")
