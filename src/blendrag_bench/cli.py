@@ -1,4 +1,5 @@
-"""`blendrag bench ...` sub-commands: ttft, store, match and quality (``quality_cli``)."""
+"""`blendrag bench ...` sub-commands: ttft, store, match, quality and fidelity
+(``quality_cli``)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     from blendrag_bench import quality_cli
 
     group = sub.add_parser("bench", help="benchmarks: TTFT, store throughput, chunk matching, "
-                           "answer quality",
+                           "answer quality, fidelity on your own prompts",
                            description="Benchmarks; docs/benchmarks.md has the figures they "
                                        "made, with the commands.")
-    bench = group.add_subparsers(dest="bench", required=True, metavar="{ttft,store,match,quality}")
+    bench = group.add_subparsers(dest="bench", required=True,
+                                 metavar="{ttft,store,match,quality,fidelity}")
     _register_ttft(bench)
     _register_store(bench)
     _register_match(bench)
     quality_cli.register(bench)
+    quality_cli.register_fidelity(bench)
 
 
 def _register_ttft(bench: argparse._SubParsersAction) -> None:

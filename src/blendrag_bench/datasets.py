@@ -34,6 +34,8 @@ class EvalItem:
 
     ``kind``: a group for per-kind breakdowns (synthetic: the question kind; files: the
     dataset name). ``metric``: the quality metric's name in ``blendrag.eval.metrics.METRICS``.
+    ``answers``: the gold answers; empty for a prompt without any (a fidelity check on your own
+    prompts compares with full prefill's answer only; quality is then NaN).
     """
 
     prefix: str
@@ -50,8 +52,8 @@ class EvalItem:
             raise ValueError("chunks must be a non-empty sequence of non-empty strings")
         if not self.suffix:
             raise ValueError("suffix must be non-empty")
-        if not self.answers or any(not isinstance(a, str) for a in self.answers):
-            raise ValueError("answers must be a non-empty sequence of strings")
+        if any(not isinstance(a, str) for a in self.answers):
+            raise ValueError("answers must be a sequence of strings")
         if self.metric not in METRICS:
             raise ValueError(f"metric must be one of {tuple(METRICS)}, got {self.metric!r}")
 
@@ -266,16 +268,25 @@ def load_longbench_jsonl(path: str | Path, limit: int | None = None, offset: int
 # --------------------------------------------------------------------------- dispatch
 
 
+NAMED = ("synthetic", "musique", "longfacts")
+"""The datasets known by name (the others are files)."""
+
+
 def load_dataset(spec: str | Path, limit: int | None = None, offset: int = 0) -> list[EvalItem]:
-    """``"synthetic"``, ``"musique"``, a ``.json`` file (CacheBlend format) or a ``.jsonl`` file
-    (LongBench)."""
+    """``"synthetic"``, ``"musique"``, ``"longfacts"`` (``blendrag_bench.longfacts``), a
+    ``.json`` file (CacheBlend format) or a ``.jsonl`` file (LongBench)."""
     if str(spec) == "synthetic":
         return load_synthetic(limit, offset)
+    if str(spec) == "longfacts":
+        from blendrag_bench.longfacts import load_longfacts  # it builds on this module
+
+        return load_longfacts(limit, offset)
     if str(spec) == "musique":
         return load_musique(limit, offset)
     path = Path(spec)
     if not path.is_file():
-        raise FileNotFoundError(f"dataset {spec!r} is neither 'synthetic', 'musique' nor a file")
+        raise FileNotFoundError(f"dataset {spec!r} is neither 'synthetic', 'musique', "
+                                "'longfacts' nor a file")
     if path.suffix == ".jsonl":
         return load_longbench_jsonl(path, limit, offset)
     if path.suffix == ".json":
@@ -285,8 +296,8 @@ def load_dataset(spec: str | Path, limit: int | None = None, offset: int = 0) ->
 
 
 def dataset_name(spec: str | Path) -> str:
-    """A short name for reports: ``synthetic``, ``musique`` or the file's stem."""
-    return str(spec) if str(spec) in ("synthetic", "musique") else Path(spec).stem
+    """A short name for reports: ``synthetic``, ``musique``, ``longfacts`` or the file's stem."""
+    return str(spec) if str(spec) in NAMED else Path(spec).stem
 
 
 def kinds(items: Sequence[EvalItem]) -> list[str]:

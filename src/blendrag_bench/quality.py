@@ -1,11 +1,13 @@
-"""Answer quality and TTFT of every prefill mode and selector on a dataset (CacheBlend Fig. 16).
+"""Fidelity, answer quality and TTFT of every prefill mode and selector on a dataset.
 
 Per item: build the layout (pieces tokenized separately), precompute the chunk KVs (ingestion,
 not timed), then for each config: greedy decoding of the answer (up to the first line break
-after some text), its quality (the item's metric, QA F1 by default) and exact match, the
-first-token distribution compared with the full prefill's (argmax agreement, KL(full || mode)),
-and the TTFT (chunk KV fetch + prefill + first token). Per config: means over items, median
-TTFT and the speedup over full prefill (median full TTFT / median TTFT).
+after some text for QA F1 items), then what a user sees first: whether the answer is full
+prefill's (normalized text), the answer KL (KL(full || mode) at every token of full's answer,
+teacher-forced: ``blendrag.eval.answer``), its quality (the item's metric) and exact match;
+then the first-token columns (argmax agreement, KL(full || mode) of the first token) and the
+TTFT (chunk KV fetch + prefill + first token). Per config: means over items, median TTFT and
+the speedup over full prefill (median full TTFT / median TTFT).
 """
 
 from __future__ import annotations
@@ -17,11 +19,9 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
-from blendrag.engine.generation import GenerationStream
+from blendrag.eval.answer import Answer, answer_kl, forced_logits, greedy_answer, same_answer
 from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
@@ -32,9 +32,11 @@ log = logging.getLogger(__name__)
 
 FULL = BlendConfig(mode="full")
 INGEST_ORDERS = ("prompt", "shuffled")
-RECORD_KEYS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",
-               "ttft_s", "speedup_vs_full", "recompute_fraction", "compute_fraction", "n")
+RECORD_KEYS = ("mode", "selector", "ratio", "same_answer", "answer_kl", "quality", "exact_match",
+               "first_token_agreement", "kl", "ttft_s", "speedup_vs_full", "recompute_fraction",
+               "compute_fraction", "n")
 """Keys of one JSON record (``ConfigSummary.record``)."""
+NO_GOLD = float("nan")  # quality of an item without gold answers
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class QualityConfig:
     modes: tuple[str, ...] = MODES
     selectors: tuple[str, ...] = SELECTORS
     ratios: tuple[float, ...] = DEFAULT_RATIOS
-    max_new_tokens: int = 32
+    max_new_tokens: int = 16
     summary_max_new_tokens: int = 128
     warmup: bool = True
     ingest_order: str = "prompt"
@@ -114,6 +116,8 @@ class ExampleResult:
     kind: str
     config: BlendConfig
     answer: str
+    same_answer: float  # 1.0 when the normalized answer is full prefill's
+    answer_kl: float  # mean KL(full || mode) over full's answer tokens, teacher-forced
     quality: float
     exact_match: float
     first_token_agreement: float
@@ -130,6 +134,8 @@ class ConfigSummary:
     mode: str
     selector: str | None
     ratio: float | None
+    same_answer: float
+    answer_kl: float
     quality: float
     exact_match: float
     first_token_agreement: float
@@ -186,18 +192,6 @@ def fit_item(engine: BlendEngine, item: EvalItem, max_chunk_tokens: int | None) 
     return item if chunks == item.chunks else dataclasses.replace(item, chunks=chunks)
 
 
-def _answer(stream: GenerationStream, first_line: bool) -> str:
-    """Drain ``stream`` into the answer; ``first_line``: stop at the first line break after some
-    text (leading blank lines are skipped, as LongBench does), without decoding further."""
-    text = ""
-    for delta in stream:
-        text += delta
-        head = text.lstrip()
-        if first_line and "\n" in head:
-            return head.split("\n", 1)[0].strip()
-    return text.strip()
-
-
 def _generation(item: EvalItem, config: QualityConfig) -> GenerationConfig:
     short = item.metric != "rouge_l"  # only summaries need long answers
     return GenerationConfig(
@@ -215,21 +209,24 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
         for cfg in configs:
             engine.prefill(layout, cfg)
     gen = _generation(item, config)
-    reference: torch.Tensor | None = None
+    first_line = item.metric == "qa_f1"
+    reference: Answer | None = None  # full prefill's answer: configs start with full
     out = []
     for cfg in configs:
-        stream = engine.stream(layout, cfg, gen)
-        answer = _answer(stream, first_line=item.metric == "qa_f1")
-        logits, stats = stream.prefill.logits, stream.prefill.stats
-        reference = logits if reference is None else reference  # full comes first
+        pre = engine.prefill(layout, cfg, extra_capacity=gen.max_new_tokens)
+        own = greedy_answer(engine, pre, gen.max_new_tokens, first_line)
+        kl = 0.0 if reference is None else answer_kl(
+            reference.logits, forced_logits(engine, pre, own, reference.token_ids))
+        reference = own if reference is None else reference
         out.append(ExampleResult(
-            item=index, kind=item.kind, config=cfg, answer=answer,
-            quality=score(item.metric, answer, item.answers),
-            exact_match=exact_match(answer, item.answers),
-            first_token_agreement=float(first_token_agrees(reference, logits)),
-            kl=first_token_kl(reference, logits), ttft_s=stats.ttft_s,
-            recompute_fraction=stats.recompute_fraction,
-            compute_fraction=stats.compute_fraction))
+            item=index, kind=item.kind, config=cfg, answer=own.text,
+            same_answer=float(same_answer(own.text, reference.text)), answer_kl=kl,
+            quality=score(item.metric, own.text, item.answers) if item.answers else NO_GOLD,
+            exact_match=exact_match(own.text, item.answers) if item.answers else NO_GOLD,
+            first_token_agreement=float(first_token_agrees(reference.logits[0], pre.logits)),
+            kl=first_token_kl(reference.logits[0], pre.logits), ttft_s=pre.stats.ttft_s,
+            recompute_fraction=pre.stats.recompute_fraction,
+            compute_fraction=pre.stats.compute_fraction))
     return out
 
 
@@ -300,6 +297,8 @@ def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> C
     }
     return ConfigSummary(
         mode=cfg.mode, selector=cfg.selector if blend else None, ratio=cfg.ratio if blend else None,
+        same_answer=_mean([e.same_answer for e in rows]),
+        answer_kl=_mean([e.answer_kl for e in rows]),
         quality=_mean([e.quality for e in rows]), exact_match=_mean([e.exact_match for e in rows]),
         first_token_agreement=_mean([e.first_token_agreement for e in rows]),
         kl=_mean([e.kl for e in rows]),

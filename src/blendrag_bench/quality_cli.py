@@ -22,7 +22,7 @@ from blendrag.config import MODES, SELECTORS
 
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
-DEFAULT_LIMITS = {"synthetic": 40, "musique": 6}  # each default run: ~30 min on 2 cores
+DEFAULT_LIMITS = {"synthetic": 40, "musique": 6, "longfacts": 40}
 DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 
 
@@ -46,7 +46,8 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--dataset", type=_csv(str), default=DEFAULT_DATASETS,
                    help="comma-separated: 'synthetic' (generated multi-passage questions), "
                         "'musique' (shipped "
-                        "MuSiQue subset, 6 passages each), a CacheBlend .json or a LongBench "
+                        "MuSiQue subset, 6 passages each), 'longfacts' (facts among 6 real-text "
+                        "passages, ~1,900 tokens), a CacheBlend .json or a LongBench "
                         f".jsonl file (default: {','.join(DEFAULT_DATASETS)})")
     add_model_options(q)
     add_chat_option(q)
@@ -68,8 +69,9 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--ratios", type=_csv(float), default=DEFAULT_RATIOS,
                    help="comma-separated recompute ratios of blend (default: "
                         + ",".join(f"{r:g}" for r in DEFAULT_RATIOS) + ")")
-    q.add_argument("--max-new-tokens", type=int, default=32,
-                   help="answer length limit in tokens (default: 32)")
+    q.add_argument("--max-new-tokens", type=int, default=16,
+                   help="answer length limit in tokens: the answer compared with full "
+                        "prefill's (default: 16)")
     q.add_argument("--ingest-order", default="prompt", choices=["prompt", "shuffled"],
                    help="order chunks are precomputed in: the neighbour each context profile is "
                         "measured "
@@ -141,3 +143,60 @@ def _quality(args: argparse.Namespace) -> int:
 
 def _limit(args: argparse.Namespace, dataset: str) -> int | None:
     return args.limit if args.limit is not None else DEFAULT_LIMITS.get(dataset)
+
+
+def register_fidelity(bench: argparse._SubParsersAction) -> None:
+    """Add ``fidelity`` to the ``blendrag bench`` group: the frontier on your own prompts."""
+    from blendrag_bench.fidelity import DEFAULT_FIDELITY_RATIOS
+
+    f = bench.add_parser(
+        "fidelity", help="how close blend stays to full prefill on your model and prompts",
+        description="Full prefill, full KV reuse and blend at each ratio on your own prompts: "
+                    "per config the share of prompts whose whole answer is full prefill's, the "
+                    "answer KL (teacher-forced on full's answer), compute and TTFT; then the "
+                    "smallest ratio per selector that meets the fidelity you ask for.")
+    f.add_argument("--prompts", type=Path, required=True,
+                   help="JSON lines, one prompt each: {\"prefix\": ..., \"chunks\": [...], "
+                        "\"suffix\": ...}, optionally \"answers\": [...]")
+    f.add_argument("--limit", type=int, default=None, help="prompts to use (default: all)")
+    add_model_options(f)
+    add_chat_option(f)
+    f.add_argument("--selectors", type=_csv(str), default=SELECTORS[:1],
+                   help=f"comma-separated subset of {','.join(SELECTORS)} (default: "
+                        f"{SELECTORS[0]})")
+    f.add_argument("--ratios", type=_csv(float), default=DEFAULT_FIDELITY_RATIOS,
+                   help="comma-separated recompute ratios (default: "
+                        + ",".join(f"{r:g}" for r in DEFAULT_FIDELITY_RATIOS) + ")")
+    f.add_argument("--same-answer", type=float, default=0.90,
+                   help="the share of prompts that must get full prefill's answer (default 0.90)")
+    f.add_argument("--answer-kl", type=float, default=0.02,
+                   help="the largest mean answer KL accepted (default 0.02)")
+    f.add_argument("--max-new-tokens", type=int, default=16,
+                   help="answer length compared, in tokens (default: 16)")
+    add_progress_option(f)
+    f.set_defaults(func=_fidelity)
+
+
+def _fidelity(args: argparse.Namespace) -> int:
+    from blendrag.cli.options import apply_threads
+    from blendrag_bench.fidelity import FidelityTarget, check_fidelity, load_prompts
+    from blendrag_bench.quality import QualityConfig, load_engine
+    from blendrag_bench.report import format_markdown
+
+    try:
+        target = FidelityTarget(args.same_answer, args.answer_kl)
+        items = load_prompts(args.prompts, args.limit)
+        QualityConfig(selectors=args.selectors, ratios=args.ratios,
+                      max_new_tokens=args.max_new_tokens)  # checks them, before the model loads
+        apply_threads(args)
+        engine = load_engine(QualityConfig(model=args.model, gguf_file=args.gguf_file,
+                                           device=args.device or "cpu", dtype=args.dtype,
+                                           chat=args.chat))
+        check = check_fidelity(engine, items, args.selectors, args.ratios, target,
+                               args.max_new_tokens)
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        print(f"blendrag bench fidelity: error: {e}", file=sys.stderr)
+        return 2
+    print(format_markdown(check.report) + "\n")
+    print("\n".join(check.lines()))
+    return 0

@@ -10,8 +10,9 @@ from blendrag_bench.quality import ConfigSummary, QualityReport
 
 TABLE_MD, TABLE_CSV, PLOT_PNG = "table.md", "table.csv", "quality_vs_ttft.png"
 COMPUTE_PNG = "fidelity_vs_compute.png"
-CSV_COLUMNS = ("mode", "selector", "ratio", "quality", "exact_match", "first_token_agreement", "kl",
-               "ttft_s", "speedup_vs_full", "recompute_fraction", "compute_fraction", "n")
+CSV_COLUMNS = ("mode", "selector", "ratio", "same_answer", "answer_kl", "quality", "exact_match",
+               "first_token_agreement", "kl", "ttft_s", "speedup_vs_full", "recompute_fraction",
+               "compute_fraction", "n")
 
 
 def _fmt_ratio(ratio: float | None) -> str:
@@ -35,11 +36,12 @@ def format_markdown(report: QualityReport) -> str:
                 + _neighbour_words(report)
                 if any(s.selector == "profile" for s in report.summaries) else ""),
              "",
-             "| mode | selector | ratio | quality | EM | first-token agreement | KL(full‖mode) | "
-             "TTFT ms | speedup | recompute | compute |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mode | selector | ratio | same answer as full | answer KL | quality | EM | "
+             "first-token agreement | first-token KL | TTFT ms | speedup | recompute | compute |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report.summaries:
-        lines.append(f"| {s.mode} | {s.selector or '-'} | {_fmt_ratio(s.ratio)} | {s.quality:.3f} "
+        lines.append(f"| {s.mode} | {s.selector or '-'} | {_fmt_ratio(s.ratio)} "
+                     f"| {s.same_answer:.3f} | {s.answer_kl:.4f} | {s.quality:.3f} "
                      f"| {s.exact_match:.3f} | {s.first_token_agreement:.3f} | {s.kl:.4f} | "
                      f"{s.ttft_s * 1e3:.1f} | "
                      f"{s.speedup_vs_full:.2f}x | {s.recompute_fraction:.3f} | "
@@ -126,28 +128,31 @@ def plot_quality_vs_ttft(report: QualityReport, path: Path) -> None:
 
 
 def plot_fidelity_vs_compute(report: QualityReport, path: Path) -> None:
-    """First-token agreement and KL(full||mode) against the compute spent (every computed
-    token-layer, preview passes included, over full prefill's): one line per blend selector,
-    markers for the baselines. The fidelity frontier of docs/benchmarks.md."""
+    """Same answer as full, answer KL, answer quality and first-token KL against the compute
+    spent (every computed token-layer, preview passes included, over full prefill's): one line
+    per blend selector, markers for the baselines. The fidelity frontier of
+    docs/benchmarks.md."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11.0, 4.5), dpi=120)
+    fig = Figure(figsize=(14.0, 4.5), dpi=120)
     FigureCanvasAgg(fig)
-    panels = fig.subplots(1, 3)
-    metrics = (("quality", "answer quality"), ("first_token_agreement", "first-token agreement"),
-               ("kl", "KL(full || mode), log scale"))
+    panels = fig.subplots(1, 4)
+    metrics = (("same_answer", "same answer as full prefill"),
+               ("answer_kl", "answer KL(full || mode), log scale"),
+               ("quality", "answer quality"), ("kl", "first-token KL, log scale"))
     for ax, (attr, label) in zip(panels, metrics):
         for selector, rows in _series(report.summaries).items():
             ax.plot([s.compute_fraction for s in rows], [getattr(s, attr) for s in rows],
                     marker="o", label=f"blend ({selector})")
         for s in report.summaries:
             # prefix caching is exact: KL ~1e-11 would only stretch the log axis
-            if s.mode in _BASELINES and s.mode != "full" and not (attr == "kl" and s.kl < 1e-6):
+            if (s.mode in _BASELINES and s.mode != "full"
+                    and not (attr in _LOG and getattr(s, attr) < 1e-6)):
                 marker, color, name = _BASELINES[s.mode]
                 ax.scatter([s.compute_fraction], [getattr(s, attr)], marker=marker, s=90,
                            color=color, label=name, zorder=3)
-        if attr == "kl":
+        if attr in _LOG:
             ax.set_yscale("log")
             ax.axhline(0.02, color="black", linestyle=":", linewidth=1)
         ax.set_xlabel("compute / full prefill's")
@@ -158,6 +163,9 @@ def plot_fidelity_vs_compute(report: QualityReport, path: Path) -> None:
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
+
+
+_LOG = ("answer_kl", "kl")
 
 
 def _short(model: str) -> str:

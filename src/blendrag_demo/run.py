@@ -18,6 +18,7 @@ from pathlib import Path
 
 from blendrag.config import BlendConfig
 from blendrag.engine import BlendEngine
+from blendrag.eval.answer import same_answer
 from blendrag.eval.metrics import contains_answer
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import DEFAULT_DISK_DIR
@@ -76,7 +77,8 @@ class DemoResult:
 
     def same_as_full(self, label: str) -> float:
         full = self.answers["full"]
-        return statistics.mean(a.text == f.text for a, f in zip(self.answers[label], full))
+        return statistics.mean(same_answer(a.text, f.text)
+                               for a, f in zip(self.answers[label], full))
 
     def median_ttft(self, label: str) -> float:
         return statistics.median(a.ttft_s for a in self.answers[label])

@@ -181,8 +181,10 @@ def test_load_dataset_dispatch(tmp_path: Path) -> None:
 def test_eval_item_validation() -> None:
     ok = dict(prefix="p", chunks=["c"], suffix="s", answers=["a"], kind="k")
     assert EvalItem(**ok).chunks == ("c",)
-    for bad in (dict(chunks=[]), dict(chunks=[""]), dict(suffix=""), dict(answers=[]),
+    for bad in (dict(chunks=[]), dict(chunks=[""]), dict(suffix=""), dict(answers=[1]),
                 dict(metric="bleu")):
         with pytest.raises(ValueError):
             EvalItem(**(ok | bad))
+    # a prompt without gold answers (a fidelity check compares with full prefill only)
+    assert EvalItem(**(ok | dict(answers=[]))).answers == ()
     assert format_suffix("q") == "Question: q\nAnswer:"

@@ -42,6 +42,7 @@ def test_runs_every_config_on_every_fitting_item(report) -> None:
 def test_full_agrees_with_itself(report) -> None:
     full = _summary(report, "full")
     assert full.first_token_agreement == 1.0 and full.kl == 0.0
+    assert full.same_answer == 1.0 and full.answer_kl == 0.0
     assert full.speedup_vs_full == 1.0 and full.recompute_fraction == 1.0
     assert full.selector is None and full.ratio is None
 
@@ -50,17 +51,20 @@ def test_blend_at_ratio_one_matches_full(report) -> None:
     blend = _summary(report, "blend", 1.0)
     assert blend.first_token_agreement == 1.0
     assert blend.kl == pytest.approx(0.0, abs=1e-6)
+    # the whole answer, teacher-forced on full's tokens, not only its first token
+    assert blend.same_answer == 1.0 and blend.answer_kl == pytest.approx(0.0, abs=1e-6)
     answers = {(e.item, e.config): e.answer for e in report.examples}
     assert all(answers[(i, BLEND1)] == answers[(i, FULL)] for i in range(report.items))
     partial = _summary(report, "blend", 0.2)
-    assert partial.recompute_fraction < 1.0 and partial.kl >= 0.0
+    assert partial.recompute_fraction < 1.0 and partial.kl >= 0.0 and partial.answer_kl >= 0.0
 
 
 def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
     paths = write_report(report, tmp_path / "out", tmp_path / "q.json")
     loaded = json.loads(paths["json"].read_text())
     assert loaded == records(report)
-    assert all(set(r) == set(RECORD_KEYS) == {"mode", "selector", "ratio", "quality", "exact_match",
+    assert all(set(r) == set(RECORD_KEYS) == {"mode", "selector", "ratio", "same_answer",
+                                              "answer_kl", "quality", "exact_match",
                                               "first_token_agreement", "kl", "ttft_s",
                                               "speedup_vs_full",
                                               "recompute_fraction", "compute_fraction", "n"}
@@ -73,7 +77,7 @@ def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
         paths["csv"]
         .read_text()
         .splitlines()[0]
-        .startswith("mode,selector,ratio,quality,exact_match")
+        .startswith("mode,selector,ratio,same_answer,answer_kl,quality,exact_match")
     )
     assert len(paths["csv"].read_text().splitlines()) == 1 + 3
     assert "| mode | selector |" in paths["md"].read_text()
@@ -86,7 +90,8 @@ def test_no_item_fits(engine_for) -> None:
 
 
 def _example(item: int, cfg: BlendConfig, ttft: float, quality: float, kind: str) -> ExampleResult:
-    return ExampleResult(item=item, kind=kind, config=cfg, answer="", quality=quality,
+    return ExampleResult(item=item, kind=kind, config=cfg, answer="", same_answer=float(item != 1),
+                         answer_kl=0.2 * item, quality=quality,
                          exact_match=float(quality == 1),
                          first_token_agreement=1.0, kl=0.1 * item, ttft_s=ttft,
                          recompute_fraction=0.5)
@@ -105,6 +110,7 @@ def test_summarize_medians_and_speedup() -> None:
     assert full.ttft_s == 2.0 and full.speedup_vs_full == 1.0
     assert b.ttft_s == 1.0 and b.speedup_vs_full == 2.0  # median 2.0 / median 1.0
     assert b.quality == pytest.approx(0.5) and b.exact_match == pytest.approx(1 / 3)
+    assert b.same_answer == pytest.approx(2 / 3) and b.answer_kl == pytest.approx(0.2)
     assert b.kl == pytest.approx(0.1) and b.quality_by_kind == {"a": 0.25, "b": 1.0}
     assert (b.selector, b.ratio, b.label) == ("epic", 0.1, "blend-epic@0.1")
 

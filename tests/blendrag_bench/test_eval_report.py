@@ -12,7 +12,8 @@ from blendrag_bench.report import format_markdown, write_report
 
 
 def _summary(mode, selector, ratio, quality, ttft) -> ConfigSummary:
-    return ConfigSummary(mode=mode, selector=selector, ratio=ratio, quality=quality,
+    return ConfigSummary(mode=mode, selector=selector, ratio=ratio, same_answer=quality,
+                         answer_kl=0.02, quality=quality,
                          exact_match=quality / 2,
                          first_token_agreement=1.0, kl=0.01, ttft_s=ttft,
                          speedup_vs_full=1.0 / ttft,
@@ -40,7 +41,8 @@ def test_markdown_table_and_kinds() -> None:
     lines = md.splitlines()
     assert lines[0].startswith("Quality vs TTFT: model `demo`")
     assert (
-        "| blend | epic | 0.30 | 0.800 | 0.400 | 1.000 | 0.0100 | 550.0 | 1.82x | 0.300 | 0.300 |"
+        "| blend | epic | 0.30 | 0.800 | 0.0200 | 0.800 | 0.400 | 1.000 | 0.0100 | 550.0 | 1.82x "
+        "| 0.300 | 0.300 |"
         in lines
     )
     assert "| full | - | - | 0.900 |" in md

@@ -1,0 +1,104 @@
+"""Whole-answer fidelity: does a mode give full prefill's answer, not only its first token?
+
+A user reads the whole answer. Two measures of a mode against full prefill on one prompt:
+
+- **same answer**: the mode's own greedy answer, normalized (``normalize_answer``), equals full
+  prefill's;
+- **answer KL**: KL(full || mode) at every token of *full's* answer, both decoding full's tokens
+  (teacher forcing), averaged over those tokens. It sees a drift before it flips a token, and it
+  compares the two KVs on the same text even where the greedy answers part ways.
+
+``greedy_answer`` decodes after a prefill and keeps the logits of every step; ``forced_logits``
+then re-uses the rows the mode's own answer wrote for as long as it agrees with full's answer and
+decodes full's tokens from there, so teacher forcing costs only the tokens after the first
+difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from blendrag.engine.prefill import decode_step
+from blendrag.eval.metrics import normalize_answer
+
+if TYPE_CHECKING:
+    from blendrag.engine.engine import BlendEngine
+    from blendrag.engine.request import Prefill
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A greedy answer. token_ids: the tokens decoded, the EOS that ended it included;
+    logits: [T, vocab] float32, row t the logits that predicted token_ids[t]; text: the decoded
+    answer (its first line when decoding stopped there), stripped."""
+
+    token_ids: tuple[int, ...]
+    logits: torch.Tensor
+    text: str
+
+
+def greedy_answer(engine: BlendEngine, pre: Prefill, max_new_tokens: int,
+                  first_line: bool = False) -> Answer:
+    """Greedy decoding after ``pre`` (its buffer needs ``max_new_tokens`` spare rows): up to an
+    EOS, ``max_new_tokens`` tokens or, with ``first_line``, the first line break after some
+    text."""
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    logits, ids, rows, text = pre.logits, [], [], ""
+    while True:
+        rows.append(logits)  # [vocab]
+        token = int(logits.argmax())
+        ids.append(token)
+        if token in engine.eos_token_ids:
+            break
+        text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+        if (first_line and "\n" in text.lstrip()) or len(ids) >= max_new_tokens:
+            break
+        logits = engine.logits(decode_step(engine.adapter, token, pre.fused))
+    if first_line:
+        text = text.lstrip().split("\n", 1)[0]
+    return Answer(tuple(ids), torch.stack(rows), text.strip())
+
+
+def forced_logits(engine: BlendEngine, pre: Prefill, own: Answer,
+                  tokens: tuple[int, ...]) -> torch.Tensor:
+    """[len(tokens), vocab] float32: the logits ``pre``'s KV gives each of ``tokens`` when the
+    tokens before it are ``tokens`` (teacher forcing). ``own`` is the greedy answer already
+    decoded from ``pre``: where it agrees with ``tokens`` its logits and rows are the forced
+    ones, so decoding resumes after the first difference."""
+    if not tokens:
+        raise ValueError("teacher forcing needs at least one token")
+    same = 0
+    while same < min(len(own.token_ids), len(tokens)) and own.token_ids[same] == tokens[same]:
+        same += 1
+    # own.logits[t] was computed after own.token_ids[:t]: the forced logits for t <= same
+    known = min(same + 1, len(own.token_ids), len(tokens))
+    rows = list(own.logits[:known])
+    start = pre.stats.prompt_tokens
+    # rows start .. start+known-2 hold tokens[:known-1] (own's decode wrote them); go on from there
+    pre.fused.length = start + known - 1
+    for t in range(known, len(tokens)):
+        rows.append(engine.logits(decode_step(engine.adapter, tokens[t - 1], pre.fused)))
+    return torch.stack(rows)
+
+
+def answer_kl(reference: torch.Tensor, logits: torch.Tensor) -> float:
+    """Mean over positions of KL(softmax(reference[t]) || softmax(logits[t])), in nats, float64;
+    reference, logits: [T, vocab]."""
+    if reference.shape != logits.shape or reference.dim() != 2 or not len(reference):
+        raise ValueError(f"expected two [T, vocab] logits of one shape with T >= 1, got "
+                         f"{tuple(reference.shape)} and {tuple(logits.shape)}")
+    log_p = torch.log_softmax(reference.double(), dim=-1)
+    log_q = torch.log_softmax(logits.double(), dim=-1)
+    p = log_p.exp()
+    terms = torch.where(p > 0, p * (log_p - log_q), torch.zeros_like(p))  # [T, vocab]
+    return float(terms.sum(dim=-1).clamp_min(0).mean())
+
+
+def same_answer(answer: str, reference: str) -> bool:
+    """Whether two answers are the same text once normalized (case, punctuation, articles,
+    whitespace)."""
+    return normalize_answer(answer) == normalize_answer(reference)
