@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
-from blendrag.eval.answer import Answer, answer_kl, forced_logits, greedy_answer, same_answer
-from blendrag.eval.metrics import exact_match, first_token_agrees, first_token_kl, score
+from blendrag.eval.answer import compare_answers
+from blendrag.eval.metrics import exact_match, score
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
 from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
@@ -209,25 +209,16 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
         for cfg in configs:
             engine.prefill(layout, cfg)
     gen = _generation(item, config)
-    first_line = item.metric == "qa_f1"
-    reference: Answer | None = None  # full prefill's answer: configs start with full
-    out = []
-    for cfg in configs:
-        pre = engine.prefill(layout, cfg, extra_capacity=gen.max_new_tokens)
-        own = greedy_answer(engine, pre, gen.max_new_tokens, first_line)
-        kl = 0.0 if reference is None else answer_kl(
-            reference.logits, forced_logits(engine, pre, own, reference.token_ids))
-        reference = own if reference is None else reference
-        out.append(ExampleResult(
-            item=index, kind=item.kind, config=cfg, answer=own.text,
-            same_answer=float(same_answer(own.text, reference.text)), answer_kl=kl,
-            quality=score(item.metric, own.text, item.answers) if item.answers else NO_GOLD,
-            exact_match=exact_match(own.text, item.answers) if item.answers else NO_GOLD,
-            first_token_agreement=float(first_token_agrees(reference.logits[0], pre.logits)),
-            kl=first_token_kl(reference.logits[0], pre.logits), ttft_s=pre.stats.ttft_s,
-            recompute_fraction=pre.stats.recompute_fraction,
-            compute_fraction=pre.stats.compute_fraction))
-    return out
+    compared = compare_answers(engine, layout, configs, gen.max_new_tokens,
+                               first_line=item.metric == "qa_f1")  # configs start with full
+    return [ExampleResult(
+        item=index, kind=item.kind, config=c.config, answer=c.answer.text,
+        same_answer=float(c.same_answer), answer_kl=c.answer_kl,
+        quality=score(item.metric, c.answer.text, item.answers) if item.answers else NO_GOLD,
+        exact_match=exact_match(c.answer.text, item.answers) if item.answers else NO_GOLD,
+        first_token_agreement=float(c.first_token_agrees), kl=c.first_token_kl,
+        ttft_s=c.stats.ttft_s, recompute_fraction=c.stats.recompute_fraction,
+        compute_fraction=c.stats.compute_fraction) for c in compared]
 
 
 def _ingest(engine: BlendEngine, layout: PromptLayout, index: int, config: QualityConfig) -> None:

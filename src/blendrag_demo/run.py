@@ -4,7 +4,8 @@
    LangChain hook precomputes each passage's KV on the way in and keeps it in a disk store;
 2. answer each question through LangChain's retrieval chain in full, reuse and blend mode,
    printing the answers and TTFTs side by side;
-3. summarize each mode: accuracy, answers equal to full prefill's, TTFT and speedup.
+3. summarize each mode: answers equal to full prefill's, the answer KL (teacher-forced on
+   full's answer), accuracy, first-token agreement, TTFT and speedup.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from blendrag.config import BlendConfig
 from blendrag.engine import BlendEngine
-from blendrag.eval.answer import same_answer
+from blendrag.eval.answer import compare_answers, same_answer
 from blendrag.eval.metrics import contains_answer
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import DEFAULT_DISK_DIR
@@ -65,6 +66,8 @@ class Answer:
     prompt_tokens: int
     hits: int
     chunks: int
+    answer_kl: float = 0.0  # KL(full || mode) over full's answer, teacher-forced
+    first_token_agrees: bool = True
 
 
 @dataclass
@@ -79,6 +82,12 @@ class DemoResult:
         full = self.answers["full"]
         return statistics.mean(same_answer(a.text, f.text)
                                for a, f in zip(self.answers[label], full))
+
+    def answer_kl(self, label: str) -> float:
+        return statistics.mean(a.answer_kl for a in self.answers[label])
+
+    def first_token_agreement(self, label: str) -> float:
+        return statistics.mean(a.first_token_agrees for a in self.answers[label])
 
     def median_ttft(self, label: str) -> float:
         return statistics.median(a.ttft_s for a in self.answers[label])
@@ -182,17 +191,23 @@ def _ask(cfg: DemoConfig, llm, store, corpus: DemoCorpus, out: Callable[[str], N
             f"\n  Q{i}/{n}{eta}: {q.text}   gold: {q.answers[0]}"
             + ("   (needs two passages)" if len(q.passages) == 2 else "")
         )
+        answers = []
         for m in modes:
             mode_llm = llms[m.label]
             chain = create_blend_retrieval_chain(retriever, mode_llm, prompt, document_separator="")
             reply = chain.invoke({"input": q.text})
             s = mode_llm.last_stats
-            a = Answer(reply["answer"].strip(), bool(contains_answer(reply["answer"], q.answers)),
-                       s.ttft_s,
-                       s.prompt_tokens, s.chunk_hits, s.chunks)
+            answers.append(Answer(reply["answer"].strip(),
+                                  bool(contains_answer(reply["answer"], q.answers)), s.ttft_s,
+                                  s.prompt_tokens, s.chunk_hits, s.chunks))
+        # the whole answer against full prefill's, on the very prompt the chain built
+        layout = llms[modes[0].label].last_prompt.layout
+        compared = compare_answers(llm.engine, layout, modes, cfg.max_new_tokens)
+        for m, a, c in zip(modes, answers, compared):
+            a.answer_kl, a.first_token_agrees = c.answer_kl, c.first_token_agrees
             result.answers[m.label].append(a)
             out(f"    {'ok' if a.correct else '--'} {m.label:<22} TTFT {a.ttft_s * 1e3:7.0f} ms  "
-                f"{_clip(a.text)}")
+                f"answer KL {a.answer_kl:6.3f}  {_clip(a.text, 70)}")
         out(f"       ({a.prompt_tokens} prompt tokens, {a.hits}/{a.chunks} passage KVs from the "
             "store)")
     return result
@@ -212,14 +227,15 @@ def _clip(text: str, width: int = 90) -> str:
 
 def _summary(cfg: DemoConfig, result: DemoResult, out: Callable[[str], None]) -> None:
     full = result.median_ttft("full")
-    out(f"\n[3/3] per mode over {len(result.answers['full'])} questions (accuracy: the answer "
-        "contains the gold)")
-    out(
-        f"  {'mode':<22}{'accuracy':>9}{'same answer as full':>21}{'TTFT median':>13}{'speedup':>9}"
-    )
+    out(f"\n[3/3] per mode over {len(result.answers['full'])} questions (same answer: the "
+        "whole answer is full prefill's; answer KL: KL(full || mode) over full's answer, "
+        "teacher-forced; accuracy: the answer contains the gold)")
+    out(f"  {'mode':<22}{'same answer':>12}{'answer KL':>11}{'accuracy':>9}{'first token':>12}"
+        f"{'TTFT median':>13}{'speedup':>9}")
     for label in result.answers:
         t = result.median_ttft(label)
-        out(f"  {label:<22}{result.accuracy(label):>9.0%}{result.same_as_full(label):>21.0%}"
+        out(f"  {label:<22}{result.same_as_full(label):>12.0%}{result.answer_kl(label):>11.3f}"
+            f"{result.accuracy(label):>9.0%}{result.first_token_agreement(label):>12.0%}"
             f"{t * 1e3:>10.0f} ms{full / t:>8.1f}x")
     tokens = [a.prompt_tokens for a in result.answers["full"]]
     per_k = full / statistics.median(tokens) * 1e3  # s per 1,000 tokens

@@ -31,6 +31,9 @@ def test_demo_on_the_tiny_model_runs_every_mode_and_reuses_its_store(tmp_path: P
     for label in ("reuse", cfg.blend.label):  # every passage KV came from the store
         assert all(a.hits == a.chunks > 0 for a in first.answers[label])
     assert first.same_as_full("full") == 1.0
+    assert first.answer_kl("full") == 0.0 and first.first_token_agreement("full") == 1.0
+    assert all(a.answer_kl >= 0.0 for a in first.answers["reuse"])
+    assert any("answer KL" in line for line in lines)
     assert any("embedded and their KVs precomputed" in line for line in lines)
     lines.clear()
     second = run(cfg, out=lines.append)  # the collection and KVs are found, answers are the same

@@ -11,18 +11,23 @@ A user reads the whole answer. Two measures of a mode against full prefill on on
 ``greedy_answer`` decodes after a prefill and keeps the logits of every step; ``forced_logits``
 then re-uses the rows the mode's own answer wrote for as long as it agrees with full's answer and
 decodes full's tokens from there, so teacher forcing costs only the tokens after the first
-difference.
+difference. ``compare_answers`` does both for a list of configs on one prompt (the benchmark,
+the demo and the real-model test use it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from blendrag.config import BlendConfig
 from blendrag.engine.prefill import decode_step
-from blendrag.eval.metrics import normalize_answer
+from blendrag.engine.stats import RequestStats
+from blendrag.eval.metrics import first_token_agrees, first_token_kl, normalize_answer
+from blendrag.prompt import PromptLayout
 
 if TYPE_CHECKING:
     from blendrag.engine.engine import BlendEngine
@@ -102,3 +107,37 @@ def same_answer(answer: str, reference: str) -> bool:
     """Whether two answers are the same text once normalized (case, punctuation, articles,
     whitespace)."""
     return normalize_answer(answer) == normalize_answer(reference)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One config's answer against the reference config's (full prefill's) on one prompt."""
+
+    config: BlendConfig
+    answer: Answer
+    same_answer: bool
+    answer_kl: float  # 0.0 for the reference itself
+    first_token_agrees: bool
+    first_token_kl: float
+    stats: RequestStats
+
+
+def compare_answers(engine: BlendEngine, layout: PromptLayout, configs: Sequence[BlendConfig],
+                    max_new_tokens: int, first_line: bool = False) -> list[Comparison]:
+    """Prefill ``layout`` with each config in turn and decode its greedy answer; the first
+    config (full prefill, normally) is the reference every other one is compared with."""
+    if not configs:
+        raise ValueError("compare_answers needs at least the reference config")
+    out: list[Comparison] = []
+    reference: Answer | None = None
+    for config in configs:
+        pre = engine.prefill(layout, config, extra_capacity=max_new_tokens)
+        own = greedy_answer(engine, pre, max_new_tokens, first_line)
+        ref = own if reference is None else reference
+        kl = 0.0 if reference is None else answer_kl(
+            ref.logits, forced_logits(engine, pre, own, ref.token_ids))
+        out.append(Comparison(config, own, same_answer(own.text, ref.text), kl,
+                              first_token_agrees(ref.logits[0], pre.logits),
+                              first_token_kl(ref.logits[0], pre.logits), pre.stats))
+        reference = ref
+    return out

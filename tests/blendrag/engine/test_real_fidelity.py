@@ -1,8 +1,9 @@
 """Fidelity of the default blend on the real model, on the 40 held-out synthetic questions of
-docs/benchmarks.md ("Fidelity on a real model"). The target of 0.95 first-token agreement at
-20 % is not reached (measured: 0.90, KL 0.025; reuse 0.775, KL 0.116; an oracle choosing each
-request's ratio reaches 0.925 at the same mean recompute): this test holds the floor measured
-so far, so that a change that loses fidelity fails."""
+docs/benchmarks.md ("Fidelity on a real model"), in what a user reads: the whole greedy answer
+(16 tokens at most) compared with full prefill's, and the answer KL teacher-forced on full's
+answer; then the first token. The targets (0.90 same answer, answer KL 0.02 at 20 %) are not
+reached: this test holds the floor measured so far, so that a change that loses fidelity
+fails."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import importlib.util
 import pytest
 
 from blendrag import BlendConfig, BlendEngine
-from blendrag.eval.metrics import first_token_agrees, first_token_kl
+from blendrag.eval.answer import compare_answers
 from blendrag_bench.datasets import load_synthetic
 
 pytestmark = pytest.mark.slow
+NEW_TOKENS = 16
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -24,21 +26,24 @@ def test_default_blend_holds_its_measured_fidelity_on_40_questions():
     engine = BlendEngine.from_pretrained("smollm2-135m-instruct", device="cpu")
     default = BlendConfig()
     assert (default.selector, default.ratio) == ("preview", 0.20)
-    agree, kl_blend, kl_reuse, fractions = [], [], [], []
+    same, kl_blend, kl_reuse, agree, first_kl, fractions = [], [], [], [], [], []
     items = load_synthetic(limit=40)  # the held-out items the benchmark reports
     for item in items:
         layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
-        full = engine.prefill(layout, BlendConfig(mode="full")).logits
-        blend = engine.prefill(layout, default)
-        reuse = engine.prefill(layout, BlendConfig(mode="reuse")).logits
-        agree.append(first_token_agrees(full, blend.logits))
-        kl_blend.append(first_token_kl(full, blend.logits))
-        kl_reuse.append(first_token_kl(full, reuse))
+        _, blend, reuse = compare_answers(engine, layout, [BlendConfig(mode="full"), default,
+                                                           BlendConfig(mode="reuse")], NEW_TOKENS)
+        same.append(blend.same_answer)
+        kl_blend.append(blend.answer_kl)
+        kl_reuse.append(reuse.answer_kl)
+        agree.append(blend.first_token_agrees)
+        first_kl.append(blend.first_token_kl)
         fractions.append(blend.stats.recompute_fraction)
         assert blend.stats.exact_first  # the first passage took its exact rows
     assert len(items) == 40
-    assert sum(agree) / len(agree) >= 0.875  # measured 0.90 (36 of 40)
-    assert sum(kl_blend) / len(kl_blend) <= 0.032  # measured 0.025
+    assert sum(same) / 40 >= SAME_FLOOR  # measured MEASURED_SAME
+    assert sum(kl_blend) / 40 <= KL_CEILING  # measured MEASURED_KL
+    assert sum(agree) / 40 >= 0.875  # measured 0.90 (36 of 40)
+    assert sum(first_kl) / 40 <= 0.032  # measured 0.025
     assert max(fractions) <= 0.21  # ceil() of 20 % of the chunk tokens
-    # and recompute is what keeps it: reusing the stored KVs as they are drifts 4.6x further
-    assert sum(kl_blend) < 0.33 * sum(kl_reuse)
+    # and recompute is what keeps it: the stored KVs as they are drift further over the answer
+    assert sum(kl_blend) < REUSE_SHARE * sum(kl_reuse)

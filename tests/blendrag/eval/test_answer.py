@@ -8,7 +8,13 @@ import torch
 
 from blendrag import BlendConfig, PromptLayout
 from blendrag.engine.context import ChunkContext
-from blendrag.eval.answer import answer_kl, forced_logits, greedy_answer, same_answer
+from blendrag.eval.answer import (
+    answer_kl,
+    compare_answers,
+    forced_logits,
+    greedy_answer,
+    same_answer,
+)
 
 FULL = BlendConfig(mode="full")
 
@@ -84,3 +90,21 @@ def test_answer_kl_is_the_mean_of_the_per_token_divergences() -> None:
 def test_same_answer_compares_normalized_text() -> None:
     assert same_answer("The Eiffel Tower.", "eiffel  tower")
     assert not same_answer("Paris, France", "Paris")
+
+
+def test_compare_answers_against_the_first_config(engine, layout) -> None:
+    configs = [FULL, BlendConfig(selector="cacheblend", ratio=1.0), BlendConfig(mode="reuse")]
+    full, exact, reuse = compare_answers(engine, layout, configs, 5)
+    assert [c.config for c in (full, exact, reuse)] == configs
+    assert full.same_answer and full.answer_kl == 0.0 and full.first_token_kl == 0.0
+    assert exact.same_answer and exact.answer_kl == pytest.approx(0.0, abs=1e-6)
+    assert exact.answer.token_ids == full.answer.token_ids
+    pre = engine.prefill(layout, BlendConfig(mode="reuse"), extra_capacity=5)
+    own = greedy_answer(engine, pre, 5)
+    assert own.token_ids == reuse.answer.token_ids
+    expected = answer_kl(full.answer.logits, forced_logits(engine, pre, own,
+                                                           full.answer.token_ids))
+    assert reuse.answer_kl == pytest.approx(expected, rel=1e-5) and reuse.answer_kl > 0
+    assert reuse.stats.mode == "reuse"
+    with pytest.raises(ValueError, match="reference"):
+        compare_answers(engine, layout, [], 5)
