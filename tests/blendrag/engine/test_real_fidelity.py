@@ -40,10 +40,10 @@ def test_default_blend_holds_its_measured_fidelity_on_40_questions():
         fractions.append(blend.stats.recompute_fraction)
         assert blend.stats.exact_first  # the first passage took its exact rows
     assert len(items) == 40
-    assert sum(same) / 40 >= SAME_FLOOR  # measured MEASURED_SAME
-    assert sum(kl_blend) / 40 <= KL_CEILING  # measured MEASURED_KL
+    assert sum(same) / 40 >= 0.40  # measured 0.425 (17 of 40)
+    assert sum(kl_blend) / 40 <= 0.055  # measured 0.047
     assert sum(agree) / 40 >= 0.875  # measured 0.90 (36 of 40)
     assert sum(first_kl) / 40 <= 0.032  # measured 0.025
     assert max(fractions) <= 0.21  # ceil() of 20 % of the chunk tokens
     # and recompute is what keeps it: the stored KVs as they are drift further over the answer
-    assert sum(kl_blend) < REUSE_SHARE * sum(kl_reuse)
+    assert sum(kl_blend) < 0.55 * sum(kl_reuse)  # measured 0.047 against 0.0995
