@@ -73,6 +73,8 @@ SMALL = {
                     "--no-redis"],
     "bench quality": ["--model", "demo", "--limit", "1", "--ratios", "0.15", "--selectors",
                       "cacheblend", "--no-progress"],
+    "bench fidelity": ["--model", "demo", "--ratios", "0.5", "--max-new-tokens", "2",
+                       "--no-progress"],
 }
 
 
@@ -88,18 +90,23 @@ def test_readme_command_lines_run_with_small_inputs(tmp_path: Path, capsys) -> N
     assert [c[:2] for c in commands] == [
         ["blendrag", "demo"], ["blendrag", "precompute"], ["blendrag", "cache"],
         ["blendrag", "cache"], ["blendrag", "bench"], ["blendrag", "bench"],
-        ["blendrag", "bench"]]
+        ["blendrag", "bench"], ["blendrag", "bench"]]
     docs = tmp_path / "docs"
     docs.mkdir()
     for i, text in enumerate(("The river flows north.", "The old mill stands by the bridge.")):
         (docs / f"{i}.md").write_text(text)
     store = ["--store-dir", str(tmp_path / "kv")]
+    prompts = tmp_path / "my.jsonl"  # bench fidelity's prompts: one in the demo corpus's style
+    prompts.write_text('{"prefix": "Read the passages.\\n", "chunks": ["Lena Park is a '
+                       'chemist.\\n", "She was born in 1971.\\n"], "suffix": "Question: When '
+                       'was Lena Park born?\\nAnswer:"}\n')
     threads = torch.get_num_threads()
     try:
         for argv in commands:
             argv = argv[1:]
             name = " ".join(argv[:2]) if argv[0] in ("bench", "cache") else argv[0]
-            argv = [str(docs) if a == "docs" else a for a in argv] + SMALL.get(name, [])
+            argv = [str(docs) if a == "docs" else str(prompts) if a == "my.jsonl" else a
+                    for a in argv] + SMALL.get(name, [])
             if name in ("demo", "precompute", "cache stats", "cache clear"):
                 argv += store
             if name in ("demo", "bench quality"):
@@ -119,5 +126,7 @@ def test_readme_command_lines_run_with_small_inputs(tmp_path: Path, capsys) -> N
                 assert out.startswith("removed ")
             if name == "bench ttft":
                 assert "median of 3 runs" in out and "target >= 4x: " in out
+            if name == "bench fidelity":
+                assert "Smallest ratio meeting same answer >= 0.90" in out
     finally:
         torch.set_num_threads(threads)

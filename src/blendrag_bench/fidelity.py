@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +26,7 @@ from blendrag.config import SELECTORS
 from blendrag.engine.engine import BlendEngine
 from blendrag_bench.datasets import EvalItem
 from blendrag_bench.quality import ConfigSummary, QualityConfig, QualityReport, run_quality
-
-DEFAULT_FIDELITY_RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7)
+from blendrag_bench.quality_cli import DEFAULT_FIDELITY_RATIOS
 
 
 @dataclass(frozen=True)
@@ -94,13 +93,15 @@ def check_fidelity(engine: BlendEngine, items: Sequence[EvalItem],
                    selectors: Sequence[str] = SELECTORS[:1],
                    ratios: Sequence[float] = DEFAULT_FIDELITY_RATIOS,
                    target: FidelityTarget = FidelityTarget(),
-                   max_new_tokens: int = 16) -> FidelityCheck:
+                   max_new_tokens: int = 16,
+                   on_item: Callable[[int, int], None] | None = None) -> FidelityCheck:
     """Run full prefill, reuse and blend (each selector at each ratio) on ``items`` with
-    ``engine`` and find the smallest ratio meeting ``target`` per selector."""
+    ``engine`` and find the smallest ratio meeting ``target`` per selector; ``on_item(done,
+    total)`` after each prompt."""
     config = QualityConfig(model=engine.name, modes=("full", "reuse", "blend"),
                            selectors=tuple(selectors), ratios=tuple(ratios),
                            max_new_tokens=max_new_tokens, max_chunk_tokens=None)
-    report = run_quality(items, config, engine=engine, dataset="your prompts")
+    report = run_quality(items, config, engine=engine, dataset="your prompts", on_item=on_item)
     return FidelityCheck(report, target, smallest_ratios(report, target))
 
 

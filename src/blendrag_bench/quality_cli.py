@@ -24,6 +24,7 @@ DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 6, "longfacts": 40}
 DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
+DEFAULT_FIDELITY_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7)  # bench fidelity
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
@@ -147,8 +148,6 @@ def _limit(args: argparse.Namespace, dataset: str) -> int | None:
 
 def register_fidelity(bench: argparse._SubParsersAction) -> None:
     """Add ``fidelity`` to the ``blendrag bench`` group: the frontier on your own prompts."""
-    from blendrag_bench.fidelity import DEFAULT_FIDELITY_RATIOS
-
     f = bench.add_parser(
         "fidelity", help="how close blend stays to full prefill on your model and prompts",
         description="Full prefill, full KV reuse and blend at each ratio on your own prompts: "
@@ -193,7 +192,8 @@ def _fidelity(args: argparse.Namespace) -> int:
                                            device=args.device or "cpu", dtype=args.dtype,
                                            chat=args.chat))
         check = check_fidelity(engine, items, args.selectors, args.ratios, target,
-                               args.max_new_tokens)
+                               args.max_new_tokens,
+                               Progress("prompts", "prompts", enabled=not args.no_progress))
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"blendrag bench fidelity: error: {e}", file=sys.stderr)
         return 2
