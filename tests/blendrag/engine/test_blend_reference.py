@@ -70,6 +70,20 @@ def _reference(engine, ids: list[int], computed: torch.Tensor, keys, values):
     return logits, torch.stack(fused_k), torch.stack(fused_v)
 
 
+def _assert_decoding_reads_the_blend_rows(engine, layout, pre, computed, keys, values,
+                                          tokens: int) -> None:
+    """Decoding after the blend reads the rows it wrote: each decoded token's logits equal the
+    reference's with the tokens before it appended and computed (attending to the same fused
+    rows)."""
+    answer = greedy_answer(engine, pre, tokens)
+    for t in range(1, len(answer.token_ids)):
+        ids = layout.ids + list(answer.token_ids[:t])
+        extended = torch.cat([computed, torch.arange(layout.num_tokens, len(ids))])
+        with torch.no_grad():
+            step, _, _ = _reference(engine, ids, extended, keys, values)
+        assert (answer.logits[t] - step).abs().max().item() < TOL, t
+
+
 @pytest.mark.parametrize("ratio", [0.2, 0.5])
 def test_partial_blend_and_its_decoding_equal_the_naive_reference(engine_for, ratio):
     engine = engine_for("llama")
@@ -86,15 +100,7 @@ def test_partial_blend_and_its_decoding_equal_the_naive_reference(engine_for, ra
     # not vacuous: full prefill and reuse differ from it
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert (pre.logits - full).abs().max().item() > 1e-3
-    # decoding after the blend reads the rows it wrote: each decoded token equals the reference
-    # with that token appended and computed (its rows attend to the same fused rows)
-    answer = greedy_answer(engine, pre, 4)
-    for t in range(1, len(answer.token_ids)):
-        ids = layout.ids + list(answer.token_ids[:t])
-        extended = torch.cat([computed, torch.arange(layout.num_tokens, len(ids))])
-        with torch.no_grad():
-            step, _, _ = _reference(engine, ids, extended, keys, values)
-        assert (answer.logits[t] - step).abs().max().item() < TOL, t
+    _assert_decoding_reads_the_blend_rows(engine, layout, pre, computed, keys, values, 4)
 
 
 def test_preview_blend_over_the_preview_pass_rows_equals_the_reference(engine_for):
@@ -118,10 +124,4 @@ def test_preview_blend_over_the_preview_pass_rows_equals_the_reference(engine_fo
     with torch.no_grad():
         ref, _, _ = _reference(engine, layout.ids, computed, keys, values)
     assert (pre.logits - ref).abs().max().item() < TOL
-    answer = greedy_answer(engine, pre, 3)
-    for t in range(1, len(answer.token_ids)):
-        ids = layout.ids + list(answer.token_ids[:t])
-        extended = torch.cat([computed, torch.arange(layout.num_tokens, len(ids))])
-        with torch.no_grad():
-            step, _, _ = _reference(engine, ids, extended, keys, values)
-        assert (answer.logits[t] - step).abs().max().item() < TOL, t
+    _assert_decoding_reads_the_blend_rows(engine, layout, pre, computed, keys, values, 3)
