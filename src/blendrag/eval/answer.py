@@ -73,7 +73,8 @@ def forced_logits(engine: BlendEngine, pre: Prefill, own: Answer,
     """[len(tokens), vocab] float32: the logits ``pre``'s KV gives each of ``tokens`` when the
     tokens before it are ``tokens`` (teacher forcing). ``own`` is the greedy answer already
     decoded from ``pre``: where it agrees with ``tokens`` its logits and rows are the forced
-    ones, so decoding resumes after the first difference."""
+    ones, so decoding resumes after the first difference. It writes ``tokens``' rows into
+    ``pre``'s buffer (the prompt's rows stay as they are): decode ``pre`` no further after it."""
     if not tokens:
         raise ValueError("teacher forcing needs at least one token")
     same = 0
