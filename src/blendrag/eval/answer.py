@@ -52,20 +52,23 @@ def greedy_answer(engine: BlendEngine, pre: Prefill, max_new_tokens: int,
     text."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    logits, ids, rows, text = pre.logits, [], [], ""
+    logits, ids, rows = pre.logits, [], []
     while True:
         rows.append(logits)  # [vocab]
         token = int(logits.argmax())
         ids.append(token)
-        if token in engine.eos_token_ids:
-            break
-        text = engine.tokenizer.decode(ids, skip_special_tokens=True)
-        if (first_line and "\n" in text.lstrip()) or len(ids) >= max_new_tokens:
+        if token in engine.eos_token_ids or len(ids) >= max_new_tokens or (
+                first_line and "\n" in _text(engine, ids).lstrip()):
             break
         logits = engine.logits(decode_step(engine.adapter, token, pre.fused))
+    text = _text(engine, [t for t in ids if t not in engine.eos_token_ids])
     if first_line:
         text = text.lstrip().split("\n", 1)[0]
     return Answer(tuple(ids), torch.stack(rows), text.strip())
+
+
+def _text(engine: BlendEngine, ids: list[int]) -> str:
+    return engine.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def forced_logits(engine: BlendEngine, pre: Prefill, own: Answer,
