@@ -86,7 +86,7 @@ def ask(index: VectorStoreIndex, llm: BlendLLM, example_id: int, top_k: int,
     engine = blend_query_engine(retriever, llm, text_qa_template=QA_TEMPLATE,
                                 node_postprocessors=[PassageOrder()])
     answer = engine.query(question).response.strip()
-    return answer, llm.last_stats.ttft_s
+    return answer, llm.last_stats.timing.ttft_s
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         plain, t_full = ask(index, full, i, len(ex.chunks), ex.question)
         print(f"Q: {ex.question}   (gold: {ex.answers[0]}, {ex.kind})")
         print(f"  blend@{args.ratio:g}: {blended!r:32} ok={exact_match(blended, ex.answers)}  "
-              f"ttft={t_blend * 1e3:.1f} ms  chunk hits={stats.chunk_hits}/{stats.chunks} "
+              f"ttft={t_blend * 1e3:.1f} ms  chunk hits={stats.cache.chunk_hits}/{stats.prompt.chunks} "
               f"recomputed={stats.recompute_fraction:.0%}")
         print(f"  full prefill: {plain!r:30} ok={exact_match(plain, ex.answers)}  "
               f"ttft={t_full * 1e3:.1f} ms")

@@ -34,8 +34,8 @@ import torch
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.engine import request
-from blendrag.engine.chunks import prefill_chunk
-from blendrag.engine.prefill import LoopPlan, run_loop
+from blendrag.engine.loop import LoopPlan
+from blendrag.engine.observers import KeyAttention
 from blendrag.engine.preview import suffix_attention
 from blendrag.eval.answer import answer_kl, forced_logits, greedy_answer, same_answer
 from blendrag.kv.chunk_kv import ChunkKV
@@ -48,13 +48,13 @@ NEW_TOKENS = 16
 _extra: dict = {"ids": (), "attention": None}
 
 
-def _preview_with_answer(adapter, layout, cached, fused, rope, feed=None):
+def _preview_with_answer(runner, layout, fused, rope, feed):
     """The preview pass over the suffix followed by ``_extra["ids"]`` (rows past the prompt are
     overwritten by decoding later; the buffer has room for them); its attention replaced by
     ``_extra["attention"]`` when set (the pass still loads the cached rows)."""
     longer = dataclasses.replace(layout, suffix_ids=layout.suffix_ids + _extra["ids"])
-    rope = RopeTable(adapter.rotary, longer.num_tokens, fused.k.dtype, fused.k.device)
-    attention, keys, load_s = suffix_attention(adapter, longer, cached, fused, rope, feed)
+    rope = RopeTable(runner.adapter.rotary, longer.num_tokens, fused.k.dtype, fused.k.device)
+    attention, keys, load_s = suffix_attention(runner, longer, fused, rope, feed)
     if _extra["attention"] is not None:
         attention = _extra["attention"]
     return attention, keys, load_s
@@ -67,19 +67,20 @@ def _true_attention(engine: BlendEngine, layout, answer: tuple[int, ...]) -> tor
     n = longer.num_tokens
     pre = engine.prefill(longer, BlendConfig(mode="full"))
     # every row is exact already: recompute the suffix and answer only, recording attention
-    plan = LoopPlan(torch.tensor(longer.ids), [], torch.arange(layout.suffix_start, n),
-                    score_range=(len(layout.prefix_ids), layout.suffix_start), preloaded=True)
-    return run_loop(engine.adapter, plan, pre.fused, engine.rope(n)).attention.cpu()
+    plan = LoopPlan(torch.tensor(longer.ids), torch.arange(layout.suffix_start, n))
+    attention = KeyAttention(len(layout.prefix_ids), layout.suffix_start)
+    engine.runner.run(plan, pre.fused, engine.runner.rope(n), (attention,))
+    return attention.attention.cpu()
 
 
 def _store_after_predecessor(engine: BlendEngine, layout) -> None:
     """Replace each stored chunk but the first by the chunk computed right after its
     predecessor in this prompt (its context shift kept, for the preview selector's prior)."""
-    prefix = engine.prefix_kv(layout.chunk_prefix_ids)
+    prefix = engine.cache.prefix(layout.chunk_prefix_ids)
     for before, ids in zip(layout.chunk_ids, layout.chunk_ids[1:]):
         key = engine.key(layout.chunk_prefix_ids, ids)
         old = engine.store.get(key)
-        kv = prefill_chunk(engine, prefix, [*layout.chunk_prefix_ids, *before], ids)
+        kv = engine.runner.compute_chunk(prefix, [*layout.chunk_prefix_ids, *before], ids)
         engine.store.put(key, ChunkKV(kv.keys, kv.values, old.token_ids, old.prefix_hash,
                                       old.sensitivity, old.context, old.context_shift))
 

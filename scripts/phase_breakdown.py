@@ -5,7 +5,7 @@
     python scripts/phase_breakdown.py --threads 2 --ab blocks
 
 The default workload of ``bench ttft`` (random Mistral-shaped 32 layers, 3,168 tokens). Without
-``--ab``: one ``prefill(timed=True)`` per mode after a warm-up, ms per phase, and the median
+``--ab``: one prefill timed by a ``PhaseClock`` per mode after a warm-up, ms per phase, and the median
 TTFT of ``--repeats`` untimed calls. ``--ab buffers``: the same with the engine's pooled request
 buffer and with a fresh buffer per request (what the pool saves). ``--ab blocks``: attention
 time of profile@15 % and reuse with masked-attention blocks of 16/32/64/128 rows, alternated,
@@ -23,7 +23,7 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.engine import layer
-from blendrag.engine.phases import PHASES
+from blendrag.engine.phases import PHASES, PhaseClock
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
 MODES = {
@@ -46,10 +46,17 @@ def breakdown(engine, layout, names: list[str], repeats: int, tag: str = "") -> 
             t0 = time.perf_counter()
             engine.prefill(layout, config)
             ttft.append(time.perf_counter() - t0)
-        phases = engine.prefill(layout, config, timed=True).stats.phase_s
+        phases = timed(engine, layout, config)
         print(f"{tag + name:18}" + "".join(f"{phases.get(p, 0) * 1e3:10.1f}" for p in PHASES)
               + f"{sum(phases.values()) * 1e3:9.0f}{statistics.median(ttft) * 1e3:9.0f}",
               flush=True)
+
+
+def timed(engine, layout, config) -> dict[str, float]:
+    """Seconds per phase of one prefill (engine/phases.py)."""
+    clock = PhaseClock(engine.device)
+    engine.prefill(layout, config, observers=[clock])
+    return clock.seconds
 
 
 def blocks(engine, layout, repeats: int) -> None:
@@ -60,7 +67,7 @@ def blocks(engine, layout, repeats: int) -> None:
             for _ in range(repeats):
                 for size in (16, 32, 64, 128):
                     layer.attention_blocks.__defaults__ = (size,)
-                    phases = engine.prefill(layout, MODES[name], timed=True).stats.phase_s
+                    phases = timed(engine, layout, MODES[name])
                     seen.setdefault(size, []).append(phases["attention"])
             print(name, "attention ms, min over calls: " + ", ".join(
                 f"blocks of {size}: {min(v) * 1e3:.0f}" for size, v in seen.items()))
@@ -87,15 +94,14 @@ def main() -> None:
         return
     breakdown(engine, layout, args.modes, args.repeats, "pooled " if args.ab else "")
     if args.ab == "buffers":
-        pool = engine._buffers
-        engine._buffers = type(pool)()
-        take = engine._buffers.take
+        runner = engine.runner
+        pooled = runner.buffer
 
-        def fresh(*shape_and_kind):
-            engine._buffers.clear()  # nothing pooled: every request allocates
-            return take(*shape_and_kind)
+        def fresh(capacity: int):
+            runner.release_buffers()  # nothing pooled: every request allocates
+            return pooled(capacity)
 
-        engine._buffers.take = fresh
+        runner.buffer = fresh
         breakdown(engine, layout, args.modes, args.repeats, "fresh ")
 
 

@@ -217,7 +217,7 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
         quality=score(item.metric, c.answer.text, item.answers) if item.answers else NO_GOLD,
         exact_match=exact_match(c.answer.text, item.answers) if item.answers else NO_GOLD,
         first_token_agreement=float(c.first_token_agrees), kl=c.first_token_kl,
-        ttft_s=c.stats.ttft_s, recompute_fraction=c.stats.recompute_fraction,
+        ttft_s=c.stats.timing.ttft_s, recompute_fraction=c.stats.recompute_fraction,
         compute_fraction=c.stats.compute_fraction) for c in compared]
 
 

@@ -138,7 +138,7 @@ def _entry_size(engine: BlendEngine, entry: Path, tokens: int) -> dict:
 
 def _compute_throughput(engine: BlendEngine, layout: PromptLayout) -> dict:
     prefix = list(layout.prefix_ids)
-    engine.prefix_kv(prefix)  # a job computes its prefix once
+    engine.cache.prefix(prefix)  # a job computes its prefix once
     warm = torch.randint(3, engine.model.config.vocab_size, (len(layout.chunk_ids[0]),)).tolist()
     _hf_seconds(engine, [prefix + warm])
     engine.precompute(prefix, [warm])

@@ -20,6 +20,7 @@ the full prefill (meaningful on a real model only).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -128,7 +129,8 @@ def run(cfg: TierBenchConfig) -> list[dict]:
         for rep in range(w.repeats + 1):  # round-robin; the first round warms up
             for name, (where, config, prefetch) in calls.items():
                 engine.store = where
-                pre = engine.prefill(layout, config, prefetch=prefetch)
+                engine.loading = dataclasses.replace(engine.loading, prefetch_layers=prefetch)
+                pre = engine.prefill(layout, config)
                 if rep:
                     samples[name].append(pre)
             load = _load_only(store, keys)
@@ -146,10 +148,10 @@ def _records(cfg: TierBenchConfig, samples: dict[str, list], keys: list[str]) ->
             out.append(_record(cfg, name, None, None, True, t, t, 0.0))
             continue
         st = [p.stats for p in pres]
-        mid = sorted(range(len(st)), key=lambda i: st[i].ttft_s)[len(st) // 2]
+        mid = sorted(range(len(st)), key=lambda i: st[i].timing.ttft_s)[len(st) // 2]
         s = st[mid]
-        rec = _record(cfg, name, s.selector, s.ratio, s.pipelined, s.ttft_s, s.load_s,
-                      s.compute_s)
+        rec = _record(cfg, name, s.selector, s.ratio, s.loading.pipelined, s.timing.ttft_s, s.loading.load_s,
+                      s.loading.compute_s)
         rec.update(recompute_fraction=s.recompute_fraction, controller=s.controller,
                    kl_vs_full=_kl(pres[mid].logits, full_logits),
                    ratios=[x.ratio for x in st])

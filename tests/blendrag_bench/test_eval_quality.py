@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from blendrag.config import BlendConfig
-from blendrag.engine.chunks import prefill_chunk
 from blendrag_bench.datasets import EvalItem, load_synthetic
 from blendrag_bench.quality import RECORD_KEYS, ExampleResult, QualityConfig, run_quality, summarize
 from blendrag_bench.report import records, write_report
@@ -146,8 +145,8 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
     ]
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
-    after_prev = [key_deviation(prefill_chunk(engine, None, anchor, c),
-                                prefill_chunk(engine, None, anchor + list(ids[i - 1]),
+    after_prev = [key_deviation(engine.runner.compute_chunk(None, anchor, c),
+                                engine.runner.compute_chunk(None, anchor + list(ids[i - 1]),
                                                       c)) for i, c in enumerate(ids)]
     stored = [engine.store.get(engine.key(anchor, c)).sensitivity for c in ids]
     same = [
@@ -158,7 +157,7 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
         assert all(same)
     else:
         assert not all(same)
-    assert engine.prefill(layout, config.configs()[1]).stats.profiles_computed == 0
+    assert engine.prefill(layout, config.configs()[1]).stats.cache.profiles_computed == 0
 
 
 def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
@@ -180,9 +179,9 @@ def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
     )
     layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
-    alone = prefill_chunk(engine, None, anchor, ids[2])
+    alone = engine.runner.compute_chunk(None, anchor, ids[2])
     devs = [
-        key_deviation(alone, prefill_chunk(engine, None, anchor + list(ids[j]), ids[2]))
+        key_deviation(alone, engine.runner.compute_chunk(None, anchor + list(ids[j]), ids[2]))
         for j in (1, 0)
     ]
     stored = engine.store.get(engine.key(anchor, ids[2])).sensitivity

@@ -85,7 +85,7 @@ def test_profile_blend_recovers_the_pronoun_questions_reuse_loses() -> None:
 
     def accuracy(cfg: BlendConfig) -> float:
         results = [engine.generate(lay, cfg, gen) for lay in layouts]
-        assert all(r.stats.profiles_computed == 0 for r in results)
+        assert all(r.stats.cache.profiles_computed == 0 for r in results)
         return sum(exact_match(r.text, x.answers) for r, x in zip(results, examples)) / len(
             examples
         )

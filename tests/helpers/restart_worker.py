@@ -90,8 +90,8 @@ def llamaindex(step: str, model_dir: str, work: Path) -> dict:
 
 def _report(llm, answer: str) -> dict:
     stats = llm.last_stats
-    return {"blended": stats.mode != "full", "chunk_hits": stats.chunk_hits,
-            "chunk_misses": stats.chunk_misses, "fallbacks": llm.fallbacks, "answer": answer}
+    return {"blended": stats.mode != "full", "chunk_hits": stats.cache.chunk_hits,
+            "chunk_misses": stats.cache.chunk_misses, "fallbacks": llm.fallbacks, "answer": answer}
 
 
 if __name__ == "__main__":

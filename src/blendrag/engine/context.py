@@ -27,7 +27,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from blendrag.kv.chunk_kv import ChunkKV
+
+if TYPE_CHECKING:
+    from blendrag.engine.runner import ModelRunner
 
 PASSAGES: tuple[str, ...] = (
     "The river rises in a range of low hills and flows north for about three hundred kilometres "
@@ -118,3 +127,22 @@ class ChunkContext:
 
 
 NO_CONTEXT = ChunkContext(fillers=())
+
+
+def in_context(runner: ModelRunner, alone: ChunkKV, chunk_prefix_ids: Sequence[int],
+               fillers: Sequence[tuple[Sequence[int], ChunkKV]], tag: str) -> ChunkKV:
+    """The chunk of ``alone`` (computed after the chunk prefix) computed after the chunk prefix
+    + each filler instead (``fillers``: each filler's ids and the KV of chunk prefix + filler),
+    K and V averaged over the fillers, with its context shift: per layer, the squared distance
+    of each token's averaged values from ``alone``'s, summed over heads. -> ChunkKV
+    [L, Hkv, T, D] tagged ``tag``."""
+    ids = list(alone.token_ids)
+    keys, values = torch.zeros_like(alone.keys), torch.zeros_like(alone.values)
+    for filler_ids, filler_kv in fillers:
+        kv = runner.compute_chunk(filler_kv, [*chunk_prefix_ids, *filler_ids], ids)
+        keys += kv.keys
+        values += kv.values
+    keys /= len(fillers)
+    values /= len(fillers)
+    shift = (values.float() - alone.values.float()).pow(2).sum(dim=(1, 3)).cpu()  # [L, T]
+    return ChunkKV(keys, values, alone.token_ids, alone.prefix_hash, alone.sensitivity, tag, shift)

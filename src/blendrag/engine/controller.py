@@ -225,23 +225,23 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
         tier = getattr(seg.kv, "tier", "computed")
         if tier != "computed":  # computed by this request: nothing to load
             per_tier[tier] = per_tier.get(tier, 0) + seg.kv.layer_nbytes
-    return controller.decide(per_tier, stats.chunk_tokens, stats.suffix_tokens,
+    return controller.decide(per_tier, stats.prompt.chunk_tokens, stats.prompt.suffix_tokens,
                              sum(s.kv.num_tokens for s in cached), floor)
 
 
 def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats,
             load_work_s: float) -> None:
     """Fill the request's loading figures in ``stats`` and fold them into ``controller``."""
-    stats.pipelined = feed.pipelined
-    stats.load_s = sum(feed.tier_s.values())
-    stats.load_wait_s = feed.wait_s
-    loop_s = stats.prefill_s
-    stats.compute_s = max(loop_s - feed.wait_s, 0.0)
+    loading, compute = stats.loading, stats.compute
+    loading.pipelined = feed.pipelined
+    loading.load_s = sum(feed.tier_s.values())
+    loading.load_wait_s = feed.wait_s
+    loading.compute_s = max(stats.timing.prefill_s - feed.wait_s, 0.0)
     # The compute speed is learnt from the requests whose computed tokens are like those a
     # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
     # computes causal blocks, cheaper per token, which would make the controller overshoot.
     token_layers = 0
     if stats.mode in ("blend", "reuse"):
-        token_layers = sum(stats.computed_per_layer) + stats.preview_tokens * stats.layers
-    controller.observe(feed.tier_s, feed.tier_bytes, stats.compute_s, token_layers, load_work_s,
-                       stats.tokens_reused * stats.layers)
+        token_layers = sum(compute.computed_per_layer) + compute.preview_tokens * compute.layers
+    controller.observe(feed.tier_s, feed.tier_bytes, loading.compute_s, token_layers,
+                       load_work_s, stats.cache.tokens_reused * compute.layers)

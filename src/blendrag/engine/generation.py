@@ -9,15 +9,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from blendrag.config import GenerationConfig
-from blendrag.engine.prefill import decode_step
+from blendrag.engine.request import Prefill
+from blendrag.engine.runner import ModelRunner
 from blendrag.engine.sampling import make_generator, next_token
 from blendrag.engine.stats import RequestStats
-
-if TYPE_CHECKING:
-    from blendrag.engine.engine import BlendEngine, Prefill
 
 
 @dataclass
@@ -29,14 +26,16 @@ class GenerationResult:
 
 
 class GenerationStream:
-    """Iterator of text deltas; ``result`` is set once it is exhausted."""
+    """Iterator of text deltas decoded after ``prefill`` by ``runner``; ``result`` is set once it
+    is exhausted. ``eos_token_ids``: the model's, used unless ``cfg`` gives its own."""
 
-    def __init__(self, engine: BlendEngine, prefill: Prefill, cfg: GenerationConfig,
-                 t0: float) -> None:
-        self.engine = engine
+    def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: set[int], prefill: Prefill,
+                 cfg: GenerationConfig) -> None:
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
         self.prefill = prefill
         self.cfg = cfg
-        self.t0 = t0
         self.result: GenerationResult | None = None
         self._iter = self._run()
 
@@ -47,11 +46,10 @@ class GenerationStream:
         return next(self._iter)
 
     def _run(self) -> Iterator[str]:
-        engine, cfg, stats = self.engine, self.cfg, self.prefill.stats
-        eos = set(cfg.eos_token_ids) if cfg.eos_token_ids is not None else engine.eos_token_ids
-        generator = make_generator(cfg, engine.device)
+        cfg, stats = self.cfg, self.prefill.stats
+        eos = set(cfg.eos_token_ids) if cfg.eos_token_ids is not None else self.eos_token_ids
+        generator = make_generator(cfg, self.runner.device)
         token = next_token(self.prefill.logits, cfg, generator)
-        stats.ttft_s = time.perf_counter() - self.t0
         t_first = time.perf_counter()
         ids: list[int] = []
         emitted, text, reason = 0, "", "length"
@@ -60,7 +58,7 @@ class GenerationStream:
                 reason = "eos"
                 break
             ids.append(token)
-            text = engine.tokenizer.decode(ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
             cut = _first_stop(text, cfg.stop)
             if cut is not None:
                 text, reason = text[:cut], "stop"
@@ -71,13 +69,12 @@ class GenerationStream:
                 emitted = safe
             if len(ids) >= cfg.max_new_tokens:
                 break
-            hidden = decode_step(engine.adapter, token, self.prefill.fused)
-            token = next_token(engine.logits(hidden), cfg, generator)
+            token = next_token(self.runner.decode(token, self.prefill.fused), cfg, generator)
         if len(text) > emitted:
             yield text[emitted:]
-        stats.new_tokens = len(ids)
-        stats.decode_s = time.perf_counter() - t_first
-        stats.finish_reason = reason
+        stats.decode.new_tokens = len(ids)
+        stats.decode.decode_s = time.perf_counter() - t_first
+        stats.decode.finish_reason = reason
         self.result = GenerationResult(text=text, token_ids=ids, finish_reason=reason, stats=stats)
 
 

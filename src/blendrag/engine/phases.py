@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from blendrag.engine.observers import LayerObserver
+
 PHASES = (
     "fetch",      # store lookups (+ computing missing chunk KVs)
     "setup",      # the request's KV buffer and RoPE table
@@ -29,8 +31,9 @@ PHASES = (
 )
 
 
-class PhaseClock:
-    """Seconds per phase (``seconds``), accumulated over laps."""
+class PhaseClock(LayerObserver):
+    """Seconds per phase (``seconds``), accumulated over laps. Pass one among a request's
+    observers (``BlendEngine.prefill(..., observers=[PhaseClock(engine.device)])``) to time it."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"

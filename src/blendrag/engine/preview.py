@@ -3,39 +3,38 @@
 Before blending, the suffix (the question and the answer cue) is run alone over the cached
 rows, exactly what full KV reuse computes, and the attention its tokens pay each chunk token is
 recorded at every layer (computed once: the probabilities the layer's output is made of).
-Tokens the question reads are the ones whose stale rows would move the
-answer; the selector weighs that attention by how far context moves each token
-(``ChunkKV.context_shift``). Cost: the suffix's tokens once more at every layer (counted in
-``RequestStats.preview_tokens`` and ``compute_fraction``). The pass runs in the request's KV
-buffer: the cached rows it loads stay for the blend pass, and the suffix rows it writes are
-ones the blend pass computes again.
+Tokens the question reads are the ones whose stale rows would move the answer; the selector
+weighs that attention by how far context moves each token (``ChunkKV.context_shift``). Cost:
+the suffix's tokens once more at every layer (counted in ``preview_tokens`` and
+``compute_fraction``). The pass runs in the request's KV buffer: the cached rows it loads stay
+for the blend pass, and the suffix rows it writes are ones the blend pass computes again.
 """
 
 from __future__ import annotations
 
 import torch
 
-from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer_feed import LayerFeed
-from blendrag.engine.prefill import LoopPlan, run_loop
-from blendrag.model.adapters import LlamaAdapter
+from blendrag.engine.loop import LoopPlan
+from blendrag.engine.observers import KeyAttention, LayerCounts
+from blendrag.engine.runner import ModelRunner
 from blendrag.model.rope import RopeTable
 from blendrag.prompt import PromptLayout
 
 
-@torch.inference_mode()
-def suffix_attention(adapter: LlamaAdapter, layout: PromptLayout, cached: list[CachedSegment],
-                     fused: FusedKV, rope: RopeTable,
-                     feed: LayerFeed | None = None) -> tuple[torch.Tensor, int, float]:
+def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, rope: RopeTable,
+                     feed: LayerFeed | None) -> tuple[torch.Tensor, int, float]:
     """Attention the suffix pays each chunk token over the cached rows, per layer, summed over
-    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens), the keys the
-    pass attended to over all layers (its attention work), and its time copying cached rows.
-    Leaves the cached rows loaded in ``fused`` (the blend pass need not load them again): the
-    pass is the consumer of ``feed``, so with pipelined loading it overlaps the loading of the
-    cached rows, and the blend pass after it has nothing left to overlap."""
-    n, dev = layout.num_tokens, fused.k.device
-    lo, hi = len(layout.prefix_ids), layout.suffix_start
-    plan = LoopPlan(torch.tensor(layout.ids, device=dev), cached,
-                    torch.arange(hi, n, device=dev), score_range=(lo, hi), feed=feed)
-    out = run_loop(adapter, plan, fused, rope)
-    return out.attention.cpu(), sum(out.attended_keys_per_layer), out.load_work_s
+    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens); the keys the
+    pass attended to over all layers (its attention work); its time copying cached rows.
+    Leaves the cached rows loaded in ``fused``: the pass is the consumer of ``feed``, so with
+    pipelined loading it overlaps the loading of the cached rows, and the blend pass after it
+    has nothing left to load."""
+    n, dev = layout.num_tokens, runner.device
+    attention = KeyAttention(len(layout.prefix_ids), layout.suffix_start)
+    counts = LayerCounts((0, 0))
+    plan = LoopPlan(torch.tensor(layout.ids, device=dev),
+                    torch.arange(layout.suffix_start, n, device=dev), feed=feed)
+    out = runner.run(plan, fused, rope, (attention, counts))
+    return attention.attention.cpu(), sum(counts.attended_keys), out.load_work_s

@@ -24,11 +24,14 @@ match against, so they carry the cross-chunk bindings (a pronoun resolved to a n
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
-from blendrag.config import profile_depth  # noqa: F401  (the profile option's reader, re-exported)
 from blendrag.kv.chunk_kv import ChunkKV
+
+if TYPE_CHECKING:
+    from blendrag.engine.runner import ModelRunner
 
 
 def key_deviation(alone: ChunkKV, after: ChunkKV) -> torch.Tensor:
@@ -48,3 +51,20 @@ def neighbours(chunks: Sequence[Sequence[int]], i: int, k: int = 1) -> list[Sequ
     first, cyclically (the first chunk takes the last ones) and never itself; none for a lone
     chunk."""
     return [chunks[(i - j) % len(chunks)] for j in range(1, min(k, len(chunks) - 1) + 1)]
+
+
+def profiled(runner: ModelRunner, kv: ChunkKV, chunk_prefix_ids: Sequence[int],
+             probes: Sequence[Sequence[int]], chunk_prefix: ChunkKV | None = None) -> ChunkKV:
+    """``kv`` (a chunk computed after ``chunk_prefix_ids``) with its context-sensitivity
+    profile: the chunk is computed again after ``chunk_prefix_ids + probe`` for each probe (the
+    chunk prefix's rows from ``chunk_prefix``, its cached KV, when given) and each token keeps
+    its largest key deviation from ``kv``."""
+    if not probes or any(isinstance(p, int) or not len(p) for p in probes):
+        raise ValueError("profiled needs a list of probes, each a non-empty list of token ids")
+    t = kv.num_tokens
+    deviations = []
+    for probe in probes:
+        both = runner.compute_chunk(chunk_prefix, chunk_prefix_ids, [*probe, *kv.token_ids])
+        after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)
+        deviations.append(key_deviation(kv, after))
+    return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]

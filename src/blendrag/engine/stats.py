@@ -1,84 +1,84 @@
-"""Per-request statistics."""
+"""What one request did and how long it took, grouped by what each part describes; ``to_dict``
+gives one flat JSON-able dict (every field name is unique across the groups)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from blendrag.config import BlendConfig
+from blendrag.prompt import PromptLayout
+
 
 @dataclass
-class RequestStats:
-    """What one request did and how long it took.
+class PromptStats:
+    """The prompt's shape: tokens in all and per piece, and the number of chunks."""
 
-    ``computed_per_layer[i]``: tokens whose layer i was computed (active tokens, suffix included).
-    ``recomputed_chunk_tokens_per_layer[i]``: of those, chunk tokens (blend's recompute).
-    """
-
-    mode: str
-    selector: str | None = None
-    ratio: float | None = None
-    prompt_tokens: int = 0
+    tokens: int = 0
     prefix_tokens: int = 0
     chunk_tokens: int = 0
     suffix_tokens: int = 0
     chunks: int = 0
+
+
+@dataclass
+class CacheStats:
+    """Where the cached rows came from.
+
+    chunk_hits / chunk_misses: chunks found in the store / computed now; prefix_hit: the
+    prefix's rows found; exact_first: the first passage's rows were its exact ones
+    (``ChunkContext.exact_first``); tokens_reused: rows taken from the cache;
+    profiles_computed: chunk profiles measured by this request (``profile`` selector, first
+    use); load_retries: attempts redone because a cached entry failed to load midway (that
+    chunk recomputed); store: what this request did to the store
+    (``StoreStats.since(before).to_dict()``)."""
+
     chunk_hits: int = 0
     chunk_misses: int = 0
     prefix_hit: bool = False
-    exact_first: bool = False  # the first passage's rows were its exact ones (ChunkContext)
+    exact_first: bool = False
     tokens_reused: int = 0
-    # chunk profiles measured by this request (profile selector, first use)
-    preview_tokens: int = 0  # suffix tokens the preview pass computed, at every layer
-    layers: int = 0
     profiles_computed: int = 0
+    load_retries: int = 0
+    store: dict | None = None
+
+
+@dataclass
+class ComputeStats:
+    """What the request computed, per layer.
+
+    computed_per_layer[i]: tokens whose layer i was computed (the suffix included);
+    recomputed_chunk_tokens_per_layer[i]: of those, chunk tokens (blend's recompute);
+    attended_keys_per_layer[i]: keys they attended to (attention work); preview_tokens and
+    preview_attended_keys: the preview pass's tokens (at every layer) and keys (all layers)."""
+
+    layers: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
     recomputed_chunk_tokens_per_layer: list[int] = field(default_factory=list)
-    # keys attended to by the computed tokens, per layer (attention work), and by the preview
-    # pass over all its layers
     attended_keys_per_layer: list[int] = field(default_factory=list)
+    preview_tokens: int = 0
     preview_attended_keys: int = 0
-    # framework LLMs: finding the chunks in a flat prompt and tokenizing its pieces (in ttft_s)
+
+
+@dataclass
+class TimingStats:
+    """Seconds. match_s: a framework LLM finding the chunks in a flat prompt and tokenizing its
+    pieces; fetch_s: opening the cached rows (computing missing chunks included); prefill_s:
+    the layer loop and the logits; ttft_s: from the request's start to the first token's
+    logits (all of the above)."""
+
     match_s: float = 0.0
-    kv_fetch_s: float = 0.0  # store lookups + computing missing chunk KVs
+    fetch_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
+
+
+@dataclass
+class DecodeStats:
+    """The tokens generated after the prefill (``stream``/``generate``)."""
+
     new_tokens: int = 0
     decode_s: float = 0.0
-    finish_reason: str | None = None
-    # what this request did to the store: StoreStats.since(before).to_dict()
-    store: dict | None = None
-    # seconds per phase (engine/phases.py) of a request prefilled with timed=True, else None
-    phase_s: dict[str, float] | None = None
-    # loading the cached rows (engine/layer_feed.py): read ahead of the loop or in it; the
-    # reader's time (load_s, all tiers), the loop's waits for rows (load_wait_s), the loop's
-    # time less its waits (compute_s, the preview pass included)
-    pipelined: bool = False
-    load_s: float = 0.0
-    load_wait_s: float = 0.0
-    compute_s: float = 0.0
-    preview_load_work_s: float = 0.0  # the preview pass's copying of cached rows
-    # attempts redone because a cached entry failed to load midway (that chunk recomputed)
-    load_retries: int = 0
-    # ratio="auto": the loading controller's choice and the estimates it used (controller.py)
-    controller: dict | None = None
-
-    @property
-    def recompute_fraction(self) -> float:
-        """Mean over layers of recomputed chunk tokens / chunk tokens: the compute actually
-        spent, so it includes the layers before a scoring selector's first check, where every
-        token is computed (1 of 32 layers for cacheblend's default on a 32-layer model)."""
-        per_layer = self.recomputed_chunk_tokens_per_layer
-        if not per_layer or not self.chunk_tokens:
-            return 0.0
-        return sum(per_layer) / (len(per_layer) * self.chunk_tokens)
-
-    @property
-    def compute_fraction(self) -> float:
-        """Every token-layer this request computed (the main pass and the preview pass) over a
-        full prefill's (prompt tokens x layers): its compute relative to a full prefill."""
-        if not self.layers or not self.prompt_tokens:
-            return 0.0
-        total = sum(self.computed_per_layer) + self.preview_tokens * self.layers
-        return total / (self.prompt_tokens * self.layers)
+    finish_reason: str | None = None  # "eos" | "stop" | "length"
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -86,9 +86,79 @@ class RequestStats:
         steps = self.new_tokens - 1
         return steps / self.decode_s if steps > 0 and self.decode_s > 0 else 0.0
 
+
+@dataclass
+class LoadingStats:
+    """Loading the cached rows (engine/layer_feed.py): read ahead of the loop (pipelined) or in
+    it; the reader's time (load_s, all tiers), the loop's waits for rows (load_wait_s), the
+    loop's time less its waits (compute_s, the preview pass included), the preview pass's
+    copying of cached rows (preview_load_work_s)."""
+
+    pipelined: bool = False
+    load_s: float = 0.0
+    load_wait_s: float = 0.0
+    compute_s: float = 0.0
+    preview_load_work_s: float = 0.0
+
+
+@dataclass
+class RequestStats:
+    """What one request did: its config (``mode``, blend's ``selector`` and ``ratio``), then
+    one group per part; ``controller``: the loading controller's choice and the estimates it
+    used (``ratio="auto"``, engine/controller.py)."""
+
+    mode: str
+    selector: str | None = None
+    ratio: float | None = None
+    prompt: PromptStats = field(default_factory=PromptStats)
+    cache: CacheStats = field(default_factory=CacheStats)
+    compute: ComputeStats = field(default_factory=ComputeStats)
+    timing: TimingStats = field(default_factory=TimingStats)
+    decode: DecodeStats = field(default_factory=DecodeStats)
+    loading: LoadingStats = field(default_factory=LoadingStats)
+    controller: dict | None = None
+
+    @property
+    def recompute_fraction(self) -> float:
+        """Mean over layers of recomputed chunk tokens / chunk tokens: the compute actually
+        spent, so it includes the layers before a scoring selector's first check, where every
+        token is computed (1 of 32 layers for cacheblend's default on a 32-layer model)."""
+        per_layer = self.compute.recomputed_chunk_tokens_per_layer
+        if not per_layer or not self.prompt.chunk_tokens:
+            return 0.0
+        return sum(per_layer) / (len(per_layer) * self.prompt.chunk_tokens)
+
+    @property
+    def compute_fraction(self) -> float:
+        """Every token-layer this request computed (the main pass and the preview pass) over a
+        full prefill's (prompt tokens x layers): its compute relative to a full prefill."""
+        c, tokens = self.compute, self.prompt.tokens
+        if not c.layers or not tokens:
+            return 0.0
+        return (sum(c.computed_per_layer) + c.preview_tokens * c.layers) / (tokens * c.layers)
+
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["recompute_fraction"] = self.recompute_fraction
-        d["compute_fraction"] = self.compute_fraction
-        d["decode_tokens_per_s"] = self.decode_tokens_per_s
-        return d
+        """One flat dict: the config fields, every group's fields (the prompt's ``tokens`` as
+        ``prompt_tokens``), ``controller``, and the derived fractions and decoding speed."""
+        out: dict = {"mode": self.mode, "selector": self.selector, "ratio": self.ratio}
+        for group in (self.prompt, self.cache, self.compute, self.timing, self.decode,
+                      self.loading):
+            out.update(asdict(group))
+        out["prompt_tokens"] = out.pop("tokens")
+        out["controller"] = self.controller
+        out["recompute_fraction"] = self.recompute_fraction
+        out["compute_fraction"] = self.compute_fraction
+        out["decode_tokens_per_s"] = self.decode.decode_tokens_per_s
+        return out
+
+
+def new_stats(layout: PromptLayout, config: BlendConfig) -> RequestStats:
+    """Stats of a request about to run ``config`` on ``layout``."""
+    blend = config.mode == "blend"
+    chunk_tokens = layout.suffix_start - len(layout.prefix_ids)
+    return RequestStats(
+        mode=config.mode, selector=config.selector if blend else None,
+        ratio=config.ratio if blend else None,
+        prompt=PromptStats(layout.num_tokens, len(layout.prefix_ids), chunk_tokens,
+                           len(layout.suffix_ids), len(layout.chunk_ids)),
+    )

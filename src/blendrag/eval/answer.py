@@ -24,14 +24,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from blendrag.config import BlendConfig
-from blendrag.engine.prefill import decode_step
 from blendrag.engine.stats import RequestStats
 from blendrag.eval.metrics import first_token_agrees, first_token_kl, normalize_answer
 from blendrag.prompt import PromptLayout
 
 if TYPE_CHECKING:
-    from blendrag.engine.engine import BlendEngine
-    from blendrag.engine.request import Prefill
+    from blendrag.engine import BlendEngine, Prefill
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ def greedy_answer(engine: BlendEngine, pre: Prefill, max_new_tokens: int,
         if token in engine.eos_token_ids or len(ids) >= max_new_tokens or (
                 first_line and "\n" in _text(engine, ids).lstrip()):
             break
-        logits = engine.logits(decode_step(engine.adapter, token, pre.fused))
+        logits = engine.runner.decode(token, pre.fused)
     text = _text(engine, [t for t in ids if t not in engine.eos_token_ids])
     if first_line:
         text = text.lstrip().split("\n", 1)[0]
@@ -86,11 +84,11 @@ def forced_logits(engine: BlendEngine, pre: Prefill, own: Answer,
     # own.logits[t] was computed after own.token_ids[:t]: the forced logits for t <= same
     known = min(same + 1, len(own.token_ids), len(tokens))
     rows = list(own.logits[:known])
-    start = pre.stats.prompt_tokens
+    start = pre.stats.prompt.tokens
     # rows start .. start+known-2 hold tokens[:known-1] (own's decode wrote them); go on from there
     pre.fused.length = start + known - 1
     for t in range(known, len(tokens)):
-        rows.append(engine.logits(decode_step(engine.adapter, tokens[t - 1], pre.fused)))
+        rows.append(engine.runner.decode(tokens[t - 1], pre.fused))
     return torch.stack(rows)
 
 

@@ -15,7 +15,7 @@ them in ``failures`` and goes on. After each batch the computed chunks are looke
 store's persistent tiers: one that no tier kept (a full or unusable disk) is not counted as
 computed and is listed in ``failures`` with the store's reason.
 
-An ``Ingestion`` may take its texts in several batches (``add``): with profiles
+An ``Ingestion`` may take its texts in several batches (``ingest``): with profiles
 (``profile=k``, ``engine/profile.py``) the last k non-empty chunks of the earlier batches go in
 front of the next batch, stored already and therefore skipped, as the profile neighbours of its
 first chunks; so batch boundaries lose no neighbour. A text without any token has no KV: it is
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from blendrag.prompt import PromptBuilder
 
 OnChunk = Callable[[int, bool], None]
-"""``on_chunk(i, computed)``: called after text ``i`` of an ``add`` call (not for empty texts)."""
+"""``on_chunk(i, computed)``: called after text ``i`` of an ``ingest`` call (not for empty texts)."""
 
 
 class IngestEngine(Protocol):
@@ -108,10 +108,10 @@ class Ingestion:
     else after ``prefix`` (the prompt prefix queries will use); ValueError when there is neither.
 
     ``profile``: also measure each new chunk's context-sensitivity profile, after the chunk
-    before it (``profile=k``: after each of the k before it), across ``add`` calls; the first
+    before it (``profile=k``: after each of the k before it), across ``ingest`` calls; the first
     chunk of the run is measured after the last ones of its batch (not at all when that batch
     holds only it; the engine then measures it on first use).
-    ``on_chunk(i, computed)``: progress, after each non-empty text ``i`` of an ``add`` call.
+    ``on_chunk(i, computed)``: progress, after each non-empty text ``i`` of an ``ingest`` call.
     ``strict``: a refused text raises ``ValueError`` (before anything of its batch is
     computed); else it is listed in ``failures`` and the others go on.
     """
@@ -133,7 +133,7 @@ class Ingestion:
         # the last non-empty chunks so far: the next ones' neighbours
         self._previous: list[list[int]] = []
 
-    def add(self, texts: Sequence[str]) -> list[bool | None]:
+    def ingest(self, texts: Sequence[str]) -> list[bool | None]:
         """Ingest one batch of texts; per text: True (KV computed now), False (already stored)
         or None (no KV: no tokens, or refused, see ``failures``)."""
         if isinstance(texts, (str, bytes)):
@@ -150,11 +150,11 @@ class Ingestion:
                 ids.append(self.engine.prompts.encode(text))
             except ValueError as exc:  # not valid Unicode: refused like a chunk too long
                 ids.append(str(exc))
-        return self.add_ids(ids, texts)
+        return self.ingest_ids(ids, texts)
 
-    def add_ids(self, chunks: Sequence[Sequence[int] | str],
+    def ingest_ids(self, chunks: Sequence[Sequence[int] | str],
                 texts: Sequence[str] | None = None) -> list[bool | None]:
-        """``add`` for texts tokenized already (a str in place of ids: a text refused with that
+        """``ingest`` for texts tokenized already (a str in place of ids: a text refused with that
         reason; ``texts``: the texts, for the previews in ``failures``)."""
         base = self.counts.chunks
         refused = self._refusals(chunks, texts, base)

@@ -146,7 +146,7 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
         run.on_chunk = lambda i, computed: _step(run, bar, t0)
         for texts in _batches(chunks, batch_size):
             skipped = run.counts.empty + run.counts.refused
-            result = run.add(texts)
+            result = run.ingest(texts)
             bar.update(run.counts.empty + run.counts.refused - skipped)
             if text_index is not None and index_error is None:  # texts that have a KV
                 index_error = _record(text_index, [t for t, r in zip(texts, result)

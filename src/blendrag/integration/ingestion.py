@@ -62,12 +62,12 @@ def ingest_chunks(engine: BlendEngine, chunks: Sequence[str], *, profile: bool |
     show = todo >= progress_min if progress is None else progress
     with tqdm(total=todo, desc="precomputing chunk KVs", unit="chunk", disable=not show) as bar:
         run.on_chunk = lambda i, computed: bar.update(1)
-        run.add_ids(ids)
+        run.ingest_ids(ids)
     counts = IngestCounts(**run.counts.to_dict())
     run.on_chunk = None
     seps = [s for s in separators if s]
     if seps:
-        run.add(seps)
+        run.ingest(seps)
     return counts
 
 

@@ -142,12 +142,10 @@ def start(engine: BlendEngine, prompt: FlatLayout, blend: BlendConfig,
         elif on_fallback is not None:
             on_fallback(prompt)
         blend = dataclasses.replace(blend, mode="full")  # nothing cached to blend
-    t0 = time.perf_counter()
-    stream = engine.stream(prompt.layout, blend, generation)
-    stream.prefill.stats.match_s = prompt.match_s
-    # TTFT is measured from the stream's t0 at its first token: start it when the request
-    # arrived, before the chunks were looked for.
-    stream.t0 = min(stream.t0, t0) - prompt.match_s
+    # the request started when its chunks were looked for: TTFT counts from there
+    started = time.perf_counter() - prompt.match_s
+    stream = engine.stream(prompt.layout, blend, generation, started=started)
+    stream.prefill.stats.timing.match_s = prompt.match_s
     return BlendRequest(prompt, stream)
 
 

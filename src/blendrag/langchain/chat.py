@@ -74,8 +74,8 @@ class ChatBlend(BlendParams, BaseChatModel):
             held = delta
         info = self._finish(request)
         stats = request.stream.result.stats
-        usage = UsageMetadata(input_tokens=stats.prompt_tokens, output_tokens=stats.new_tokens,
-                              total_tokens=stats.prompt_tokens + stats.new_tokens)
+        usage = UsageMetadata(input_tokens=stats.prompt.tokens, output_tokens=stats.decode.new_tokens,
+                              total_tokens=stats.prompt.tokens + stats.decode.new_tokens)
         last = AIMessageChunk(content=held or "", usage_metadata=usage, chunk_position="last",
                               response_metadata={"model_name": self.engine.name,
                                                  "model_provider": "blendrag"})

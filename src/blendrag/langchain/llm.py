@@ -24,7 +24,7 @@ class BlendLLM(BlendParams, BaseLLM):
 
     >>> llm = BlendLLM(engine=BlendEngine.from_pretrained(path, chunk_prefix=""), ratio=0.2)
     >>> llm.invoke(prompt, documents=docs)
-    >>> llm.last_stats.chunk_hits
+    >>> llm.last_stats.cache.chunk_hits
     """
 
     @property

@@ -12,6 +12,7 @@ import torch
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.cli import main
+from blendrag.engine.profile import profiled
 from blendrag.ingest import chunks_from_chroma, precompute
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers import procs
@@ -50,7 +51,7 @@ def test_cli_precomputes_a_jsonl_file_then_skips_it(model_dir, tmp_path, capsys)
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(ratio=0.3)).stats
-    assert (stats.chunk_hits, stats.chunk_misses, stats.prefix_hit) == (4, 0, True)
+    assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.prefix_hit) == (4, 0, True)
     store.close()
 
 
@@ -87,11 +88,11 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     stored = [store.get(engine.key(prefix_ids, i)) for i in ids]
     for i in range(1, len(ids)):  # line 4 opens the second batch: still measured after line 3
-        expected = engine.profiled(stored[i], prefix_ids, [ids[i - 1]]).sensitivity
+        expected = profiled(engine.runner, stored[i], prefix_ids, [ids[i - 1]]).sensitivity
         assert torch.allclose(stored[i].sensitivity, expected, rtol=1e-5, atol=1e-6)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(selector="profile")).stats
-    assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
+    assert (stats.cache.chunk_hits, stats.cache.profiles_computed) == (4, 0)
     store.close()
 
 
@@ -108,8 +109,7 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     for i in (2, 3):  # the second batch, behind lines 1-2 of the first
-        expected = engine.profiled(store.get(engine.key(prefix_ids, ids[i])), prefix_ids,
-                                   [ids[i - 1], ids[i - 2]])
+        expected = profiled(engine.runner, store.get(engine.key(prefix_ids, ids[i])), prefix_ids, [ids[i - 1], ids[i - 2]])
         got = store.get(engine.key(prefix_ids, ids[i])).sensitivity
         assert torch.allclose(got, expected.sensitivity, rtol=1e-5, atol=1e-6)
     store.close()
@@ -152,11 +152,10 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     assert here.computed + there["computed"] >= len(TEXTS)  # each chunk computed at least once
 
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
-    prefix = engine.prefix_kv(prefix_ids)
     for text in TEXTS:
         ids = engine.prompts.encode(text)
         got = store.get(engine.key(prefix_ids, ids))
-        ref = engine.compute_chunk(prefix, prefix_ids, ids)
+        ref = engine.cache.compute(prefix_ids, ids)
         assert (
             got is not None
             and torch.equal(got.keys, ref.keys)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig
+from blendrag.engine.observers import Trace
 from blendrag.engine.selectors import RandomSelector
 from blendrag.eval.answer import greedy_answer
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -27,8 +28,8 @@ TOL = 1e-4
 
 def _cached_rows(engine, layout) -> tuple[torch.Tensor, torch.Tensor]:
     """keys (pre-RoPE), values: [L, Hkv, S, D] of the prefix and the chunks, from the store."""
-    prefix = engine.prefix_kv(layout.prefix_ids)
-    pieces = [prefix] + [engine.chunk_kv(layout.prefix_ids, c, prefix) for c in layout.chunk_ids]
+    prefix = engine.cache.prefix(layout.prefix_ids)
+    pieces = [prefix] + [engine.cache.kv(layout.prefix_ids, c) for c in layout.chunk_ids]
     return torch.cat([p.keys for p in pieces], 2), torch.cat([p.values for p in pieces], 2)
 
 
@@ -95,7 +96,7 @@ def test_partial_blend_and_its_decoding_equal_the_naive_reference(engine_for, ra
     with torch.no_grad():
         ref, _, _ = _reference(engine, layout.ids, computed, keys, values)
     pre = engine.prefill(layout, config, extra_capacity=4)
-    assert pre.stats.recomputed_chunk_tokens_per_layer[0] == len(selected) > 0
+    assert pre.stats.compute.recomputed_chunk_tokens_per_layer[0] == len(selected) > 0
     assert (pre.logits - ref).abs().max().item() < TOL
     # not vacuous: full prefill and reuse differ from it
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
@@ -111,14 +112,14 @@ def test_preview_blend_over_the_preview_pass_rows_equals_the_reference(engine_fo
     engine = engine_for("llama", context=ChunkContext())
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     engine.precompute(layout.chunk_prefix_ids, list(layout.chunk_ids))
-    pre = engine.prefill(layout, BlendConfig(ratio=0.3), extra_capacity=4, trace=True)
-    assert pre.stats.exact_first
-    computed = pre.output.trace[0]["pos"]  # the preview selector's choice, and the suffix
+    trace = Trace()
+    pre = engine.prefill(layout, BlendConfig(ratio=0.3), extra_capacity=4, observers=[trace])
+    assert pre.stats.cache.exact_first
+    computed = trace.layers[0]["pos"]  # the preview selector's choice, and the suffix
     assert len(computed) < layout.num_tokens - len(layout.prefix_ids)
-    prefix = engine.prefix_kv(layout.prefix_ids)
-    pieces = [prefix, engine.chunk_kv(layout.prefix_ids, layout.chunk_ids[0], prefix,
-                                      context=NO_CONTEXT)]
-    pieces += [engine.chunk_kv(layout.prefix_ids, c, prefix) for c in layout.chunk_ids[1:]]
+    prefix = engine.cache.prefix(layout.prefix_ids)
+    pieces = [prefix, engine.cache.kv(layout.prefix_ids, layout.chunk_ids[0], NO_CONTEXT)]
+    pieces += [engine.cache.kv(layout.prefix_ids, c) for c in layout.chunk_ids[1:]]
     keys = torch.cat([p.keys for p in pieces], 2)
     values = torch.cat([p.values for p in pieces], 2)
     with torch.no_grad():

@@ -13,9 +13,9 @@ def test_miss_is_computed_then_hit(engine_for):
     engine.store = MemoryKVStore()
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     first = engine.prefill(layout, BlendConfig(ratio=0.3)).stats
-    assert (first.chunk_hits, first.chunk_misses, first.prefix_hit) == (0, 4, False)
+    assert (first.cache.chunk_hits, first.cache.chunk_misses, first.cache.prefix_hit) == (0, 4, False)
     second = engine.prefill(layout, BlendConfig(ratio=0.3)).stats
-    assert (second.chunk_hits, second.chunk_misses, second.prefix_hit) == (4, 0, True)
+    assert (second.cache.chunk_hits, second.cache.chunk_misses, second.cache.prefix_hit) == (4, 0, True)
     assert len(engine.store) == 5  # prefix + 4 chunks
 
 
@@ -27,9 +27,9 @@ def test_partially_cached_any_order_equals_fully_cached(engine_for):
     layout = engine.build_prompt(PREFIX, [PASSAGES[3], PASSAGES[2], PASSAGES[0]], SUFFIX)
     cfg = BlendConfig(ratio=0.3)
     mixed = engine.prefill(layout, cfg)
-    assert (mixed.stats.chunk_hits, mixed.stats.chunk_misses) == (1, 2)
+    assert (mixed.stats.cache.chunk_hits, mixed.stats.cache.chunk_misses) == (1, 2)
     again = engine.prefill(layout, cfg)
-    assert again.stats.chunk_hits == 3
+    assert again.stats.cache.chunk_hits == 3
     assert torch.equal(mixed.logits, again.logits)
 
 
@@ -52,7 +52,7 @@ def test_colliding_entry_is_a_miss_not_a_wrong_answer(engine_for):
     k1 = engine.key(layout.prefix_ids, layout.chunk_ids[1])
     engine.store.put(k1, engine.store.get(k0))
     res = engine.prefill(layout, BlendConfig(mode="reuse"))
-    assert res.stats.chunk_misses == 1
+    assert res.stats.cache.chunk_misses == 1
     assert torch.allclose(res.logits, good, atol=1e-5)
 
 
@@ -75,8 +75,8 @@ def test_canonical_chunk_prefix_blends_exactly_at_ratio_one(model_dir):
     layout = engine.build_prompt("Use the context to answer.\n", PASSAGES, SUFFIX)
     assert layout.chunk_prefix_ids != layout.prefix_ids
     blend = engine.prefill(layout, BlendConfig(ratio=1.0))
-    assert blend.stats.chunk_hits == 4 and blend.stats.chunk_misses == 0
+    assert blend.stats.cache.chunk_hits == 4 and blend.stats.cache.chunk_misses == 0
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert (blend.logits - full).abs().max() < 1e-4
     # exact prefix only
-    assert engine.prefill(layout, BlendConfig(mode="prefix")).stats.chunk_misses == 1
+    assert engine.prefill(layout, BlendConfig(mode="prefix")).stats.cache.chunk_misses == 1

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, ChunkContext, MemoryKVStore
-from blendrag.engine.chunks import prefill_chunk
+from blendrag.engine.observers import Trace
 from blendrag.engine.selectors import PreviewSelector
 from blendrag.store.codec import decode, encode
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -41,10 +41,10 @@ def test_context_validation_and_tag():
 def test_stored_rows_are_the_mean_over_fillers_with_the_shift_from_alone(engine):
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = engine.prompts.encode(PASSAGES[1])
-    got = engine.chunk_kv(prefix_ids, ids, engine.prefix_kv(prefix_ids))
-    after = [prefill_chunk(engine, None, [*prefix_ids, *engine.prompts.encode(f)], ids)
+    got = engine.cache.kv(prefix_ids, ids)
+    after = [engine.runner.compute_chunk(None, [*prefix_ids, *engine.prompts.encode(f)], ids)
              for f in FILLERS]
-    alone = prefill_chunk(engine, None, prefix_ids, ids)
+    alone = engine.runner.compute_chunk(None, prefix_ids, ids)
     mean_k = (after[0].keys + after[1].keys) / 2
     mean_v = (after[0].values + after[1].values) / 2
     assert torch.allclose(got.keys, mean_k, atol=TOL) and torch.allclose(got.values, mean_v,
@@ -60,13 +60,13 @@ def test_keys_name_the_context_and_entries_of_another_context_are_not_used(engin
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = engine.prompts.encode(PASSAGES[0])
     assert engine.key(prefix_ids, ids) != engine.key(prefix_ids, ids, NO_CONTEXT)
-    alone = engine.chunk_kv(prefix_ids, ids, None, context=NO_CONTEXT)
-    fresh = engine.chunk_kv(prefix_ids, ids, None)  # a miss: computed in the engine's context
+    alone = engine.cache.kv(prefix_ids, ids, NO_CONTEXT)
+    fresh = engine.cache.kv(prefix_ids, ids)  # a miss: computed in the engine's context
     assert alone.context == "" and fresh.context == engine.context.tag
     assert not torch.equal(alone.values, fresh.values)
     # a foreign entry planted under this context's key is refused, not served
     engine.store.put(engine.key(prefix_ids, ids), alone)
-    assert engine.chunk_kv(prefix_ids, ids, None).context == engine.context.tag
+    assert engine.cache.kv(prefix_ids, ids).context == engine.context.tag
 
 
 def test_ingestion_stores_the_chunk_computed_alone_for_first_passages(engine, engine_for):
@@ -74,7 +74,7 @@ def test_ingestion_stores_the_chunk_computed_alone_for_first_passages(engine, en
     ids = engine.prompts.encode(PASSAGES[1])
     engine.precompute(prefix_ids, [ids])
     alone = engine.store.get(engine.key(prefix_ids, ids, NO_CONTEXT))
-    expected = prefill_chunk(engine, None, prefix_ids, ids)
+    expected = engine.runner.compute_chunk(None, prefix_ids, ids)
     assert alone is not None and alone.context == ""
     assert torch.allclose(alone.keys, expected.keys, atol=TOL)
     assert torch.allclose(alone.values, expected.values, atol=TOL)
@@ -89,7 +89,7 @@ def test_the_first_passage_takes_its_exact_rows(engine, mode):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full"))
     pre = engine.prefill(layout, BlendConfig(mode=mode, ratio=0.25))
-    assert pre.stats.exact_first
+    assert pre.stats.cache.exact_first
     lo, hi = len(layout.prefix_ids), layout.chunk_spans[1][0]
     n = layout.num_tokens
     # the first passage's rows are a full prefill's at every layer; the second's are not
@@ -110,7 +110,7 @@ def test_without_exact_first_the_first_passage_takes_averaged_rows(engine_for):
     full = off.prefill(layout, BlendConfig(mode="full"))
     pre = off.prefill(layout, BlendConfig(mode="reuse"))
     lo, hi = len(layout.prefix_ids), layout.chunk_spans[1][0]
-    assert not pre.stats.exact_first
+    assert not pre.stats.cache.exact_first
     assert (pre.fused.v[:, :, lo:hi] - full.fused.v[:, :, lo:hi]).abs().max() > 1e-3
 
 
@@ -119,10 +119,12 @@ def test_preview_never_recomputes_an_exact_first_passage(engine):
     first = layout.chunk_spans[0]
     c = layout.suffix_start - len(layout.prefix_ids)
     rest = c - (first[1] - first[0])
-    traced = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c), trace=True)
+    trace = Trace()
+    traced = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c),
+                            observers=[trace])
     # every chunk token but the first passage's is recomputed, none of the first's
-    assert traced.stats.recomputed_chunk_tokens_per_layer == [rest] * engine.adapter.num_layers
-    pos = traced.output.trace[0]["pos"]
+    assert traced.stats.compute.recomputed_chunk_tokens_per_layer == [rest] * engine.adapter.num_layers
+    pos = trace.layers[0]["pos"]
     assert not bool(((pos >= first[0]) & (pos < first[1])).any())
 
 
@@ -136,7 +138,7 @@ def test_a_profile_request_does_not_store_the_exact_rows_under_the_context_key(e
 
 def test_context_shift_round_trips_through_the_codec(engine):
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
-    kv = engine.chunk_kv(prefix_ids, engine.prompts.encode(PASSAGES[2]), None)
+    kv = engine.cache.kv(prefix_ids, engine.prompts.encode(PASSAGES[2]))
     key = "k" * 64
     back = decode(encode(key, kv), key)
     assert back.context == kv.context and torch.equal(back.context_shift, kv.context_shift)
@@ -160,7 +162,7 @@ def test_exact_modes_stay_exact_with_a_context(engine):
 
 def test_preview_ranks_by_attention_plus_floor_times_root_shift(engine):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    chunks = [engine.chunk_kv(layout.chunk_prefix_ids, ids, None) for ids in layout.chunk_ids]
+    chunks = [engine.cache.kv(layout.chunk_prefix_ids, ids) for ids in layout.chunk_ids]
     c = layout.suffix_start - len(layout.prefix_ids)
     layers = engine.adapter.num_layers
     attention = torch.rand(layers, c, generator=torch.Generator().manual_seed(0))
@@ -172,7 +174,7 @@ def test_preview_ranks_by_attention_plus_floor_times_root_shift(engine):
     expected = len(layout.prefix_ids) + torch.topk(scores, count).indices.sort().values
     assert torch.equal(sel.initial(), expected)
     # without stored shifts (chunks stored alone) it ranks by attention only
-    alone = [engine.chunk_kv(layout.chunk_prefix_ids, ids, None, context=NO_CONTEXT)
+    alone = [engine.cache.kv(layout.chunk_prefix_ids, ids, NO_CONTEXT)
              for ids in layout.chunk_ids]
     sel = PreviewSelector(cfg, layout, engine.device, engine.adapter.scaling, alone, attention)
     picked = sel.initial() - len(layout.prefix_ids)
@@ -187,8 +189,8 @@ def test_preview_pass_is_counted_in_the_compute(engine):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     stats = engine.prefill(layout, BlendConfig(selector="preview", ratio=0.2)).stats
     n, s, layers = layout.num_tokens, len(layout.suffix_ids), engine.adapter.num_layers
-    assert stats.preview_tokens == s
-    computed = sum(stats.computed_per_layer)
+    assert stats.compute.preview_tokens == s
+    computed = sum(stats.compute.computed_per_layer)
     assert stats.compute_fraction == pytest.approx((computed + s * layers) / (n * layers))
     assert stats.recompute_fraction == pytest.approx(
         math.ceil(0.2 * (layout.suffix_start - len(layout.prefix_ids)))

@@ -57,7 +57,7 @@ def test_prefix_mode_equals_full(engine_for, family):
     full = engine.prefill(layout, BlendConfig(mode="full"))
     pre = engine.prefill(layout, BlendConfig(mode="prefix"))
     assert max_diff(pre.logits, full.logits) < TOL
-    assert pre.stats.tokens_reused == len(layout.prefix_ids) + len(layout.chunk_ids[0])
+    assert pre.stats.cache.tokens_reused == len(layout.prefix_ids) + len(layout.chunk_ids[0])
     # the KV rows equal too, not only the logits
     n = layout.num_tokens
     assert max_diff(pre.fused.k[:, :, :n], full.fused.k[:, :, :n]) < TOL
@@ -69,7 +69,7 @@ def test_reuse_single_chunk_after_prefix_equals_full(engine_for):
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     reuse = engine.prefill(layout, BlendConfig(mode="reuse"))
     assert max_diff(reuse.logits, full) < TOL
-    assert reuse.stats.computed_per_layer == [len(layout.suffix_ids)] * engine.adapter.num_layers
+    assert reuse.stats.compute.computed_per_layer == [len(layout.suffix_ids)] * engine.adapter.num_layers
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
@@ -83,8 +83,8 @@ def test_reuse_several_chunks_equals_dynamic_cache_reference(engine_for, family)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     reuse = engine.prefill(layout, BlendConfig(mode="reuse")).logits
 
-    pieces = [engine.prefix_kv(layout.prefix_ids)]
-    pieces += [engine.chunk_kv(layout.prefix_ids, c, pieces[0]) for c in layout.chunk_ids]
+    pieces = [engine.cache.prefix(layout.prefix_ids)]
+    pieces += [engine.cache.kv(layout.prefix_ids, c) for c in layout.chunk_ids]
     keys = torch.cat([p.keys for p in pieces], dim=2)  # [L, Hkv, S, D] pre-RoPE
     values = torch.cat([p.values for p in pieces], dim=2)
     s = keys.shape[2]

@@ -1,4 +1,4 @@
-"""The fixed cost of a cached request (issue 18): pooled request buffers, keys rotated in place,
+"""The fixed cost of a cached request: pooled request buffers, keys rotated in place,
 one attention computation in the preview pass, the per-phase clock and the attention work
 counted per layer. Each change must leave the logits as they were."""
 
@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from blendrag import BlendConfig
-from blendrag.engine import request
 from blendrag.engine.fused_kv import BufferPool
 from blendrag.engine.layer import attention_probs
-from blendrag.engine.phases import PHASES
-from blendrag.engine.prefill import LoopPlan, run_loop
+from blendrag.engine.loop import LoopPlan
+from blendrag.engine.observers import KeyAttention, Trace
+from blendrag.engine.phases import PHASES, PhaseClock
 from blendrag.model.rope import RopeTable, apply_rope
 from blendrag_bench.flops import FlopModel
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -87,21 +87,22 @@ def test_preview_attention_is_the_explicit_probabilities(engine_for):
     loop's ordinary attention (the reuse pass over the same rows)."""
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    reuse = BlendConfig(mode="reuse")
-    cached = request.cached_segments(engine, layout, reuse, request.new_stats(layout, reuse))
+    runner = engine.runner
     n, lo, hi = layout.num_tokens, len(layout.prefix_ids), layout.suffix_start
     ids, suffix = torch.tensor(layout.ids), torch.arange(hi, n)
-    rope = engine.rope(n)
-    scored = engine._buffer(n)
-    out = run_loop(engine.adapter, LoopPlan(ids, cached, suffix, score_range=(lo, hi)), scored,
-                   rope, trace=True)
-    plain = engine._buffer(n)
-    ref = run_loop(engine.adapter, LoopPlan(ids, cached, suffix), plain, rope)
+    rope = runner.rope(n)
+    with engine.cache.rows_for(layout, BlendConfig(mode="reuse")) as rows:
+        scored, attention, trace = runner.buffer(n), KeyAttention(lo, hi), Trace()
+        out = runner.run(LoopPlan(ids, suffix, feed=runner.feed(rows.segments)), scored, rope,
+                         (attention, trace))
+        plain = runner.buffer(n)
+        ref = runner.run(LoopPlan(ids, suffix, feed=runner.feed(rows.segments)), plain, rope)
     assert torch.allclose(out.hidden, ref.hidden, atol=1e-5)
-    for i, step in enumerate(out.trace):
+    for i, step in enumerate(trace.layers):
         probs = attention_probs(step["q"], scored.k[i, :, :n], step["pos"], engine.adapter.scaling)
-        assert torch.allclose(out.attention[i], probs[:, :, lo:hi].sum(dim=(0, 1)), atol=1e-5)
-    assert out.attention.shape == (engine.adapter.num_layers, hi - lo)
+        assert torch.allclose(attention.attention[i], probs[:, :, lo:hi].sum(dim=(0, 1)),
+                              atol=1e-5)
+    assert attention.attention.shape == (engine.adapter.num_layers, hi - lo)
 
 
 @pytest.mark.parametrize("config", MODES, ids=lambda c: c.label)
@@ -109,10 +110,10 @@ def test_timed_prefill_charges_every_phase_and_changes_nothing(engine_for, confi
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     plain = engine.prefill(layout, config)
-    timed = engine.prefill(layout, config, timed=True)
+    clock = PhaseClock(engine.device)
+    timed = engine.prefill(layout, config, observers=[clock])
     assert torch.equal(plain.logits, timed.logits)
-    assert plain.stats.phase_s is None
-    phases = timed.stats.phase_s
+    phases = clock.seconds
     assert set(phases) <= set(PHASES)
     assert {"fetch", "setup", "project", "attention", "mlp", "logits"} <= set(phases)
     preview = config.selector == "preview" and config.mode == "blend"
@@ -120,7 +121,7 @@ def test_timed_prefill_charges_every_phase_and_changes_nothing(engine_for, confi
     # the preview pass loads the cached rows for the blend pass (and is charged for it)
     assert ("load" in phases) == (config.mode != "full" and not preview)
     assert ("select" in phases) == (config.selector == "cacheblend" and config.mode == "blend")
-    assert 0 < sum(phases.values()) <= timed.stats.ttft_s
+    assert 0 < sum(phases.values()) <= timed.stats.timing.ttft_s
 
 
 def test_attention_work_is_counted_per_layer(engine_for):
@@ -128,11 +129,11 @@ def test_attention_work_is_counted_per_layer(engine_for):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     n, s, layers = layout.num_tokens, layout.suffix_start, engine.adapter.num_layers
     full = engine.prefill(layout, BlendConfig(mode="full")).stats
-    assert full.attended_keys_per_layer == [n * (n + 1) // 2] * layers
+    assert full.compute.attended_keys_per_layer == [n * (n + 1) // 2] * layers
     reuse = engine.prefill(layout, BlendConfig(mode="reuse")).stats
-    assert reuse.attended_keys_per_layer == [sum(range(s + 1, n + 1))] * layers
+    assert reuse.compute.attended_keys_per_layer == [sum(range(s + 1, n + 1))] * layers
     preview = engine.prefill(layout, BlendConfig(selector="preview", ratio=0.3)).stats
-    assert preview.preview_attended_keys == layers * sum(range(s + 1, n + 1))
+    assert preview.compute.preview_attended_keys == layers * sum(range(s + 1, n + 1))
     flops = FlopModel.of(engine.adapter)
     hidden, inter = engine.model.config.hidden_size, engine.model.config.intermediate_size
     kv = engine.adapter.num_kv_heads * engine.adapter.head_dim
@@ -140,8 +141,8 @@ def test_attention_work_is_counted_per_layer(engine_for):
     assert flops.request(full) == layers * (n * flops.per_token + n * (n + 1) // 2 * flops.per_key)
     assert flops.request(full) / flops.request(reuse) > 1
     # the preview pass costs what reuse costs, on top of the blend pass
-    blend_only = sum(preview.computed_per_layer) * flops.per_token + sum(
-        preview.attended_keys_per_layer) * flops.per_key
+    blend_only = sum(preview.compute.computed_per_layer) * flops.per_token + sum(
+        preview.compute.attended_keys_per_layer) * flops.per_key
     assert flops.request(preview) == blend_only + flops.request(reuse)
 
 
@@ -150,5 +151,5 @@ def test_sliding_window_caps_the_keys_counted(engine_for):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     n = layout.num_tokens
     full = engine.prefill(layout, BlendConfig(mode="full")).stats
-    assert full.attended_keys_per_layer[0] == sum(min(p + 1, 8) for p in range(n))
+    assert full.compute.attended_keys_per_layer[0] == sum(min(p + 1, 8) for p in range(n))
 

@@ -20,7 +20,7 @@ def test_greedy_after_full_equals_hf_generate(engine_for):
         ref = engine.model.generate(torch.tensor([layout.ids]), max_new_tokens=24, do_sample=False,
                                     eos_token_id=None, pad_token_id=0)
     assert ours.token_ids == ref[0, layout.num_tokens:].tolist()
-    assert ours.finish_reason == "length" and ours.stats.new_tokens == 24
+    assert ours.finish_reason == "length" and ours.stats.decode.new_tokens == 24
 
 
 def test_greedy_with_sliding_window_and_qk_norm_equals_hf_generate(engine_for):
@@ -93,9 +93,9 @@ def test_stats_report_reuse_and_recompute(engine_for):
                           GenerationConfig(max_new_tokens=6, eos_token_ids=()))
     s = res.stats
     layers = engine.adapter.num_layers
-    assert s.chunks == 4 and s.chunk_hits + s.chunk_misses == 4
-    assert s.tokens_reused == len(layout.prefix_ids) + s.chunk_tokens
-    expected = -(-s.chunk_tokens // 4)  # ceil(0.25 * chunk tokens)
-    assert s.recomputed_chunk_tokens_per_layer == [s.chunk_tokens] + [expected] * (layers - 1)
-    assert s.computed_per_layer[-1] == expected + len(layout.suffix_ids)
-    assert s.ttft_s > 0 and s.new_tokens == 6 and s.decode_tokens_per_s > 0
+    assert s.prompt.chunks == 4 and s.cache.chunk_hits + s.cache.chunk_misses == 4
+    assert s.cache.tokens_reused == len(layout.prefix_ids) + s.prompt.chunk_tokens
+    expected = -(-s.prompt.chunk_tokens // 4)  # ceil(0.25 * chunk tokens)
+    assert s.compute.recomputed_chunk_tokens_per_layer == [s.prompt.chunk_tokens] + [expected] * (layers - 1)
+    assert s.compute.computed_per_layer[-1] == expected + len(layout.suffix_ids)
+    assert s.timing.ttft_s > 0 and s.decode.new_tokens == 6 and s.decode.decode_tokens_per_s > 0

@@ -3,6 +3,8 @@ mode and tier, and a tier that fails midway through a request never yields wrong
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -38,6 +40,12 @@ def tier_store(make_store, redis_server, redis_prefix):
     return make
 
 
+def prefill_at(engine, layout, config, prefetch: int):
+    """``engine.prefill`` with ``prefetch`` layers of cached rows read ahead (0: sequential)."""
+    engine.loading = replace(engine.loading, prefetch_layers=prefetch)
+    return engine.prefill(layout, config)
+
+
 @pytest.fixture(scope="module")
 def reference(model_dir):
     """Logits of every mode from an engine on the default RAM store, read sequentially."""
@@ -48,7 +56,7 @@ def reference(model_dir):
                                          chat=False, context=NO_CONTEXT)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     engine.precompute(layout.prefix_ids, layout.chunk_ids, profile=True)
-    return {c.label: engine.prefill(layout, c, prefetch=0).logits for c in MODES}
+    return {c.label: prefill_at(engine, layout, c, 0).logits for c in MODES}
 
 
 @pytest.fixture
@@ -68,16 +76,16 @@ def test_pipelined_equals_sequential_for_every_mode(tier_store, engine_on, refer
                                                     one_thread):
     engine, layout = engine_on(tier_store(tier))
     for config in MODES:
-        sequential = engine.prefill(layout, config, prefetch=0)
-        pipelined = engine.prefill(layout, config, prefetch=2)
+        sequential = prefill_at(engine, layout, config, 0)
+        pipelined = prefill_at(engine, layout, config, 2)
         assert torch.equal(pipelined.logits, sequential.logits), config.label
         # and both equal the RAM store's: the bytes of every tier are the rows computed
         assert torch.equal(sequential.logits, reference[config.label]), config.label
-        assert not sequential.stats.pipelined
-        assert pipelined.stats.pipelined == (config.mode != "full")
+        assert not sequential.stats.loading.pipelined
+        assert pipelined.stats.loading.pipelined == (config.mode != "full")
         if config.mode != "full" and tier != "ram":  # the layers really came from the tier
-            assert pipelined.stats.store["tiers"][0]["bytes_read"] > 0
-            assert pipelined.stats.load_s > 0
+            assert pipelined.stats.cache.store["tiers"][0]["bytes_read"] > 0
+            assert pipelined.stats.loading.load_s > 0
 
 
 class FailAt:
@@ -125,20 +133,20 @@ def test_a_tier_failing_midway_falls_back_to_recompute(tier_store, engine_on, re
     store = tier_store("disk", wrap=wrap)
     engine, layout = engine_on(store)
     config = BlendConfig(selector="cacheblend", ratio=0.3)
-    pre = engine.prefill(layout, config, prefetch=prefetch)
+    pre = prefill_at(engine, layout, config, prefetch)
     # the right logits: those of a request whose rows all loaded (never a mix)
     assert torch.equal(pre.logits, reference[config.label])
-    assert pre.stats.load_retries == 1
+    assert pre.stats.cache.load_retries == 1
     [bad] = wraps[0].failed
     if error is EntryError:  # a defective entry is dropped, then computed and stored again
-        assert pre.stats.chunk_misses + (not pre.stats.prefix_hit) == 1
+        assert pre.stats.cache.chunk_misses + (not pre.stats.cache.prefix_hit) == 1
         assert store.stats().tier("disk").corrupt == 1
         assert store.contains(bad)
     else:  # a failing tier is benched: the retry computes every chunk
         assert not store.stats().tier("disk").available
-        assert pre.stats.chunk_hits == 0
-    again = engine.prefill(layout, config, prefetch=prefetch)
-    assert torch.equal(again.logits, reference[config.label]) and again.stats.load_retries == 0
+        assert pre.stats.cache.chunk_hits == 0
+    again = prefill_at(engine, layout, config, prefetch)
+    assert torch.equal(again.logits, reference[config.label]) and again.stats.cache.load_retries == 0
 
 
 def test_auto_ratio_recomputes_more_when_loading_is_slow(tier_store, engine_on, one_thread):
@@ -155,5 +163,5 @@ def test_auto_ratio_recomputes_more_when_loading_is_slow(tier_store, engine_on, 
     floor = engine.prefill(layout, BlendConfig(selector="cacheblend", ratio=0.2))
     assert second.stats.recompute_fraction > floor.stats.recompute_fraction
     # sequential loading has nothing to hide recompute under: the floor
-    seq = engine.prefill(layout, auto, prefetch=0)
+    seq = prefill_at(engine, layout, auto, 0)
     assert seq.stats.ratio == 0.2 and seq.stats.controller["reason"].startswith("sequential")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from blendrag import BlendConfig
-from blendrag.engine.chunks import prefill_chunk
-from blendrag.engine.profile import key_deviation, neighbours, profile_depth
+from blendrag.config import profile_depth
+from blendrag.engine.profile import key_deviation, neighbours, profiled
 from blendrag.engine.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -71,8 +71,8 @@ def test_precompute_stores_the_deviation_after_the_previous_chunk(engine_for):
     ids = layout.chunk_ids
     for i in range(len(ids)):
         stored = engine.store.get(engine.key(anchor, ids[i]))
-        alone = prefill_chunk(engine, None, anchor, ids[i])
-        after = prefill_chunk(engine, None, anchor + list(ids[i - 1]), ids[i])
+        alone = engine.runner.compute_chunk(None, anchor, ids[i])
+        after = engine.runner.compute_chunk(None, anchor + list(ids[i - 1]), ids[i])
         # the served KV is the stand-alone one
         assert torch.allclose(stored.keys, alone.keys, atol=1e-5)
         assert torch.allclose(stored.sensitivity, key_deviation(alone, after), rtol=1e-3, atol=1e-4)
@@ -98,7 +98,7 @@ def test_profile_selector_takes_the_top_tokens_across_chunks_but_not_the_exact_f
     assert picked.min() >= first_end  # chunk 0 follows the prefix it was computed after: exact
     # static: the same tokens at every layer, and that is the compute
     stats = engine.prefill(layout, cfg).stats
-    assert stats.recomputed_chunk_tokens_per_layer == [count] * engine.adapter.num_layers
+    assert stats.compute.recomputed_chunk_tokens_per_layer == [count] * engine.adapter.num_layers
 
 
 def test_profile_selector_needs_a_profile_per_chunk(engine_for):
@@ -107,7 +107,7 @@ def test_profile_selector_needs_a_profile_per_chunk(engine_for):
     with pytest.raises(ValueError, match="profile"):
         make_selector(BlendConfig(selector="profile"), layout, engine.adapter.num_layers,
                       engine.device,
-                      engine.adapter.scaling, [engine.compute_chunk(None, (), ids)
+                      engine.adapter.scaling, [engine.cache.compute((), ids)
                                                for ids in layout.chunk_ids])
 
 
@@ -126,11 +126,11 @@ def test_chunks_stored_without_a_profile_get_one_on_first_use(engine_for):
     _ingest(engine, layout, profile=False)
     cfg = BlendConfig(selector="profile", ratio=0.2)
     first = engine.prefill(layout, cfg)
-    assert first.stats.profiles_computed == len(PASSAGES) and first.stats.chunk_hits == len(
+    assert first.stats.cache.profiles_computed == len(PASSAGES) and first.stats.cache.chunk_hits == len(
         PASSAGES
     )
     second = engine.prefill(layout, cfg)
-    assert second.stats.profiles_computed == 0
+    assert second.stats.cache.profiles_computed == 0
     assert torch.equal(first.logits, second.logits)
     # the same rule as at ingestion: measured after the previous chunk of the prompt
     fresh = engine_for("llama")
@@ -163,9 +163,9 @@ def test_profile_uses_the_cached_prefix_and_matches_a_plain_recompute(engine_for
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
-    alone = prefill_chunk(engine, None, anchor, ids[1])
-    with_cache = engine.profiled(alone, anchor, [ids[0]], engine.prefix_kv(anchor))
-    plain = key_deviation(alone, prefill_chunk(engine, None, anchor + list(ids[0]), ids[1]))
+    alone = engine.runner.compute_chunk(None, anchor, ids[1])
+    with_cache = profiled(engine.runner, alone, anchor, [ids[0]], engine.cache.prefix(anchor))
+    plain = key_deviation(alone, engine.runner.compute_chunk(None, anchor + list(ids[0]), ids[1]))
     assert torch.allclose(with_cache.sensitivity, plain, rtol=1e-3, atol=1e-4)
 
 
@@ -175,9 +175,9 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
     engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=2)
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     for i in range(len(ids)):
-        alone = prefill_chunk(engine, None, anchor, ids[i])
+        alone = engine.runner.compute_chunk(None, anchor, ids[i])
         devs = [key_deviation(alone,
-                              prefill_chunk(engine, None, anchor + list(ids[(i - j) % len(ids)]),
+                              engine.runner.compute_chunk(None, anchor + list(ids[(i - j) % len(ids)]),
                                                     ids[i]))
                 for j in (1, 2)]
         expected = torch.maximum(devs[0], devs[1])
@@ -198,9 +198,9 @@ def test_profiled_refuses_no_probe_and_empty_probes(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     anchor = list(layout.chunk_prefix_ids)
-    alone = prefill_chunk(engine, None, anchor, layout.chunk_ids[0])
+    alone = engine.runner.compute_chunk(None, anchor, layout.chunk_ids[0])
     for probes in ([], [[]]):
         with pytest.raises(ValueError, match="probe"):
-            engine.profiled(alone, anchor, probes)
+            profiled(engine.runner, alone, anchor, probes)
     with pytest.raises(ValueError, match="profile must be"):
         engine.precompute(anchor, layout.chunk_ids, profile=-2)

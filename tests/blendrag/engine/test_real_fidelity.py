@@ -38,7 +38,7 @@ def test_default_blend_holds_its_measured_fidelity_on_40_questions():
         agree.append(blend.first_token_agrees)
         first_kl.append(blend.first_token_kl)
         fractions.append(blend.stats.recompute_fraction)
-        assert blend.stats.exact_first  # the first passage took its exact rows
+        assert blend.stats.cache.exact_first  # the first passage took its exact rows
     assert len(items) == 40
     assert sum(same) / 40 >= 0.40  # measured 0.425 (17 of 40)
     assert sum(kl_blend) / 40 <= 0.055  # measured 0.047

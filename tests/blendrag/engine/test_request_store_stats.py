@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _tiers(stats) -> dict[str, tuple[int, int]]:
     """{tier: (hits, misses)} of a request's store delta."""
-    return {t["name"]: (t["hits"], t["misses"]) for t in stats.store["tiers"]}
+    return {t["name"]: (t["hits"], t["misses"]) for t in stats.cache.store["tiers"]}
 
 
 def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_path):
@@ -24,19 +24,19 @@ def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_p
                                          store=TieredKVStore(config), context=NO_CONTEXT)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     n = len(PASSAGES)
-    cold = engine.prefill(layout, BlendConfig(ratio=0.3)).stats.store
+    cold = engine.prefill(layout, BlendConfig(ratio=0.3)).stats.cache.store
     assert (cold["gets"], cold["misses"]) == (1 + n, 1 + n)
     assert cold["tiers"][1]["bytes_written"] > 0 and cold["tiers"][1]["bytes_read"] == 0
     warm = engine.prefill(layout, BlendConfig(ratio=0.3)).stats
     assert _tiers(warm) == {"ram": (1 + n, 0), "disk": (0, 0)}  # this request only, not the totals
-    assert warm.store["gets"] == warm.store["hits"] == 1 + n
-    assert warm.store["tiers"][0]["bytes_written"] == 0
+    assert warm.cache.store["gets"] == warm.cache.store["hits"] == 1 + n
+    assert warm.cache.store["tiers"][0]["bytes_written"] == 0
 
     engine.store.close()
     engine.store = TieredKVStore(config)  # RAM cleared (a new process), the disk tier kept
     reloaded = engine.prefill(layout, BlendConfig(ratio=0.3)).stats
     assert _tiers(reloaded) == {"ram": (0, 1 + n), "disk": (1 + n, 0)}
-    disk = reloaded.store["tiers"][1]
+    disk = reloaded.cache.store["tiers"][1]
     assert disk["bytes_read"] > 0 and disk["load_seconds"] > 0 and disk["entries"] == 1 + n
     assert _tiers(engine.prefill(layout, BlendConfig(ratio=0.3)).stats) == {
         "ram": (1 + n, 0),
@@ -50,7 +50,7 @@ def test_precomputed_chunks_are_served_from_disk_first(model_dir, make_store):
     precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(ratio=0.3)).stats
-    assert (stats.chunk_hits, stats.chunk_misses, stats.prefix_hit) == (len(PASSAGES), 0, True)
+    assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.prefix_hit) == (len(PASSAGES), 0, True)
     assert _tiers(stats) == {"ram": (1, len(PASSAGES)), "disk": (len(PASSAGES), 0)}
 
 

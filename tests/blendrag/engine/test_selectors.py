@@ -8,7 +8,7 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.engine.selectors import make_selector
-from blendrag.eval.deviation import attention_deviation
+from blendrag.eval.deviation import attention_deviation, traced_prefill
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
@@ -45,8 +45,8 @@ def test_cacheblend_keeps_the_most_deviating_tokens(engine_for):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full"))
     reuse = engine.prefill(layout, BlendConfig(mode="reuse"))
-    pre = engine.prefill(layout, BlendConfig(selector="cacheblend", ratio=0.2), trace=True)
-    kept = pre.output.trace[1]["pos"]
+    pre, trace = traced_prefill(engine, layout, BlendConfig(selector="cacheblend", ratio=0.2))
+    kept = trace.layers[1]["pos"]
     kept = kept[kept < layout.suffix_start]
     # at layer 1, all chunk tokens were recomputed at layer 0: fresh v at layer 1 == full's v
     chunk = torch.arange(len(layout.prefix_ids), layout.suffix_start)
@@ -61,26 +61,26 @@ def test_gradual_filtering_follows_the_schedule(engine_for):
     cfg = BlendConfig(selector="cacheblend", ratio=0.1, check_layers=(1, 2, 3))
     assert cfg.ratio_schedule == (0.4, 0.2, 0.1)
     s = engine.prefill(layout, cfg).stats
-    c = s.chunk_tokens
+    c = s.prompt.chunk_tokens
     budgets = [math.ceil(r * c) for r in cfg.ratio_schedule]
-    assert s.recomputed_chunk_tokens_per_layer == [c, budgets[0], budgets[1], budgets[2],
+    assert s.compute.recomputed_chunk_tokens_per_layer == [c, budgets[0], budgets[1], budgets[2],
                                                    budgets[2]]
 
 
 def test_query_selector_prefers_tokens_the_question_attends(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    pre = engine.prefill(layout, BlendConfig(selector="query", ratio=0.25), trace=True)
+    pre, trace = traced_prefill(engine, layout, BlendConfig(selector="query", ratio=0.25))
     s = pre.stats
-    assert s.recomputed_chunk_tokens_per_layer[1:] == [math.ceil(0.25 * s.chunk_tokens)] * 2
-    kept = set(pre.output.trace[1]["pos"].tolist())
+    assert s.compute.recomputed_chunk_tokens_per_layer[1:] == [math.ceil(0.25 * s.prompt.chunk_tokens)] * 2
+    kept = set(trace.layers[1]["pos"].tolist())
     assert set(range(layout.suffix_start, layout.num_tokens)) <= kept
 
 
 def test_attention_deviation_falls_as_ratio_rises(engine_for):
     engine = engine_for("llama", layers=4)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    ref = engine.prefill(layout, BlendConfig(mode="full"), trace=True)
+    ref = traced_prefill(engine, layout, BlendConfig(mode="full"))
     for sel in ("cacheblend", "random"):
         devs = [attention_deviation(engine, layout, BlendConfig(selector=sel, ratio=r), ref)
                 for r in (0.0, 0.15, 0.5, 1.0)]

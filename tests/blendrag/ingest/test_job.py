@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
+from blendrag.engine.profile import profiled
 from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, precompute
 from blendrag.integration.text_index import ChunkTextIndex
 from helpers.sources import DOCS, make_chroma
@@ -34,10 +35,9 @@ def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
     assert (summary.tokens, summary.bytes) == (tokens, tokens * kv_bytes_per_token(engine))
     assert summary.tokens_per_s > 0 and "computed 4" in summary.format()
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
-    prefix = engine.prefix_kv(prefix_ids)
     for text in PASSAGES:
         stored = engine.store.get(_key(engine, text))
-        ref = engine.compute_chunk(prefix, prefix_ids, engine.prompts.encode(text))
+        ref = engine.cache.compute(prefix_ids, engine.prompts.encode(text))
         assert torch.equal(stored.keys, ref.keys) and torch.equal(stored.values, ref.values)
 
 
@@ -97,7 +97,7 @@ def _profile_after(engine: BlendEngine, text: str, *neighbours: str) -> torch.Te
     reference)."""
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     probes = [engine.prompts.encode(n) for n in neighbours]
-    return engine.profiled(_stored(engine, text), prefix_ids, probes).sensitivity
+    return profiled(engine.runner, _stored(engine, text), prefix_ids, probes).sensitivity
 
 
 def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
@@ -125,13 +125,13 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
         assert got.max() > 0
     # the served rows are the stand-alone ones, profile or not
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
-    ref = engine.compute_chunk(engine.prefix_kv(prefix_ids), prefix_ids, engine.prompts.encode(p2))
+    ref = engine.cache.compute(prefix_ids, engine.prompts.encode(p2))
     assert torch.equal(_stored(engine, p2).keys,
                        ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
     # queries with the profile selector find every profile in the store
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(selector="profile")).stats
-    assert (stats.chunk_hits, stats.profiles_computed) == (4, 0)
+    assert (stats.cache.chunk_hits, stats.cache.profiles_computed) == (4, 0)
 
 
 def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(

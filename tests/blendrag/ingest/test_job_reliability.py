@@ -158,5 +158,5 @@ def test_a_non_utf8_file_in_a_folder_is_named(tmp_path):
 def test_direct_ingestion_of_a_str_batch_is_refused(engine):
     run = Ingestion(engine, PREFIX)
     with pytest.raises(ValueError, match="single str"):
-        run.add("abc")
+        run.ingest("abc")
     assert run.counts.chunks == 0

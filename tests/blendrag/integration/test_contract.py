@@ -93,7 +93,7 @@ def test_flat_prompts_find_the_same_ingested_chunks(engine):
     assert lc_llm.last_prompt.source == li_llm.last_prompt.source == "index"
     assert lc_llm.last_prompt.layout == li_llm.last_prompt.layout and lc_answer == li_answer
     # separators too
-    assert lc_llm.last_stats.chunk_hits == li_llm.last_stats.chunk_hits == 2 * len(CHUNKS) - 1
+    assert lc_llm.last_stats.cache.chunk_hits == li_llm.last_stats.cache.chunk_hits == 2 * len(CHUNKS) - 1
 
 
 def test_one_config_shape_one_chunk_format_one_embedder(model_dir):

@@ -70,5 +70,5 @@ def test_engine_answers_with_the_changed_model_not_its_stored_kvs(engine_for):
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     cached = engine.prefill(layout, BlendConfig(mode="prefix"))
     assert (full - old).abs().max().item() > 1e-2  # the change matters to the answer
-    assert cached.stats.prefix_hit is False  # the old prefix KV was not used
+    assert cached.stats.cache.prefix_hit is False  # the old prefix KV was not used
     assert (cached.logits - full).abs().max().item() < TOL

@@ -52,14 +52,14 @@ def test_chain_reuses_ingested_kvs(blend_store, llm, prompt):
     stats = llm.last_stats
     assert llm.last_prompt.source == "documents" and llm.last_prompt.matched == K
     # Chunks: the K documents and the K-1 "\n\n" separators between them, all precomputed.
-    assert stats.chunks == 2 * K - 1
-    assert stats.chunk_hits == 2 * K - 1 and stats.chunk_misses == 0
+    assert stats.prompt.chunks == 2 * K - 1
+    assert stats.cache.chunk_hits == 2 * K - 1 and stats.cache.chunk_misses == 0
     assert stats.mode == "blend" and stats.ratio == 0.3
-    budget = math.ceil(0.3 * stats.chunk_tokens)
+    budget = math.ceil(0.3 * stats.prompt.chunk_tokens)
     # the default selector (preview) is static: the same budget at every layer
-    assert stats.selector == "preview" and stats.preview_tokens > 0
-    assert stats.recomputed_chunk_tokens_per_layer == [budget] * len(
-        stats.recomputed_chunk_tokens_per_layer)
+    assert stats.selector == "preview" and stats.compute.preview_tokens > 0
+    assert stats.compute.recomputed_chunk_tokens_per_layer == [budget] * len(
+        stats.compute.recomputed_chunk_tokens_per_layer)
 
 
 def test_chunk_hits_equal_retrieved_documents_without_separator(engine, embedder, chroma_client,
@@ -76,9 +76,9 @@ def test_chunk_hits_equal_retrieved_documents_without_separator(engine, embedder
                          document_separator="")
     result = chain.invoke({"input": QUESTION})
     stats = llm.last_stats
-    assert stats.chunks == len(result["context"]) == K
-    assert stats.chunk_hits == K and stats.chunk_misses == 0
-    assert stats.recomputed_chunk_tokens_per_layer[1:] == [math.ceil(0.2 * stats.chunk_tokens)] * 2
+    assert stats.prompt.chunks == len(result["context"]) == K
+    assert stats.cache.chunk_hits == K and stats.cache.chunk_misses == 0
+    assert stats.compute.recomputed_chunk_tokens_per_layer[1:] == [math.ceil(0.2 * stats.prompt.chunk_tokens)] * 2
 
 
 def test_stock_chain_blends_and_matches_documents_path(blend_store, llm, prompt):
@@ -88,8 +88,8 @@ def test_stock_chain_blends_and_matches_documents_path(blend_store, llm, prompt)
     assert stock_prompt.source == "index" and llm.last_prompt.source == "documents"
     assert stock_prompt.matched == K
     assert stock_prompt.layout == llm.last_prompt.layout
-    assert stock_stats.chunk_hits == llm.last_stats.chunk_hits == 2 * K - 1
-    assert stock_stats.tokens_reused == llm.last_stats.tokens_reused > 0
+    assert stock_stats.cache.chunk_hits == llm.last_stats.cache.chunk_hits == 2 * K - 1
+    assert stock_stats.cache.tokens_reused == llm.last_stats.cache.tokens_reused > 0
     assert stock["answer"] == blend["answer"]
     assert [d.page_content for d in stock["context"]] == [d.page_content for d in blend["context"]]
 
@@ -102,9 +102,9 @@ def test_ratio_one_equals_full_prefill(blend_store, engine, prompt):
     full = BlendLLM(engine=engine, mode="full", max_tokens=8, text_index=blend_store.llm.text_index)
     for make in (_blend_chain, _stock_chain):
         answer = make(blend_store, blend_all, prompt).invoke({"input": QUESTION})["answer"]
-        assert blend_all.last_stats.chunk_hits > 0
+        assert blend_all.last_stats.cache.chunk_hits > 0
         assert make(blend_store, full, prompt).invoke({"input": QUESTION})["answer"] == answer
-        assert full.last_stats.mode == "full" and full.last_stats.tokens_reused == 0
+        assert full.last_stats.mode == "full" and full.last_stats.cache.tokens_reused == 0
         assert full.last_prompt.layout == blend_all.last_prompt.layout
 
 
@@ -145,12 +145,12 @@ def test_documents_never_ingested_are_computed_then_reused(llm, embedder, chroma
     chain = _blend_chain(store, llm, prompt)
     first = chain.invoke({"input": QUESTION})
     # K documents and one "\n\n" separator computed; the second separator reuses the first.
-    assert llm.last_stats.chunk_misses == K + 1 and llm.last_stats.chunk_hits == K - 2
+    assert llm.last_stats.cache.chunk_misses == K + 1 and llm.last_stats.cache.chunk_hits == K - 2
     second = chain.invoke({"input": QUESTION})
-    assert llm.last_stats.chunk_misses == 0 and llm.last_stats.chunk_hits == 2 * K - 1
+    assert llm.last_stats.cache.chunk_misses == 0 and llm.last_stats.cache.chunk_hits == 2 * K - 1
     assert second["answer"] == first["answer"]
     stock = _stock_chain(store, llm, prompt).invoke({"input": QUESTION})
-    assert llm.last_prompt.source == "index" and llm.last_stats.chunk_hits == 2 * K - 1
+    assert llm.last_prompt.source == "index" and llm.last_stats.cache.chunk_hits == 2 * K - 1
     assert stock["answer"] == first["answer"]
 
 
@@ -158,7 +158,7 @@ def test_prompt_without_known_chunks_is_a_full_prefill(llm):
     text = llm.invoke("Tell me about the quick brown fox near the river bank.")
     assert isinstance(text, str)
     assert llm.last_prompt.source == "none"
-    assert llm.last_stats.mode == "full" and llm.last_stats.chunk_hits == 0
+    assert llm.last_stats.mode == "full" and llm.last_stats.cache.chunk_hits == 0
 
 
 def test_chat_model_chains(blend_store, engine, llm):
@@ -175,7 +175,7 @@ def test_chat_model_chains(blend_store, engine, llm):
     blend = _blend_chain(blend_store, chat, prompt).invoke({"input": QUESTION})
     blend_prompt = chat.last_prompt
     assert blend_prompt.source == "documents" and blend_prompt.matched == K
-    assert chat.last_stats.chunk_hits == 2 * K - 1 and chat.last_stats.chunk_misses == 0
+    assert chat.last_stats.cache.chunk_hits == 2 * K - 1 and chat.last_stats.cache.chunk_misses == 0
     stock = _stock_chain(blend_store, chat, prompt).invoke({"input": QUESTION})
     assert chat.last_prompt.source == "index" and chat.last_prompt.layout == blend_prompt.layout
     assert stock["answer"] == blend["answer"]

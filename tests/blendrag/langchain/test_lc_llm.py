@@ -73,14 +73,14 @@ def test_batch_gives_one_answer_per_prompt(llm):
     other = TEMPLATE.format(context="\n\n".join(PASSAGES[:3]), input="Who created Python?")
     answers = llm.batch([PROMPT, other], documents=DOCS)
     assert answers == [llm.invoke(PROMPT, documents=DOCS), llm.invoke(other, documents=DOCS)]
-    assert llm.last_stats.chunk_misses == 0  # all cached by the batch
+    assert llm.last_stats.cache.chunk_misses == 0  # all cached by the batch
 
 
 def test_call_overrides_and_bind(llm):
     llm.bind(ratio=0.5, max_tokens=3).invoke(PROMPT, documents=DOCS)
-    assert llm.last_stats.ratio == 0.5 and llm.last_stats.new_tokens <= 3
+    assert llm.last_stats.ratio == 0.5 and llm.last_stats.decode.new_tokens <= 3
     llm.invoke(PROMPT, documents=DOCS, mode="reuse")
-    assert llm.last_stats.mode == "reuse" and llm.last_stats.recomputed_chunk_tokens_per_layer == [
+    assert llm.last_stats.mode == "reuse" and llm.last_stats.compute.recomputed_chunk_tokens_per_layer == [
         0,
         0,
         0,
@@ -92,7 +92,7 @@ def test_stop_strings(llm):
     stop = next(text[i:i + 2] for i in range(1, len(text) - 1) if "\ufffd" not in text[:i + 2])
     cut = llm.invoke(PROMPT, documents=DOCS, stop=[stop])
     assert cut == text[:text.index(stop)]
-    assert llm.last_stats.finish_reason == "stop"
+    assert llm.last_stats.decode.finish_reason == "stop"
     assert llm.model_copy(update={"stop": [stop]}).invoke(PROMPT, documents=DOCS) == cut
 
 
@@ -103,7 +103,7 @@ def test_stream_reports_every_chunk_to_callbacks(llm):
     # every text chunk is reported, the final (metadata) chunk is not: no extra empty event
     # (a chunk holds more than one token only where a token ends inside a UTF-8 character)
     assert parts[-1] == "" and handler.tokens == parts[:-1] and "" not in handler.tokens
-    assert 0 < len(handler.tokens) <= llm.last_stats.new_tokens
+    assert 0 < len(handler.tokens) <= llm.last_stats.decode.new_tokens
     assert "".join(parts) == llm.invoke(PROMPT, documents=DOCS)
 
 
@@ -189,10 +189,10 @@ def test_chat_documents_and_index_paths_agree(chat):
     bp = chat.last_prompt
     assert (bp.source, bp.matched, bp.chunks) == ("documents", 3, 5)
     # one separator reused
-    assert chat.last_stats.chunk_misses == 4 and chat.last_stats.chunk_hits == 1
+    assert chat.last_stats.cache.chunk_misses == 4 and chat.last_stats.cache.chunk_hits == 1
     again = chat.invoke(_messages())
     assert chat.last_prompt.source == "index" and chat.last_prompt.layout == bp.layout
-    assert chat.last_stats.chunk_hits == 5 and chat.last_stats.chunk_misses == 0
+    assert chat.last_stats.cache.chunk_hits == 5 and chat.last_stats.cache.chunk_misses == 0
     assert again.content == answer.content
 
 
@@ -210,12 +210,12 @@ def test_chat_layout_is_the_rendered_conversation(chat, engine):
 def test_chat_usage_and_metadata(chat):
     message = chat.invoke(_messages(), documents=DOCS)
     stats = chat.last_stats
-    assert message.usage_metadata == {"input_tokens": stats.prompt_tokens,
-                                      "output_tokens": stats.new_tokens,
-                                      "total_tokens": stats.prompt_tokens + stats.new_tokens}
+    assert message.usage_metadata == {"input_tokens": stats.prompt.tokens,
+                                      "output_tokens": stats.decode.new_tokens,
+                                      "total_tokens": stats.prompt.tokens + stats.decode.new_tokens}
     meta = message.response_metadata
     assert meta["blendrag"] == stats.to_dict() and meta["model_provider"] == "blendrag"
-    assert meta["finish_reason"] == stats.finish_reason
+    assert meta["finish_reason"] == stats.decode.finish_reason
 
 
 def test_chat_stream_equals_invoke_and_callbacks(chat):
@@ -226,7 +226,7 @@ def test_chat_stream_equals_invoke_and_callbacks(chat):
     assert "".join(parts) == answer and len([p for p in parts if p]) > 1
     # no extra empty event for the final chunk (it carries the last text and the metadata)
     assert handler.tokens == parts and "" not in parts
-    assert 0 < len(parts) <= chat.last_stats.new_tokens
+    assert 0 < len(parts) <= chat.last_stats.decode.new_tokens
 
     async def run():
         streamed = [c.content async for c in chat.astream(_messages(), documents=DOCS)]

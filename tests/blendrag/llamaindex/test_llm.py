@@ -12,6 +12,7 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from blendrag import BlendConfig, BlendEngine
+from blendrag.engine.profile import profiled
 from blendrag.llamaindex import BlendKVTransform, BlendLLM
 from helpers.li_data import GENERATION
 from helpers.tiny import PASSAGES
@@ -30,10 +31,10 @@ def test_nodes_split_keeps_gaps_and_tolerates_order_and_missing_nodes(make_llm):
     a, b, c = (llm.chunk_text(n) for n in nodes)
     gappy = PREFIX + a + "--- a gap ---\n" + b + c + SUFFIX
     llm.complete(gappy, nodes=nodes)
-    assert (llm.last_stats.chunks, llm.last_stats.chunk_misses) == (4, 4)  # 3 nodes + the gap
+    assert (llm.last_stats.prompt.chunks, llm.last_stats.cache.chunk_misses) == (4, 4)  # 3 nodes + the gap
     llm.complete(prompt,
                  nodes=[nodes[2], nodes[0], NodeWithScore(node=TextNode(text="not in the prompt"))])
-    assert (llm.last_stats.chunks, llm.last_stats.chunk_hits) == (3, 3)  # found in prompt order
+    assert (llm.last_stats.prompt.chunks, llm.last_stats.cache.chunk_hits) == (3, 3)  # found in prompt order
 
 
 def test_nodes_blend_ratio_one_equals_full_and_stats_are_returned(make_llm):
@@ -41,7 +42,7 @@ def test_nodes_blend_ratio_one_equals_full_and_stats_are_returned(make_llm):
     prompt, nodes = prompt_and_nodes(llm)
     assert llm.ingest(nodes) == 3 and llm.ingest(nodes) == 0
     blend = llm.complete(prompt, nodes=nodes, blend_config=BlendConfig(ratio=1.0))
-    assert (llm.last_stats.chunk_hits, llm.last_stats.chunk_misses) == (3, 0)
+    assert (llm.last_stats.cache.chunk_hits, llm.last_stats.cache.chunk_misses) == (3, 0)
     assert blend.additional_kwargs["stats"] == blend.raw["stats"] == llm.last_stats.to_dict()
     full = llm.complete(prompt, nodes=nodes, blend_config=BlendConfig(mode="full"))
     assert full.raw["token_ids"] == blend.raw["token_ids"] and len(full.raw["token_ids"]) == 8
@@ -54,9 +55,9 @@ def test_flat_prompt_uses_text_index_and_unknown_prompt_runs_full(make_llm):
     llm.ingest(nodes)
     with_nodes = llm.complete(prompt, nodes=nodes).raw["token_ids"]
     assert llm.complete(prompt).raw["token_ids"] == with_nodes  # same split found in the flat text
-    assert llm.last_stats.chunk_hits == 3
+    assert llm.last_stats.cache.chunk_hits == 3
     llm.complete("Nothing ingested appears in this prompt.")
-    assert (llm.last_stats.mode, llm.last_stats.chunk_hits) == ("full", 0)
+    assert (llm.last_stats.mode, llm.last_stats.cache.chunk_hits) == ("full", 0)
 
 
 def test_prompt_ending_with_a_chunk_computes_it_as_the_suffix(make_llm):
@@ -64,7 +65,7 @@ def test_prompt_ending_with_a_chunk_computes_it_as_the_suffix(make_llm):
     _, nodes = prompt_and_nodes(llm)
     prompt = PREFIX + "".join(llm.chunk_text(n) for n in nodes)
     llm.complete(prompt, nodes=nodes)
-    assert (llm.last_stats.chunks, llm.last_stats.chunk_misses) == (2, 2)
+    assert (llm.last_stats.prompt.chunks, llm.last_stats.cache.chunk_misses) == (2, 2)
 
 
 def test_streaming_matches_complete_and_ends_with_stats(make_llm):
@@ -85,7 +86,7 @@ def test_chat_uses_the_template_and_matches_complete(make_llm):
     assert chatted.raw["token_ids"] == completed.raw["token_ids"]
     streamed = list(llm.stream_chat([ChatMessage(role="user", content=prompt)], nodes=nodes))
     assert "".join(r.delta for r in streamed) == completed.text
-    assert llm.last_stats.chunk_hits == 3
+    assert llm.last_stats.cache.chunk_hits == 3
 
 
 def test_async_variants_match_sync(make_llm):
@@ -153,8 +154,7 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
     def profile_after(llm, node, *before):
         engine = llm.engine
         probes = [engine.prompts.encode(llm.chunk_text(b)) for b in before]
-        return engine.profiled(entry(llm, node), engine.prompts.chunk_prefix_ids(),
-                               probes).sensitivity
+        return profiled(engine.runner, entry(llm, node), engine.prompts.chunk_prefix_ids(), probes).sensitivity
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()

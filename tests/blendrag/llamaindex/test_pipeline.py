@@ -11,6 +11,7 @@ from llama_index.core.ingestion import IngestionCache, IngestionPipeline
 from llama_index.core.schema import MetadataMode
 
 from blendrag import BlendConfig
+from blendrag.engine.profile import profiled
 from blendrag.llamaindex import BlendKVTransform, BlendLLM, BlendSynthesizer, blend_query_engine
 from helpers.li_data import QUESTION
 
@@ -34,7 +35,7 @@ def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, 
     response = blend_query_engine(index, llm, similarity_top_k=TOP_K).query(QUESTION)
     stats = llm.last_stats
     assert isinstance(response, Response) and len(response.source_nodes) == TOP_K
-    assert (stats.mode, stats.chunks, stats.chunk_hits, stats.chunk_misses) == (
+    assert (stats.mode, stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (
         "blend",
         TOP_K,
         TOP_K,
@@ -62,8 +63,8 @@ def test_ratio_one_equals_full_prefill_and_reuse_does_not(make_llm, embed, new_v
     blend, blend_stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
     reuse, _ = _synthesize(llm, index, BlendConfig(mode="reuse"))
     assert blend == full
-    assert (blend_stats.chunk_hits, blend_stats.recompute_fraction) == (TOP_K, 1.0)
-    assert full_stats.mode == "full" and full_stats.chunk_hits == 0
+    assert (blend_stats.cache.chunk_hits, blend_stats.recompute_fraction) == (TOP_K, 1.0)
+    assert full_stats.mode == "full" and full_stats.cache.chunk_hits == 0
     # The tiny model is sensitive to cross-chunk attention: the equality above is not vacuous.
     assert reuse != full
 
@@ -76,7 +77,7 @@ def test_streaming_text_equals_non_streaming(make_llm, embed, new_vector_store, 
                                   streaming=True).query(QUESTION)
     assert isinstance(streamed, StreamingResponse)
     assert "".join(streamed.response_gen) == plain and len(plain) > 0
-    assert llm.last_stats.chunk_hits == TOP_K  # set once the stream is exhausted
+    assert llm.last_stats.cache.chunk_hits == TOP_K  # set once the stream is exhausted
     # RetrieverQueryEngine
     retriever_engine = blend_query_engine(index.as_retriever(similarity_top_k=TOP_K), llm)
     assert retriever_engine.query(QUESTION).response == plain
@@ -115,7 +116,7 @@ def test_ingestion_cache_skips_the_transform_only_when_nothing_is_lost(
     assert second.cached(nodes) == [True] * len(nodes) and len(second.text_index) > 0
     engine = blend_query_engine(index, second, similarity_top_k=TOP_K)
     assert engine.query(QUESTION).response == expected
-    assert (second.last_stats.chunk_misses, second.last_stats.chunk_hits) == (0, TOP_K)
+    assert (second.last_stats.cache.chunk_misses, second.last_stats.cache.chunk_hits) == (0, TOP_K)
 
 
 def test_metadata_kv_covers_exact_llm_text(make_llm, embed, new_vector_store, metadata_nodes):
@@ -130,7 +131,7 @@ def test_metadata_kv_covers_exact_llm_text(make_llm, embed, new_vector_store, me
 
     full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
-    assert blend == full and (stats.chunk_hits, stats.chunk_misses) == (TOP_K, 0)
+    assert blend == full and (stats.cache.chunk_hits, stats.cache.chunk_misses) == (TOP_K, 0)
 
 
 def test_stock_synthesizer_flat_prompt_finds_ingested_chunks(make_llm, embed, new_vector_store,
@@ -142,7 +143,7 @@ def test_stock_synthesizer_flat_prompt_finds_ingested_chunks(make_llm, embed, ne
     stats = llm.last_stats
     # COMPACT joins the texts with "\n\n": every chunk but the last one matches its precomputed
     # formatted text; the last one is found bare and its KV computed on demand.
-    assert (stats.mode, stats.chunks, stats.chunk_hits, stats.chunk_misses) == (
+    assert (stats.mode, stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (
         "blend",
         TOP_K,
         TOP_K - 1,
@@ -156,11 +157,11 @@ def test_chat_template_engine_blends_at_node_boundaries(make_llm, embed, new_vec
     index = ingest(llm, embed, new_vector_store(), nodes)
     full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
-    assert blend == full and (stats.chunk_hits, stats.chunk_misses) == (TOP_K, 0)
+    assert blend == full and (stats.cache.chunk_hits, stats.cache.chunk_misses) == (TOP_K, 0)
 
     # stock: llm.chat(messages)
     index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)
-    assert llm.last_stats.chunk_hits == TOP_K - 1
+    assert llm.last_stats.cache.chunk_hits == TOP_K - 1
 
 
 def _entry(llm, node):
@@ -183,11 +184,11 @@ def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure
         before = engine.prompts.encode(llm.chunk_text(nodes[i - 1]))
         assert got is not None and got.max() > 0
         assert torch.equal(got,
-                           engine.profiled(_entry(llm, node), prefix_ids, [before]).sensitivity)
+                           profiled(engine.runner, _entry(llm, node), prefix_ids, [before]).sensitivity)
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
-    assert (stats.selector, stats.chunk_hits, stats.chunk_misses,
-            stats.profiles_computed) == ("profile", TOP_K, 0, 0)
+    assert (stats.selector, stats.cache.chunk_hits, stats.cache.chunk_misses,
+            stats.cache.profiles_computed) == ("profile", TOP_K, 0, 0)
 
 
 def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(
@@ -210,7 +211,7 @@ def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(
     index = ingest(llm, embed, new_vector_store(), nodes)
     assert all(_entry(llm, n).sensitivity is None for n in nodes)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
-    assert stats.profiles_computed == TOP_K  # measured at the first query instead
+    assert stats.cache.profiles_computed == TOP_K  # measured at the first query instead
 
 
 def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(
@@ -227,8 +228,8 @@ def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(
     # COMPACT: one flat string
     index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)
     stats = llm.last_stats
-    assert (stats.chunks, stats.chunk_hits, stats.chunk_misses) == (2 * TOP_K - 1, 2 * TOP_K - 1, 0)
+    assert (stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (2 * TOP_K - 1, 2 * TOP_K - 1, 0)
     full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
-    assert blend == full and (stats.chunks, stats.chunk_hits,
-                              stats.chunk_misses) == (2 * TOP_K - 1,) * 2 + (0,)
+    assert blend == full and (stats.prompt.chunks, stats.cache.chunk_hits,
+                              stats.cache.chunk_misses) == (2 * TOP_K - 1,) * 2 + (0,)

@@ -29,8 +29,7 @@ def test_stored_keys_rotate_to_keys_computed_at_new_positions(engine_for, rope, 
     prefix_ids = engine.prompts.encode(PREFIX, first=True)
     chunk_ids = engine.prompts.encode(CHUNKS[chunk])
     assert (4 * len(prefix_ids) <= len(chunk_ids)) == (chunk == "prefix-recomputed")
-    prefix = engine.prefix_kv(prefix_ids)
-    stored = engine.chunk_kv(prefix_ids, chunk_ids, prefix)  # computed at positions [P, P+T)
+    stored = engine.cache.kv(prefix_ids, chunk_ids)  # computed at positions [P, P+T)
 
     ids = torch.tensor([prefix_ids + chunk_ids])
     p, n = len(prefix_ids), ids.shape[1]
@@ -51,7 +50,7 @@ def test_keys_are_really_stored_pre_rope(engine_for):
     engine = engine_for("llama")
     prefix_ids = engine.prompts.encode(PREFIX, first=True)
     chunk_ids = engine.prompts.encode(PASSAGES[0])
-    stored = engine.chunk_kv(prefix_ids, chunk_ids, engine.prefix_kv(prefix_ids))
+    stored = engine.cache.kv(prefix_ids, chunk_ids)
     ids = torch.tensor([prefix_ids + chunk_ids])
     with torch.no_grad():
         out = engine.model(ids, use_cache=True)

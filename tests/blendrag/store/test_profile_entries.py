@@ -265,7 +265,7 @@ def test_profiles_precomputed_by_one_process_serve_another(model_dir, tmp_path, 
         reader = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                              store=store)
         stats = reader.prefill(layout, BlendConfig(selector="profile", ratio=0.3)).stats
-        assert (stats.chunk_hits, stats.chunk_misses, stats.profiles_computed) == (
+        assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.profiles_computed) == (
             len(PASSAGES),
             0,
             0,

@@ -1,0 +1,283 @@
+"""The chunk cache: the one part of the engine that touches the store.
+
+Every cached KV a request or an ingestion needs goes through ``ChunkCache``: its content key
+(``kv/keys.py``), one lookup path (``open``: the stored entry opened for layer-wise reads, its
+header checked against what was asked for), computing and storing what the store misses (in
+the ingestion context, with the first passage's exact rows beside it: ``engine/context.py``),
+and the priors a selector reads (a profile measured on first use: ``engine/profile.py``).
+Computing uses the runner's pooled request buffer, so it happens before a request takes it:
+``rows_for`` is the first step of a request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from blendrag.config import BlendConfig, profile_depth
+from blendrag.engine.context import NO_CONTEXT, ChunkContext, in_context
+from blendrag.engine.fused_kv import CachedSegment
+from blendrag.engine.profile import neighbours, profiled
+from blendrag.engine.runner import ModelRunner
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids
+from blendrag.prompt import PromptLayout
+from blendrag.store.layered import LayeredEntry
+from blendrag.store.protocol import KVStore
+
+log = logging.getLogger(__name__)
+
+Ids = Sequence[int]
+
+
+@dataclass
+class RequestRows:
+    """The cached rows of one request (``ChunkCache.rows_for``): ``segments`` in prompt order
+    (stored entries opened for layer-wise reads, chunks computed now) and what the lookups
+    found. A context manager: leaving it closes the opened entries, which promotes an entry
+    read through to faster tiers."""
+
+    segments: list[CachedSegment] = field(default_factory=list)
+    opened: list[LayeredEntry] = field(default_factory=list)
+    chunk_hits: int = 0
+    chunk_misses: int = 0
+    prefix_hit: bool = False
+    exact_first: bool = False  # the first passage's rows are its exact ones (ChunkContext)
+    profiles_computed: int = 0
+
+    def close(self) -> None:
+        for entry in self.opened:
+            entry.close()
+
+    def __enter__(self) -> RequestRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ChunkCache:
+    """Chunk KVs of one model in ``store``, computed by ``runner`` on a miss.
+
+    ``context``: what stored chunk rows are computed after (``engine/context.py``);
+    ``encode``: text -> ids, for the fillers of a context (None: an engine without a tokenizer,
+    whose context has no fillers)."""
+
+    def __init__(self, store: KVStore, runner: ModelRunner, identity: ModelIdentity,
+                 tokenizer_fp: str, context: ChunkContext,
+                 encode: Callable[[str], list[int]] | None) -> None:
+        if context.fillers and encode is None:
+            raise ValueError("an ingestion context with fillers needs a tokenizer to encode them")
+        self.store = store
+        self.runner = runner
+        self.identity = identity
+        self.tokenizer_fp = tokenizer_fp
+        self.context = context
+        self._encode = encode
+        self._filler_ids = {context: [encode(f) for f in context.fillers] if encode else []}
+
+    # ---- keys and lookups ----------------------------------------------------------------
+
+    def key(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext | None = None) -> str:
+        """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` in ``context`` (default:
+        the cache's; a prefix is keyed as a chunk after () with ``NO_CONTEXT``)."""
+        tag = (self.context if context is None else context).tag
+        return chunk_key(self.identity.fingerprint, self.tokenizer_fp, chunk_prefix_ids,
+                         chunk_ids, tag)
+
+    def open(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext,
+             skip: frozenset[str] | set[str] = frozenset(),
+             opened: list[LayeredEntry] | None = None) -> LayeredEntry | None:
+        """The stored entry of the chunk opened for layer-wise reads, its header checked against
+        the request; None for a miss, a key in ``skip`` or a foreign entry. The caller closes it
+        (``opened`` collects it for that, whatever its header)."""
+        key = self.key(chunk_prefix_ids, chunk_ids, context)
+        if key in skip:
+            return None
+        entry = self.store.open_layers(key)
+        if entry is None:
+            return None
+        if opened is not None:
+            opened.append(entry)
+        if self._matches(entry, chunk_prefix_ids, chunk_ids, context):
+            return entry
+        if opened is None:
+            entry.close()
+        return None
+
+    def _matches(self, entry: LayeredEntry, chunk_prefix_ids: Ids, chunk_ids: Ids,
+                 context: ChunkContext) -> bool:
+        """Whether a stored entry is the one asked for (else a collision or a foreign entry: a
+        logged miss)."""
+        a = self.runner.adapter
+        expected = (a.num_layers, a.num_kv_heads, len(chunk_ids), a.head_dim)
+        prefix_hash = hash_ids(chunk_prefix_ids) if chunk_prefix_ids else ""
+        if (entry.token_ids != tuple(chunk_ids) or entry.prefix_hash != prefix_hash
+                or entry.context != context.tag or tuple(entry.shape) != expected
+                or entry.dtype != self.runner.dtype):
+            log.warning("store entry for %d tokens does not match the request (collision or "
+                        "foreign entry); recomputing", len(chunk_ids))
+            return False
+        return True
+
+    def kv(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
+           context: ChunkContext | None = None) -> ChunkKV:
+        """The chunk's whole KV in ``context`` (default: the cache's): read from the store, or
+        computed and stored now."""
+        context = self.context if context is None else context
+        entry = self.open(chunk_prefix_ids, chunk_ids, context)
+        if entry is not None:
+            try:
+                return entry.materialize()
+            finally:
+                entry.close()
+        return self._compute_and_put(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
+                                     context)
+
+    def prefix(self, prefix_ids: Ids) -> ChunkKV | None:
+        """The whole KV of a prefix (None for an empty one), stored or computed now: what
+        computing a chunk after it needs."""
+        return self.kv((), prefix_ids, NO_CONTEXT) if len(prefix_ids) else None
+
+    # ---- computing -------------------------------------------------------------------------
+
+    def compute(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
+                context: ChunkContext | None = None) -> ChunkKV:
+        """The chunk's KV in ``context`` (default: the cache's) computed now and not stored:
+        what ``kv`` stores on a miss."""
+        context = self.context if context is None else context
+        return self._compute_pair(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
+                                  context)[0]
+
+    def _compute_and_put(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids,
+                         chunk_ids: Ids, context: ChunkContext, ram: bool = True) -> ChunkKV:
+        kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
+        self._put(chunk_prefix_ids, chunk_ids, context, kv, alone, ram)
+        return kv
+
+    def _put(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext, kv: ChunkKV,
+             alone: ChunkKV | None, ram: bool = True) -> None:
+        """Store a computed chunk: ``kv`` under its context's key and, when the context keeps it
+        (``_compute_pair``), the chunk computed ``alone`` under the no-context key."""
+        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv, ram=ram)
+        if alone is not None:
+            self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone, ram=ram)
+
+    def _compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids, chunk_ids: Ids,
+                      context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
+        """The chunk's KV in ``context`` and, when the context stores it too (``exact_first``),
+        the chunk computed alone (else None)."""
+        alone = self.runner.compute_chunk(chunk_prefix, chunk_prefix_ids, chunk_ids)
+        if not context.fillers:
+            return alone, None
+        if context not in self._filler_ids:
+            self._filler_ids[context] = [self._encode(f) for f in context.fillers]
+        fillers = [(ids, self.prefix([*chunk_prefix_ids, *ids])) for ids in self._filler_ids[context]]
+        kv = in_context(self.runner, alone, chunk_prefix_ids, fillers, context.tag)
+        return kv, alone if context.stores_alone else None
+
+    def precompute(self, chunk_prefix_ids: Ids, chunks: Sequence[Ids], *,
+                   profile: bool | int = False,
+                   on_chunk: Callable[[int, bool], None] | None = None) -> list[bool]:
+        """See ``BlendEngine.precompute``."""
+        depth = profile_depth(profile)
+        empty = [i for i, ids in enumerate(chunks) if not len(ids)]
+        if empty:
+            raise ValueError(f"chunks {empty[:5]} have no tokens: an empty chunk has no KV to "
+                             "precompute")
+        chunk_prefix = self.prefix(chunk_prefix_ids)
+        keys = [self.key(chunk_prefix_ids, ids) for ids in chunks]
+        todo = set(self.store.missing(keys))
+        computed = []
+        for i, (key, ids) in enumerate(zip(keys, chunks)):
+            now = key in todo
+            if now:
+                todo.discard(key)  # a chunk listed twice is computed once
+                kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, ids, self.context)
+                probes = neighbours(chunks, i, depth)
+                if probes:
+                    kv = profiled(self.runner, kv, chunk_prefix_ids, probes, chunk_prefix)
+                self._put(chunk_prefix_ids, ids, self.context, kv, alone, ram=False)
+            computed.append(now)
+            if on_chunk is not None:
+                on_chunk(i, now)
+        return computed
+
+    # ---- a request's rows ------------------------------------------------------------------
+
+    def rows_for(self, layout: PromptLayout, config: BlendConfig,
+                 skip: frozenset[str] | set[str] = frozenset()) -> RequestRows:
+        """The cached rows of a request: stored entries opened for layer-wise reads (their layers
+        are read by the loop's feed), chunks missing from the store (or in ``skip``: failed in
+        an earlier attempt) computed and stored now."""
+        rows = RequestRows()
+        if config.mode == "full":
+            return rows
+        try:
+            self._fill(rows, layout, config, skip)
+        except BaseException:
+            rows.close()
+            raise
+        return rows
+
+    def _fill(self, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
+              skip: frozenset[str] | set[str]) -> None:
+        def open_or_compute(prefix_ids: Ids, ids: Ids, context: ChunkContext,
+                            chunk_prefix: Callable[[], ChunkKV | None]):
+            """(the stored entry, True) or (the KV computed and stored now, False)."""
+            entry = self.open(prefix_ids, ids, context, skip, rows.opened)
+            if entry is not None:
+                return entry, True
+            return self._compute_and_put(_whole(chunk_prefix()), prefix_ids, ids, context), False
+
+        prefix = None  # exact whatever follows it
+        if layout.prefix_ids:
+            prefix, rows.prefix_hit = open_or_compute((), layout.prefix_ids, NO_CONTEXT,
+                                                      lambda: None)
+            rows.segments.append(CachedSegment(0, prefix))
+        # only a chunk computed after this very prefix is an exact prefix
+        context = self.context
+        if config.mode == "prefix":
+            chunk_prefix_ids, chunks = layout.prefix_ids, layout.chunk_ids[:1]
+            context = NO_CONTEXT
+        else:
+            chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
+        same = chunk_prefix_ids == layout.prefix_ids
+
+        def chunk_prefix() -> ChunkKV | LayeredEntry | None:  # needed to compute a missing chunk
+            return prefix if same else self.prefix(chunk_prefix_ids)
+
+        profile = config.mode == "blend" and config.selector == "profile"
+        # the first passage follows this very prefix: its rows computed alone are exact
+        exact_first = same and context.stores_alone
+        for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
+            exact = exact_first and i == 0
+            kv, hit = open_or_compute(chunk_prefix_ids, ids, NO_CONTEXT if exact else context,
+                                      chunk_prefix)
+            rows.chunk_hits += hit
+            rows.chunk_misses += not hit
+            rows.exact_first |= exact
+            if profile and kv.sensitivity is None and not exact:  # exact rows need no profile
+                kv = self._profile_now(_whole(kv), chunk_prefix_ids, _whole(chunk_prefix()),
+                                       chunks, i, rows)
+            rows.segments.append(CachedSegment(start, kv))
+
+    def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Ids, chunk_prefix: ChunkKV | None,
+                     chunks: Sequence[Ids], i: int, rows: RequestRows) -> ChunkKV:
+        """A chunk stored without a profile, met by the ``profile`` selector: measure it after
+        its neighbour in this prompt (the rule of ``precompute``) and store it, once."""
+        probes = neighbours(chunks, i)
+        if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
+            return kv.with_sensitivity(torch.zeros(kv.num_tokens))
+        kv = profiled(self.runner, kv, chunk_prefix_ids, probes, chunk_prefix)
+        self.store.put(self.key(chunk_prefix_ids, kv.token_ids), kv)
+        rows.profiles_computed += 1
+        return kv
+
+
+def _whole(kv: ChunkKV | LayeredEntry | None) -> ChunkKV | None:
+    """A cached KV in full (an opened entry is read through)."""
+    return kv if kv is None or isinstance(kv, ChunkKV) else kv.materialize()

@@ -1,0 +1,109 @@
+"""The model runner: one HF decoder-only model and what running it takes (its family adapter,
+the request KV buffers, RoPE tables, the layer loop, decoding and logits). It knows nothing of
+the store: the chunk cache and the request path hand it plans and cached rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
+from blendrag.engine.layer import attend, attention_blocks, finish, project
+from blendrag.engine.layer_feed import LayerFeed
+from blendrag.engine.loop import LoopPlan, LoopResult, run_layers
+from blendrag.engine.observers import CapturedRows, LayerObserver
+from blendrag.engine.phases import OFF, PhaseClock
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.keys import hash_ids
+from blendrag.model.adapters import adapter_for
+from blendrag.model.rope import RopeTable
+
+
+class ModelRunner:
+    """Runs ``model`` (eval mode) on the device its weights are on, in their dtype."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model.eval()
+        self.adapter = adapter_for(model)
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self._pool = BufferPool()  # the request KV buffer, lent again once free
+
+    @property
+    def max_positions(self) -> int:
+        return self.adapter.max_positions
+
+    # ---- what a run needs ----------------------------------------------------------------
+
+    def buffer(self, capacity: int) -> FusedKV:
+        """A request KV of ``capacity`` rows (views of the pooled buffer when it is free)."""
+        a = self.adapter
+        return self._pool.take(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype,
+                               self.device)
+
+    def release_buffers(self) -> None:
+        """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)."""
+        self._pool.clear()
+
+    def rope(self, n: int) -> RopeTable:
+        """cos/sin of positions [0, n) from the model's own rotary embedding."""
+        return RopeTable(self.adapter.rotary, n, self.dtype, self.device)
+
+    def feed(self, segments: Sequence[CachedSegment], depth: int = 0) -> LayerFeed:
+        """The cached rows of ``segments`` layer by layer, ``depth`` layers read ahead."""
+        return LayerFeed(segments, self.adapter.num_layers, self.device, depth)
+
+    # ---- running -------------------------------------------------------------------------
+
+    def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTable,
+            observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
+        """Every layer of ``plan`` (engine/loop.py)."""
+        return run_layers(self.adapter, plan, fused, rope, observers, clock)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [hidden] (final-normed) -> logits [vocab] in float32."""
+        with torch.inference_mode():
+            return self.adapter.lm_head(hidden[None])[0].float()
+
+    @torch.inference_mode()
+    def decode(self, token: int, fused: FusedKV) -> torch.Tensor:
+        """Append ``token`` at position ``fused.length``; its next-token logits [vocab] float32.
+
+        cos/sin come from ``rotary_emb`` at this one position, as HF's generate does (it
+        matters for dynamic NTK, whose frequencies depend on the current length)."""
+        p, a = fused.length, self.adapter
+        if p >= fused.capacity:
+            raise ValueError(f"the KV buffer is full ({fused.capacity} rows)")
+        rope = RopeTable(a.rotary, p + 1, fused.k.dtype, fused.k.device, start=p)
+        pos = torch.tensor([p], device=fused.k.device)
+        h = a.embed(pos.new_tensor([token]))  # [1, hidden]
+        for i, layer in enumerate(a.layers):
+            q, k, _, v = project(a, layer, h, pos, rope)
+            fused.write(i, pos, k, v)
+            o = attend(a, i, q, fused, attention_blocks(pos, p + 1, a.sliding_window(i)))
+            h = finish(layer, h, o)
+        fused.length = p + 1
+        return self.logits(a.norm(h)[0])
+
+    def compute_chunk(self, prefix: ChunkKV | None, prefix_ids: Sequence[int],
+                      chunk_ids: Sequence[int]) -> ChunkKV:
+        """``chunk_ids``'s rows (pre-RoPE keys) computed after ``prefix_ids``.
+
+        A short prefix is computed again with the chunk: one plain causal block takes the fast
+        attention kernel, which costs less than the masked attention of chunk queries over
+        cached prefix rows. A long prefix (over a quarter of the chunk) comes from ``prefix``,
+        its KV. Uses the pooled buffer: call it before a request takes the buffer."""
+        p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
+        ids = torch.tensor([*prefix_ids, *chunk_ids], device=self.device)
+        if prefix is None or 4 * p <= n - p:
+            plan = LoopPlan(ids, torch.arange(0, n, device=self.device))
+        else:
+            plan = LoopPlan(ids, torch.arange(p, n, device=self.device),
+                            feed=self.feed([CachedSegment(0, prefix)]))
+        rows = CapturedRows()
+        self.run(plan, self.buffer(n), self.rope(n), (rows,))
+        t = len(chunk_ids)  # the captured rows are the computed ones; the chunk's are the last
+        return ChunkKV(rows.keys[:, :, -t:].contiguous(), rows.values[:, :, -t:].contiguous(),
+                       tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")
