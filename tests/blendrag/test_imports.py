@@ -20,7 +20,7 @@ CORE = {
     "blendrag.kv": set(),
     "blendrag.model": set(),
     "blendrag.store": {"blendrag.kv"},
-    "blendrag.ingest": {"blendrag.config", "blendrag.prompt"},
+    "blendrag.ingest": {"blendrag.config", "blendrag.prompt", "blendrag.store"},
     "blendrag.engine": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
                         "blendrag.store",
                         "blendrag.ingest"},
@@ -122,7 +122,7 @@ def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_defa
     used = {name for module, name in EDGES.get(("blendrag.engine", "blendrag.store"), set())}
     assert used <= ENGINE_STORE_MODULES | {
         f"{m}.{n}" for m in ENGINE_STORE_MODULES
-        for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "LayerReadError", "open_layers")
+        for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "MemoryLayeredEntry", "LayerReadError")
     }
 
 

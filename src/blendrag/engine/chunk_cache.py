@@ -25,7 +25,7 @@ from blendrag.engine.runner import ModelRunner
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids
 from blendrag.prompt import PromptLayout
-from blendrag.store.layered import LayeredEntry
+from blendrag.store.layered import LayeredEntry, MemoryLayeredEntry
 from blendrag.store.protocol import KVStore
 
 log = logging.getLogger(__name__)
@@ -231,7 +231,8 @@ class ChunkCache:
             entry = self.open(prefix_ids, ids, context, skip, rows.opened)
             if entry is not None:
                 return entry, True
-            return self._compute_and_put(_whole(chunk_prefix()), prefix_ids, ids, context), False
+            kv = self._compute_and_put(_whole(chunk_prefix()), prefix_ids, ids, context)
+            return MemoryLayeredEntry(kv, tier="computed"), False
 
         prefix = None  # exact whatever follows it
         if layout.prefix_ids:
@@ -261,8 +262,9 @@ class ChunkCache:
             rows.chunk_misses += not hit
             rows.exact_first |= exact
             if profile and kv.sensitivity is None and not exact:  # exact rows need no profile
-                kv = self._profile_now(_whole(kv), chunk_prefix_ids, _whole(chunk_prefix()),
-                                       chunks, i, rows)
+                kv = MemoryLayeredEntry(self._profile_now(
+                    _whole(kv), chunk_prefix_ids, _whole(chunk_prefix()), chunks, i, rows),
+                    tier="computed")
             rows.segments.append(CachedSegment(start, kv))
 
     def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Ids, chunk_prefix: ChunkKV | None,

@@ -222,7 +222,7 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
         return floor, {"floor": floor, "ratio": floor, "reason": why}
     per_tier: dict[str, int] = {}
     for seg in cached:
-        tier = getattr(seg.kv, "tier", "computed")
+        tier = seg.kv.tier
         if tier != "computed":  # computed by this request: nothing to load
             per_tier[tier] = per_tier.get(tier, 0) + seg.kv.layer_nbytes
     return controller.decide(per_tier, stats.prompt.chunk_tokens, stats.prompt.suffix_tokens,

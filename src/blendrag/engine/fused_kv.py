@@ -12,19 +12,18 @@ from dataclasses import dataclass
 import torch
 
 from blendrag.engine.phases import OFF, PhaseClock
-from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTable
 from blendrag.store.layered import LayeredEntry
 
 
 @dataclass
 class CachedSegment:
-    """A cached KV placed at ``start`` in the request: a ``ChunkKV`` in memory or a stored
-    entry opened for layer-wise reads (``blendrag.store.layered.LayeredEntry``); the loop reads
-    it through ``kv.layer(i)`` only."""
+    """Cached rows placed at ``start`` in the request: a stored entry opened for layer-wise
+    reads, or a chunk computed by this request (``tier == "computed"``), both as a
+    ``blendrag.store.layered.LayeredEntry``; the loop reads it through ``kv.layer(i)`` only."""
 
     start: int
-    kv: ChunkKV | LayeredEntry
+    kv: LayeredEntry
 
     @property
     def end(self) -> int:

@@ -105,10 +105,9 @@ class LayerFeed:
         for seg in self.segments:
             t0 = time.perf_counter()
             rows.append(seg.kv.layer(i))
-            tier = getattr(seg.kv, "tier", "computed")
+            tier = seg.kv.tier
             self.tier_s[tier] = self.tier_s.get(tier, 0.0) + time.perf_counter() - t0
-            nbytes = getattr(seg.kv, "layer_nbytes", 0)
-            self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + nbytes
+            self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + seg.kv.layer_nbytes
         return rows
 
     def _run(self) -> None:

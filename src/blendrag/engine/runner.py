@@ -19,6 +19,7 @@ from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import hash_ids
 from blendrag.model.adapters import adapter_for
 from blendrag.model.rope import RopeTable
+from blendrag.store.layered import MemoryLayeredEntry
 
 
 class ModelRunner:
@@ -101,7 +102,7 @@ class ModelRunner:
             plan = LoopPlan(ids, torch.arange(0, n, device=self.device))
         else:
             plan = LoopPlan(ids, torch.arange(p, n, device=self.device),
-                            feed=self.feed([CachedSegment(0, prefix)]))
+                            feed=self.feed([CachedSegment(0, MemoryLayeredEntry(prefix))]))
         rows = CapturedRows()
         self.run(plan, self.buffer(n), self.rope(n), (rows,))
         t = len(chunk_ids)  # the captured rows are the computed ones; the chunk's are the last

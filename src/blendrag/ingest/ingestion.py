@@ -37,9 +37,19 @@ if TYPE_CHECKING:
     import torch
 
     from blendrag.prompt import PromptBuilder
+    from blendrag.store.protocol import KVStore
 
 OnChunk = Callable[[int, bool], None]
 """``on_chunk(i, computed)``: called after text ``i`` of an ``ingest`` call (not for empty texts)."""
+
+
+class IngestContext(Protocol):
+    """What ingestion reads of the engine's ingestion context (``ChunkContext``)."""
+
+    fillers: tuple[str, ...]  # each goes before every chunk: they shorten the room a chunk has
+
+    @property
+    def stores_alone(self) -> bool: ...  # two entries per chunk
 
 
 class IngestEngine(Protocol):
@@ -48,8 +58,8 @@ class IngestEngine(Protocol):
     prompts: PromptBuilder | None
     adapter: Any  # num_layers, num_kv_heads, head_dim, max_positions
     dtype: torch.dtype
-    store: Any  # a KVStore
-    context: Any  # a ChunkContext: its fillers go before every chunk
+    store: KVStore
+    context: IngestContext
 
     def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str: ...
 
@@ -215,11 +225,10 @@ class Ingestion:
         ``not_stored``, with the store's reason, into ``failures``."""
         store = self.engine.store
         keys = {self.engine.key(self.chunk_prefix_ids, chunks[i]): i for i in computed}
-        # A store without persistent tiers (MemoryKVStore) has only ``missing``.
-        lost = getattr(store, "unpersisted", store.missing)(list(keys))
+        lost = store.unpersisted(list(keys))
         if not lost:
             return
-        problems = getattr(store, "problems", lambda: [])()
+        problems = store.problems()
         reason = ("not stored: " + "; ".join(problems) if problems else
                   "not stored: no persistent tier kept it (larger than the tier's budget?)")
         for key in lost:
@@ -234,9 +243,7 @@ class Ingestion:
 def _max_chunk_tokens(engine: IngestEngine, chunk_prefix_ids: Sequence[int]) -> int:
     """Longest chunk whose KV fits the model's context: after the chunk prefix and the
     ingestion context's longest filler (each chunk is computed after each filler)."""
-    context = getattr(engine, "context", None)
-    fillers = getattr(context, "fillers", ()) or ()
-    longest = max((len(engine.prompts.encode(f)) for f in fillers), default=0)
+    longest = max((len(engine.prompts.encode(f)) for f in engine.context.fillers), default=0)
     return engine.adapter.max_positions - len(chunk_prefix_ids) - longest
 
 

@@ -153,7 +153,7 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
                                                    if r is not None])
     counts = run.counts
     # the chunk computed alone is stored too when the context keeps it for first passages
-    entries = 2 if getattr(getattr(engine, "context", None), "stores_alone", False) else 1
+    entries = 2 if engine.context.stores_alone else 1
     return IngestSummary(chunks=counts.chunks, computed=counts.computed, skipped=counts.skipped,
                          empty=counts.empty,
                          tokens=counts.tokens,

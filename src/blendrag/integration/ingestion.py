@@ -13,7 +13,6 @@ import hashlib
 import uuid
 import weakref
 from collections.abc import Sequence
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
@@ -80,17 +79,11 @@ def kv_identity(engine: BlendEngine, chunk_format: ChunkFormat) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
 
-def store_folder(store: object) -> Path | None:
-    """The disk tier's folder of a ``TieredKVStore`` (None: the store has no disk tier)."""
-    folder = getattr(getattr(store, "config", None), "disk_dir", None)
-    return Path(folder) if folder is not None else None
-
-
 def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
     """The text index a framework LLM uses unless given one: persisted with the KV store when
     it has a disk tier (``<disk_dir>/text_index``: a new process that opens the store finds
     the chunk texts too), else in memory."""
-    folder = store_folder(engine.store)
+    folder = engine.store.disk_dir
     return ChunkTextIndex(folder / TEXT_INDEX_DIR) if folder is not None else ChunkTextIndex()
 
 
@@ -102,10 +95,7 @@ def persistence_identity(engine: BlendEngine, index: ChunkTextIndex) -> str:
     only when both survive it (a disk or Redis KV tier, a persisted text index); otherwise
     unique to these objects. Part of the LlamaIndex transform's cache key, so that an
     ``IngestionCache`` skips the transform only when skipping loses nothing."""
-    config = getattr(engine.store, "config", None)
-    kv = None
-    if config is not None and (config.disk_dir is not None or config.redis_url is not None):
-        kv = f"disk={config.disk_dir} redis={config.redis_url} prefix={config.redis_prefix}"
+    kv = engine.store.location()
     texts = str(index.path.resolve()) if index.path is not None else None
     if kv is None:
         kv = f"volatile-{_volatile_id(engine.store)}"

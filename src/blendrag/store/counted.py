@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry, EntryError
-from blendrag.store.layered import KVLayers, LayeredEntry, LayerReadError
+from blendrag.store.layered import MemoryLayeredEntry, LayeredEntry, LayerReadError
 
 if TYPE_CHECKING:
     from blendrag.store.tiered import TieredKVStore, _Slot
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("blendrag.store")
 
 
-class CountedLayers:
+class CountedLayeredEntry:
     """A tier's layered entry as the store hands it out: each layer read is counted in the
     tier's stats, a failing one turns into ``LayerReadError`` after the store has dealt with
     it (a defective entry deleted from the tier, a failing tier benched), and a fully read
@@ -46,7 +46,7 @@ class CountedLayers:
             slot.counters.add(errors=1)
             slot.health.failed("read", exc)
             raise LayerReadError(key, i, exc) from exc
-        if i not in self._counted and not isinstance(self._entry, KVLayers):
+        if i not in self._counted and not isinstance(self._entry, MemoryLayeredEntry):
             self._counted.add(i)
             slot.counters.add(bytes_read=self._entry.layer_nbytes,
                               load_seconds=time.perf_counter() - t0)
@@ -59,7 +59,7 @@ class CountedLayers:
 
     def close(self) -> None:
         entry = self._entry
-        if self._faster and getattr(entry, "complete", False):
+        if self._faster and entry.complete:
             promoted = Entry(entry.key, entry.materialize())
             for faster in self._faster:
                 self._store._write(faster, promoted)

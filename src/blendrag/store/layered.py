@@ -13,9 +13,9 @@ A read that fails after the entry was opened (a checksum mismatch, a tier that w
 raises ``LayerReadError``: the rows of that layer do not exist, so the request cannot go on
 with this entry (``BlendEngine.prefill`` redoes the request with the chunk recomputed).
 
-- ``KVLayers``: over a ``ChunkKV`` held in memory (RAM tier, a chunk computed by this
+- ``MemoryLayeredEntry``: over a ``ChunkKV`` held in memory (RAM tier, a chunk computed by this
   request): ``layer(i)`` returns views, nothing is read.
-- ``EntryLayers``: over the codec's ``EntryReader`` (disk: positioned reads on the entry file;
+- ``EncodedLayeredEntry``: over the codec's ``EntryReader`` (disk: positioned reads on the entry file;
   Redis: GETRANGE of the layer's byte ranges), each layer read into its slot of one stacked
   buffer, so that a fully read entry is a ``ChunkKV`` without another copy.
 """
@@ -63,6 +63,8 @@ class LayeredEntry(Protocol):
     def num_layers(self) -> int: ...
     @property
     def layer_nbytes(self) -> int: ...  # bytes of one layer's K and V
+    @property
+    def complete(self) -> bool: ...  # every layer read already (materialize() costs nothing)
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]: ...
     def materialize(self) -> ChunkKV: ...
     def close(self) -> None: ...
@@ -88,7 +90,7 @@ class _Shape:
         return 2 * h * t * d * self.dtype.itemsize
 
 
-class KVLayers(_Shape):
+class MemoryLayeredEntry(_Shape):
     """A ``ChunkKV`` in memory as a layered entry: layers are views, reads cost nothing."""
 
     def __init__(self, kv: ChunkKV, key: str = "", tier: str = "ram") -> None:
@@ -97,6 +99,8 @@ class KVLayers(_Shape):
         self.sensitivity, self.context_shift = kv.sensitivity, kv.context_shift
         self.shape = tuple(kv.keys.shape)
         self.dtype = kv.keys.dtype
+
+    complete = True  # nothing to read
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv.keys[i], self.kv.values[i]  # [Hkv, T, D] views
@@ -108,7 +112,7 @@ class KVLayers(_Shape):
         pass
 
 
-class EntryLayers(_Shape):
+class EncodedLayeredEntry(_Shape):
     """An encoded entry (disk, Redis) read layer by layer through an ``EntryReader``.
 
     ``layer(i)`` reads layer i into slot i of the stacked K and V ([L, Hkv, T, D], allocated
@@ -145,14 +149,3 @@ class EntryLayers(_Shape):
 
     def close(self) -> None:
         self._reader.close()
-
-
-def open_layers(store: object, key: str) -> LayeredEntry | None:
-    """``store.open_layers(key)`` where the store has it, else its whole entry (``get``) as a
-    ``KVLayers``: any ``KVStore`` serves layer-wise reads, a store without them has loaded the
-    whole entry before the first layer is asked for."""
-    opener = getattr(store, "open_layers", None)
-    if opener is not None:
-        return opener(key)
-    kv = store.get(key)
-    return None if kv is None else KVLayers(kv, key, "store")

@@ -1,10 +1,10 @@
 """What the engine needs from a chunk-KV store, and the typed statistics every store returns.
 
-The engine calls ``get``, ``put``, ``contains``, ``missing`` and ``stats`` with content keys
+``KVStore`` declares every method blendrag calls on a store, with content keys
 (``blendrag.kv.keys``); how and where the bytes live is the store's business. Two stores
-implement ``KVStore``: ``MemoryKVStore`` (``ram.py``, the engine's default) and
-``TieredKVStore`` (``tiered.py``: RAM, disk and Redis tiers). ``ByteTier`` is what a persistent
-tier implements (``disk.py``, ``redis_tier.py``); ``TieredKVStore`` encodes entries for it.
+implement it: ``MemoryKVStore`` (``ram.py``, the engine's default) and ``TieredKVStore``
+(``tiered.py``: RAM, disk and Redis tiers). ``ByteTier`` is what a persistent tier implements
+(``disk.py``, ``redis_tier.py``); ``TieredKVStore`` encodes entries for it.
 
 Every store reports a ``StoreStats`` snapshot: store-level gets, hits and misses, and one
 ``TierStats`` per tier (counters since the store was opened, plus what the tier holds now).
@@ -19,7 +19,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from blendrag.kv.chunk_kv import ChunkKV
+    from blendrag.store.layered import LayeredEntry
 
 # Activity counters (a ``since`` delta subtracts them); the other fields are live usage.
 _COUNTERS = ("hits", "misses", "corrupt", "errors", "bytes_read", "bytes_written", "load_seconds")
@@ -147,10 +150,15 @@ def _mib(n: int | None) -> str:
 
 @runtime_checkable
 class KVStore(Protocol):
-    """What the engine needs from a chunk-KV store."""
+    """What blendrag needs from a chunk-KV store. ``get`` and ``open_layers`` never raise for a
+    bad entry or a failing tier: those are misses."""
 
     def get(self, key: str) -> ChunkKV | None:
-        """Return the entry for ``key`` or None on a miss (never raise for a bad entry)."""
+        """The whole entry for ``key``, or None."""
+
+    def open_layers(self, key: str) -> LayeredEntry | None:
+        """The entry for ``key`` opened for layer-wise reads (``store/layered.py``), or None;
+        the caller closes it."""
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
         """Store ``kv`` under ``key`` (write-through to every tier). ``ram=False``: a bulk write
@@ -162,8 +170,32 @@ class KVStore(Protocol):
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys no tier holds, in order (one call for a whole precompute batch)."""
 
+    def unpersisted(self, keys: Iterable[str]) -> list[str]:
+        """The keys no persistent tier holds, in order (a store without one: ``missing``):
+        what a bulk job could not store."""
+
+    def problems(self) -> list[str]:
+        """Why tiers are out of use now (their last failure), fastest first; [] when none."""
+
+    def delete(self, key: str) -> None:
+        """Drop ``key`` from every tier."""
+
+    def clear(self) -> None:
+        """Drop every entry of this store."""
+
     def stats(self) -> StoreStats:
         """Snapshot of the store's counters and of what each tier holds."""
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """The disk tier's folder (None: no disk tier)."""
+
+    def location(self) -> str | None:
+        """Where entries outlive this process, as one string (disk folder, Redis URL and
+        prefix); None when they do not (RAM only)."""
+
+    def close(self) -> None:
+        """Release files and connections."""
 
 
 class ByteTier(Protocol):

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
-from blendrag.store.layered import KVLayers
+from blendrag.store.layered import MemoryLayeredEntry
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 
 
@@ -64,10 +64,10 @@ class MemoryKVStore:
                            load_seconds=time.perf_counter() - t0)
         return kv
 
-    def open_layers(self, key: str) -> KVLayers | None:
+    def open_layers(self, key: str) -> MemoryLayeredEntry | None:
         """The entry for ``key`` as a layered entry (views: nothing more to read), or None."""
         kv = self.get(key)
-        return None if kv is None else KVLayers(kv, key, "ram")
+        return None if kv is None else MemoryLayeredEntry(kv, key, "ram")
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
         """Insert ``kv`` as most recently used, evicting least recently used entries to fit
@@ -93,6 +93,23 @@ class MemoryKVStore:
         """The keys not held, in order."""
         with self._lock:
             return [k for k in keys if k not in self._entries]
+
+    def unpersisted(self, keys: Iterable[str]) -> list[str]:
+        """No tier persists here: the keys not held."""
+        return self.missing(keys)
+
+    def problems(self) -> list[str]:
+        return []  # memory does not fail for storage reasons
+
+    @property
+    def disk_dir(self) -> None:
+        return None
+
+    def location(self) -> None:
+        return None  # nothing outlives the process
+
+    def close(self) -> None:
+        pass
 
     def delete(self, key: str) -> None:
         """Drop ``key`` if present."""
@@ -156,7 +173,7 @@ class RamTier:
         kv = self.lru.get(key)
         return None if kv is None else (Entry(key, kv), held_bytes(kv))
 
-    def open_layers(self, key: str) -> KVLayers | None:
+    def open_layers(self, key: str) -> MemoryLayeredEntry | None:
         """The entry as a layered entry over the held tensors, or None."""
         return self.lru.open_layers(key)
 

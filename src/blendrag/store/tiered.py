@@ -14,15 +14,16 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry, EntryError, RangeReader, decode, file_reader, open_entry
 from blendrag.store.config import StoreConfig
-from blendrag.store.counted import CountedLayers
+from blendrag.store.counted import CountedLayeredEntry
 from blendrag.store.disk import DiskTier
 from blendrag.store.health import TierHealth
-from blendrag.store.layered import EntryLayers, KVLayers, LayeredEntry
+from blendrag.store.layered import EncodedLayeredEntry, MemoryLayeredEntry, LayeredEntry
 from blendrag.store.protocol import ByteTier, StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.ram import RamTier, held_bytes
 from blendrag.store.redis_tier import RedisTier
@@ -79,7 +80,7 @@ class EncodedTier:
                 source.close()
         return Entry(key, kv, source if isinstance(source, bytes) else None), size
 
-    def open_layers(self, key: str) -> EntryLayers | None:
+    def open_layers(self, key: str) -> EncodedLayeredEntry | None:
         """The entry opened for layer-wise reads: header and priors read and verified now,
         each layer when asked for (disk: positioned reads on the file; Redis: GETRANGE)."""
         opener = getattr(self.tier, "open_ranges", None)
@@ -94,7 +95,7 @@ class EncodedTier:
                 raise
         reader = open_entry(source, key)  # closes the source when the header is bad
         try:
-            return EntryLayers(reader, key, self.name)
+            return EncodedLayeredEntry(reader, key, self.name)
         except BaseException:
             reader.close()
             raise
@@ -182,7 +183,7 @@ class TieredKVStore:
             entry = self._read(slot, key, layered=True)
             if entry is not None:
                 self._gets.add(hits=1)
-                return CountedLayers(self, slot, self._slots[:i], entry)
+                return CountedLayeredEntry(self, slot, self._slots[:i], entry)
         self._gets.add(misses=1)
         return None
 
@@ -229,6 +230,18 @@ class TieredKVStore:
         """Why each benched tier is benched (its last failure), fastest tier first."""
         return [s.health.last_error or s.tier.label for s in self._slots
                 if not s.health.available]
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """The disk tier's folder (None: no disk tier)."""
+        return None if self.config.disk_dir is None else Path(self.config.disk_dir)
+
+    def location(self) -> str | None:
+        """The disk folder and the Redis URL and prefix; None with neither (RAM only)."""
+        c = self.config
+        if c.disk_dir is None and c.redis_url is None:
+            return None
+        return f"disk={c.disk_dir} redis={c.redis_url} prefix={c.redis_prefix}"
 
     def stats(self) -> StoreStats:
         """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""
@@ -298,8 +311,8 @@ class TieredKVStore:
         if found is None:
             slot.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
             return None
-        if layered:  # its layers' bytes are counted as they are read (CountedLayers)
-            held = held_bytes(found.kv) if isinstance(found, KVLayers) else 0
+        if layered:  # its layers' bytes are counted as they are read (CountedLayeredEntry)
+            held = held_bytes(found.kv) if isinstance(found, MemoryLayeredEntry) else 0
             slot.counters.add(hits=1, bytes_read=held, load_seconds=time.perf_counter() - t0)
             return found
         entry, size = found
