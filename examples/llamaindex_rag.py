@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     nodes = nodes_of(examples)
     IngestionPipeline(transformations=[BlendKVTransform(llm), embed],
                       vector_store=store).run(nodes=nodes)
-    print(f"ingested {len(nodes)} passages, {sum(llm.cached(nodes))} KVs cached\n")
+    print(f"ingested {len(nodes)} passages, {sum(llm.client.cached([llm.chunk_text(n) for n in nodes]))} KVs cached\n")
 
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     for i, ex in enumerate(examples):

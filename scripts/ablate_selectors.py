@@ -18,7 +18,7 @@ import random
 
 import torch
 
-from blendrag import BlendConfig, BlendEngine, GenerationConfig
+from blendrag import BlendConfig, BlendEngine, CacheBlendOptions, GenerationConfig, QueryOptions
 from blendrag.prompt import PromptLayout
 from blendrag.store.ram import MemoryKVStore
 from blendrag_demo import (
@@ -32,19 +32,23 @@ from blendrag_demo import (
 )
 
 
+def cacheblend(r: float, **options) -> BlendConfig:
+    return BlendConfig(selector="cacheblend", ratio=r, options=CacheBlendOptions(**options))
+
+
 def variants(r: float) -> dict[str, BlendConfig]:
     return {
         "full": BlendConfig(mode="full"),
         "reuse": BlendConfig(mode="reuse"),
-        "cacheblend, V deviation, check L1": BlendConfig(ratio=r),
-        "cacheblend, K deviation, check L1": BlendConfig(ratio=r, deviation="key"),
-        "cacheblend, check L2": BlendConfig(ratio=r, check_layers=(2,)),
-        "cacheblend, gradual L1-L3": BlendConfig(
-            ratio=r, check_layers=(1, 2, 3), ratio_schedule=(min(1.0, 4 * r), min(1.0, 2 * r), r)
-        ),
+        "cacheblend, V deviation, check L1": cacheblend(r),
+        "cacheblend, K deviation, check L1": cacheblend(r, deviation="key"),
+        "cacheblend, check L2": cacheblend(r, check_layers=(2,)),
+        "cacheblend, gradual L1-L3": cacheblend(
+            r, check_layers=(1, 2, 3), ratio_schedule=(min(1.0, 4 * r), min(1.0, 2 * r), r)),
         "epic": BlendConfig(ratio=r, selector="epic"),
         "query, check L1": BlendConfig(ratio=r, selector="query"),
-        "query, check L3 (last)": BlendConfig(ratio=r, selector="query", check_layers=(3,)),
+        "query, check L3 (last)": BlendConfig(ratio=r, selector="query",
+                                              options=QueryOptions(check_layers=(3,))),
         "random": BlendConfig(ratio=r, selector="random"),
     }
 

@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, ChunkContext
+from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, ChunkContext, PreviewOptions
 from blendrag.engine.context import PASSAGES
 from blendrag.eval.metrics import first_token_agrees, first_token_kl
 from blendrag_bench.datasets import load_synthetic
@@ -42,7 +42,8 @@ def rows(ratio: float) -> list[tuple[str, ChunkContext, BlendConfig]]:
         (f"cacheblend@{ratio}, default context", default, cacheblend),
         (f"preview@{ratio}, attention only (chunks alone)", NO_CONTEXT, preview),
         (f"preview@{ratio}, shift only, default context", default,
-         BlendConfig(selector="preview", ratio=ratio, attention_floor=1e6)),
+         BlendConfig(selector="preview", ratio=ratio,
+                     options=PreviewOptions(attention_floor=1e6))),
         (f"preview@{ratio}, 2 fillers of 1 passage", one, preview),
         (f"preview@{ratio}, 3 fillers of 2 passages", two, preview),
         (f"preview@{ratio}, 3 fillers of 2 + exact first (default)", default, preview),

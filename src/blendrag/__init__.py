@@ -11,7 +11,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
-    from blendrag.config import BlendConfig, GenerationConfig
+    from blendrag.config import (
+        BlendConfig,
+        CacheBlendOptions,
+        EpicOptions,
+        GenerationConfig,
+        PreviewOptions,
+        ProfileOptions,
+        QueryOptions,
+        RandomOptions,
+    )
     from blendrag.engine import BlendEngine, GenerationResult, Prefill, RequestStats
     from blendrag.engine.context import NO_CONTEXT, ChunkContext
     from blendrag.kv.chunk_kv import ChunkKV
@@ -21,6 +30,9 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
 
 _EXPORTS = {
     "BlendConfig": "blendrag.config", "GenerationConfig": "blendrag.config",
+    "CacheBlendOptions": "blendrag.config", "EpicOptions": "blendrag.config",
+    "PreviewOptions": "blendrag.config", "ProfileOptions": "blendrag.config",
+    "QueryOptions": "blendrag.config", "RandomOptions": "blendrag.config",
     "BlendEngine": "blendrag.engine", "GenerationResult": "blendrag.engine",
     "Prefill": "blendrag.engine", "RequestStats": "blendrag.engine",
     "NO_CONTEXT": "blendrag.engine.context", "ChunkContext": "blendrag.engine.context",
@@ -30,9 +42,10 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "NO_CONTEXT", "BlendConfig", "BlendEngine", "ChunkContext", "ChunkKV", "GenerationConfig",
-    "GenerationResult", "KVStore", "MemoryKVStore", "Prefill", "PromptBuilder", "PromptLayout",
-    "RequestStats",
+    "NO_CONTEXT", "BlendConfig", "BlendEngine", "CacheBlendOptions", "ChunkContext", "ChunkKV",
+    "EpicOptions", "GenerationConfig", "GenerationResult", "KVStore", "MemoryKVStore", "Prefill",
+    "PreviewOptions", "ProfileOptions", "PromptBuilder", "PromptLayout", "QueryOptions",
+    "RandomOptions", "RequestStats",
 ]
 __version__ = "0.1.0"
 

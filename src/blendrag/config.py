@@ -4,12 +4,125 @@ the ingestion option ``profile``."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 MODES = ("full", "prefix", "reuse", "blend")
-SELECTORS = ("preview", "cacheblend", "epic", "profile", "query", "random")
 DEVIATIONS = ("value", "key")
 DEFAULT_RATIO = 0.20  # the knee of the fidelity frontier (docs/benchmarks.md); auto's floor
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class SelectorOptions:
+    """Options of one blend selector (a subclass per selector; the base: none)."""
+
+    def check(self, ratio: float) -> None:
+        """ValueError for options that do not fit ``ratio``."""
+
+
+@dataclass(frozen=True)
+class PreviewOptions(SelectorOptions):
+    """``attention_floor``: added to each layer's normalized attention, so that tokens context
+    moves much stay in reach where the preview, made over stale keys, reads them little."""
+
+    attention_floor: float = 4.0
+
+    def check(self, ratio: float) -> None:
+        floor = self.attention_floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) \
+                or floor < 0:
+            raise ValueError(f"attention_floor must be >= 0, got {floor!r}")
+
+
+@dataclass(frozen=True)
+class CheckLayerOptions(SelectorOptions):
+    """Scoring selectors (cacheblend, query): ``check_layers``, the layers at which tokens are
+    scored (before the first one every chunk token is recomputed), and ``ratio_schedule``, the
+    fraction of chunk tokens kept at each (non-increasing, ending at the ratio; None: halve at
+    each check, ending at the ratio)."""
+
+    check_layers: tuple[int, ...] = (1,)
+    ratio_schedule: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        layers = tuple(int(x) for x in self.check_layers)
+        if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
+            raise ValueError("check_layers must be non-empty, strictly increasing and >= 0, got "
+                             f"{self.check_layers!r}")
+        object.__setattr__(self, "check_layers", layers)
+        if self.ratio_schedule is not None:
+            schedule = tuple(float(x) for x in self.ratio_schedule)
+            if len(schedule) != len(layers):
+                raise ValueError(f"ratio_schedule needs one ratio per check layer ({len(layers)}), "
+                                 f"got {len(schedule)}")
+            if any(not 0.0 <= r <= 1.0 for r in schedule) or any(
+                    b > a for a, b in zip(schedule, schedule[1:])):
+                raise ValueError("ratio_schedule must be non-increasing values in [0, 1], got "
+                                 f"{schedule!r}")
+            object.__setattr__(self, "ratio_schedule", schedule)
+
+    def schedule(self, ratio: float) -> tuple[float, ...]:
+        """The fraction kept at each check layer for ``ratio``."""
+        if self.ratio_schedule is not None:
+            return self.ratio_schedule
+        n = len(self.check_layers)
+        return tuple(min(1.0, ratio * 2 ** (n - 1 - i)) for i in range(n))
+
+    def check(self, ratio: float) -> None:
+        if self.ratio_schedule is not None and abs(self.ratio_schedule[-1] - ratio) > 1e-12:
+            raise ValueError(f"ratio_schedule must end at ratio={ratio}, got "
+                             f"{self.ratio_schedule!r}")
+
+    def scaled(self, old: float, new: float) -> CheckLayerOptions:
+        """These options for ratio ``new`` instead of ``old``: an explicit schedule scaled (each
+        step capped at 1, ending at ``new``)."""
+        if self.ratio_schedule is None or old <= 0:
+            return replace(self, ratio_schedule=None)
+        schedule = tuple(min(1.0, r * new / old) for r in self.ratio_schedule)
+        return replace(self, ratio_schedule=(*schedule[:-1], new))
+
+
+@dataclass(frozen=True)
+class CacheBlendOptions(CheckLayerOptions):
+    """``deviation``: score by the squared L2 of the values (``"value"``) or of the rotated keys
+    (``"key"``)."""
+
+    deviation: str = "value"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.deviation not in DEVIATIONS:
+            raise ValueError(f"deviation must be one of {DEVIATIONS}, got {self.deviation!r}")
+
+
+@dataclass(frozen=True)
+class QueryOptions(CheckLayerOptions):
+    """The attention of the suffix at ``check_layers[0]`` ranks the tokens."""
+
+
+@dataclass(frozen=True)
+class EpicOptions(SelectorOptions):
+    """No options: the first ``ratio`` of each chunk's tokens."""
+
+
+@dataclass(frozen=True)
+class ProfileOptions(SelectorOptions):
+    """No options: the stored context-sensitivity profile ranks the tokens."""
+
+
+@dataclass(frozen=True)
+class RandomOptions(SelectorOptions):
+    """``seed`` of the uniform draw (an ablation)."""
+
+    seed: int = 0
+
+
+SELECTORS: dict[str, type[SelectorOptions]] = {
+    "preview": PreviewOptions, "cacheblend": CacheBlendOptions, "epic": EpicOptions,
+    "profile": ProfileOptions, "query": QueryOptions, "random": RandomOptions,
+}
+"""The one registry of blend selectors: each name and the type of its options (the engine's
+implementation of each is ``engine/selectors.py``'s, keyed by the same options type)."""
 
 
 @dataclass(frozen=True)
@@ -23,82 +136,56 @@ class BlendConfig:
       ``reuse``  full KV reuse: every chunk from the cache, only the suffix computed.
       ``blend``  selective recompute: cached chunks plus a ``ratio`` of chunk tokens recomputed
                  at every layer, chosen by ``selector``.
-    selector (blend only):
+    selector (blend only), with its ``options`` (None: the defaults of its options type,
+    ``SELECTORS``):
       ``preview``    the default. Tokens the question reads (attention of the suffix over the
                      cached rows, in a preview pass of the suffix alone) weighted by how far
                      context moves them (``ChunkKV.context_shift``, measured at ingestion);
-                     ``attention_floor`` is added to each layer's normalized attention. Static
-                     after the preview: the same tokens at every layer. engine/preview.py,
-                     selectors.PreviewSelector; the default ratio 0.20 is the knee of the
-                     fidelity frontier on SmolLM2-135M-Instruct (docs/benchmarks.md).
-      ``cacheblend`` KV deviation at ``check_layers`` with gradual filtering down to ``ratio``.
+                     ``PreviewOptions``. Static after the preview: the same tokens at every
+                     layer. engine/preview.py, selectors.PreviewSelector; the default ratio 0.20
+                     is the knee of the fidelity frontier on SmolLM2-135M-Instruct
+                     (docs/benchmarks.md).
+      ``cacheblend`` KV deviation at the check layers with gradual filtering down to ``ratio``
+                     (``CacheBlendOptions``).
       ``epic``       the first ``ratio`` of each chunk's tokens (attention-sink repair).
       ``profile``    the ``ratio`` of chunk tokens whose keys their context moves most, measured
                      at ingestion (``precompute(..., profile=True)``; measured on first use
                      otherwise). Static: no check layer, so compute is ``ratio`` at every layer.
-      ``query``      tokens the suffix attends to most at ``check_layers[0]``.
-      ``random``     uniform random tokens (ablation).
-    check_layers / ratio_schedule (cacheblend, query): layers at which tokens are scored; before
-      the first one every chunk token is recomputed. ``ratio_schedule[i]`` is the fraction of chunk
-      tokens kept at ``check_layers[i]``; non-increasing, ending at ``ratio``. Default: halve at
-      each check, ending at ``ratio``.
-    ratio="auto" (or ``auto_ratio=True``): the loading controller (engine/controller.py) picks
-      the ratio per request: the largest whose recompute still hides under the loading of the
-      cached rows, never below the floor ``ratio`` (0.20 with "auto"; ``auto_ratio=True`` keeps
-      the ``ratio`` given) and never above ``LoadingConfig.auto_cap``. The choice and the
-      estimates behind it are in ``RequestStats.controller``.
+      ``query``      tokens the suffix attends to most at the first check layer
+                     (``QueryOptions``).
+      ``random``     uniform random tokens (ablation; ``RandomOptions``).
+    ratio: the fraction of chunk tokens recomputed, in [0, 1]; or ``"auto"`` / ``"auto>=F"``:
+      the loading controller (engine/controller.py) picks it per request, the largest whose
+      recompute still hides under the loading of the cached rows, never below the floor F
+      (default 0.20) and never above ``LoadingConfig.auto_cap``. After construction ``ratio``
+      is a float (the floor when auto) and ``auto_ratio`` says whether it is auto; the
+      controller's choice and the estimates behind it are in ``RequestStats.controller``.
     """
 
     mode: str = "blend"
     selector: str = "preview"
     ratio: float | str = DEFAULT_RATIO
-    check_layers: tuple[int, ...] = (1,)
-    ratio_schedule: tuple[float, ...] | None = None
-    deviation: str = "value"
-    seed: int = 0
-    attention_floor: float = 4.0
-    auto_ratio: bool = False
+    options: SelectorOptions | None = None
+    auto_ratio: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        if self.ratio == "auto":  # the default ratio is the quality floor
-            object.__setattr__(self, "ratio", DEFAULT_RATIO)
+        if isinstance(self.ratio, str):
+            object.__setattr__(self, "ratio", _auto_floor(self.ratio))
             object.__setattr__(self, "auto_ratio", True)
-        if not isinstance(self.auto_ratio, bool):
-            raise ValueError(f"auto_ratio must be a bool, got {self.auto_ratio!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.selector not in SELECTORS:
-            raise ValueError(f"selector must be one of {SELECTORS}, got {self.selector!r}")
+            raise ValueError(f"selector must be one of {tuple(SELECTORS)}, got {self.selector!r}")
         if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
-                or not 0.0 <= float(self.ratio) <= 1.0
-                or math.isnan(self.ratio)):
-            raise ValueError(f"ratio must be in [0, 1] or 'auto', got {self.ratio!r}")
-        if (not isinstance(self.attention_floor, (int, float)) or math.isnan(self.attention_floor)
-                or self.attention_floor < 0):
-            raise ValueError(f"attention_floor must be >= 0, got {self.attention_floor!r}")
-        if self.deviation not in DEVIATIONS:
-            raise ValueError(f"deviation must be one of {DEVIATIONS}, got {self.deviation!r}")
-        layers = tuple(int(x) for x in self.check_layers)
-        if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
-            raise ValueError("check_layers must be non-empty, strictly increasing and >= 0, got "
-                             f"{self.check_layers!r}")
-        object.__setattr__(self, "check_layers", layers)
-        schedule = self.ratio_schedule
-        if schedule is None:
-            n = len(layers)
-            schedule = tuple(min(1.0, self.ratio * 2 ** (n - 1 - i)) for i in range(n))
-        schedule = tuple(float(x) for x in schedule)
-        if len(schedule) != len(layers):
-            raise ValueError(f"ratio_schedule needs one ratio per check layer ({len(layers)}), got "
-                             f"{len(schedule)}")
-        if any(not 0.0 <= r <= 1.0 for r in schedule) or any(
-            b > a for a, b in zip(schedule, schedule[1:])
-        ):
-            raise ValueError("ratio_schedule must be non-increasing values in [0, 1], got "
-                             f"{schedule!r}")
-        if abs(schedule[-1] - self.ratio) > 1e-12:
-            raise ValueError(f"ratio_schedule must end at ratio={self.ratio}, got {schedule!r}")
-        object.__setattr__(self, "ratio_schedule", schedule)
+                or not 0.0 <= float(self.ratio) <= 1.0 or math.isnan(self.ratio)):
+            raise ValueError(f"ratio must be in [0, 1], 'auto' or 'auto>=F', got {self.ratio!r}")
+        kind = SELECTORS[self.selector]
+        options = kind() if self.options is None else self.options
+        if type(options) is not kind:
+            raise ValueError(f"the {self.selector} selector takes {kind.__name__}, got "
+                             f"{type(options).__name__}")
+        options.check(float(self.ratio))
+        object.__setattr__(self, "options", options)
 
     @property
     def label(self) -> str:
@@ -107,16 +194,33 @@ class BlendConfig:
         auto = "auto>=" if self.auto_ratio else ""
         return f"blend-{self.selector}@{auto}{self.ratio:g}"
 
+    @property
+    def schedule(self) -> tuple[float, ...]:
+        """A scoring selector's fraction kept at each check layer (``CheckLayerOptions``)."""
+        if not isinstance(self.options, CheckLayerOptions):
+            raise ValueError(f"the {self.selector} selector has no check layers")
+        return self.options.schedule(float(self.ratio))
+
     def at_ratio(self, ratio: float) -> BlendConfig:
-        """This config with the controller's ``ratio`` (no longer auto); the check-layer
-        schedule is scaled from the floor's (each step capped at 1)."""
-        floor = float(self.ratio)
-        if floor > 0:
-            schedule = tuple(min(1.0, r * ratio / floor) for r in self.ratio_schedule)
-            schedule = (*schedule[:-1], ratio)
-        else:
-            schedule = None  # the default halving schedule of the new ratio
-        return replace(self, ratio=ratio, ratio_schedule=schedule, auto_ratio=False)
+        """This config with the controller's ``ratio`` (no longer auto); a check-layer schedule
+        is scaled from the floor's."""
+        options = self.options
+        if isinstance(options, CheckLayerOptions):
+            options = options.scaled(float(self.ratio), ratio)
+        return BlendConfig(self.mode, self.selector, ratio, options)
+
+
+def _auto_floor(text: str) -> float:
+    """The floor of ``"auto"`` (the default ratio) or ``"auto>=F"``."""
+    if text == AUTO:
+        return DEFAULT_RATIO
+    head, sep, floor = text.partition(">=")
+    try:
+        if head == AUTO and sep:
+            return float(floor)
+    except ValueError:
+        pass
+    raise ValueError(f"ratio must be in [0, 1], 'auto' or 'auto>=F', got {text!r}")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ suffix, so a chunk's tokens are the same whatever surrounds it.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -127,15 +126,15 @@ class PromptBuilder:
         return self._head, self._tail
 
     def build(self, prefix: str, chunks: Sequence[str], suffix: str,
-              wrap: bool = True) -> PromptLayout:
+              templated: bool = False) -> PromptLayout:
         """Layout of ``prefix + chunks + suffix``, with the chat template around them when the
-        builder uses one and ``wrap`` (``wrap=False``: the text already spells the template)."""
+        builder uses one, unless ``templated`` (the text already spells the template)."""
         if isinstance(chunks, str):
             raise ValueError("chunks must be a sequence of strings, not one string")
         for i, c in enumerate(chunks):
             if not isinstance(c, str) or not c:
                 raise ValueError(f"chunk {i} is empty or not a string: {c!r}")
-        head, tail = (self._head, self._tail) if wrap else ("", "")
+        head, tail = ("", "") if templated else (self._head, self._tail)
         return PromptLayout(
             prefix_ids=self.encode(head + prefix, first=True),
             chunk_ids=[self.encode(c) for c in chunks],
@@ -143,11 +142,11 @@ class PromptBuilder:
             chunk_prefix_ids=None if self.chunk_prefix is None else self.chunk_prefix_ids(),
         )
 
-    def whole(self, text: str, wrap: bool = True) -> PromptLayout:
+    def whole(self, text: str, templated: bool = False) -> PromptLayout:
         """``text`` tokenized as one string, for a plain full prefill of a prompt without
         known chunks. A layout needs a chunk and a suffix: the last token is the suffix, the
         rest one chunk (a full prefill does not depend on where pieces are cut)."""
-        rendered = self._head + text + self._tail if wrap else text
+        rendered = text if templated else self._head + text + self._tail
         ids = self.encode(rendered, first=True)
         if len(ids) < 2:
             raise ValueError(f"the prompt is too short to run ({len(ids)} token(s)): {text!r}")
@@ -161,13 +160,6 @@ class PromptBuilder:
             raise ValueError("no chunk prefix: pass the prompt prefix or set "
                              "PromptBuilder(chunk_prefix=...)")
         return self.encode(self._head + text, first=True)
-
-    def kv_prefix_ids(self, prefix: str | None = None) -> list[int]:
-        """Deprecated alias of :meth:`chunk_prefix_ids`."""
-        warnings.warn("PromptBuilder.kv_prefix_ids is deprecated; use chunk_prefix_ids",
-                      DeprecationWarning,
-                      stacklevel=2)
-        return self.chunk_prefix_ids(prefix)
 
     def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
         """The prompt as one string (for display and for plain-text baselines)."""

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from blendrag.config import SELECTORS
+from blendrag.config import DEFAULT_BLEND
 from blendrag.engine.engine import BlendEngine
 from blendrag_bench.datasets import EvalItem
 from blendrag_bench.quality import ConfigSummary, QualityConfig, QualityReport, run_quality
@@ -90,7 +90,7 @@ def smallest_ratios(report: QualityReport, target: FidelityTarget) -> dict[str, 
 
 
 def check_fidelity(engine: BlendEngine, items: Sequence[EvalItem],
-                   selectors: Sequence[str] = SELECTORS[:1],
+                   selectors: Sequence[str] = (DEFAULT_BLEND.selector,),
                    ratios: Sequence[float] = DEFAULT_FIDELITY_RATIOS,
                    target: FidelityTarget = FidelityTarget(),
                    max_new_tokens: int = 16,

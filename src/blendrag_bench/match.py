@@ -105,7 +105,7 @@ def run_size(cfg: MatchBenchConfig, size: int) -> MatchRecord:
     index = ChunkTextIndex()
     step = 20_000
     for start in range(0, size, step):
-        index.add_many([_chunk(corpus, i, cfg.chunk_chars)
+        index.record([_chunk(corpus, i, cfg.chunk_chars)
                         for i in range(start, min(size, start + step))])
     build_s = time.perf_counter() - t0
     memory = _rss_mib() - rss0

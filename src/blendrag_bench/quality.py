@@ -62,7 +62,7 @@ class QualityConfig:
     dtype: str = "float32"
     chat: bool | None = None
     modes: tuple[str, ...] = MODES
-    selectors: tuple[str, ...] = SELECTORS
+    selectors: tuple[str, ...] = tuple(SELECTORS)
     ratios: tuple[float, ...] = DEFAULT_RATIOS
     max_new_tokens: int = 16
     summary_max_new_tokens: int = 128
@@ -87,7 +87,7 @@ class QualityConfig:
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
         if "blend" in self.modes:
             if not self.selectors or any(s not in SELECTORS for s in self.selectors):
-                raise ValueError(f"selectors must be a non-empty subset of {SELECTORS}, got "
+                raise ValueError(f"selectors must be a non-empty subset of {tuple(SELECTORS)}, got "
                                  f"{self.selectors!r}")
             if not self.ratios or any(not 0.0 < r <= 1.0 for r in self.ratios):
                 raise ValueError(f"ratios must be non-empty values in (0, 1], got {self.ratios!r}")

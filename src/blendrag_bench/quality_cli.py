@@ -18,7 +18,7 @@ from blendrag.cli.options import (
     add_progress_option,
 )
 from blendrag.cli.progress import Progress
-from blendrag.config import MODES, SELECTORS
+from blendrag.config import DEFAULT_BLEND, MODES, SELECTORS
 
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
@@ -65,7 +65,7 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--offset", type=int, default=0, help="items to skip first (default: 0)")
     q.add_argument("--modes", type=_csv(str), default=MODES,
                    help=f"comma-separated subset of {','.join(MODES)} (default: all)")
-    q.add_argument("--selectors", type=_csv(str), default=SELECTORS,
+    q.add_argument("--selectors", type=_csv(str), default=tuple(SELECTORS),
                    help=f"comma-separated subset of {','.join(SELECTORS)} (default: all)")
     q.add_argument("--ratios", type=_csv(float), default=DEFAULT_RATIOS,
                    help="comma-separated recompute ratios of blend (default: "
@@ -160,9 +160,9 @@ def register_fidelity(bench: argparse._SubParsersAction) -> None:
     f.add_argument("--limit", type=int, default=None, help="prompts to use (default: all)")
     add_model_options(f)
     add_chat_option(f)
-    f.add_argument("--selectors", type=_csv(str), default=SELECTORS[:1],
+    f.add_argument("--selectors", type=_csv(str), default=(DEFAULT_BLEND.selector,),
                    help=f"comma-separated subset of {','.join(SELECTORS)} (default: "
-                        f"{SELECTORS[0]})")
+                        f"{DEFAULT_BLEND.selector})")
     f.add_argument("--ratios", type=_csv(float), default=DEFAULT_FIDELITY_RATIOS,
                    help="comma-separated recompute ratios (default: "
                         + ",".join(f"{r:g}" for r in DEFAULT_FIDELITY_RATIOS) + ")")

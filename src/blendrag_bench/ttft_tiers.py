@@ -117,7 +117,7 @@ def run(cfg: TierBenchConfig) -> list[dict]:
         for key in keys:
             store.put(key, memory.get(key))
         floor = BlendConfig(selector=cfg.selector, ratio=cfg.floor)
-        auto = BlendConfig(selector=cfg.selector, ratio=cfg.floor, auto_ratio=True)
+        auto = BlendConfig(selector=cfg.selector, ratio=f"auto>={cfg.floor}")
         calls = {
             "full": (memory, BlendConfig(mode="full"), 0),
             "sequential": (store, floor, 0),

@@ -171,14 +171,13 @@ def _ingest(cfg: DemoConfig, engine: BlendEngine, corpus: DemoCorpus, out: Calla
 def _ask(cfg: DemoConfig, llm, store, corpus: DemoCorpus, out: Callable[[str], None]) -> DemoResult:
     from langchain_core.prompts import PromptTemplate
 
+    from blendrag.integration.settings import fields_from_configs
     from blendrag.langchain import create_blend_retrieval_chain
 
     prompt = PromptTemplate.from_template(corpus.prefix + "{context}"
                                           + corpus.suffix_template.replace("{question}", "{input}"))
     modes = cfg.modes()
-    llms = {m.label: llm.model_copy(update={"mode": m.mode, "selector": m.selector,
-                                            "ratio": m.ratio,
-                                            "check_layers": m.check_layers}) for m in modes}
+    llms = {m.label: llm.model_copy(update=fields_from_configs(m)) for m in modes}
     result = DemoResult({m.label: [] for m in modes})
     out(f"\n[2/3] {len(corpus.questions)} questions through create_blend_retrieval_chain (top "
         f"{corpus.retrieve_k} passages from Chroma), each in {', '.join(m.label for m in modes)}")

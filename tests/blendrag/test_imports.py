@@ -34,7 +34,6 @@ CORE = {
     "blendrag.cli": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
                      "blendrag.store",
                      "blendrag.ingest", "blendrag.engine", "blendrag.integration", "blendrag.eval"},
-    "blendrag.text_index": {"blendrag.integration"},  # the former module, re-exporting
     "blendrag": {"blendrag.config", "blendrag.engine", "blendrag.kv", "blendrag.prompt",
                  "blendrag.store"},
 }

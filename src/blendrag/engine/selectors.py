@@ -14,7 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.config import BlendConfig
+from blendrag.config import (
+    BlendConfig,
+    CacheBlendOptions,
+    CheckLayerOptions,
+    EpicOptions,
+    PreviewOptions,
+    ProfileOptions,
+    QueryOptions,
+    RandomOptions,
+    SelectorOptions,
+)
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer import attention_probs
 from blendrag.kv.chunk_kv import ChunkKV
@@ -52,6 +62,7 @@ class Selector:
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
         self.config = config
+        self.options = config.options
         self.scaling = scaling
         self.layout = layout
         self.device = device
@@ -82,7 +93,7 @@ class RandomSelector(Selector):
     """ceil(ratio * C) uniformly random chunk tokens, seeded (ablation)."""
 
     def initial(self) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.config.seed)
+        g = torch.Generator().manual_seed(self.options.seed)
         count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
         chosen = torch.randperm(self.num_chunk_tokens, generator=g)[:count].sort().values
         return self.chunk_positions[chosen.to(self.device)]
@@ -168,8 +179,8 @@ class PreviewSelector(StaticTopSelector):
             prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)  # [L, C]
-        self.scores = _last_if_exact(((att + config.attention_floor) * prior).sum(dim=0), layout,
-                                     chunks)  # [C]
+        floor = self.options.attention_floor
+        self.scores = _last_if_exact(((att + floor) * prior).sum(dim=0), layout, chunks)  # [C]
 
 
 class ScoringSelector(Selector):
@@ -178,7 +189,8 @@ class ScoringSelector(Selector):
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
         super().__init__(config, layout, device, scaling)
-        self.check_layers = config.check_layers
+        self.check_layers = self.options.check_layers
+        self.schedule = config.schedule
 
     def initial(self) -> torch.Tensor:
         # Every token before the first check, the (exact, cached) prefix included: a complete
@@ -187,7 +199,7 @@ class ScoringSelector(Selector):
 
     def budget(self, step: int) -> int:
         """Chunk tokens kept at check ``step``: ceil(ratio_schedule[step] x chunk tokens)."""
-        return math.ceil(self.config.ratio_schedule[step] * self.num_chunk_tokens - 1e-9)
+        return math.ceil(self.schedule[step] * self.num_chunk_tokens - 1e-9)
 
     def keep(self, view: CheckView) -> torch.Tensor:
         pos = view.pos
@@ -212,13 +224,13 @@ class CacheBlendSelector(ScoringSelector):
 
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
-        if config.check_layers[0] < 1:
+        if config.options.check_layers[0] < 1:
             raise ValueError("cacheblend check layers must be >= 1: at layer 0 K/V depend only on "
                              "the token and its position, so fresh and cached rows are equal there")
         super().__init__(config, layout, device, scaling)
 
     def score(self, view: CheckView) -> torch.Tensor:
-        value = self.config.deviation == "value"
+        value = self.options.deviation == "value"
         new, old = (view.v_new, view.v_old) if value else (view.k_new, view.k_old)
         return (new.float() - old.float()).pow(2).sum(dim=(0, 2))  # [A]
 
@@ -237,14 +249,12 @@ class QuerySelector(ScoringSelector):
         return per_key[pos]  # [A]
 
 
-SELECTORS: dict[str, type[Selector]] = {
-    "cacheblend": CacheBlendSelector,
-    "epic": EpicSelector,
-    "preview": PreviewSelector,
-    "profile": ProfileSelector,
-    "query": QuerySelector,
-    "random": RandomSelector,
+IMPLEMENTATIONS: dict[type[SelectorOptions], type[Selector]] = {
+    CacheBlendOptions: CacheBlendSelector, EpicOptions: EpicSelector,
+    PreviewOptions: PreviewSelector, ProfileOptions: ProfileSelector,
+    QueryOptions: QuerySelector, RandomOptions: RandomSelector,
 }
+"""The selector of each options type of ``blendrag.config.SELECTORS`` (the one registry)."""
 
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
@@ -253,11 +263,13 @@ def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, de
     """The selector of ``config``; its check layers must exist in the model. ``chunks``: the
     chunks' cached KVs in prompt order (their profiles and context shifts); ``attention``: the
     preview pass's [layers, C] (preview selector only)."""
-    if config.selector in ("cacheblend", "query") and config.check_layers[-1] >= num_layers:
-        raise ValueError(f"check_layers {config.check_layers} exceed the model's {num_layers} "
+    options = config.options
+    if isinstance(options, CheckLayerOptions) and options.check_layers[-1] >= num_layers:
+        raise ValueError(f"check_layers {options.check_layers} exceed the model's {num_layers} "
                          "layers")
-    if config.selector == "profile":
+    kind = IMPLEMENTATIONS[type(options)]
+    if kind is ProfileSelector:
         return ProfileSelector(config, layout, device, scaling, chunks)
-    if config.selector == "preview":
+    if kind is PreviewSelector:
         return PreviewSelector(config, layout, device, scaling, chunks, attention)
-    return SELECTORS[config.selector](config, layout, device, scaling)
+    return kind(config, layout, device, scaling)

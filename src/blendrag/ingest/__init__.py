@@ -19,7 +19,7 @@ from blendrag.ingest.ingestion import (
     Ingestion,
     kv_bytes_per_token,
 )
-from blendrag.ingest.job import IngestSummary, PrecomputeSummary, ingest_source, precompute
+from blendrag.ingest.job import IngestSummary, ingest_source
 from blendrag.ingest.sources import (
     ChunkSource,
     chunks_from_chroma,
@@ -34,11 +34,9 @@ __all__ = [
     "IngestEngine",
     "IngestSummary",
     "Ingestion",
-    "PrecomputeSummary",
     "chunks_from_chroma",
     "chunks_from_folder",
     "chunks_from_jsonl",
     "ingest_source",
     "kv_bytes_per_token",
-    "precompute",
 ]

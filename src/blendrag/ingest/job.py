@@ -39,7 +39,7 @@ SHOWN_FAILURES = 10  # failures listed by format(); to_dict() has them all
 class TextRecorder(Protocol):
     """Where the job also records the texts (a ``blendrag.integration.ChunkTextIndex``)."""
 
-    def add_many(self, texts: Iterable[str]) -> int: ...
+    def record(self, texts: Iterable[str]) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -107,10 +107,6 @@ class IngestSummary:
         return "\n".join(lines)
 
 
-PrecomputeSummary = IngestSummary
-"""The summary's former name (kept importable)."""
-
-
 def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | None = None,
                   progress: bool = True,
                   text_index: TextRecorder | None = None, batch_size: int = BATCH,
@@ -166,16 +162,12 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
 def _record(text_index: TextRecorder, texts: list[str]) -> str | None:
     """Record ``texts``; the reason when the index cannot (then the job stops recording)."""
     try:
-        text_index.add_many(texts)
+        text_index.record(texts)
     except (OSError, sqlite3.Error) as exc:
         log.warning("text index failed (%s: %s); texts are no longer recorded", type(exc).__name__,
                     exc)
         return f"stopped recording texts: {type(exc).__name__}: {exc}"
     return None
-
-
-precompute = ingest_source
-"""The job's former name (kept importable: ``from blendrag.ingest import precompute``)."""
 
 
 def _step(run: Ingestion, bar: tqdm, t0: float) -> None:

@@ -10,11 +10,16 @@ known chunk is run as a plain full prefill.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from blendrag.integration.text_index import ChunkTextIndex, PromptSplit, find_texts, split_spans
 from blendrag.prompt import PromptBuilder, PromptLayout
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -24,7 +29,7 @@ class FlatLayout:
     ``source``: "documents" (texts given with the request), "index" (ingested texts) or "none"
     (no known chunk: run it with mode="full"). ``matched``: chunks that are known texts;
     ``chunks``: all chunks, gaps between known texts included. ``fallback``: with source
-    "none", why no chunk was found (``requests.FALLBACK_CAUSES``). ``match_s``: seconds spent
+    "none", why no chunk was found (``fallback.FALLBACK_CAUSES``). ``match_s``: seconds spent
     finding the chunks and tokenizing the pieces.
     """
 
@@ -49,26 +54,51 @@ def split_at(prompt: str, texts: Sequence[str]) -> PromptSplit:
     return split_spans(prompt, find_texts(prompt, texts))
 
 
+def find_layout(builder: PromptBuilder, prompt: str, index: ChunkTextIndex,
+                texts: Sequence[str] | None, templated: bool) -> FlatLayout:
+    """Layout of ``prompt`` cut at the retrieved chunks' ``texts`` when given and found, else at
+    the ingested texts of ``index``; none found: a plain full prefill (``fallback`` says why).
+    ``templated``: the prompt already spells the chat template. Its ``match_s`` is the time
+    this took."""
+    t0 = time.perf_counter()
+    flat = flat_layout(builder, prompt, index, texts, templated)
+    if texts and flat.matched < len(texts):
+        log.debug("%d of %d retrieved chunks not found verbatim in the prompt",
+                  len(texts) - flat.matched, len(texts))
+    if texts and flat.full_only:  # none found verbatim: the ingested texts may still be there
+        flat = flat_layout(builder, prompt, index, templated=templated)
+    if flat.full_only and index.path is not None and not texts:
+        before = len(index)
+        index.refresh()  # another process (an ingestion job) may have added texts since
+        if len(index) > before:
+            flat = flat_layout(builder, prompt, index, templated=templated)
+    cause = None
+    if flat.full_only:
+        cause = ("documents_not_in_prompt" if texts else
+                 "empty_index" if not len(index) else "not_in_prompt")
+    return dataclasses.replace(flat, fallback=cause, match_s=time.perf_counter() - t0)
+
+
 def flat_layout(builder: PromptBuilder, prompt: str, index: ChunkTextIndex,
-                texts: Sequence[str] | None = None, wrap: bool = True) -> FlatLayout:
+                texts: Sequence[str] | None = None, templated: bool = False) -> FlatLayout:
     """Layout of ``prompt`` cut at ``texts`` (recorded in ``index`` for later flat prompts)
-    or, without texts, at the texts ``index`` holds. ``wrap``: add the builder's chat template
-    (False when the prompt is already rendered with it)."""
+    or, without texts, at the texts ``index`` holds. ``templated``: the prompt already spells
+    the builder's chat template (else the builder adds it)."""
     if texts:
-        index.add_many(texts)
+        index.record(texts)
         split, source = split_at(prompt, texts), "documents"
     else:
         split, source = index.split(prompt), "index"
-    found = _layout(builder, split, wrap, source)
-    return found or FlatLayout(builder.whole(prompt, wrap), "none", 0, 0)
+    found = _layout(builder, split, templated, source)
+    return found or FlatLayout(builder.whole(prompt, templated), "none", 0, 0)
 
 
-def _layout(builder: PromptBuilder, split: PromptSplit, wrap: bool,
+def _layout(builder: PromptBuilder, split: PromptSplit, templated: bool,
             source: str) -> FlatLayout | None:
     """Pieces tokenized one by one; None when no known chunk is left to reuse."""
     if not split.found:
         return None
-    head, tail = builder.template_parts if wrap else ("", "")
+    head, tail = ("", "") if templated else builder.template_parts
     pieces = [(builder.encode(c), known) for c, known in zip(split.chunks, split.cached)]
     pieces = [(ids, known) for ids, known in pieces if ids]  # e.g. whitespace a tokenizer drops
     suffix = builder.encode(split.suffix + tail)

@@ -86,18 +86,17 @@ class ChunkTextIndex:
 
     # -- recording ---------------------------------------------------------------------------
 
-    def add(self, text: str) -> bool:
-        """Record ``text``; False when it is too short to be matched reliably."""
-        return self.add_many([text]) == 1
-
-    def add_many(self, texts: Iterable[str]) -> int:
-        """Record texts (persisted when the index has a path); returns how many were long
-        enough to record (already recorded ones included)."""
+    def record(self, texts: Iterable[str]) -> int:
+        """Record texts (persisted when the index has a path; those recorded already are
+        skipped); returns how many were long enough to be matched reliably (already recorded
+        ones included)."""
+        if isinstance(texts, str):
+            raise ValueError("record takes a sequence of texts, not one str (wrap it in a list)")
         long_enough = [t for t in texts if isinstance(t, str) and len(t) >= self.min_chars]
         for start in range(0, len(long_enough), _BATCH):
             new = self._index(long_enough[start:start + _BATCH])
             if new and self._rows is not None:
-                self._rows.add(new)
+                self._rows.insert(new)
         return len(long_enough)
 
     def refresh(self) -> None:

@@ -50,7 +50,7 @@ class TextRows:
         self._db.executescript(_SCHEMA)
         self._migrate_legacy()
 
-    def add(self, texts: Iterable[str]) -> None:
+    def insert(self, texts: Iterable[str]) -> None:
         """Insert texts (those already there are skipped), in one transaction."""
         rows = [(digest(t), t) for t in texts]
         if not rows:
@@ -131,7 +131,7 @@ class TextRows:
         if dropped:
             log.warning("text index %s: dropped %d row(s) of the old %s that are not plain text "
                         "(never unpickled)", self.folder, dropped, _LEGACY)
-        self.add(texts)
+        self.insert(texts)
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES ('legacy', 'read')")
 

@@ -3,8 +3,8 @@
 - :class:`BlendLLM` (``BaseLLM``) and :class:`ChatBlend` (``BaseChatModel``) run one
   :class:`~blendrag.BlendEngine`. They blend the cached KVs of the retrieved chunks into the
   prompt, whether the chain passes the Documents (``documents=``) or only the flat prompt
-  (the chunks are then found through the :class:`~blendrag.text_index.ChunkTextIndex` that the
-  ingestion hook fills).
+  (the chunks are then found through the
+  :class:`~blendrag.integration.text_index.ChunkTextIndex` that the ingestion hook fills).
 - :func:`create_blend_retrieval_chain`: ``create_retrieval_chain`` that hands the retrieved
   Documents to the model.
 - :class:`BlendChroma` (needs ``blendrag[chroma]``): a ``langchain_chroma.Chroma`` that also
@@ -26,8 +26,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a test by hiding t
     ) from exc
 
 from blendrag.langchain.chain import create_blend_retrieval_chain
-from blendrag.langchain.chat import ChatBlend
-from blendrag.langchain.llm import BlendLLM
+from blendrag.langchain.llm import BlendLLM, ChatBlend
 
 __all__ = ["BlendChroma", "BlendLLM", "ChatBlend", "SentenceTransformerEmbeddings",
            "create_blend_retrieval_chain"]

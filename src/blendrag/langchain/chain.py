@@ -11,8 +11,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
 
 from blendrag.integration.chunks import DEFAULT_SEPARATOR
-from blendrag.langchain._base import BlendParams
-from blendrag.langchain._prompt import format_documents
+from blendrag.langchain.llm import BlendParams, format_documents
 
 
 def create_blend_retrieval_chain(

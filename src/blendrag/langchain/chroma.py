@@ -15,9 +15,8 @@ from tqdm.auto import tqdm
 from blendrag.config import profile_depth
 from blendrag.ingest import IngestCounts
 from blendrag.integration.chunks import DEFAULT_SEPARATOR
-from blendrag.integration.ingestion import PROGRESS_MIN, ingest_chunks, record, require_chunk_prefix
-from blendrag.langchain._base import BlendParams
-from blendrag.langchain._prompt import format_documents
+from blendrag.integration.client import PROGRESS_MIN
+from blendrag.langchain.llm import BlendParams, format_documents
 
 
 class BlendChroma(Chroma):
@@ -56,7 +55,7 @@ class BlendChroma(Chroma):
                  separators: Sequence[str] = (DEFAULT_SEPARATOR,),
                  show_progress: bool | None = None, profile: bool | int = False,
                  record_existing: bool = True, **kwargs: Any) -> None:
-        require_chunk_prefix(llm.engine)
+        llm.client.require_chunk_prefix()
         super().__init__(*args, **kwargs)
         self.llm = llm
         self.separators = tuple(s for s in separators if s)
@@ -89,7 +88,7 @@ class BlendChroma(Chroma):
     def record_existing(self, page: int = 10_000) -> int:
         """Record the texts of the documents already in the collection in ``llm.text_index``
         (those it lacks; no KV is computed); returns how many were new."""
-        index, total = self.llm.text_index, self._collection.count()
+        index, total = self.llm.client.text_index, self._collection.count()
         show = total >= self.PROGRESS_MIN if self.show_progress is None else self.show_progress
         new = 0
         with tqdm(total=total, desc="recording chunk texts", unit="text",
@@ -100,7 +99,7 @@ class BlendChroma(Chroma):
                         for t, m in zip(got["documents"], got["metadatas"])]
                 chunks = [c for c in format_documents(docs, self.llm.document_prompt)
                           if c not in index]
-                new += index.add_many(chunks)
+                new += index.record(chunks)
                 bar.update(len(docs))
         return new
 
@@ -108,9 +107,8 @@ class BlendChroma(Chroma):
         metas = list(metadatas or []) + [{}] * (len(texts) - len(metadatas or []))
         docs = [Document(page_content=t, metadata=m or {}) for t, m in zip(texts, metas)]
         chunks = format_documents(docs, self.llm.document_prompt)
-        record(self.llm.text_index, chunks)
-        counts = ingest_chunks(self.llm.engine, chunks, profile=self.profile,
-                               separators=self.separators,
-                               progress=self.show_progress, progress_min=self.PROGRESS_MIN)
+        counts = self.llm.client.ingest(chunks, profile=self.profile, separators=self.separators,
+                                        progress=self.show_progress,
+                                        progress_min=self.PROGRESS_MIN)
         self.ingest_counts += counts
         return counts

@@ -20,10 +20,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a test that hides 
     ) from exc
 
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
-from blendrag.llamaindex.embeddings import (
-    SentenceTransformerEmbedding,
-    SentenceTransformerEmbeddings,
-)
+from blendrag.llamaindex.embeddings import SentenceTransformerEmbeddings
 from blendrag.llamaindex.ingestion import BlendKVTransform
 from blendrag.llamaindex.llm import BlendLLM
 from blendrag.llamaindex.synthesizer import (
@@ -39,7 +36,6 @@ __all__ = [
     "BlendKVTransform",
     "BlendLLM",
     "BlendSynthesizer",
-    "SentenceTransformerEmbedding",
     "SentenceTransformerEmbeddings",
     "blend_query_engine",
 ]

@@ -46,7 +46,3 @@ class SentenceTransformerEmbeddings(BaseEmbedding):
 
     async def _aget_query_embedding(self, query: str) -> Embedding:
         return self._get_query_embedding(query)
-
-
-SentenceTransformerEmbedding = SentenceTransformerEmbeddings
-"""The class's former LlamaIndex name (kept importable)."""

@@ -9,7 +9,6 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, TransformComponent
 
 from blendrag.config import profile_depth
-from blendrag.integration.ingestion import persistence_identity
 from blendrag.llamaindex.llm import BlendLLM
 
 
@@ -30,7 +29,7 @@ class BlendKVTransform(TransformComponent):
     ``profile``: also store each new node's context-sensitivity profile, for an LLM blending
     with ``BlendConfig(selector="profile")``; one more forward per node. Each node is measured
     after the node before it in the pipeline (the splitter's document order; the first node of
-    a run after the last), see :meth:`BlendLLM.ingest`. Part of the cache key too.
+    a run after the last). Part of the cache key too.
     """
 
     kv_identity: str = Field(description="What node KVs depend on besides the node text.")
@@ -43,8 +42,8 @@ class BlendKVTransform(TransformComponent):
 
     def __init__(self, llm: BlendLLM, *, profile: bool | int = False, **kwargs: Any) -> None:
         profile_depth(profile)  # refuse a bad value at construction
-        super().__init__(kv_identity=llm.kv_identity, profile=profile,
-                         persistence=persistence_identity(llm.engine, llm.text_index), **kwargs)
+        super().__init__(kv_identity=llm.client.kv_identity, profile=profile,
+                         persistence=llm.client.persistence, **kwargs)
         self._llm = llm
 
     @classmethod
@@ -57,6 +56,9 @@ class BlendKVTransform(TransformComponent):
         return self._llm
 
     def __call__(self, nodes: Sequence[BaseNode], **kwargs: Any) -> Sequence[BaseNode]:
-        """Precompute the nodes' KVs (in the order given); return the nodes as they are."""
-        self._llm.ingest(nodes, profile=self.profile)
+        """Precompute the nodes' KVs (in the order given: each node's profile, when asked for,
+        is measured after the node before it; the first after the last) and record their
+        texts; return the nodes as they are."""
+        texts = [self._llm.chunk_text(n) for n in nodes]
+        self._llm.client.ingest(texts, profile=self.profile, progress=False)
         return nodes

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from llama_index.core.base.llms.generic_utils import (
     astream_completion_response_to_chat_response,
@@ -35,17 +35,17 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from blendrag.config import BlendConfig, GenerationConfig
-from blendrag.engine import BlendEngine
-from blendrag.integration import ingestion, requests
+from blendrag.engine import BlendEngine, RequestStats
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR, ChunkFormat
-from blendrag.integration.fields import BlendFields, fields_from_configs, overrides_from
-from blendrag.integration.requests import BlendRequest, FallbackFixes
+from blendrag.integration.client import BlendClient, BlendRequest
+from blendrag.integration.fallback import FallbackFixes
+from blendrag.integration.flat_prompt import FlatLayout
+from blendrag.integration.settings import BlendSettings, fields_from_configs, overrides_from
 from blendrag.integration.text_index import ChunkTextIndex
 
-_FIXES = FallbackFixes(
+FIXES = FallbackFixes(
     empty_index="put BlendKVTransform(llm) in the IngestionPipeline's transformations, after the "
-                "splitter (or call llm.ingest(nodes) on the index's nodes)",
+                "splitter (or run BlendKVTransform(llm)(nodes) on the index's nodes)",
     not_in_prompt="the synthesizer writes nodes differently from chunk_template: answer with "
                   "blend_query_engine(index, llm), or set chunk_template to the synthesizer's",
     documents_not_in_prompt="pass nodes= as the prompt writes them (the chunk_template "
@@ -56,7 +56,7 @@ NodeLike = NodeWithScore | BaseNode | str
 """A retrieved node (formatted with the chunk template) or a chunk text taken verbatim."""
 
 
-class BlendLLM(BlendFields, CustomLLM):
+class BlendLLM(BlendSettings, CustomLLM):
     """LlamaIndex LLM that prefills RAG prompts from cached chunk KVs (CacheBlend).
 
     Pass the retrieved nodes as ``nodes=`` (``BlendSynthesizer`` does) to blend at their
@@ -69,14 +69,15 @@ class BlendLLM(BlendFields, CustomLLM):
     ingestion, before any query prompt exists.
 
     Settings are the flat fields both integrations share (``mode``, ``selector``, ``ratio``,
-    ``max_tokens``, ...; :class:`~blendrag.integration.fields.BlendFields`); ``blend_config=``
-    and ``generation_config=`` (config objects) fill them, at construction and per call.
-    Per-call keyword arguments: ``nodes``, ``blend_config``, ``generation_config`` and any flat
-    field. ``last_stats`` holds the last finished request's :class:`RequestStats`; every final
-    response carries ``blended`` (False: a plain full prefill), ``stats`` (mode, chunk
-    hits/misses, recompute fraction, TTFT, ...) and ``prompt`` (chunks matched, fallback cause)
-    in ``raw`` and ``additional_kwargs`` (so callback handlers see them in the response).
-    ``strict=True`` raises instead of falling back to a full prefill.
+    ``max_tokens``, ...; :class:`~blendrag.integration.settings.BlendSettings`);
+    ``blend_config=`` and ``generation_config=`` (config objects) fill them, at construction
+    and per call. Per-call keyword arguments: ``nodes``, ``blend_config``,
+    ``generation_config`` and any flat field. ``last_stats`` holds the last finished
+    request's :class:`RequestStats`; every final response carries ``blended`` (False: a plain
+    full prefill), ``stats`` (mode, chunk hits/misses, recompute fraction, TTFT, ...) and
+    ``prompt`` (chunks matched, fallback cause) in ``raw`` and ``additional_kwargs`` (so
+    callback handlers see them in the response). ``strict=True`` raises instead of falling
+    back to a full prefill.
     """
 
     chunk_template: str = Field(default=DEFAULT_CHUNK_TEMPLATE,
@@ -84,19 +85,15 @@ class BlendLLM(BlendFields, CustomLLM):
     chunk_separator: str = Field(default=DEFAULT_SEPARATOR,
                                  description="What goes between two chunks of a prompt.")
 
-    _fallback_fixes: ClassVar[FallbackFixes] = _FIXES
-    _engine: BlendEngine = PrivateAttr()
-    _text_index: ChunkTextIndex = PrivateAttr()
-    # ChunkTextIndex locks its tables: async requests (worker threads) may search it while
-    # ingestion or another request adds texts.
+    _client: BlendClient = PrivateAttr()
 
     def __init__(self, engine: BlendEngine, *, text_index: ChunkTextIndex | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._engine = engine
-        # default: kept with the KV store when it has a disk tier (survives a restart)
-        self._text_index = (text_index if text_index is not None
-                            else ingestion.default_text_index(engine))
+        # a template without {text} is refused
+        chunk_format = ChunkFormat(self.chunk_template, self.chunk_separator)
+        self._client = BlendClient(engine, text_index, chunk_format, fixes=FIXES,
+                                   name=type(self).__name__)
 
     @model_validator(mode="before")
     @classmethod
@@ -111,20 +108,23 @@ class BlendLLM(BlendFields, CustomLLM):
 
     @model_validator(mode="after")
     def _check_settings(self) -> BlendLLM:
-        # a template without {text} is refused
-        ChunkFormat(self.chunk_template, self.chunk_separator)
         self._check_configs()
         return self
 
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
+        """A copy (with ``update``), on the same engine and index, with its own last request."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy._client = self._client.fork(ChunkFormat(copy.chunk_template, copy.chunk_separator))
+        return copy
+
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str | None = None,
-                        store: Any = None,
-                        chat: bool | None = None, system: str | None = None, chunk_prefix: str = "",
-                        text_index: ChunkTextIndex | None = None, **kwargs: Any) -> BlendLLM:
+                        store: Any = None, chat: bool | None = None, system: str | None = None,
+                        chunk_prefix: str = "", text_index: ChunkTextIndex | None = None,
+                        **kwargs: Any) -> BlendLLM:
         """Load a local model directory into a new engine (``chunk_prefix`` defaults to ``""``)."""
         engine = BlendEngine.from_pretrained(path, dtype=dtype, device=device, store=store,
-                                             chat=chat,
-                                             system=system, chunk_prefix=chunk_prefix)
+                                             chat=chat, system=system, chunk_prefix=chunk_prefix)
         return cls(engine, text_index=text_index, **kwargs)
 
     @classmethod
@@ -132,109 +132,61 @@ class BlendLLM(BlendFields, CustomLLM):
         return "BlendLLM"
 
     @property
+    def client(self) -> BlendClient:
+        """The framework-neutral client every request and ingestion goes through."""
+        return self._client
+
+    @property
     def engine(self) -> BlendEngine:
         """The engine every request runs on."""
-        return self._engine
+        return self._client.engine
 
     @property
     def text_index(self) -> ChunkTextIndex:
         """Chunk texts found in flat prompts (shared with :class:`BlendKVTransform`)."""
-        return self._text_index
+        return self._client.text_index
 
     @property
-    def blend_config(self) -> BlendConfig:
-        """How prompts with chunks are prefilled (from the flat fields)."""
-        return self.make_blend_config()
+    def last_stats(self) -> RequestStats | None:
+        """Stats of the last finished request (a stream finishes when exhausted)."""
+        return self._client.last_stats
 
     @property
-    def generation_config(self) -> GenerationConfig:
-        """Decoding settings (from the flat fields)."""
-        return self.make_generation_config()
+    def last_prompt(self) -> FlatLayout | None:
+        """Layout of the last finished request and how its chunks were found."""
+        return self._client.last_prompt
 
     @property
-    def chunk_format(self) -> ChunkFormat:
-        """How chunks are written into a prompt: ``chunk_template`` and ``chunk_separator``."""
-        return ChunkFormat(self.chunk_template, self.chunk_separator)
+    def fallbacks(self) -> int:
+        """Requests that found no known chunk and ran as a plain full prefill."""
+        return self._client.fallbacks
 
     @property
     def metadata(self) -> LLMMetadata:
-        engine = self._engine
-        return LLMMetadata(
-            context_window=engine.adapter.max_positions,
-            num_output=self.max_tokens,
-            is_chat_model=engine.prompts.chat,
-            model_name=engine.name,
-        )
-
-    # ---- chunks ------------------------------------------------------------------------------
-
-    def format_chunk(self, text: str) -> str:
-        """``text`` written into the prompt with the chunk template."""
-        return self.chunk_format.format(text)
+        engine = self.engine
+        return LLMMetadata(context_window=engine.adapter.max_positions, num_output=self.max_tokens,
+                           is_chat_model=engine.prompts.chat, model_name=engine.name)
 
     def chunk_text(self, node: NodeLike) -> str:
-        """The exact prompt text of a node: its ``MetadataMode.LLM`` content, formatted."""
+        """The exact prompt text of a node: its ``MetadataMode.LLM`` content in the chunk
+        template (a str is taken as the chunk text itself)."""
         if isinstance(node, str):
             return node
         if isinstance(node, NodeWithScore):
             node = node.node
-        return self.format_chunk(node.get_content(metadata_mode=MetadataMode.LLM))
-
-    def ingest(self, nodes: Sequence[NodeLike], *, profile: bool | int = False) -> int:
-        """Precompute and store the KV of each node's chunk text (and of the chunk separator) and
-        record the text for flat-prompt detection. Returns how many node KVs were computed now
-        (others were stored).
-
-        ``profile``: also measure each new node's context-sensitivity profile, for blending with
-        ``selector="profile"`` (otherwise measured at its first query): one more forward per node
-        (``profile=k``: after each of the k nodes before it, k forwards). A node is measured
-        after the non-empty node before it in ``nodes`` (the first after the last), so pass a
-        document's nodes in order."""
-        ingestion.require_chunk_prefix(self._engine)
-        texts = [self.chunk_text(n) for n in nodes]
-        self.remember(texts)
-        counts = ingestion.ingest_chunks(self._engine, texts, profile=profile,
-                                         separators=(self.chunk_separator,),
-                                         progress=False)
-        return counts.computed
-
-    def cached(self, nodes: Sequence[NodeLike]) -> list[bool]:
-        """Whether each node's chunk KV is in the engine's store now."""
-        engine = self._engine
-        ingestion.require_chunk_prefix(engine)
-        prefix = engine.prompts.chunk_prefix_ids()
-        keys = [engine.key(prefix, engine.prompts.encode(self.chunk_text(n))) for n in nodes]
-        return [engine.store.contains(key) for key in keys]
-
-    def remember(self, texts: Sequence[str]) -> None:
-        """Record chunk texts in the text index, formatted and bare: the last chunk of a stock
-        synthesizer's prompt may lack the template's tail, and a chat template may trim message
-        content."""
-        ingestion.record(self._text_index, self.chunk_format.variants(texts))
-
-    @property
-    def kv_identity(self) -> str:
-        """Hash of what a chunk KV depends on besides the node (model, tokenizer, chunk prefix,
-        chunk format): the ingestion transform's cache identity."""
-        return ingestion.kv_identity(self._engine, self.chunk_format)
+        return self._client.chunk_format.format(node.get_content(metadata_mode=MetadataMode.LLM))
 
     # ---- requests ----------------------------------------------------------------------------
 
     def _start(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> BlendRequest:
-        """The one prompt-building path: split at the nodes' texts (else the ingested texts),
-        tokenize piece by piece, start the engine's stream. ``formatted``: the prompt already
-        has the chat template."""
+        """Split at the nodes' texts (else the ingested texts), tokenize piece by piece, start
+        the engine's stream. ``formatted``: the prompt already has the chat template."""
         nodes = kwargs.get("nodes")
-        texts = None
-        if nodes is not None:
-            texts = [self.chunk_text(n) for n in nodes]
-            self.remember(texts)  # later flat prompts find them even if ingestion was skipped
-        flat = requests.prompt_layout(self._engine, prompt, self._text_index, texts,
-                                      wrap=not formatted)
+        texts = [self.chunk_text(n) for n in nodes] if nodes is not None else None
         overrides, stop = overrides_from(kwargs)
-        return requests.start(self._engine, flat, self.make_blend_config(**overrides),
-                              self.make_generation_config(stop, **overrides),
-                              self._fallback_hook(self._text_index, len(texts or ())))
+        return self._client.start(prompt, self.blend_config(**overrides),
+                                  self.generation_config(stop, **overrides), texts=texts,
+                                  templated=formatted, strict=self.strict)
 
     def _responses(self, request: BlendRequest) -> CompletionResponseGen:
         """One response per text delta, then a final one (empty delta) carrying the stats."""
@@ -242,7 +194,7 @@ class BlendLLM(BlendFields, CustomLLM):
         for delta in request.stream:
             text += delta
             yield CompletionResponse(text=text, delta=delta)
-        info = self._finished(request)
+        info = self._client.finish(request)
         result = request.result
         meta = {"blended": info["blended"], "stats": info["blendrag"],
                 "prompt": info["blendrag_prompt"]}
@@ -255,10 +207,10 @@ class BlendLLM(BlendFields, CustomLLM):
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
         """(prompt, formatted): the tokenizer's chat template when the engine uses one."""
-        if not self._engine.prompts.chat:
+        if not self.engine.prompts.chat:
             return self.messages_to_prompt(messages), False
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
-        return requests.render_chat(self._engine, turns), True
+        return self._client.render_chat(turns), True
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:

@@ -44,7 +44,7 @@ class BlendSynthesizer(BaseSynthesizer):
 
     Each node's chunk is ``llm.chunk_text(node)`` (its ``MetadataMode.LLM`` content in the
     chunk template), the KV that :class:`BlendKVTransform` precomputed; chunks are joined with
-    ``llm.chunk_separator``, whose KV the transform precomputed too. ``streaming=True``
+    the chunk separator, whose KV the transform precomputed too. ``streaming=True``
     returns a ``StreamingResponse`` whose text equals the non-streaming answer. The prompt is
     not truncated to the context window: the engine raises ``ValueError`` when it is too long.
     """
@@ -67,7 +67,7 @@ class BlendSynthesizer(BaseSynthesizer):
 
     def _prompt(self, query_str: str, text_chunks: Sequence[str]) -> tuple[str, list[str]]:
         """(prompt, chunk texts); ``text_chunks`` are the nodes' MetadataMode.LLM contents."""
-        fmt = self._llm.chunk_format
+        fmt = self._llm.client.chunk_format
         chunks = [fmt.format(t) for t in text_chunks]
         return self._qa_template.format(context_str=fmt.join(chunks), query_str=query_str), chunks
 

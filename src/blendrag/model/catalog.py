@@ -67,10 +67,6 @@ CATALOG: dict[str, PackagedGGUF] = {
 }
 
 
-def is_short_name(name: str | os.PathLike) -> bool:
-    return str(name) in CATALOG
-
-
 def converted_model(name: str, cache_dir: Path | None = None,
                     say: Callable[[str], None] | None = None) -> Path:
     """The safetensors folder of catalog model ``name``, converting its GGUF file on first use.

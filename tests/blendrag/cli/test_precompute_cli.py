@@ -13,7 +13,7 @@ import torch
 from blendrag import BlendConfig, BlendEngine
 from blendrag.cli import main
 from blendrag.engine.profile import profiled
-from blendrag.ingest import chunks_from_chroma, precompute
+from blendrag.ingest import chunks_from_chroma, ingest_source
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers import procs
 from helpers.sources import make_chroma
@@ -146,7 +146,7 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     child = subprocess.Popen([sys.executable, "-m", "blendrag.cli", *argv], env=procs._env(),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for_first_entry(store, child)
-    here = precompute(engine, source[::-1], prefix=PREFIX, progress=False, batch_size=1)
+    here = ingest_source(engine, source[::-1], prefix=PREFIX, progress=False, batch_size=1)
     there = _finish(child)
     assert here.chunks == there["chunks"] == len(TEXTS)
     assert here.computed + there["computed"] >= len(TEXTS)  # each chunk computed at least once

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from blendrag import BlendConfig
+from blendrag import BlendConfig, RandomOptions
 from blendrag.engine.observers import Trace
 from blendrag.engine.selectors import RandomSelector
 from blendrag.eval.answer import greedy_answer
@@ -89,7 +89,7 @@ def _assert_decoding_reads_the_blend_rows(engine, layout, pre, computed, keys, v
 def test_partial_blend_and_its_decoding_equal_the_naive_reference(engine_for, ratio):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    config = BlendConfig(selector="random", ratio=ratio, seed=3)
+    config = BlendConfig(selector="random", ratio=ratio, options=RandomOptions(seed=3))
     selected = RandomSelector(config, layout, torch.device("cpu"), 1.0).initial()
     computed = torch.cat([selected, torch.arange(layout.suffix_start, layout.num_tokens)])
     keys, values = _cached_rows(engine, layout)

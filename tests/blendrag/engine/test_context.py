@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from blendrag import NO_CONTEXT, BlendConfig, ChunkContext, MemoryKVStore
+from blendrag import NO_CONTEXT, BlendConfig, ChunkContext, MemoryKVStore, PreviewOptions
 from blendrag.engine.observers import Trace
 from blendrag.engine.selectors import PreviewSelector
 from blendrag.store.codec import decode, encode
@@ -166,7 +166,8 @@ def test_preview_ranks_by_attention_plus_floor_times_root_shift(engine):
     c = layout.suffix_start - len(layout.prefix_ids)
     layers = engine.adapter.num_layers
     attention = torch.rand(layers, c, generator=torch.Generator().manual_seed(0))
-    cfg = BlendConfig(selector="preview", ratio=0.25, attention_floor=2.0)
+    cfg = BlendConfig(selector="preview", ratio=0.25,
+                      options=PreviewOptions(attention_floor=2.0))
     sel = PreviewSelector(cfg, layout, engine.device, engine.adapter.scaling, chunks, attention)
     shift = torch.cat([kv.context_shift for kv in chunks], dim=1)
     scores = ((attention / attention.mean(dim=1, keepdim=True) + 2.0) * shift.sqrt()).sum(dim=0)
@@ -206,9 +207,9 @@ def test_an_engine_without_tokenizer_cannot_take_fillers(engine):
 
 
 def test_the_precompute_job_counts_both_entries_of_a_chunk(engine):
-    from blendrag.ingest import kv_bytes_per_token, precompute
+    from blendrag.ingest import kv_bytes_per_token, ingest_source
 
-    summary = precompute(engine, [PASSAGES[0]], prefix=PREFIX, progress=False)
+    summary = ingest_source(engine, [PASSAGES[0]], prefix=PREFIX, progress=False)
     tokens = len(engine.prompts.encode(PASSAGES[0]))
     assert (summary.computed, summary.tokens) == (1, tokens)
     assert summary.bytes == 2 * tokens * kv_bytes_per_token(engine)

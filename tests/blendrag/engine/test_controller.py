@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blendrag import BlendConfig
+from blendrag import BlendConfig, CacheBlendOptions
 from blendrag.engine.controller import (
     LoadingConfig,
     LoadingController,
@@ -83,12 +83,13 @@ def test_the_cheapest_tier_that_keeps_ttft_at_the_compute_bound():
 
 
 def test_auto_ratio_config():
-    auto = BlendConfig(selector="cacheblend", ratio="auto", check_layers=(1, 2))
+    auto = BlendConfig(selector="cacheblend", ratio="auto",
+                       options=CacheBlendOptions(check_layers=(1, 2)))
     assert auto.auto_ratio and auto.ratio == 0.2 and auto.label == "blend-cacheblend@auto>=0.2"
     at = auto.at_ratio(0.35)
     assert (at.ratio, at.auto_ratio) == (0.35, False)
-    assert at.ratio_schedule == pytest.approx((0.7, 0.35))
-    assert BlendConfig(ratio=0.3, auto_ratio=True).ratio == 0.3
+    assert at.schedule == pytest.approx((0.7, 0.35))
+    assert BlendConfig(ratio="auto>=0.3").ratio == 0.3
     for bad in ("fast", -0.1):
         with pytest.raises(ValueError, match="ratio"):
             BlendConfig(ratio=bad)

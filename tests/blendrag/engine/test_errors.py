@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blendrag import BlendConfig, GenerationConfig, PromptLayout
+from blendrag import BlendConfig, CacheBlendOptions, GenerationConfig, PromptLayout
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
@@ -14,18 +14,25 @@ def test_ratio_outside_unit_interval(ratio):
         BlendConfig(ratio=ratio)
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"mode": "fast"}, "mode must be one of"),
-    ({"selector": "magic"}, "selector must be one of"),
-    ({"check_layers": ()}, "check_layers"),
-    ({"check_layers": (2, 1)}, "strictly increasing"),
-    ({"ratio": 0.1, "check_layers": (1, 2), "ratio_schedule": (0.1, 0.2)}, "non-increasing"),
-    ({"ratio": 0.1, "check_layers": (1, 2), "ratio_schedule": (0.3, 0.2)}, "end at ratio"),
-    ({"deviation": "l1"}, "deviation must be"),
+def _cacheblend(ratio: float = 0.2, **options) -> BlendConfig:
+    return BlendConfig(selector="cacheblend", ratio=ratio, options=CacheBlendOptions(**options))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: BlendConfig(mode="fast"), "mode must be one of"),
+    (lambda: BlendConfig(selector="magic"), "selector must be one of"),
+    (lambda: _cacheblend(check_layers=()), "check_layers"),
+    (lambda: _cacheblend(check_layers=(2, 1)), "strictly increasing"),
+    (lambda: _cacheblend(0.1, check_layers=(1, 2), ratio_schedule=(0.1, 0.2)), "non-increasing"),
+    (lambda: _cacheblend(0.1, check_layers=(1, 2), ratio_schedule=(0.3, 0.2)), "end at ratio"),
+    (lambda: _cacheblend(deviation="l1"), "deviation must be"),
+    (lambda: BlendConfig(selector="epic", options=CacheBlendOptions()), "takes EpicOptions"),
+    (lambda: BlendConfig(ratio="automatic"), "ratio must be"),
+    (lambda: BlendConfig(ratio="auto>=x"), "ratio must be"),
 ])
-def test_bad_blend_config(kw, message):
+def test_bad_blend_config(make, message):
     with pytest.raises(ValueError, match=message):
-        BlendConfig(**kw)
+        make()
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -55,9 +62,11 @@ def test_check_layer_beyond_model(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     with pytest.raises(ValueError, match="exceed the model's 3 layers"):
-        engine.prefill(layout, BlendConfig(selector="cacheblend", check_layers=(1, 5)))
+        engine.prefill(layout, BlendConfig(selector="cacheblend",
+                                               options=CacheBlendOptions(check_layers=(1, 5))))
     with pytest.raises(ValueError, match="cacheblend check layers must be >= 1"):
-        engine.prefill(layout, BlendConfig(selector="cacheblend", check_layers=(0,)))
+        engine.prefill(layout, BlendConfig(selector="cacheblend",
+                                               options=CacheBlendOptions(check_layers=(0,))))
 
 
 def test_unsupported_architecture_lists_supported():

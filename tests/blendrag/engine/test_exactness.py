@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blendrag import BlendConfig
+from blendrag import BlendConfig, CacheBlendOptions
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
@@ -44,8 +44,8 @@ def test_blend_ratio_one_with_chat_template(engine_for):
     assert engine.tokenizer.convert_tokens_to_ids("<|end|>") in layout.suffix_ids
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     blend = engine.prefill(layout,
-                           BlendConfig(selector="cacheblend", ratio=1.0, check_layers=(1, 2),
-                                       ratio_schedule=(1.0, 1.0))).logits
+                           BlendConfig(selector="cacheblend", ratio=1.0,
+                                       options=CacheBlendOptions((1, 2), (1.0, 1.0)))).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
     assert max_diff(blend, full) < TOL
 

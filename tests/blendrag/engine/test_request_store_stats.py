@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine
-from blendrag.ingest import precompute
+from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.kvgen import make_kv
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -47,7 +47,7 @@ def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_p
 def test_precomputed_chunks_are_served_from_disk_first(model_dir, make_store):
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                          store=make_store(), context=NO_CONTEXT)
-    precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
+    ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(ratio=0.3)).stats
     assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.prefix_hit) == (len(PASSAGES), 0, True)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from blendrag import BlendConfig
+from blendrag import BlendConfig, CacheBlendOptions, RandomOptions
 from blendrag.engine.selectors import make_selector
 from blendrag.eval.deviation import attention_deviation, traced_prefill
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -30,9 +30,9 @@ def test_epic_picks_the_first_tokens_of_every_chunk(engine_for):
 def test_random_is_seeded_and_inside_chunks(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    a = selector(engine, layout, selector="random", ratio=0.2, seed=1).initial()
-    b = selector(engine, layout, selector="random", ratio=0.2, seed=1).initial()
-    c = selector(engine, layout, selector="random", ratio=0.2, seed=2).initial()
+    a = selector(engine, layout, selector="random", ratio=0.2, options=RandomOptions(seed=1)).initial()
+    b = selector(engine, layout, selector="random", ratio=0.2, options=RandomOptions(seed=1)).initial()
+    c = selector(engine, layout, selector="random", ratio=0.2, options=RandomOptions(seed=2)).initial()
     chunk_tokens = layout.suffix_start - len(layout.prefix_ids)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert a.numel() == math.ceil(0.2 * chunk_tokens)
@@ -58,11 +58,12 @@ def test_cacheblend_keeps_the_most_deviating_tokens(engine_for):
 def test_gradual_filtering_follows_the_schedule(engine_for):
     engine = engine_for("llama", layers=5)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    cfg = BlendConfig(selector="cacheblend", ratio=0.1, check_layers=(1, 2, 3))
-    assert cfg.ratio_schedule == (0.4, 0.2, 0.1)
+    cfg = BlendConfig(selector="cacheblend", ratio=0.1,
+                      options=CacheBlendOptions(check_layers=(1, 2, 3)))
+    assert cfg.schedule == (0.4, 0.2, 0.1)
     s = engine.prefill(layout, cfg).stats
     c = s.prompt.chunk_tokens
-    budgets = [math.ceil(r * c) for r in cfg.ratio_schedule]
+    budgets = [math.ceil(r * c) for r in cfg.schedule]
     assert s.compute.recomputed_chunk_tokens_per_layer == [c, budgets[0], budgets[1], budgets[2],
                                                    budgets[2]]
 

@@ -8,7 +8,7 @@ import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.engine.profile import profiled
-from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, precompute
+from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, ingest_source
 from blendrag.integration.text_index import ChunkTextIndex
 from helpers.sources import DOCS, make_chroma
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -29,7 +29,7 @@ def _key(engine: BlendEngine, text: str) -> str:
 def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
     for i, text in enumerate([*PASSAGES, ""]):
         (tmp_path / f"{i}.txt").write_text(text)
-    summary = precompute(engine, chunks_from_folder(tmp_path), prefix=PREFIX, progress=False)
+    summary = ingest_source(engine, chunks_from_folder(tmp_path), prefix=PREFIX, progress=False)
     tokens = sum(len(engine.prompts.encode(t)) for t in PASSAGES)
     assert (summary.chunks, summary.computed, summary.skipped, summary.empty) == (5, 4, 0, 1)
     assert (summary.tokens, summary.bytes) == (tokens, tokens * kv_bytes_per_token(engine))
@@ -42,7 +42,7 @@ def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
 
 
 def test_bulk_entries_skip_the_ram_tier(engine):
-    precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
+    ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
     stats = engine.store.stats()
     assert stats.tier("ram").entries == 1  # the prefix only: the serving working set stays
     assert stats.tier("disk").entries == 1 + len(PASSAGES)
@@ -51,26 +51,26 @@ def test_bulk_entries_skip_the_ram_tier(engine):
 def test_a_ram_only_store_still_gets_the_entries(model_dir):
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                          store=MemoryKVStore())
-    assert precompute(engine, PASSAGES, prefix=PREFIX, progress=False).computed == 4
+    assert ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False).computed == 4
     # the chunk prefix, once more after each filler of the ingestion context, and the chunks,
     # each in context and alone (the exact rows of a first passage)
     assert len(engine.store) == 1 + len(engine.context.fillers) + 2 * 4
 
 
 def test_resumes_where_it_stopped_and_repeats_are_computed_once(engine):
-    first = precompute(engine, PASSAGES[:2], prefix=PREFIX, progress=False, batch_size=1)
+    first = ingest_source(engine, PASSAGES[:2], prefix=PREFIX, progress=False, batch_size=1)
     assert (first.computed, first.skipped) == (2, 0)
-    again = precompute(engine, [*PASSAGES, PASSAGES[3]], prefix=PREFIX, progress=False,
+    again = ingest_source(engine, [*PASSAGES, PASSAGES[3]], prefix=PREFIX, progress=False,
                        batch_size=3)
     assert (again.chunks, again.computed, again.skipped) == (5, 2, 3)
-    last = precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
+    last = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
     assert (last.computed, last.skipped, last.tokens) == (0, 4, 0)
 
 
 def test_from_chroma_records_texts_in_the_index(engine, tmp_path):
     make_chroma(tmp_path / "chroma", DOCS)
     index = ChunkTextIndex(tmp_path / "index")
-    summary = precompute(engine, chunks_from_chroma(tmp_path / "chroma", "docs", page_size=2),
+    summary = ingest_source(engine, chunks_from_chroma(tmp_path / "chroma", "docs", page_size=2),
                          prefix=PREFIX,
                          progress=False, text_index=index)
     assert summary.computed == len(DOCS)
@@ -80,9 +80,9 @@ def test_from_chroma_records_texts_in_the_index(engine, tmp_path):
 
 def test_needs_a_prefix_or_a_chunk_prefix(engine):
     with pytest.raises(ValueError, match="no chunk prefix"):
-        precompute(engine, PASSAGES, progress=False)
+        ingest_source(engine, PASSAGES, progress=False)
     with pytest.raises(ValueError, match="batch_size"):
-        precompute(engine, PASSAGES, prefix=PREFIX, batch_size=0)
+        ingest_source(engine, PASSAGES, prefix=PREFIX, batch_size=0)
 
 
 # ---- context-sensitivity profiles (profile=True) -----------------------------------------------
@@ -104,7 +104,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
     p0, p1, p2, p3 = PASSAGES
     # batches [p0, p1] | ["", p2] | [p3]: p2 and p3 open a batch; their neighbours sit in the
     # one before
-    summary = precompute(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False, batch_size=2,
+    summary = ingest_source(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False, batch_size=2,
                          profile=True)
     assert (summary.chunks, summary.computed, summary.skipped, summary.empty,
             summary.profiled) == (5, 4, 0, 1, 4)
@@ -137,7 +137,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
 def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(
     engine, model_dir, make_store
 ):
-    precompute(engine, PASSAGES, prefix=PREFIX, progress=False, batch_size=1, profile=True)
+    ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False, batch_size=1, profile=True)
     whole = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                         store=make_store(disk_dir=None), context=NO_CONTEXT)
     whole.precompute(whole.prompts.chunk_prefix_ids(PREFIX),
@@ -152,7 +152,7 @@ def test_k_neighbours_follow_source_order_across_batches(engine):
     p0, p1, p2, p3 = PASSAGES
     # batches [p0] | [p1] | [p2] | [p3] with profile=2: each batch opens behind the last two
     # chunks so far
-    summary = precompute(engine, [p0, p1, p2, p3], prefix=PREFIX, progress=False, batch_size=1,
+    summary = ingest_source(engine, [p0, p1, p2, p3], prefix=PREFIX, progress=False, batch_size=1,
                          profile=2)
     assert (summary.computed, summary.profiled) == (4, 3)
     assert _stored(engine, p0).sensitivity is None  # a first batch of one: no neighbour yet
@@ -162,17 +162,17 @@ def test_k_neighbours_follow_source_order_across_batches(engine):
 
 
 def test_without_profile_entries_have_none(engine):
-    summary = precompute(engine, PASSAGES, prefix=PREFIX, progress=False)
+    summary = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
     assert summary.profiled == 0 and "profiles" not in summary.format()
     assert all(_stored(engine, t).sensitivity is None for t in PASSAGES)
 
 
 def test_a_resumed_or_repeating_job_measures_after_the_source_predecessor(engine):
     p0, p1, p2, p3 = PASSAGES
-    precompute(engine, [p0, p1], prefix=PREFIX, progress=False, profile=True)
+    ingest_source(engine, [p0, p1], prefix=PREFIX, progress=False, profile=True)
     new = "A brand new passage about the history of Oslo and Paris."
     # p0, p1 are skipped, p0 repeats: the neighbours are still the texts just before in the source
-    summary = precompute(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2,
+    summary = ingest_source(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2,
                          profile=True)
     assert (summary.chunks, summary.computed, summary.skipped, summary.profiled) == (5, 2, 3, 2)
     assert torch.equal(_stored(engine, p2).sensitivity, _profile_after(engine, p2, p0))

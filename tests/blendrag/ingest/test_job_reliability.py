@@ -108,7 +108,7 @@ def test_a_lone_surrogate_is_refused_with_a_clear_error(engine, tmp_path):
 
 def test_a_failing_text_index_is_reported_not_a_traceback(engine):
     class FullIndex:
-        def add_many(self, texts):
+        def record(self, texts):
             raise sqlite3.OperationalError("database or disk is full")
 
     summary = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False,

@@ -21,8 +21,10 @@ from llama_index.core.prompts import PromptTemplate as LIPromptTemplate  # noqa:
 from blendrag import BlendEngine  # noqa: E402
 from blendrag import langchain as lc  # noqa: E402
 from blendrag import llamaindex as li  # noqa: E402
-from blendrag.integration.fields import BlendFields  # noqa: E402
+from blendrag.langchain.llm import format_documents  # noqa: E402
+from blendrag.integration.settings import BlendSettings  # noqa: E402
 from blendrag.integration.text_index import ChunkTextIndex  # noqa: E402
+from helpers.li_data import ingest  # noqa: E402
 from helpers.tiny import PASSAGES  # noqa: E402
 
 PREFIX = "Answer from the passages below.\n"
@@ -85,7 +87,7 @@ def test_same_chunks_give_the_same_prompt_layout_and_answer(engine):
 def test_flat_prompts_find_the_same_ingested_chunks(engine):
     index = ChunkTextIndex()
     li_llm = li.BlendLLM(engine, text_index=index, max_tokens=4)
-    assert li_llm.ingest(CHUNKS) == len(CHUNKS)  # LlamaIndex's hook records the texts in the index
+    assert ingest(li_llm, CHUNKS) == len(CHUNKS)  # LlamaIndex's hook records the texts in the index
     lc_llm = lc.BlendLLM(engine=engine, text_index=index, max_tokens=4)
     prompt = PREFIX + "\n\n".join(CHUNKS) + f"\nQuestion: {QUESTION}\nAnswer:"
     lc_answer = lc_llm.invoke(prompt)
@@ -101,20 +103,20 @@ def test_one_config_shape_one_chunk_format_one_embedder(model_dir):
                                          chunk_prefix="")
     lc_llm, li_llm = lc.BlendLLM(engine=engine), li.BlendLLM(engine)
     for cls in (lc.BlendLLM, lc.ChatBlend, li.BlendLLM):
-        assert set(BlendFields.model_fields) <= set(cls.model_fields)
+        assert set(BlendSettings.model_fields) <= set(cls.model_fields)
     assert lc_llm.settings() == li_llm.settings()
     assert (
-        lc_llm.blend_config() == li_llm.blend_config
-        and lc_llm.generation_config() == li_llm.generation_config
+        lc_llm.blend_config() == li_llm.blend_config()
+        and lc_llm.generation_config() == li_llm.generation_config()
     )
     text = "A passage {with braces}."
-    assert lc._prompt.format_documents([Document(page_content=text)], lc_llm.document_prompt) == [
-        li_llm.format_chunk(text)]
+    assert format_documents([Document(page_content=text)], lc_llm.document_prompt) == [
+        li_llm.client.chunk_format.format(text)]
     assert (
         inspect.signature(lc.create_blend_retrieval_chain).parameters["document_separator"].default
-        == li_llm.chunk_separator
+        == li_llm.chunk_separator == lc_llm.client.chunk_format.separator
     )
     lc_embed, li_embed = lc.SentenceTransformerEmbeddings, li.SentenceTransformerEmbeddings
-    assert lc_embed.__name__ == li_embed.__name__ and li.SentenceTransformerEmbedding is li_embed
+    assert lc_embed.__name__ == li_embed.__name__
     assert inspect.signature(lc_embed).parameters["normalize"].default is \
         inspect.signature(li_embed).parameters["normalize"].default is True

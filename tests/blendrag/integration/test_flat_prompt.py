@@ -22,7 +22,7 @@ def test_documents_and_index_give_the_explicit_layout(engine_for):
 def test_gaps_become_chunks_and_a_trailing_chunk_becomes_the_suffix(engine_for):
     engine = engine_for("llama")
     index = ChunkTextIndex()
-    index.add_many(PASSAGES[:2])
+    index.record(PASSAGES[:2])
     flat = flat_layout(engine.prompts, PREFIX + PASSAGES[0] + "\n---\n" + PASSAGES[1], index)
     # counts of the layout: the last text is the suffix
     assert flat.chunks == 2 and flat.matched == 1
@@ -42,7 +42,7 @@ def test_rendered_chat_prompt_is_not_wrapped_twice(engine_for):
     engine = engine_for("llama", chat=True)
     explicit = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     rendered = engine.prompts.render(PREFIX, PASSAGES, SUFFIX)
-    flat = flat_layout(engine.prompts, rendered, ChunkTextIndex(), texts=PASSAGES, wrap=False)
+    flat = flat_layout(engine.prompts, rendered, ChunkTextIndex(), texts=PASSAGES, templated=True)
     assert flat.layout == explicit
     full = engine.prefill(flat.layout, BlendConfig(mode="full")).logits
     blend = engine.prefill(flat.layout, BlendConfig(ratio=1.0)).logits

@@ -23,7 +23,7 @@ DOCS = [
 
 def test_split_finds_documents_and_keeps_gaps():
     index = ChunkTextIndex()
-    assert index.add_many(DOCS[:2]) == 2
+    assert index.record(DOCS[:2]) == 2
     prompt = "Context:\n" + DOCS[0] + "\n\n" + DOCS[1] + "\n\nQuestion: who is older?"
     split = index.split(prompt)
     assert split.prefix == "Context:\n" and split.suffix == "\n\nQuestion: who is older?"
@@ -33,7 +33,7 @@ def test_split_finds_documents_and_keeps_gaps():
 
 def test_longest_match_wins_and_unknown_text_is_not_found():
     index = ChunkTextIndex()
-    index.add_many(DOCS)
+    index.record(DOCS)
     assert index.split("x " + DOCS[2] + " y").chunks == (DOCS[2],)
     assert index.split("x " + DOCS[1] + " y").chunks == (DOCS[1],)
     assert index.split("nothing indexed here at all, just a question?").found == 0
@@ -41,16 +41,16 @@ def test_longest_match_wins_and_unknown_text_is_not_found():
 
 def test_short_texts_are_refused():
     index = ChunkTextIndex(min_chars=16)
-    assert not index.add("too short")
+    assert not index.record(["too short"])
     assert len(index) == 0
 
 
 def test_persistent_index_is_shared_between_instances(tmp_path):
     a = ChunkTextIndex(tmp_path / "idx")
-    a.add(DOCS[0])
+    a.record([DOCS[0]])
     b = ChunkTextIndex(tmp_path / "idx")
     assert DOCS[0] in b
-    a.add(DOCS[1])
+    a.record([DOCS[1]])
     b.refresh()
     assert DOCS[1] in b
 
@@ -65,7 +65,7 @@ def test_overlapping_repeated_and_prefix_sharing_texts():
     b = a[:30] + " and is nothing like the other passage at all."  # shares a's first 30 chars
     c = a[20:] + " It ends in the Black Sea."  # overlaps a's tail
     index = ChunkTextIndex()
-    index.add_many([a, b, c])
+    index.record([a, b, c])
     prompt = f"Q: {a}\n{b}\n{a}{c[len(a) - 20:]}\n{c}?"
     spans = index.find(prompt)
     assert [prompt[s:e] for s, e in spans] == [a, b, a, c]
@@ -82,7 +82,7 @@ def test_index_and_given_texts_agree_on_random_prompts():
         texts = ["".join(rng.choices(alphabet, k=rng.randint(4, 80))) for _ in range(12)]
         texts += [texts[0] + texts[1], texts[2][:5] + texts[3]]
         index = ChunkTextIndex(min_chars=4)
-        index.add_many(texts)
+        index.record(texts)
         pieces = [rng.choice(texts) if rng.random() < 0.6 else
                   "".join(rng.choices(alphabet, k=rng.randint(0, 9))) for _ in range(10)]
         prompt = "".join(pieces)
@@ -93,7 +93,7 @@ def test_index_and_given_texts_agree_on_random_prompts():
 def test_unicode_and_lone_surrogates():
     text = "Zürich 🏔 — naïve café \ud800 text with a lone surrogate in it"
     index = ChunkTextIndex()
-    index.add(text)
+    index.record([text])
     prompt = "« " + text + " »"
     assert text in index and [prompt[s:e] for s, e in index.find(prompt)] == [text]
 
@@ -101,14 +101,14 @@ def test_unicode_and_lone_surrogates():
 def test_many_texts_keep_working_as_the_bitmap_grows():
     index = ChunkTextIndex()
     texts = [f"passage number {i} of the corpus, with some words" for i in range(30_000)]
-    assert index.add_many(texts) == 30_000 and len(index) == 30_000
+    assert index.record(texts) == 30_000 and len(index) == 30_000
     prompt = "x" + texts[17] + "\n\n" + texts[29_999] + "y"
     assert index.split(prompt).chunks == (texts[17], "\n\n", texts[29_999])
     assert "passage number 30000 of the corpus, with some words" not in index
 
 
 def test_persisted_texts_are_plain_rows(tmp_path):
-    ChunkTextIndex(tmp_path / "idx").add_many(DOCS)
+    ChunkTextIndex(tmp_path / "idx").record(DOCS)
     with sqlite3.connect(tmp_path / "idx" / "texts.sqlite3") as db:
         rows = db.execute("SELECT typeof(text), text FROM texts ORDER BY id").fetchall()
     assert rows == [("text", t) for t in DOCS]
@@ -125,7 +125,7 @@ def test_a_planted_pickle_row_is_dropped_not_run(tmp_path, monkeypatch, caplog):
     boom = tmp_path / "boom"
     monkeypatch.setenv("BOOM_FILE", str(boom))
     folder = tmp_path / "idx"
-    ChunkTextIndex(folder).add(DOCS[0])
+    ChunkTextIndex(folder).record([DOCS[0]])
     with sqlite3.connect(folder / "texts.sqlite3") as db:
         db.execute("INSERT INTO texts (digest, text) VALUES ('x', ?)", (pickle.dumps(_Boom()),))
     with caplog.at_level(logging.WARNING):

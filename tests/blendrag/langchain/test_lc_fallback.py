@@ -8,7 +8,7 @@ import logging
 import pytest
 from langchain_core.documents import Document
 
-from blendrag.integration.requests import NoChunkFoundError
+from blendrag.integration.fallback import NoChunkFoundError
 from helpers.lc_data import PASSAGES, QUESTION, TEMPLATE
 
 PROMPT = TEMPLATE.format(context="\n\n".join(PASSAGES[:3]), input=QUESTION)
@@ -51,7 +51,7 @@ def test_plain_chroma_store_warns_once_counts_and_strict_raises(llm, embedder, c
 
 
 def test_ingested_texts_missing_from_the_prompt(llm, caplog):
-    llm.text_index.add_many(PASSAGES)
+    llm.text_index.record(PASSAGES)
     with caplog.at_level(logging.WARNING):
         result = llm.generate(["Tell me about the quick brown fox near the river bank."])
     info = result.generations[0][0].generation_info

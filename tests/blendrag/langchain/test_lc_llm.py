@@ -261,7 +261,7 @@ def test_chat_needs_a_chat_template(tiny_model):
 
 
 def test_documents_formatted_differently_fall_back_to_the_index(llm):
-    llm.text_index.add_many(PASSAGES[:3])
+    llm.text_index.record(PASSAGES[:3])
     llm.invoke(PROMPT, documents=[Document(page_content="[1] " + p) for p in PASSAGES[:3]])
     assert llm.last_prompt.source == "index" and llm.last_prompt.matched == 3
 

@@ -10,7 +10,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
 from llama_index.core.callbacks.schema import EventPayload
 
-from blendrag.integration.requests import NoChunkFoundError
+from blendrag.integration.fallback import NoChunkFoundError
 from helpers.li_data import QUESTION
 
 WARNING = "found no known chunk"
@@ -44,7 +44,7 @@ def test_index_built_without_the_transform_warns_once_and_strict_raises(
 def test_responses_and_callbacks_carry_what_happened(make_llm, nodes):
     debug = LlamaDebugHandler()
     llm = make_llm(callback_manager=CallbackManager([debug]))
-    fmt = llm.chunk_format
+    fmt = llm.client.chunk_format
     chunks = [fmt.format(n.text) for n in nodes[:2]]
     prompt = "Context:\n" + fmt.join(chunks) + f"\nQuestion: {QUESTION}\nAnswer:"
     response = llm.complete(prompt, nodes=nodes[:2])

@@ -14,7 +14,7 @@ from llama_index.core.schema import NodeWithScore, TextNode
 from blendrag import BlendConfig, BlendEngine
 from blendrag.engine.profile import profiled
 from blendrag.llamaindex import BlendKVTransform, BlendLLM
-from helpers.li_data import GENERATION
+from helpers.li_data import GENERATION, ingest
 from helpers.tiny import PASSAGES
 
 PREFIX, SUFFIX = "Answer from the passages.\n", "Question: who was born first?\nAnswer:"
@@ -40,7 +40,7 @@ def test_nodes_split_keeps_gaps_and_tolerates_order_and_missing_nodes(make_llm):
 def test_nodes_blend_ratio_one_equals_full_and_stats_are_returned(make_llm):
     llm = make_llm()
     prompt, nodes = prompt_and_nodes(llm)
-    assert llm.ingest(nodes) == 3 and llm.ingest(nodes) == 0
+    assert ingest(llm, nodes) == 3 and ingest(llm, nodes) == 0
     blend = llm.complete(prompt, nodes=nodes, blend_config=BlendConfig(ratio=1.0))
     assert (llm.last_stats.cache.chunk_hits, llm.last_stats.cache.chunk_misses) == (3, 0)
     assert blend.additional_kwargs["stats"] == blend.raw["stats"] == llm.last_stats.to_dict()
@@ -52,7 +52,7 @@ def test_nodes_blend_ratio_one_equals_full_and_stats_are_returned(make_llm):
 def test_flat_prompt_uses_text_index_and_unknown_prompt_runs_full(make_llm):
     llm = make_llm()
     prompt, nodes = prompt_and_nodes(llm)
-    llm.ingest(nodes)
+    ingest(llm, nodes)
     with_nodes = llm.complete(prompt, nodes=nodes).raw["token_ids"]
     assert llm.complete(prompt).raw["token_ids"] == with_nodes  # same split found in the flat text
     assert llm.last_stats.cache.chunk_hits == 3
@@ -158,19 +158,19 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()
-    assert llm.ingest(nodes, profile=True) == 3 and llm.ingest(nodes, profile=True) == 0
+    assert ingest(llm, nodes, profile=True) == 3 and ingest(llm, nodes, profile=True) == 0
     for i, node in enumerate(nodes):  # after the node before it (the first after the last)
         assert torch.equal(entry(llm, node).sensitivity, profile_after(llm, node, nodes[i - 1]))
     bare = make_llm(chunk_template="{text}")  # an empty node is then empty text: no tokens, no KV
-    assert bare.ingest([nodes[0], TextNode(text=""), nodes[1]], profile=True) == 2
+    assert ingest(bare, [nodes[0], TextNode(text=""), nodes[1]], profile=True) == 2
     assert torch.equal(entry(bare, nodes[1]).sensitivity, profile_after(bare, nodes[1], nodes[0]))
     plain = make_llm()
-    assert plain.ingest(nodes) == 3
+    assert ingest(plain, nodes) == 3
     assert all(entry(plain, n).sensitivity is None for n in nodes)
     two = make_llm()  # profile=2: after each of the two nodes before it, the largest deviation kept
-    assert two.ingest(nodes, profile=2) == 3
+    assert ingest(two, nodes, profile=2) == 3
     for i, node in enumerate(nodes):
         assert torch.equal(entry(two, node).sensitivity,
                            profile_after(two, node, nodes[i - 1], nodes[i - 2]))
     with pytest.raises(ValueError, match="profile must be"):
-        make_llm().ingest(nodes, profile=-1)
+        ingest(make_llm(), nodes, profile=-1)

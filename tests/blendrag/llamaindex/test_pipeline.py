@@ -13,7 +13,7 @@ from llama_index.core.schema import MetadataMode
 from blendrag import BlendConfig
 from blendrag.engine.profile import profiled
 from blendrag.llamaindex import BlendKVTransform, BlendLLM, BlendSynthesizer, blend_query_engine
-from helpers.li_data import QUESTION
+from helpers.li_data import QUESTION, cached
 
 TOP_K = 3
 
@@ -29,7 +29,7 @@ def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, 
                                                                nodes):
     llm = make_llm()
     index = ingest(llm, embed, new_vector_store(), nodes)
-    assert llm.cached(nodes) == [True] * len(nodes)
+    assert cached(llm, nodes) == [True] * len(nodes)
     assert len(llm.engine.store) == len(nodes) + 1  # + the canonical chunk prefix (BOS)
 
     response = blend_query_engine(index, llm, similarity_top_k=TOP_K).query(QUESTION)
@@ -48,7 +48,7 @@ def test_pipeline_stores_one_kv_per_node_and_query_reuses_them(make_llm, embed, 
 
 def _synthesize(llm, index, config: BlendConfig):
     variant = BlendLLM(llm.engine, text_index=llm.text_index,
-                       generation_config=llm.generation_config,
+                       generation_config=llm.generation_config(),
                        blend_config=config, chunk_template=llm.chunk_template,
                        chunk_separator=llm.chunk_separator)
     retrieved = index.as_retriever(similarity_top_k=TOP_K).retrieve(QUESTION)
@@ -106,14 +106,14 @@ def test_ingestion_cache_skips_the_transform_only_when_nothing_is_lost(
     index = ingest(first, embed, new_vector_store(), nodes, cache=cache)
     expected = blend_query_engine(index, first, similarity_top_k=TOP_K).query(QUESTION).response
     ingest(first, embed, new_vector_store(), nodes, cache=cache)  # same LLM: a cache hit
-    assert first.cached(nodes) == [True] * len(nodes)
+    assert cached(first, nodes) == [True] * len(nodes)
 
     # Same model, new in-memory KV store and text index (e.g. a new process): the transform's
     # cache key names where KVs and texts live, so it is not skipped and nothing is missing.
     second = make_llm()
     assert BlendKVTransform(second).persistence != BlendKVTransform(first).persistence
     index = ingest(second, embed, new_vector_store(), nodes, cache=cache)
-    assert second.cached(nodes) == [True] * len(nodes) and len(second.text_index) > 0
+    assert cached(second, nodes) == [True] * len(nodes) and len(second.text_index) > 0
     engine = blend_query_engine(index, second, similarity_top_k=TOP_K)
     assert engine.query(QUESTION).response == expected
     assert (second.last_stats.cache.chunk_misses, second.last_stats.cache.chunk_hits) == (0, TOP_K)
@@ -127,7 +127,7 @@ def test_metadata_kv_covers_exact_llm_text(make_llm, embed, new_vector_store, me
         text = hit.node.get_content(metadata_mode=MetadataMode.LLM)
         assert text.startswith("title: Passage ") and "page" not in text
         assert llm.chunk_text(hit) == text + "\n\n"
-    assert llm.cached(retrieved) == [True] * TOP_K  # Chroma round trip keeps the LLM-mode text
+    assert cached(llm, retrieved) == [True] * TOP_K  # Chroma round trip keeps the LLM-mode text
 
     full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))

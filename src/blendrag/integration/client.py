@@ -1,0 +1,242 @@
+"""The client both framework integrations are thin layers over: one engine, the text index that
+finds ingested chunks in flat prompts, the chunk format, the fallback policy and the last
+request. A framework class only translates its types (Documents, nodes, messages, callbacks)
+to and from these calls:
+
+- ``ingest(texts)``: a hook's ingestion (``BlendChroma``, ``BlendKVTransform``): record the chunk
+  texts for flat-prompt matching, then precompute their KVs and those of the separators that
+  sit between them in a prompt, through the one ingestion path (``blendrag.ingest``);
+- ``start(prompt, ...)``: one request: find the chunks in the prompt the chain built, lay it
+  out, start the engine's token stream (a plain full prefill when no chunk is known:
+  ``fallback.py``); ``finish(request)`` records it as the last one.
+
+At ingestion the query prompts are not known yet, so chunk KVs are computed after the engine's
+canonical ``chunk_prefix`` (docs/architecture.md, "Chunk prefix").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from blendrag.config import BlendConfig, GenerationConfig
+from blendrag.engine import BlendEngine, GenerationResult, GenerationStream, RequestStats
+from blendrag.ingest import IngestCounts, Ingestion
+from blendrag.integration.chunks import ChunkFormat
+from blendrag.integration.fallback import FallbackFixes, FallbackMonitor
+from blendrag.integration.flat_prompt import FlatLayout, find_layout
+from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.kv.keys import hash_ids
+
+TEXT_INDEX_DIR = "text_index"
+"""Folder, inside a store's disk tier, of the chunk texts recorded by the framework hooks."""
+
+PROGRESS_MIN = 32
+"""Batches of at least this many chunks get a progress bar unless told otherwise."""
+
+
+@dataclass
+class BlendRequest:
+    """One running request: its prompt layout (and how its chunks were found) and the engine's
+    token stream; ``result`` once the stream is exhausted."""
+
+    prompt: FlatLayout
+    stream: GenerationStream
+
+    @property
+    def result(self) -> GenerationResult:
+        if self.stream.result is None:
+            raise RuntimeError("the request's stream is not exhausted yet")
+        return self.stream.result
+
+    @property
+    def blended(self) -> bool:
+        """Whether cached chunk KVs were used (False: a plain full prefill)."""
+        return self.result.stats.mode != "full" and self.prompt.matched > 0
+
+    def info(self) -> dict[str, Any]:
+        """What the request did: finish reason, whether it blended, ``RequestStats`` (mode,
+        chunk hits/misses, recompute fraction, TTFT, ...) and how the prompt was laid out
+        (chunks matched, fallback cause)."""
+        result = self.result
+        return {"finish_reason": result.finish_reason, "blended": self.blended,
+                "blendrag": result.stats.to_dict(), "blendrag_prompt": self.prompt.info()}
+
+
+class BlendClient:
+    """One engine as the framework integrations use it.
+
+    ``text_index``: where ingested chunk texts are recorded (default: kept with the engine's KV
+    store when it has a disk tier, so a new process finds them too; else in memory).
+    ``chunk_format``: how a chunk is written into a prompt and what goes between two.
+    ``fixes``: the framework's one-line fix of each fallback cause; ``name``: the LLM class
+    named in fallback messages."""
+
+    def __init__(self, engine: BlendEngine, text_index: ChunkTextIndex | None = None,
+                 chunk_format: ChunkFormat | None = None, *, fixes: FallbackFixes,
+                 name: str) -> None:
+        if not isinstance(engine, BlendEngine):
+            raise TypeError(f"engine must be a BlendEngine, got {type(engine).__name__}")
+        if engine.prompts is None:
+            raise ValueError("the engine has no tokenizer: framework LLMs need one to read text "
+                             "prompts")
+        self.engine = engine
+        self.text_index = text_index if text_index is not None else default_text_index(engine)
+        self.chunk_format = chunk_format if chunk_format is not None else ChunkFormat()
+        self.fixes, self.name = fixes, name
+        self._fallback = FallbackMonitor()
+        self.last_stats: RequestStats | None = None
+        self.last_prompt: FlatLayout | None = None
+
+    def fork(self, chunk_format: ChunkFormat | None = None) -> BlendClient:
+        """The same engine, index and fixes (and format, unless given), with no request of its
+        own yet: for a copy of the LLM that owns this client."""
+        return BlendClient(self.engine, self.text_index, chunk_format or self.chunk_format,
+                           fixes=self.fixes, name=self.name)
+
+    @property
+    def fallbacks(self) -> int:
+        """Requests that found no known chunk and ran as a plain full prefill."""
+        return self._fallback.count
+
+    # ---- ingestion -------------------------------------------------------------------------
+
+    def ingest(self, texts: Sequence[str], *, profile: bool | int = False,
+               separators: Sequence[str] | None = None, progress: bool | None = None,
+               progress_min: int = PROGRESS_MIN) -> IngestCounts:
+        """Record chunk texts (as prompts spell them) for flat-prompt matching, then precompute
+        their KVs (in document order: each is a profile neighbour of the next; the first one's
+        is the last) and those of the ``separators`` (default: the chunk format's) that sit
+        behind them in a prompt. Returns the counts of the chunks (separators not counted).
+        ``progress``: a tqdm bar (None: for at least ``progress_min`` chunks with tokens)."""
+        self.require_chunk_prefix()
+        self.record(texts)
+        engine = self.engine
+        run = Ingestion(engine, profile=profile)
+        ids = [engine.prompts.encode(c) for c in texts]
+        todo = sum(1 for i in ids if i)  # a text without tokens has no KV
+        if not todo:
+            return IngestCounts(chunks=len(ids), empty=len(ids))
+        show = todo >= progress_min if progress is None else progress
+        with tqdm(total=todo, desc="precomputing chunk KVs", unit="chunk",
+                  disable=not show) as bar:
+            run.on_chunk = lambda i, computed: bar.update(1)
+            run.ingest_ids(ids)
+        counts = IngestCounts(**run.counts.to_dict())
+        run.on_chunk = None
+        seps = [s for s in (self.chunk_format.separator,) if s] if separators is None else [
+            s for s in separators if s]
+        if seps:
+            run.ingest(seps)
+        return counts
+
+    def record(self, texts: Sequence[str]) -> None:
+        """Record chunk texts in the text index, formatted and bare: the last chunk of a stock
+        chain's prompt may lack the template's tail, and a chat template may trim message
+        content."""
+        self.text_index.record([t for t in self.chunk_format.variants(texts)
+                                if t not in self.text_index])
+
+    def cached(self, texts: Sequence[str]) -> list[bool]:
+        """Whether each chunk text's KV is in the engine's store now."""
+        self.require_chunk_prefix()
+        engine = self.engine
+        prefix = engine.prompts.chunk_prefix_ids()
+        return [engine.store.contains(engine.key(prefix, engine.prompts.encode(t))) for t in texts]
+
+    def require_chunk_prefix(self) -> None:
+        """ValueError unless the engine has a canonical ``chunk_prefix`` (framework hooks ingest
+        chunks before any prompt exists)."""
+        if self.engine.prompts.chunk_prefix is None:
+            raise ValueError("chunk KVs precomputed before any prompt exists need a canonical "
+                             "prefix: build the engine with chunk_prefix (e.g. "
+                             "BlendEngine(..., chunk_prefix=''))")
+
+    @property
+    def kv_identity(self) -> str:
+        """Hash of what a chunk's KV depends on besides its text (model, tokenizer, chunk prefix,
+        chunk format): the cache identity of an ingestion step."""
+        self.require_chunk_prefix()
+        engine, fmt = self.engine, self.chunk_format
+        parts = (engine.model_fp, engine.tokenizer_fp,
+                 hash_ids(engine.prompts.chunk_prefix_ids()), fmt.template, fmt.separator)
+        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+    @property
+    def persistence(self) -> str:
+        """Where the KVs and texts of an ingestion end up: the same string in a new process only
+        when both survive it (a disk or Redis KV tier, a persisted text index); otherwise
+        unique to these objects. Part of the LlamaIndex transform's cache key, so that an
+        ``IngestionCache`` skips the transform only when skipping loses nothing."""
+        kv = self.engine.store.location() or f"volatile-{_volatile_id(self.engine.store)}"
+        index = self.text_index
+        texts = (str(index.path.resolve()) if index.path is not None
+                 else f"volatile-{_volatile_id(index)}")
+        return f"kv: {kv}; texts: {texts}"
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def start(self, prompt: str, blend: BlendConfig, generation: GenerationConfig, *,
+              texts: Sequence[str] | None = None, templated: bool = False,
+              strict: bool = False) -> BlendRequest:
+        """Lay ``prompt`` out at the retrieved chunks' ``texts`` when given (recorded for later
+        flat prompts), else at the ingested texts, and start the engine's token stream; a plain
+        full prefill when no chunk is found (warned once and counted, or
+        ``NoChunkFoundError`` when ``strict``). ``templated``: the prompt already spells the chat
+        template. TTFT counts from when the chunks were looked for."""
+        if texts:
+            self.record(texts)
+        flat = find_layout(self.engine.prompts, prompt, self.text_index, texts, templated)
+        if flat.full_only:
+            if blend.mode == "full":  # asked for: not a fallback
+                flat = dataclasses.replace(flat, fallback=None)
+            else:
+                self._fallback.check(flat, self.name, len(self.text_index), self.fixes, strict,
+                                     len(texts or ()))
+            blend = dataclasses.replace(blend, mode="full")  # nothing cached to blend
+        started = time.perf_counter() - flat.match_s
+        stream = self.engine.stream(flat.layout, blend, generation, started=started)
+        stream.prefill.stats.timing.match_s = flat.match_s
+        return BlendRequest(flat, stream)
+
+    def finish(self, request: BlendRequest) -> dict[str, Any]:
+        """Record a finished request as the last one; its info (finish reason, stats, layout)."""
+        self.last_stats, self.last_prompt = request.result.stats, request.prompt
+        return request.info()
+
+    def render_chat(self, turns: list[dict[str, str]]) -> str:
+        """A conversation (``{"role", "content"}`` turns) as the model reads it: the tokenizer's
+        chat template with the assistant header last, the engine's ``system`` message first
+        when the turns have none."""
+        engine = self.engine
+        system = engine.prompts.system
+        if system is not None and not any(t["role"] == "system" for t in turns):
+            turns = [{"role": "system", "content": system}, *turns]
+        return engine.tokenizer.apply_chat_template(turns, tokenize=False,
+                                                    add_generation_prompt=True)
+
+
+def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
+    """The text index a framework LLM uses unless given one: persisted with the KV store when it
+    has a disk tier (``<disk_dir>/text_index``: a new process that opens the store finds the
+    chunk texts too), else in memory."""
+    folder = engine.store.disk_dir
+    return ChunkTextIndex(folder / TEXT_INDEX_DIR) if folder is not None else ChunkTextIndex()
+
+
+_VOLATILE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _volatile_id(obj: object) -> str:
+    if obj not in _VOLATILE:
+        _VOLATILE[obj] = uuid.uuid4().hex
+    return _VOLATILE[obj]
+

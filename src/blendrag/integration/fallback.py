@@ -1,0 +1,68 @@
+"""What a framework LLM does when a prompt holds no known chunk (it would run as a plain full
+prefill): say why once, in a warning naming the cause and the framework's fix, count it, or
+refuse it when the LLM is ``strict``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from blendrag.integration.flat_prompt import FlatLayout
+
+log = logging.getLogger(__name__)
+
+FALLBACK_CAUSES = ("empty_index", "not_in_prompt", "documents_not_in_prompt")
+"""Why a request found no known chunk: nothing was ingested into the LLM's text index; texts
+were ingested but none is in this prompt; the request's own documents are not in it verbatim."""
+
+
+class NoChunkFoundError(RuntimeError):
+    """A ``strict`` framework LLM got a prompt with no known chunk (it would have run as a
+    plain full prefill). Not a ValueError: LlamaIndex's refine synthesizer catches those and
+    goes on with a logged warning, which would make ``strict`` silent again."""
+
+
+@dataclass(frozen=True)
+class FallbackFixes:
+    """A framework's one-line fix for each cause of ``FALLBACK_CAUSES``."""
+
+    empty_index: str
+    not_in_prompt: str
+    documents_not_in_prompt: str
+
+
+_CAUSES = {
+    "empty_index": "its text index is empty: no chunk was ingested through it in this process",
+    "not_in_prompt": "none of the {n} ingested chunk texts is in the prompt",
+    "documents_not_in_prompt": "none of the request's {docs} retrieved texts is in the prompt "
+                               "verbatim, nor any ingested chunk text",
+}
+
+
+class FallbackMonitor:
+    """What one LLM does when a request finds no known chunk: a warning the first time (cause
+    and fix), a count every time, or ``NoChunkFoundError`` when ``strict``. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.count = 0
+        self._warned = False
+
+    def check(self, flat: FlatLayout, llm: str, index_size: int, fixes: FallbackFixes,
+              strict: bool, documents: int = 0) -> None:
+        """Act on ``flat`` if it falls back (``flat.fallback`` set)."""
+        if flat.fallback is None:
+            return
+        why = _CAUSES[flat.fallback].format(n=index_size, docs=documents)
+        message = (f"{llm} found no known chunk in the prompt and runs a plain full prefill: "
+                   f"{why}. Fix: {getattr(fixes, flat.fallback)}")
+        if strict:
+            raise NoChunkFoundError(message)
+        with self._lock:
+            self.count += 1
+            first, self._warned = not self._warned, True
+        if first:
+            log.warning("%s (said once per LLM; its `fallbacks` counts them, each response's "
+                        "metadata says blended=False)", message)

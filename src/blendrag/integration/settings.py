@@ -1,0 +1,115 @@
+"""The settings both framework LLMs expose, defined once: flat fields (``mode``, ``selector``,
+``ratio``, ``selector_options``, ``max_tokens``, ...) that build a ``BlendConfig`` and a
+``GenerationConfig``, overridable per call.
+
+``BlendSettings`` is a pydantic model; LangChain's ``BlendLLM``/``ChatBlend`` and LlamaIndex's
+``BlendLLM`` inherit it (both frameworks' models are pydantic v2 models). It holds settings
+only: what a request did is the client's (``client.BlendClient``). Needs pydantic, which both
+framework extras install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from blendrag.config import BlendConfig, GenerationConfig, SelectorOptions
+
+# Flat field -> BlendConfig / GenerationConfig field.
+BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio",
+                "selector_options": "options"}
+GENERATION_FIELDS = {"max_tokens": "max_new_tokens", "temperature": "temperature", "top_p": "top_p",
+                     "top_k": "top_k", "seed": "seed", "eos_token_ids": "eos_token_ids",
+                     "stream_holdback": "stream_holdback"}
+_BLEND = BlendConfig()
+OVERRIDES = frozenset({*BLEND_FIELDS, *GENERATION_FIELDS})
+"""Keyword arguments a single call may override."""
+
+
+class BlendSettings(BaseModel):
+    """Flat request settings shared by the LangChain and LlamaIndex LLMs.
+
+    Prefill (:class:`~blendrag.BlendConfig`): ``mode``, ``selector``, ``ratio`` (a fraction, or
+    ``"auto"``/``"auto>=F"``), ``selector_options`` (the selector's options object, None: its
+    defaults). Decoding (:class:`~blendrag.GenerationConfig`): ``max_tokens`` (new tokens),
+    ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``seed``, ``stop`` (added to the
+    per-call stop strings), ``eos_token_ids`` (None: the model's), ``stream_holdback``.
+
+    ``strict``: a prompt in which no known chunk is found raises
+    :class:`~blendrag.integration.fallback.NoChunkFoundError` instead of running as a plain
+    full prefill (which is otherwise logged as a warning the first time, naming the cause and
+    the fix, and counted in ``fallbacks``).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    # BlendConfig's own defaults: one place decides what an unconfigured request does
+    mode: str = _BLEND.mode
+    """``full`` | ``prefix`` | ``reuse`` | ``blend`` (see :class:`~blendrag.BlendConfig`)."""
+    selector: str = _BLEND.selector
+    ratio: float | str = _BLEND.ratio
+    selector_options: SelectorOptions | None = None
+    max_tokens: int = 256
+    """Maximum number of new tokens."""
+    temperature: float = 0.0
+    """0: greedy decoding."""
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: list[str] | None = None
+    """Stop strings, added to the ones given per call."""
+    eos_token_ids: tuple[int, ...] | None = None
+    stream_holdback: bool = True
+    strict: bool = False
+    """Refuse (raise) instead of falling back to a full prefill when no known chunk is found."""
+
+    def blend_config(self, **overrides: Any) -> BlendConfig:
+        """The fields' ``BlendConfig``, with any of ``BLEND_FIELDS`` in ``overrides`` instead."""
+        values = {k: getattr(self, k) for k in BLEND_FIELDS}
+        values.update({k: v for k, v in overrides.items() if k in BLEND_FIELDS})
+        return BlendConfig(**{BLEND_FIELDS[k]: v for k, v in values.items()})
+
+    def generation_config(self, stop: Sequence[str] | None = None,
+                          **overrides: Any) -> GenerationConfig:
+        """The fields' ``GenerationConfig``, with any of ``GENERATION_FIELDS`` in ``overrides``
+        instead and ``stop`` added to the field's stop strings."""
+        values = {k: getattr(self, k) for k in GENERATION_FIELDS}
+        values.update({k: v for k, v in overrides.items() if k in GENERATION_FIELDS})
+        stops = tuple(dict.fromkeys([*(self.stop or ()), *(stop or ())]))
+        return GenerationConfig(stop=stops, **{GENERATION_FIELDS[k]: v for k, v in values.items()})
+
+    def settings(self) -> dict[str, Any]:
+        """Every flat field's value (identifying parameters)."""
+        return {k: getattr(self, k) for k in (*BLEND_FIELDS, *GENERATION_FIELDS, "stop")}
+
+    def _check_configs(self) -> None:
+        """Raise ValueError now for settings no config accepts."""
+        self.blend_config()
+        self.generation_config()
+
+
+def fields_from_configs(blend: BlendConfig | None = None,
+                        generation: GenerationConfig | None = None) -> dict[str, Any]:
+    """Flat field values of a ``BlendConfig`` and a ``GenerationConfig`` (either may be None);
+    an auto ratio is spelled as it was given (``"auto>=F"``)."""
+    out: dict[str, Any] = {}
+    if blend is not None:
+        out.update({k: getattr(blend, f) for k, f in BLEND_FIELDS.items()})
+        if blend.auto_ratio:
+            out["ratio"] = f"auto>={blend.ratio:g}"
+    if generation is not None:
+        out.update({k: getattr(generation, f) for k, f in GENERATION_FIELDS.items()})
+        out["stop"] = list(generation.stop) or None
+    return out
+
+
+def overrides_from(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Per-call overrides and stop strings: the flat keys of ``kwargs``, after the fields of the
+    ``blend_config=`` and ``generation_config=`` objects when given (whose ``stop`` strings are
+    the call's)."""
+    out = fields_from_configs(kwargs.get("blend_config"), kwargs.get("generation_config"))
+    stop = tuple(out.pop("stop", None) or ())
+    out.update({k: v for k, v in kwargs.items() if k in OVERRIDES})
+    return out, stop
