@@ -80,7 +80,7 @@ def store_oracle(engine: BlendEngine, layout: PromptLayout, score: torch.Tensor)
     start = len(layout.prefix_ids)
     for (s, e), ids in zip(layout.chunk_spans, layout.chunk_ids):
         key = engine.key(layout.chunk_prefix_ids, ids)
-        engine.store.put(key, engine.store.get(key).with_sensitivity(score[s - start : e - start]))
+        engine.store.put(key, engine.store.get(key).with_profile(score[s - start : e - start]))
 
 
 def main() -> None:

@@ -82,7 +82,7 @@ def _store_after_predecessor(engine: BlendEngine, layout) -> None:
         old = engine.store.get(key)
         kv = engine.runner.compute_chunk(prefix, [*layout.chunk_prefix_ids, *before], ids)
         engine.store.put(key, ChunkKV(kv.keys, kv.values, old.token_ids, old.prefix_hash,
-                                      old.sensitivity, old.context, old.context_shift))
+                                      old.profile, old.context_tag, old.context_shift))
 
 
 def _run(engine: BlendEngine, layout, config: BlendConfig, extra: tuple[int, ...] = (),

@@ -148,7 +148,7 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
     after_prev = [key_deviation(engine.runner.compute_chunk(None, anchor, c),
                                 engine.runner.compute_chunk(None, anchor + list(ids[i - 1]),
                                                       c)) for i, c in enumerate(ids)]
-    stored = [engine.store.get(engine.key(anchor, c)).sensitivity for c in ids]
+    stored = [engine.store.get(engine.key(anchor, c)).profile for c in ids]
     same = [
         bool(s is not None and a.shape == s.shape and (a - s).abs().max() < 1e-3)
         for a, s in zip(after_prev, stored)
@@ -184,5 +184,5 @@ def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
         key_deviation(alone, engine.runner.compute_chunk(None, anchor + list(ids[j]), ids[2]))
         for j in (1, 0)
     ]
-    stored = engine.store.get(engine.key(anchor, ids[2])).sensitivity
+    stored = engine.store.get(engine.key(anchor, ids[2])).profile
     assert torch.allclose(stored, torch.maximum(*devs), rtol=1e-3, atol=1e-4)

@@ -19,8 +19,8 @@ def make_kv(seed: int, *, layers: int = 3, heads: int = 2, tokens: int = 8, dim:
     keys = torch.randn(shape, generator=g).to(dtype)
     values = torch.randn(shape, generator=g).to(dtype)
     ids = tuple(int(x) for x in torch.randint(0, 50_000, (tokens,), generator=g))
-    sensitivity = torch.rand(tokens, generator=g) * 100 if profile else None
-    return ChunkKV(keys, values, ids, prefix_hash=f"prefix-{seed}", sensitivity=sensitivity)
+    prior = torch.rand(tokens, generator=g) * 100 if profile else None
+    return ChunkKV(keys, values, ids, prefix_hash=f"prefix-{seed}", profile=prior)
 
 
 def same_bits(a: ChunkKV, b: ChunkKV) -> bool:
@@ -37,11 +37,11 @@ def same_bits(a: ChunkKV, b: ChunkKV) -> bool:
 
 
 def same_profile(a: ChunkKV, b: ChunkKV) -> bool:
-    """Both without a sensitivity profile, or both with bitwise equal float32 ones."""
-    if a.sensitivity is None or b.sensitivity is None:
-        return a.sensitivity is None and b.sensitivity is None
-    return (a.sensitivity.dtype == b.sensitivity.dtype == torch.float32
-            and torch.equal(a.sensitivity.view(torch.uint8), b.sensitivity.view(torch.uint8)))
+    """Both without a context-sensitivity profile, or both with bitwise equal float32 ones."""
+    if a.profile is None or b.profile is None:
+        return a.profile is None and b.profile is None
+    return (a.profile.dtype == b.profile.dtype == torch.float32
+            and torch.equal(a.profile.view(torch.uint8), b.profile.view(torch.uint8)))
 
 
 def entry_bytes(**kw) -> int:

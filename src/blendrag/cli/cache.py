@@ -121,7 +121,7 @@ def _kinds(directory: Path) -> dict[str, dict[str, int]]:
             with open_entry(directory / filename, str(key)) as entry:
                 tokens = len(entry.token_ids)
                 # a prefix's KV is computed after nothing: no prefix hash, no context tag
-                after_nothing = not entry.prefix_hash and not entry.context
+                after_nothing = not entry.prefix_hash and not entry.context_tag
                 kind = "prefixes" if after_nothing else "chunks"
         except (EntryError, OSError, TypeError):
             pass  # evicted meanwhile, or not a blendrag entry: counted as "other"

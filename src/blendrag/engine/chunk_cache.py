@@ -116,7 +116,7 @@ class ChunkCache:
         expected = (a.num_layers, a.num_kv_heads, len(chunk_ids), a.head_dim)
         prefix_hash = hash_ids(chunk_prefix_ids) if chunk_prefix_ids else ""
         if (entry.token_ids != tuple(chunk_ids) or entry.prefix_hash != prefix_hash
-                or entry.context != context.tag or tuple(entry.shape) != expected
+                or entry.context_tag != context.tag or tuple(entry.shape) != expected
                 or entry.dtype != self.runner.dtype):
             log.warning("store entry for %d tokens does not match the request (collision or "
                         "foreign entry); recomputing", len(chunk_ids))
@@ -261,7 +261,7 @@ class ChunkCache:
             rows.chunk_hits += hit
             rows.chunk_misses += not hit
             rows.exact_first |= exact
-            if profile and kv.sensitivity is None and not exact:  # exact rows need no profile
+            if profile and kv.profile is None and not exact:  # exact rows need no profile
                 kv = MemoryLayeredEntry(self._profile_now(
                     _whole(kv), chunk_prefix_ids, _whole(chunk_prefix()), chunks, i, rows),
                     tier="computed")
@@ -273,7 +273,7 @@ class ChunkCache:
         its neighbour in this prompt (the rule of ``precompute``) and store it, once."""
         probes = neighbours(chunks, i)
         if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
-            return kv.with_sensitivity(torch.zeros(kv.num_tokens))
+            return kv.with_profile(torch.zeros(kv.num_tokens))
         kv = profiled(self.runner, kv, chunk_prefix_ids, probes, chunk_prefix)
         self.store.put(self.key(chunk_prefix_ids, kv.token_ids), kv)
         rows.profiles_computed += 1

@@ -145,4 +145,4 @@ def in_context(runner: ModelRunner, alone: ChunkKV, chunk_prefix_ids: Sequence[i
     keys /= len(fillers)
     values /= len(fillers)
     shift = (values.float() - alone.values.float()).pow(2).sum(dim=(1, 3)).cpu()  # [L, T]
-    return ChunkKV(keys, values, alone.token_ids, alone.prefix_hash, alone.sensitivity, tag, shift)
+    return ChunkKV(keys, values, alone.token_ids, alone.prefix_hash, alone.profile, tag, shift)

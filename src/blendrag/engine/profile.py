@@ -8,7 +8,7 @@ weak guess of which tokens matter later. A profile moves the measurement to inge
 chunk is computed a second time after a neighbour chunk (its predecessor in the ingestion
 order: in a source document, the passage it continues), and each token's key deviation from
 the stand-alone computation, summed over layers and heads, is stored with the chunk KV
-(``ChunkKV.sensitivity``). With ``profile=k`` the chunk is measured after each of its k
+(``ChunkKV.profile``). With ``profile=k`` the chunk is measured after each of its k
 predecessors and a token keeps its largest deviation: retrieval need not return a chunk right
 after the passage it continues, and a token bound to any nearby passage should be marked. At
 query time the ``profile`` selector recomputes the top tokens by that prior at every layer,
@@ -67,4 +67,4 @@ def profiled(runner: ModelRunner, kv: ChunkKV, chunk_prefix_ids: Sequence[int],
         both = runner.compute_chunk(chunk_prefix, chunk_prefix_ids, [*probe, *kv.token_ids])
         after = ChunkKV(both.keys[:, :, -t:], both.values[:, :, -t:], kv.token_ids)
         deviations.append(key_deviation(kv, after))
-    return kv.with_sensitivity(torch.stack(deviations).amax(dim=0))  # [T]
+    return kv.with_profile(torch.stack(deviations).amax(dim=0))  # [T]

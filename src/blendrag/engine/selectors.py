@@ -125,7 +125,7 @@ def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
 def _exact(layout: PromptLayout, chunks: Sequence[ChunkKV]) -> bool:
     """Whether the first chunk's cached rows are exact: computed right after this very prefix
     with no ingestion context (``ChunkContext.exact_first``, or no context at all)."""
-    return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context
+    return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context_tag
 
 
 def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Sequence[ChunkKV],
@@ -149,9 +149,9 @@ class ProfileSelector(StaticTopSelector):
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float, chunks: Sequence[ChunkKV] = ()) -> None:
         super().__init__(config, layout, device, scaling)
-        profiles = _stored([kv.sensitivity for kv in chunks], layout, chunks, torch.zeros)
+        profiles = _stored([kv.profile for kv in chunks], layout, chunks, torch.zeros)
         if profiles is None:
-            raise ValueError("the profile selector needs a sensitivity profile for every chunk "
+            raise ValueError("the profile selector needs a context-sensitivity profile for every chunk "
                              "(BlendEngine fills them in; got chunk KVs without one)")
         self.scores = _last_if_exact(torch.cat([p.float() for p in profiles]), layout,
                                      chunks)  # [C] on the CPU

@@ -20,10 +20,10 @@ class ChunkKV:
     values: [layers, kv_heads, T, head_dim]
     token_ids: the T token ids these rows belong to (collision guard on a cache hit)
     prefix_hash: hex digest of the prefix ids the chunk was computed after ("" for a prefix)
-    sensitivity: [T] float32 or None: how far each token's keys move when the chunk follows
-      another chunk instead of the prefix alone (the ``profile`` selector's prior, see
-      ``engine/profile.py``); None when the chunk was stored without a profile
-    context: tag of the ingestion context the rows were computed in ("" = after the prefix
+    profile: [T] float32 or None: the context-sensitivity profile, how far each token's keys
+      move when the chunk follows another chunk instead of the prefix alone (the ``profile``
+      selector's prior, see ``engine/profile.py``); None when the chunk was stored without one
+    context_tag: tag of the ingestion context the rows were computed in ("" = after the prefix
       alone; see ``engine/context.py``): part of the store key
     context_shift: [layers, T] float32 or None: per layer, the squared L2 distance (summed over
       heads) between each token's values computed in that context and after the prefix alone;
@@ -34,8 +34,8 @@ class ChunkKV:
     values: torch.Tensor
     token_ids: tuple[int, ...]
     prefix_hash: str = ""
-    sensitivity: torch.Tensor | None = None
-    context: str = ""
+    profile: torch.Tensor | None = None
+    context_tag: str = ""
     context_shift: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -54,10 +54,10 @@ class ChunkKV:
                 f"ChunkKV has {self.keys.shape[2]} rows but {len(self.token_ids)} token ids"
             )
         self.token_ids = tuple(int(t) for t in self.token_ids)
-        if self.sensitivity is not None and tuple(self.sensitivity.shape) != (len(self.token_ids),):
+        if self.profile is not None and tuple(self.profile.shape) != (len(self.token_ids),):
             raise ValueError(
-                f"ChunkKV sensitivity must be [T] = [{len(self.token_ids)}], got "
-                f"{tuple(self.sensitivity.shape)}"
+                f"ChunkKV profile must be [T] = [{len(self.token_ids)}], got "
+                f"{tuple(self.profile.shape)}"
             )
         expected = (self.num_layers, len(self.token_ids))
         if self.context_shift is not None and tuple(self.context_shift.shape) != expected:
@@ -80,7 +80,7 @@ class ChunkKV:
     def extra_nbytes(self) -> int:
         """Bytes of the optional per-token priors (profile, context shift)."""
         return sum(t.numel() * t.element_size()
-                   for t in (self.sensitivity, self.context_shift) if t is not None)
+                   for t in (self.profile, self.context_shift) if t is not None)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer ``i``: [kv_heads, T, head_dim] views (the layer-wise read of
@@ -94,6 +94,6 @@ class ChunkKV:
         return replace(self, keys=self.keys.to(device, non_blocking=True),
                        values=self.values.to(device, non_blocking=True))
 
-    def with_sensitivity(self, sensitivity: torch.Tensor) -> ChunkKV:
+    def with_profile(self, profile: torch.Tensor) -> ChunkKV:
         """The same rows with a profile attached (float32 on the CPU: it is read on the host)."""
-        return replace(self, sensitivity=sensitivity.detach().to("cpu", torch.float32).contiguous())
+        return replace(self, profile=profile.detach().to("cpu", torch.float32).contiguous())

@@ -3,9 +3,9 @@
 Layout::
 
     k.{i}, v.{i}    [kv_heads, T, head_dim] of layer i (keys pre-RoPE)
-    sensitivity     [T] float32, optional: the chunk's context-sensitivity profile
+    profile         [T] float32, optional: the chunk's context-sensitivity profile
     context_shift   [L, T] float32, optional: per layer, how far context moves each value
-    __metadata__    format, version, key, prefix_hash, context, dtype, shape [L, H, T, D],
+    __metadata__    format, version, key, prefix_hash, context_tag, dtype, shape [L, H, T, D],
                     token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex}),
                     meta_checksum (xxh3-128 over all the other metadata fields)
 
@@ -36,11 +36,15 @@ import xxhash
 from blendrag.kv.chunk_kv import ChunkKV
 
 FORMAT_NAME = "blendrag-chunk-kv"
-FORMAT_VERSION = 2  # 2: the ingestion context tag and the context shift
+FORMAT_VERSION = 3  # 3: "profile" and "context_tag" (2: "sensitivity" and "context")
+READ_VERSIONS = ("2", "3")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 _MAX_HEADER = 100 << 20  # the safetensors limit
-SENSITIVITY = "sensitivity"
+PROFILE = "profile"
+# What version 2 called the profile tensor and the context tag field.
+_V2_NAMES = {"sensitivity": PROFILE}
+_V2_CONTEXT = "context"
 CONTEXT_SHIFT = "context_shift"
 
 
@@ -86,7 +90,7 @@ def encode(key: str, kv: ChunkKV) -> bytes:
     for i in range(kv.num_layers):
         tensors[f"k.{i}"] = keys[i]
         tensors[f"v.{i}"] = values[i]
-    for name, prior in ((SENSITIVITY, kv.sensitivity), (CONTEXT_SHIFT, kv.context_shift)):
+    for name, prior in ((PROFILE, kv.profile), (CONTEXT_SHIFT, kv.context_shift)):
         if prior is not None:
             tensors[name] = prior.detach().to("cpu", torch.float32).contiguous()
     meta = {
@@ -94,7 +98,7 @@ def encode(key: str, kv: ChunkKV) -> bytes:
         "version": str(FORMAT_VERSION),
         "key": key,
         "prefix_hash": kv.prefix_hash,
-        "context": kv.context,
+        "context_tag": kv.context_tag,
         "dtype": dtype,
         "shape": json.dumps(list(keys.shape)),
         "token_ids": json.dumps(list(kv.token_ids)),
@@ -155,9 +159,9 @@ class EntryReader:
     def _parse(self, meta: dict | None, key: str) -> None:
         if not meta or meta.get("format") != FORMAT_NAME:
             raise EntryError("foreign file: no blendrag chunk-KV metadata")
-        if meta.get("version") != str(FORMAT_VERSION):
+        if meta.get("version") not in READ_VERSIONS:
             raise EntryError(f"format version {meta.get('version')!r}, this build reads "
-                             f"{FORMAT_VERSION}")
+                             f"{' and '.join(READ_VERSIONS)}")
         body = {k: v for k, v in meta.items() if k != "meta_checksum"}
         if meta.get("meta_checksum") != _meta_digest(body):
             raise EntryError("metadata checksum mismatch")
@@ -172,7 +176,9 @@ class EntryReader:
             self.token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
             self._checksums = dict(json.loads(meta["checksums"]))
             self.prefix_hash = str(meta["prefix_hash"])
-            self.context = str(meta["context"])
+            v2 = meta["version"] == "2"
+            self.context_tag = str(meta[_V2_CONTEXT if v2 else "context_tag"])
+            self._names = dict(_V2_NAMES) if v2 else {}  # stored name -> our name
         except (KeyError, ValueError, TypeError) as exc:
             raise EntryError(f"malformed metadata: {exc!r}") from None
         if (len(self.shape) != 4 or min(self.shape) < 0 or 0 in self.shape[:2] + self.shape[3:]
@@ -182,24 +188,27 @@ class EntryReader:
         if 2 * self.shape[0] > len(self._tensors.names()):  # before a set of 2L names is built
             raise EntryError(f"{len(self._tensors.names())} tensors for {self.shape[0]} layers")
         names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in "kv"}
-        self.priors = {SENSITIVITY: (self.shape[2],), CONTEXT_SHIFT: (self.shape[0], self.shape[2])}
+        stored = {self._names.get(n, n): n for n in self._checksums}  # our name -> stored name
+        self._checksums = {ours: self._checksums[theirs] for ours, theirs in stored.items()}
+        self._stored = stored
+        self.priors = {PROFILE: (self.shape[2],), CONTEXT_SHIFT: (self.shape[0], self.shape[2])}
         self.priors = {k: v for k, v in self.priors.items() if k in self._checksums}
         names.update(self.priors)
-        if set(self._checksums) != names or set(self._tensors.names()) != names:
+        if set(self._checksums) != names or set(self._tensors.names()) != set(stored.values()):
             raise EntryError("tensor names do not match the declared layer count")
         # Every tensor the header lists must have the declared dtype and shape before anything
         # is allocated: the shape is then bounded by bytes the entry really holds.
         for name in names:
             want = (torch.float32, self.priors[name]) if name in self.priors else (
                 self.dtype, self.shape[1:])
-            if self._tensors.spec(name) != want:
-                dtype, shape = self._tensors.spec(name)
+            if self._tensors.spec(stored[name]) != want:
+                dtype, shape = self._tensors.spec(stored[name])
                 raise EntryError(f"{name} is {dtype} {shape}, the metadata declares "
                                  f"{want[0]} {want[1]}")
 
     @property
-    def has_sensitivity(self) -> bool:
-        return SENSITIVITY in self.priors
+    def has_profile(self) -> bool:
+        return PROFILE in self.priors
 
     @property
     def num_layers(self) -> int:
@@ -219,21 +228,16 @@ class EntryReader:
         tensors are adjacent in the entry."""
         if not 0 <= i < self.num_layers:
             raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
-        parts = [(f"k.{i}", k), (f"v.{i}", v)]
-        self._tensors.read_many(parts)
-        for name, out in parts:
-            self._verify(name, out)
+        self._read_verified([(f"k.{i}", k), (f"v.{i}", v)])
 
     def read_priors(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The sensitivity [T] and context shift [L, T] (float32, verified), None where the
+        """The profile [T] and context shift [L, T] (float32, verified), None where the
         entry has none: what a reader needs before the first layer."""
         priors = {name: torch.empty(shape, dtype=torch.float32)
                   for name, shape in self.priors.items()}
         if priors:
-            self._tensors.read_many(list(priors.items()))
-            for name, out in priors.items():
-                self._verify(name, out)
-        return priors.get(SENSITIVITY), priors.get(CONTEXT_SHIFT)
+            self._read_verified(list(priors.items()))
+        return priors.get(PROFILE), priors.get(CONTEXT_SHIFT)
 
     def read_all(self) -> ChunkKV:
         """Every layer, read straight into one stacked ``ChunkKV`` (one copy from the source, in
@@ -248,11 +252,16 @@ class EntryReader:
         priors = {name: torch.empty(shape, dtype=torch.float32)
                   for name, shape in self.priors.items()}
         parts += list(priors.items())
-        self._tensors.read_many(parts)
+        self._read_verified(parts)
+        return ChunkKV(keys, values, self.token_ids, self.prefix_hash, priors.get(PROFILE),
+                       self.context_tag, priors.get(CONTEXT_SHIFT))
+
+    def _read_verified(self, parts: list[tuple[str, torch.Tensor]]) -> None:
+        """Read each (name, out) of ``parts`` (our names; an older version's stored names are
+        read) and verify it."""
+        self._tensors.read_many([(self._stored[name], out) for name, out in parts])
         for name, out in parts:
             self._verify(name, out)
-        return ChunkKV(keys, values, self.token_ids, self.prefix_hash, priors.get(SENSITIVITY),
-                       self.context, priors.get(CONTEXT_SHIFT))
 
     def _verify(self, name: str, out: torch.Tensor) -> None:
         if _digest(out) != self._checksums[name]:

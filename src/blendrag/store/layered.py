@@ -2,8 +2,8 @@
 
 A request's prefill asks for layer i of every cached chunk while it computes layer i - 1
 (``engine/layer_feed.py``), so a store hands out a ``LayeredEntry`` instead of a whole
-``ChunkKV``: its header fields (token ids, prefix hash, context, shape, dtype) and its small
-priors (sensitivity, context shift) are read and verified when it is opened, and ``layer(i)``
+``ChunkKV``: its header fields (token ids, prefix hash, context tag, shape, dtype) and its small
+priors (profile, context shift) are read and verified when it is opened, and ``layer(i)``
 reads and verifies only layer i. The integrity unit is the layer: each of ``k.{i}`` and
 ``v.{i}`` is checked against its own checksum from the (checksummed) header before it is
 returned, so a defect in layer k is found when layer k is read, and layers before it, already
@@ -49,8 +49,8 @@ class LayeredEntry(Protocol):
     tier: str  # where the layers come from: "ram", "disk", "redis", ... or "computed"
     token_ids: tuple[int, ...]
     prefix_hash: str
-    context: str
-    sensitivity: torch.Tensor | None
+    context_tag: str
+    profile: torch.Tensor | None
     context_shift: torch.Tensor | None
 
     @property
@@ -95,8 +95,9 @@ class MemoryLayeredEntry(_Shape):
 
     def __init__(self, kv: ChunkKV, key: str = "", tier: str = "ram") -> None:
         self.kv, self.key, self.tier = kv, key, tier
-        self.token_ids, self.prefix_hash, self.context = kv.token_ids, kv.prefix_hash, kv.context
-        self.sensitivity, self.context_shift = kv.sensitivity, kv.context_shift
+        self.token_ids, self.prefix_hash = kv.token_ids, kv.prefix_hash
+        self.context_tag = kv.context_tag
+        self.profile, self.context_shift = kv.profile, kv.context_shift
         self.shape = tuple(kv.keys.shape)
         self.dtype = kv.keys.dtype
 
@@ -124,9 +125,9 @@ class EncodedLayeredEntry(_Shape):
     def __init__(self, reader: EntryReader, key: str, tier: str) -> None:
         self._reader, self.key, self.tier = reader, key, tier
         self.token_ids, self.prefix_hash = reader.token_ids, reader.prefix_hash
-        self.context = reader.context
+        self.context_tag = reader.context_tag
         self.shape, self.dtype = reader.shape, reader.dtype
-        self.sensitivity, self.context_shift = reader.read_priors()
+        self.profile, self.context_shift = reader.read_priors()
         self._keys = torch.empty(self.shape, dtype=self.dtype)
         self._values = torch.empty(self.shape, dtype=self.dtype)
         self._read = [False] * self.num_layers
@@ -145,7 +146,7 @@ class EncodedLayeredEntry(_Shape):
         for i in range(self.num_layers):
             self.layer(i)
         return ChunkKV(self._keys, self._values, self.token_ids, self.prefix_hash,
-                       self.sensitivity, self.context, self.context_shift)
+                       self.profile, self.context_tag, self.context_shift)
 
     def close(self) -> None:
         self._reader.close()

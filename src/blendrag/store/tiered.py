@@ -342,11 +342,11 @@ class TieredKVStore:
 
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded.
-    tensors = [kv.keys, kv.values, kv.sensitivity, kv.context_shift]
+    tensors = [kv.keys, kv.values, kv.profile, kv.context_shift]
     if all(t is None or t.device.type == "cpu" for t in tensors):
         return kv
     return dataclasses.replace(kv, **{name: t.to("cpu") for name, t in (
-        ("keys", kv.keys), ("values", kv.values), ("sensitivity", kv.sensitivity),
+        ("keys", kv.keys), ("values", kv.values), ("profile", kv.profile),
         ("context_shift", kv.context_shift)) if t is not None})
 
 

@@ -88,8 +88,8 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     stored = [store.get(engine.key(prefix_ids, i)) for i in ids]
     for i in range(1, len(ids)):  # line 4 opens the second batch: still measured after line 3
-        expected = profiled(engine.runner, stored[i], prefix_ids, [ids[i - 1]]).sensitivity
-        assert torch.allclose(stored[i].sensitivity, expected, rtol=1e-5, atol=1e-6)
+        expected = profiled(engine.runner, stored[i], prefix_ids, [ids[i - 1]]).profile
+        assert torch.allclose(stored[i].profile, expected, rtol=1e-5, atol=1e-6)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(selector="profile")).stats
     assert (stats.cache.chunk_hits, stats.cache.profiles_computed) == (4, 0)
@@ -110,8 +110,8 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     for i in (2, 3):  # the second batch, behind lines 1-2 of the first
         expected = profiled(engine.runner, store.get(engine.key(prefix_ids, ids[i])), prefix_ids, [ids[i - 1], ids[i - 2]])
-        got = store.get(engine.key(prefix_ids, ids[i])).sensitivity
-        assert torch.allclose(got, expected.sensitivity, rtol=1e-5, atol=1e-6)
+        got = store.get(engine.key(prefix_ids, ids[i])).profile
+        assert torch.allclose(got, expected.profile, rtol=1e-5, atol=1e-6)
     store.close()
     bad = _args(model_dir("llama"), tmp_path / "kv2", "--jsonl", str(f), "--profile-neighbours",
                 "-1")

@@ -50,7 +50,7 @@ def test_stored_rows_are_the_mean_over_fillers_with_the_shift_from_alone(engine)
     assert torch.allclose(got.keys, mean_k, atol=TOL) and torch.allclose(got.values, mean_v,
                                                                          atol=TOL)
     shift = (mean_v - alone.values).pow(2).sum(dim=(1, 3))  # [L, T]
-    assert got.context == engine.context.tag and torch.allclose(got.context_shift, shift,
+    assert got.context_tag == engine.context.tag and torch.allclose(got.context_shift, shift,
                                                                 atol=1e-3)
     assert got.context_shift[1:].sum() > 0  # the fillers really move the rows
     assert engine.store.get(engine.key(prefix_ids, ids)) is got
@@ -62,11 +62,11 @@ def test_keys_name_the_context_and_entries_of_another_context_are_not_used(engin
     assert engine.key(prefix_ids, ids) != engine.key(prefix_ids, ids, NO_CONTEXT)
     alone = engine.cache.kv(prefix_ids, ids, NO_CONTEXT)
     fresh = engine.cache.kv(prefix_ids, ids)  # a miss: computed in the engine's context
-    assert alone.context == "" and fresh.context == engine.context.tag
+    assert alone.context_tag == "" and fresh.context_tag == engine.context.tag
     assert not torch.equal(alone.values, fresh.values)
     # a foreign entry planted under this context's key is refused, not served
     engine.store.put(engine.key(prefix_ids, ids), alone)
-    assert engine.cache.kv(prefix_ids, ids).context == engine.context.tag
+    assert engine.cache.kv(prefix_ids, ids).context_tag == engine.context.tag
 
 
 def test_ingestion_stores_the_chunk_computed_alone_for_first_passages(engine, engine_for):
@@ -75,7 +75,7 @@ def test_ingestion_stores_the_chunk_computed_alone_for_first_passages(engine, en
     engine.precompute(prefix_ids, [ids])
     alone = engine.store.get(engine.key(prefix_ids, ids, NO_CONTEXT))
     expected = engine.runner.compute_chunk(None, prefix_ids, ids)
-    assert alone is not None and alone.context == ""
+    assert alone is not None and alone.context_tag == ""
     assert torch.allclose(alone.keys, expected.keys, atol=TOL)
     assert torch.allclose(alone.values, expected.values, atol=TOL)
     off = engine_for("llama", context=ChunkContext(fillers=FILLERS, exact_first=False))
@@ -133,7 +133,7 @@ def test_a_profile_request_does_not_store_the_exact_rows_under_the_context_key(e
     engine.prefill(layout, BlendConfig(selector="profile", ratio=0.2))
     first = layout.chunk_ids[0]
     kv = engine.store.get(engine.key(layout.chunk_prefix_ids, first))
-    assert kv is None or kv.context == engine.context.tag
+    assert kv is None or kv.context_tag == engine.context.tag
 
 
 def test_context_shift_round_trips_through_the_codec(engine):
@@ -141,7 +141,7 @@ def test_context_shift_round_trips_through_the_codec(engine):
     kv = engine.cache.kv(prefix_ids, engine.prompts.encode(PASSAGES[2]))
     key = "k" * 64
     back = decode(encode(key, kv), key)
-    assert back.context == kv.context and torch.equal(back.context_shift, kv.context_shift)
+    assert back.context_tag == kv.context_tag and torch.equal(back.context_shift, kv.context_shift)
     assert torch.equal(back.keys, kv.keys) and torch.equal(back.values, kv.values)
 
 

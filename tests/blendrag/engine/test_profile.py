@@ -53,10 +53,10 @@ def test_profile_depth_reads_bools_and_counts_and_refuses_the_rest():
             profile_depth(bad)
 
 
-def test_sensitivity_must_have_one_value_per_token():
-    with pytest.raises(ValueError, match="sensitivity"):
+def test_profile_must_have_one_value_per_token():
+    with pytest.raises(ValueError, match="profile must be"):
         ChunkKV(torch.zeros(1, 1, 3, 2), torch.zeros(1, 1, 3, 2), (1, 2, 3),
-                sensitivity=torch.zeros(4))
+                profile=torch.zeros(4))
 
 
 def _ingest(engine, layout, profile=True):
@@ -75,8 +75,8 @@ def test_precompute_stores_the_deviation_after_the_previous_chunk(engine_for):
         after = engine.runner.compute_chunk(None, anchor + list(ids[i - 1]), ids[i])
         # the served KV is the stand-alone one
         assert torch.allclose(stored.keys, alone.keys, atol=1e-5)
-        assert torch.allclose(stored.sensitivity, key_deviation(alone, after), rtol=1e-3, atol=1e-4)
-        assert stored.sensitivity.max() > 0
+        assert torch.allclose(stored.profile, key_deviation(alone, after), rtol=1e-3, atol=1e-4)
+        assert stored.profile.max() > 0
 
 
 def test_profile_selector_takes_the_top_tokens_across_chunks_but_not_the_exact_first(engine_for):
@@ -84,7 +84,7 @@ def test_profile_selector_takes_the_top_tokens_across_chunks_but_not_the_exact_f
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     _ingest(engine, layout)
     kvs = [engine.store.get(engine.key(layout.chunk_prefix_ids, ids)) for ids in layout.chunk_ids]
-    profiles = [kv.sensitivity for kv in kvs]
+    profiles = [kv.profile for kv in kvs]
     cfg = BlendConfig(selector="profile", ratio=0.3)
     sel = make_selector(cfg, layout, engine.adapter.num_layers, engine.device,
                         engine.adapter.scaling, kvs)
@@ -166,7 +166,7 @@ def test_profile_uses_the_cached_prefix_and_matches_a_plain_recompute(engine_for
     alone = engine.runner.compute_chunk(None, anchor, ids[1])
     with_cache = profiled(engine.runner, alone, anchor, [ids[0]], engine.cache.prefix(anchor))
     plain = key_deviation(alone, engine.runner.compute_chunk(None, anchor + list(ids[0]), ids[1]))
-    assert torch.allclose(with_cache.sensitivity, plain, rtol=1e-3, atol=1e-4)
+    assert torch.allclose(with_cache.profile, plain, rtol=1e-3, atol=1e-4)
 
 
 def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(engine_for):
@@ -181,7 +181,7 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
                                                     ids[i]))
                 for j in (1, 2)]
         expected = torch.maximum(devs[0], devs[1])
-        got = engine.store.get(engine.key(anchor, ids[i])).sensitivity
+        got = engine.store.get(engine.key(anchor, ids[i])).profile
         assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4)
         assert not torch.allclose(devs[0], devs[1])  # the two neighbours really differ
     # profile=1 is profile=True
@@ -190,8 +190,8 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
     true = engine_for("llama")
     true.precompute(anchor, ids, profile=True)
     for c in ids:
-        assert torch.equal(one.store.get(one.key(anchor, c)).sensitivity,
-                           true.store.get(true.key(anchor, c)).sensitivity)
+        assert torch.equal(one.store.get(one.key(anchor, c)).profile,
+                           true.store.get(true.key(anchor, c)).profile)
 
 
 def test_profiled_refuses_no_probe_and_empty_probes(engine_for):

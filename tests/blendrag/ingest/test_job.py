@@ -97,7 +97,7 @@ def _profile_after(engine: BlendEngine, text: str, *neighbours: str) -> torch.Te
     reference)."""
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     probes = [engine.prompts.encode(n) for n in neighbours]
-    return profiled(engine.runner, _stored(engine, text), prefix_ids, probes).sensitivity
+    return profiled(engine.runner, _stored(engine, text), prefix_ids, probes).profile
 
 
 def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
@@ -115,7 +115,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
     # p0 has no predecessor: the last of its batch (cyclic)
     neighbours = {p0: p1, p1: p0, p2: p1, p3: p2}
     for text, before in neighbours.items():
-        got = _stored(engine, text).sensitivity
+        got = _stored(engine, text).profile
         assert (
             got is not None
             and got.dtype == torch.float32
@@ -143,9 +143,9 @@ def test_batch_size_does_not_change_the_profiles_after_the_first_chunk(
     whole.precompute(whole.prompts.chunk_prefix_ids(PREFIX),
                      [whole.prompts.encode(t) for t in PASSAGES], profile=True)
     for text in PASSAGES[1:]:
-        assert torch.equal(_stored(engine, text).sensitivity, _stored(whole, text).sensitivity)
+        assert torch.equal(_stored(engine, text).profile, _stored(whole, text).profile)
     # a first batch of one chunk has no neighbour: no profile (the engine measures it on first use)
-    assert _stored(engine, PASSAGES[0]).sensitivity is None
+    assert _stored(engine, PASSAGES[0]).profile is None
 
 
 def test_k_neighbours_follow_source_order_across_batches(engine):
@@ -155,16 +155,16 @@ def test_k_neighbours_follow_source_order_across_batches(engine):
     summary = ingest_source(engine, [p0, p1, p2, p3], prefix=PREFIX, progress=False, batch_size=1,
                          profile=2)
     assert (summary.computed, summary.profiled) == (4, 3)
-    assert _stored(engine, p0).sensitivity is None  # a first batch of one: no neighbour yet
-    assert torch.equal(_stored(engine, p1).sensitivity, _profile_after(engine, p1, p0))
-    assert torch.equal(_stored(engine, p2).sensitivity, _profile_after(engine, p2, p1, p0))
-    assert torch.equal(_stored(engine, p3).sensitivity, _profile_after(engine, p3, p2, p1))
+    assert _stored(engine, p0).profile is None  # a first batch of one: no neighbour yet
+    assert torch.equal(_stored(engine, p1).profile, _profile_after(engine, p1, p0))
+    assert torch.equal(_stored(engine, p2).profile, _profile_after(engine, p2, p1, p0))
+    assert torch.equal(_stored(engine, p3).profile, _profile_after(engine, p3, p2, p1))
 
 
 def test_without_profile_entries_have_none(engine):
     summary = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
     assert summary.profiled == 0 and "profiles" not in summary.format()
-    assert all(_stored(engine, t).sensitivity is None for t in PASSAGES)
+    assert all(_stored(engine, t).profile is None for t in PASSAGES)
 
 
 def test_a_resumed_or_repeating_job_measures_after_the_source_predecessor(engine):
@@ -175,6 +175,6 @@ def test_a_resumed_or_repeating_job_measures_after_the_source_predecessor(engine
     summary = ingest_source(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2,
                          profile=True)
     assert (summary.chunks, summary.computed, summary.skipped, summary.profiled) == (5, 2, 3, 2)
-    assert torch.equal(_stored(engine, p2).sensitivity, _profile_after(engine, p2, p0))
-    assert torch.equal(_stored(engine, new).sensitivity, _profile_after(engine, new, p2))
+    assert torch.equal(_stored(engine, p2).profile, _profile_after(engine, p2, p0))
+    assert torch.equal(_stored(engine, new).profile, _profile_after(engine, new, p2))
     assert not engine.store.contains(_key(engine, p3))

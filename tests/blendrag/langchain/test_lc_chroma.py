@@ -122,7 +122,7 @@ def _profile_after(engine, text: str, *neighbours: str):
     """The engine's own measurement of ``text`` after each of ``neighbours`` (the reference)."""
     prompts = engine.prompts
     probes = [prompts.encode(n) for n in neighbours]
-    return profiled(engine.runner, _entry(engine, text), prompts.chunk_prefix_ids(), probes).sensitivity
+    return profiled(engine.runner, _entry(engine, text), prompts.chunk_prefix_ids(), probes).profile
 
 
 def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chroma_client,
@@ -138,12 +138,12 @@ def test_profile_option_stores_profiles_in_ingestion_order(engine, embedder, chr
     assert store.profile is True
     assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (len(PASSAGES), 0)
     for i, text in enumerate(PASSAGES):  # after the document before it (the first after the last)
-        got = _entry(engine, text).sensitivity
+        got = _entry(engine, text).profile
         assert (
             got is not None and got.shape == (len(engine.prompts.encode(text)),) and got.max() > 0
         )
         assert torch.equal(got, _profile_after(engine, text, PASSAGES[i - 1]))
-    assert torch.equal(_entry(engine, "\n\n").sensitivity,
+    assert torch.equal(_entry(engine, "\n\n").profile,
                        _profile_after(engine, "\n\n", PASSAGES[-1]))
     # counts as before: stored, skipped
     store.add_documents(documents[:2], ids=["again-0", "again-1"])
@@ -165,9 +165,9 @@ def test_profile_k_measures_after_the_k_documents_before_and_bad_values_are_refu
                                collection_name=collection_name, llm=llm, profile=2)
     n = len(PASSAGES)
     for i, text in enumerate(PASSAGES):  # after the two documents before it, cyclically
-        assert torch.equal(_entry(engine, text).sensitivity,
+        assert torch.equal(_entry(engine, text).profile,
                            _profile_after(engine, text, PASSAGES[i - 1], PASSAGES[(i - 2) % n]))
-    assert torch.equal(_entry(engine, "\n\n").sensitivity,
+    assert torch.equal(_entry(engine, "\n\n").profile,
                        _profile_after(engine, "\n\n", PASSAGES[-1], PASSAGES[-2]))
 
 
@@ -212,7 +212,7 @@ def test_without_profile_the_profile_selector_measures_at_the_first_query(
     from helpers.lc_data import QUESTION
 
     assert blend_store.profile is False
-    assert all(_entry(engine, p).sensitivity is None for p in PASSAGES)
+    assert all(_entry(engine, p).profile is None for p in PASSAGES)
     llm = BlendLLM(engine=engine, selector="profile", ratio=0.3, max_tokens=4)
     create_blend_retrieval_chain(blend_store.as_retriever(search_kwargs={"k": 3}), llm,
                                  prompt).invoke(
@@ -236,10 +236,10 @@ def test_an_empty_document_has_no_kv_and_keeps_its_neighbours_apart(
     assert (store.ingest_counts.computed, store.ingest_counts.skipped) == (2, 0)
     assert _stored(engine, PASSAGES[0]) and _stored(engine, PASSAGES[1])
     if profile:  # measured after the text before it that has tokens
-        assert torch.equal(_entry(engine, PASSAGES[1]).sensitivity,
+        assert torch.equal(_entry(engine, PASSAGES[1]).profile,
                            _profile_after(engine, PASSAGES[1], PASSAGES[0]))
     else:
-        assert _entry(engine, PASSAGES[1]).sensitivity is None
+        assert _entry(engine, PASSAGES[1]).profile is None
 
 
 def test_reopened_collection_records_its_texts_and_the_stock_chain_blends(

@@ -154,23 +154,23 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
     def profile_after(llm, node, *before):
         engine = llm.engine
         probes = [engine.prompts.encode(llm.chunk_text(b)) for b in before]
-        return profiled(engine.runner, entry(llm, node), engine.prompts.chunk_prefix_ids(), probes).sensitivity
+        return profiled(engine.runner, entry(llm, node), engine.prompts.chunk_prefix_ids(), probes).profile
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()
     assert ingest(llm, nodes, profile=True) == 3 and ingest(llm, nodes, profile=True) == 0
     for i, node in enumerate(nodes):  # after the node before it (the first after the last)
-        assert torch.equal(entry(llm, node).sensitivity, profile_after(llm, node, nodes[i - 1]))
+        assert torch.equal(entry(llm, node).profile, profile_after(llm, node, nodes[i - 1]))
     bare = make_llm(chunk_template="{text}")  # an empty node is then empty text: no tokens, no KV
     assert ingest(bare, [nodes[0], TextNode(text=""), nodes[1]], profile=True) == 2
-    assert torch.equal(entry(bare, nodes[1]).sensitivity, profile_after(bare, nodes[1], nodes[0]))
+    assert torch.equal(entry(bare, nodes[1]).profile, profile_after(bare, nodes[1], nodes[0]))
     plain = make_llm()
     assert ingest(plain, nodes) == 3
-    assert all(entry(plain, n).sensitivity is None for n in nodes)
+    assert all(entry(plain, n).profile is None for n in nodes)
     two = make_llm()  # profile=2: after each of the two nodes before it, the largest deviation kept
     assert ingest(two, nodes, profile=2) == 3
     for i, node in enumerate(nodes):
-        assert torch.equal(entry(two, node).sensitivity,
+        assert torch.equal(entry(two, node).profile,
                            profile_after(two, node, nodes[i - 1], nodes[i - 2]))
     with pytest.raises(ValueError, match="profile must be"):
         ingest(make_llm(), nodes, profile=-1)

@@ -180,11 +180,11 @@ def test_profile_transform_stores_profiles_in_pipeline_order_and_queries_measure
     pipeline.run(nodes=nodes)
     engine, prefix_ids = llm.engine, llm.engine.prompts.chunk_prefix_ids()
     for i, node in enumerate(nodes):  # after the node before it (the first after the last)
-        got = _entry(llm, node).sensitivity
+        got = _entry(llm, node).profile
         before = engine.prompts.encode(llm.chunk_text(nodes[i - 1]))
         assert got is not None and got.max() > 0
         assert torch.equal(got,
-                           profiled(engine.runner, _entry(llm, node), prefix_ids, [before]).sensitivity)
+                           profiled(engine.runner, _entry(llm, node), prefix_ids, [before]).profile)
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
     assert (stats.selector, stats.cache.chunk_hits, stats.cache.chunk_misses,
@@ -209,7 +209,7 @@ def test_transform_without_profile_stores_none_and_profile_is_in_the_cache_key(
         nodes, BlendKVTransform(llm, profile=True)
     )
     index = ingest(llm, embed, new_vector_store(), nodes)
-    assert all(_entry(llm, n).sensitivity is None for n in nodes)
+    assert all(_entry(llm, n).profile is None for n in nodes)
     _, stats = _synthesize(llm, index, BlendConfig(selector="profile", ratio=0.3))
     assert stats.cache.profiles_computed == TOP_K  # measured at the first query instead
 

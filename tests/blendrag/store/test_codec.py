@@ -11,7 +11,14 @@ import torch
 from safetensors import safe_open
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import FORMAT_VERSION, EntryError, decode, encode, open_entry
+from blendrag.store.codec import (
+    FORMAT_VERSION,
+    EntryError,
+    _meta_digest,
+    decode,
+    encode,
+    open_entry,
+)
 from helpers.kvgen import make_kv, rewrite_header, same_bits
 
 KEY = "a" * 64
@@ -98,6 +105,29 @@ def test_other_format_version_is_refused():
     meta["version"] = str(FORMAT_VERSION + 1)
     with pytest.raises(EntryError, match="format version"):
         decode(safetensors.torch.save(tensors, metadata=meta), KEY)
+
+
+def test_entries_of_the_previous_version_still_read():
+    """Version 2 named the profile tensor "sensitivity" and the context tag field "context"."""
+    kv = make_kv(7, profile=True)
+    kv = ChunkKV(kv.keys, kv.values, kv.token_ids, kv.prefix_hash, kv.profile, "fill3-abc",
+                 torch.rand(kv.num_layers, kv.num_tokens))
+    data = encode(KEY, kv)
+    tensors = safetensors.torch.load(data)
+    tensors["sensitivity"] = tensors.pop("profile")
+    header_len = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8 : 8 + header_len])["__metadata__"]
+    meta["version"], meta["context"] = "2", meta.pop("context_tag")
+    checksums = json.loads(meta["checksums"])
+    checksums["sensitivity"] = checksums.pop("profile")
+    meta["checksums"] = json.dumps(checksums)
+    del meta["meta_checksum"]
+    meta["meta_checksum"] = _meta_digest(meta)
+    old = decode(safetensors.torch.save(tensors, metadata=meta), KEY)
+    assert same_bits(old, kv) and old.context_tag == "fill3-abc"
+    assert torch.equal(old.context_shift, kv.context_shift)
+    with open_entry(safetensors.torch.save(tensors, metadata=meta), KEY) as entry:
+        assert torch.equal(entry.read_priors()[0], kv.profile)
 
 
 def test_only_float_kv_dtypes_are_storable():

@@ -18,7 +18,7 @@ from helpers.kvgen import make_kv
 def _check(entry, kv) -> None:
     assert (entry.token_ids, entry.prefix_hash, entry.shape) == (kv.token_ids, kv.prefix_hash,
                                                                  tuple(kv.keys.shape))
-    assert torch.equal(entry.sensitivity, kv.sensitivity)
+    assert torch.equal(entry.profile, kv.profile)
     for i in reversed(range(kv.num_layers)):  # any order: a layer is read on its own
         k, v = entry.layer(i)
         assert torch.equal(k, kv.keys[i]) and torch.equal(v, kv.values[i])

@@ -1,4 +1,4 @@
-"""Entries with a context-sensitivity profile (``ChunkKV.sensitivity``): the codec keeps it
+"""Entries with a context-sensitivity profile (``ChunkKV.profile``): the codec keeps it
 bitwise and checksummed, every tier returns it, and the RAM budget counts it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from blendrag import BlendConfig, BlendEngine
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store import StoreConfig, TieredKVStore
-from blendrag.store.codec import SENSITIVITY, EntryError, decode, encode, open_entry
+from blendrag.store.codec import PROFILE, EntryError, decode, encode, open_entry
 from blendrag.store.ram import MemoryKVStore, held_bytes
 from helpers.kvgen import make_kv, rewrite_header, same_bits, same_profile
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -39,39 +39,39 @@ def _data_offsets(data: bytes, name: str) -> tuple[int, int]:
 def test_profile_round_trips_bitwise_from_bytes_path_and_handle(dtype, tmp_path):
     kv = make_kv(1, dtype=dtype, profile=True)
     # bits, not just values
-    kv.sensitivity[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])
+    kv.profile[:4] = torch.tensor([float("nan"), float("inf"), -0.0, 1e-40])
     data = encode(KEY, kv)
     path = tmp_path / "entry.safetensors"
     path.write_bytes(data)
     with open(path, "rb") as handle:
         outs = [decode(data, KEY), decode(path, KEY), decode(handle, KEY)]
     for out in outs:
-        assert out.sensitivity is not None and out.sensitivity.dtype == torch.float32
-        assert out.sensitivity.shape == (T,)
-        assert torch.equal(_bits(out.sensitivity), _bits(kv.sensitivity))
+        assert out.profile is not None and out.profile.dtype == torch.float32
+        assert out.profile.shape == (T,)
+        assert torch.equal(_bits(out.profile), _bits(kv.profile))
         assert same_bits(out, kv)
 
 
 def test_entry_without_profile_decodes_to_none_and_has_no_profile_tensor():
     kv = make_kv(2)
     data = encode(KEY, kv)
-    assert SENSITIVITY not in safetensors.torch.load(data)
+    assert PROFILE not in safetensors.torch.load(data)
     out = decode(data, KEY)
-    assert out.sensitivity is None and same_bits(out, kv)
+    assert out.profile is None and same_bits(out, kv)
     with open_entry(data, KEY) as entry:
-        assert entry.has_sensitivity is False
+        assert entry.has_profile is False
 
 
 def test_profile_is_one_plain_float32_tensor_and_layers_read_without_it():
     kv = make_kv(3, profile=True)
     data = encode(KEY, kv)
     tensors = safetensors.torch.load(data)  # any safetensors reader sees it
-    assert sorted(tensors) == sorted([SENSITIVITY, *(f"{k}.{i}" for i in range(3) for k in "kv")])
-    assert tensors[SENSITIVITY].dtype == torch.float32 and torch.equal(
-        tensors[SENSITIVITY], kv.sensitivity
+    assert sorted(tensors) == sorted([PROFILE, *(f"{k}.{i}" for i in range(3) for k in "kv")])
+    assert tensors[PROFILE].dtype == torch.float32 and torch.equal(
+        tensors[PROFILE], kv.profile
     )
     with open_entry(data, KEY) as entry:
-        assert entry.has_sensitivity is True
+        assert entry.has_profile is True
         k1, v1 = entry.layer(1)
         assert torch.equal(k1, kv.keys[1]) and torch.equal(v1, kv.values[1])
 
@@ -81,24 +81,24 @@ def test_a_non_float32_profile_is_stored_as_float32():
     profile = torch.linspace(0, 7, T, dtype=torch.float64)
     kv = ChunkKV(base.keys, base.values, base.token_ids, base.prefix_hash, profile)
     out = decode(encode(KEY, kv), KEY)
-    assert out.sensitivity.dtype == torch.float32
-    assert out.sensitivity.tolist() == [float(x) for x in range(8)]
+    assert out.profile.dtype == torch.float32
+    assert out.profile.tolist() == [float(x) for x in range(8)]
 
 
 def test_empty_chunk_with_an_empty_profile_round_trips():
     kv = make_kv(5, tokens=0, profile=True)
     out = decode(encode(KEY, kv), KEY)
-    assert out.num_tokens == 0 and out.sensitivity is not None and out.sensitivity.shape == (0,)
+    assert out.num_tokens == 0 and out.profile is not None and out.profile.shape == (0,)
 
 
 @pytest.mark.parametrize("at", [0, 13, -1], ids=["first-byte", "middle", "last-byte"])
 def test_a_flipped_byte_in_the_profile_is_a_checksum_error(at):
     kv = make_kv(6, profile=True)
     data = bytearray(encode(KEY, kv))
-    start, end = _data_offsets(bytes(data), SENSITIVITY)
+    start, end = _data_offsets(bytes(data), PROFILE)
     assert end - start == 4 * T
     data[(start if at >= 0 else end) + at] ^= 0xFF
-    with pytest.raises(EntryError, match="checksum mismatch in sensitivity"):
+    with pytest.raises(EntryError, match="checksum mismatch in profile"):
         decode(bytes(data), KEY)
     with open_entry(bytes(data), KEY) as entry:  # the layers themselves are intact
         assert torch.equal(entry.layer(0)[0], kv.keys[0])
@@ -107,18 +107,18 @@ def test_a_flipped_byte_in_the_profile_is_a_checksum_error(at):
 @pytest.mark.parametrize(
     "edit",
     [
-        pytest.param(lambda h: h.pop(SENSITIVITY), id="tensor-dropped"),
+        pytest.param(lambda h: h.pop(PROFILE), id="tensor-dropped"),
         pytest.param(
-            lambda h: h[SENSITIVITY].update(dtype="F16", shape=[2 * T]), id="dtype-and-shape"
+            lambda h: h[PROFILE].update(dtype="F16", shape=[2 * T]), id="dtype-and-shape"
         ),
-        pytest.param(lambda h: h[SENSITIVITY].update(dtype="I32"), id="int-dtype"),
+        pytest.param(lambda h: h[PROFILE].update(dtype="I32"), id="int-dtype"),
         pytest.param(
             lambda h: h["__metadata__"].update(
                 checksums=json.dumps(
                     {
                         k: v
                         for k, v in json.loads(h["__metadata__"]["checksums"]).items()
-                        if k != SENSITIVITY
+                        if k != PROFILE
                     }
                 )
             ),
@@ -137,7 +137,7 @@ def test_a_profile_tensor_planted_in_an_entry_without_one_is_refused():
     tensors = safetensors.torch.load(encode(KEY, kv))
     n = int.from_bytes(encode(KEY, kv)[:8], "little")
     meta = json.loads(encode(KEY, kv)[8 : 8 + n])["__metadata__"]
-    tensors[SENSITIVITY] = torch.ones(T)  # metadata (checksums) untouched: no entry for it
+    tensors[PROFILE] = torch.ones(T)  # metadata (checksums) untouched: no entry for it
     with pytest.raises(EntryError, match="tensor names"):
         decode(safetensors.torch.save(tensors, metadata=meta), KEY)
 
@@ -162,7 +162,7 @@ def test_memory_store_budget_counts_profiles_and_replacements():
     big = MemoryKVStore(max_bytes=1 << 20)
     big.put("k", plain)
     big.put("k", profiled)  # what the engine does when it profiles a stored chunk on first use
-    assert big.bytes == held_bytes(profiled) and big.get("k").sensitivity is profiled.sensitivity
+    assert big.bytes == held_bytes(profiled) and big.get("k").profile is profiled.profile
     big.delete("k")
     assert big.bytes == 0
 
@@ -175,7 +175,7 @@ def test_ram_tier_returns_the_profile_and_counts_its_bytes(make_store):
     kv = make_kv(11, profile=True)
     store.put("k", kv)
     got = store.get("k")
-    assert same_profile(got, kv) and torch.equal(got.sensitivity, kv.sensitivity)
+    assert same_profile(got, kv) and torch.equal(got.profile, kv.profile)
     ram = store.stats().tier("ram")
     assert ram.used_bytes == ram.bytes_written == ram.bytes_read == held_bytes(kv)
 
@@ -186,7 +186,7 @@ def test_an_entry_that_fits_ram_only_without_its_profile_stays_on_disk(make_stor
     store.put("k", kv)
     s = store.stats()
     assert (s.tier("ram").entries, s.tier("disk").entries) == (0, 1)
-    assert torch.equal(store.get("k").sensitivity, kv.sensitivity)
+    assert torch.equal(store.get("k").profile, kv.profile)
 
 
 def test_disk_round_trip_and_promotion_to_ram_keep_the_profile(make_store):
@@ -194,8 +194,8 @@ def test_disk_round_trip_and_promotion_to_ram_keep_the_profile(make_store):
     make_store().put("k", kv, ram=False)
     reader = make_store()  # fresh RAM tier on the same directory
     first = reader.get("k")
-    assert first.sensitivity is not None and torch.equal(_bits(first.sensitivity),
-                                                         _bits(kv.sensitivity))
+    assert first.profile is not None and torch.equal(_bits(first.profile),
+                                                         _bits(kv.profile))
     assert same_bits(first, kv)
     s = reader.stats()
     assert (s.tier("disk").hits, s.tier("ram").entries, s.tier("ram").bytes_written) == (
@@ -205,18 +205,18 @@ def test_disk_round_trip_and_promotion_to_ram_keep_the_profile(make_store):
     )
     second = reader.get("k")  # served by RAM now
     assert second is first and reader.stats().tier("ram").hits == 1
-    assert torch.equal(second.sensitivity, kv.sensitivity)
+    assert torch.equal(second.profile, kv.profile)
 
 
 def test_replacing_an_entry_with_its_profiled_version_updates_every_tier(make_store):
     plain, profiled = make_kv(14), make_kv(14, profile=True)
     store = make_store()
     store.put("k", plain)
-    assert store.get("k").sensitivity is None
+    assert store.get("k").profile is None
     store.put("k", profiled)
-    assert torch.equal(store.get("k").sensitivity, profiled.sensitivity)
+    assert torch.equal(store.get("k").profile, profiled.profile)
     assert store.stats().tier("ram").used_bytes == held_bytes(profiled)
-    assert torch.equal(make_store().get("k").sensitivity, profiled.sensitivity)  # disk has it too
+    assert torch.equal(make_store().get("k").profile, profiled.profile)  # disk has it too
 
 
 def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_server, redis_prefix,
@@ -226,25 +226,25 @@ def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_serve
     store = make_store(disk_dir=tmp_path / "disk", redis_url=redis_server.url,
                        redis_prefix=redis_prefix)
     got = store.get("k")  # Redis hit, promoted to disk and RAM
-    assert got.sensitivity is not None and torch.equal(_bits(got.sensitivity),
-                                                       _bits(kv.sensitivity))
+    assert got.profile is not None and torch.equal(_bits(got.profile),
+                                                       _bits(kv.profile))
     s = store.stats()
     assert (s.tier("redis").hits, s.tier("disk").entries, s.tier("ram").entries) == (1, 1, 1)
     disk_only = make_store(disk_dir=tmp_path / "disk", ram_bytes=0)
     assert same_bits(disk_only.get("k"), kv)
     plain = make_store(disk_dir=None, redis_url=redis_server.url, redis_prefix=redis_prefix)
     plain.put("p", make_kv(16))
-    assert plain.get("p").sensitivity is None
+    assert plain.get("p").profile is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_profile_is_stored_on_the_cpu(make_store):
     kv = make_kv(17, profile=True)
     on_gpu = ChunkKV(kv.keys.cuda(), kv.values.cuda(), kv.token_ids, kv.prefix_hash,
-                     kv.sensitivity.cuda())
+                     kv.profile.cuda())
     store = make_store()
     store.put("k", on_gpu)
-    assert store.get("k").sensitivity.device.type == "cpu"
+    assert store.get("k").profile.device.type == "cpu"
     assert same_bits(make_store().get("k"), kv)
 
 
@@ -260,7 +260,7 @@ def test_profiles_precomputed_by_one_process_serve_another(model_dir, tmp_path, 
         layout = writer.build_prompt(PREFIX, PASSAGES, SUFFIX)
         writer.precompute(layout.chunk_prefix_ids, layout.chunk_ids, profile=True)
         written = [store.get(writer.key(layout.chunk_prefix_ids,
-                                        ids)).sensitivity for ids in layout.chunk_ids]
+                                        ids)).profile for ids in layout.chunk_ids]
     with TieredKVStore(config) as store:
         reader = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                              store=store)
@@ -271,6 +271,6 @@ def test_profiles_precomputed_by_one_process_serve_another(model_dir, tmp_path, 
             0,
         )
         read = [store.get(reader.key(layout.chunk_prefix_ids,
-                                     ids)).sensitivity for ids in layout.chunk_ids]
+                                     ids)).profile for ids in layout.chunk_ids]
     assert all(torch.equal(a, b) for a, b in zip(written, read))
     assert all(s.max() > 0 for s in read)
