@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo lint test bench-ttft bench-store bench-quality
+.PHONY: setup demo lint typecheck test test-fast bench-ttft bench-store bench-quality
 
 # Each step says what it does before it starts: the whole set-up takes a few minutes.
 $(STAMP): pyproject.toml
@@ -32,9 +32,17 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts examples
 
-# CI (.ci/run) runs this target: lint first, then the whole suite.
-test: lint
+# mypy over src/blendrag (settings in pyproject.toml)
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+# CI (.ci/run) runs this target: lint and the type check first, then the whole suite.
+test: lint typecheck
 	$(BIN)/python -m pytest -q
+
+# The inner loop (about a minute on 2 cores): no real model, no test that starts processes.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -x -m "not slow and not processes"
 
 # --runs 3: the headline figures as median and range over three runs, with PASS/MISS targets
 bench-ttft: $(STAMP)

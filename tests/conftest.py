@@ -82,7 +82,7 @@ def make_store(tmp_path):
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
     """One server per test module; tests keep apart by using their own key prefix."""
-    from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis
+    from blendrag_servers.redis_server import REDIS_BINARY, LocalRedis
 
     if REDIS_BINARY is None:
         pytest.skip("redis-server binary not found (apt-get install redis-server) - Redis tier "

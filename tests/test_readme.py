@@ -83,6 +83,7 @@ def readme_commands() -> list[list[str]]:
     return [shlex.split(line, comments=True) for line in lines if line.strip()]
 
 
+@pytest.mark.processes
 def test_readme_command_lines_run_with_small_inputs(tmp_path: Path, capsys) -> None:
     from blendrag.cli import main
 

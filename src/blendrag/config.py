@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 MODES = ("full", "prefix", "reuse", "blend")
 DEVIATIONS = ("value", "key")
@@ -125,7 +126,10 @@ SELECTORS: dict[str, type[SelectorOptions]] = {
 implementation of each is ``engine/selectors.py``'s, keyed by the same options type)."""
 
 
-@dataclass(frozen=True)
+O = TypeVar("O", bound=SelectorOptions)
+
+
+@dataclass(frozen=True, init=False)
 class BlendConfig:
     """How the prompt's KV is produced.
 
@@ -162,30 +166,39 @@ class BlendConfig:
       controller's choice and the estimates behind it are in ``RequestStats.controller``.
     """
 
-    mode: str = "blend"
-    selector: str = "preview"
-    ratio: float | str = DEFAULT_RATIO
-    options: SelectorOptions | None = None
+    mode: str
+    selector: str
+    ratio: float
+    options: SelectorOptions
     auto_ratio: bool = field(default=False, init=False)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.ratio, str):
-            object.__setattr__(self, "ratio", _auto_floor(self.ratio))
-            object.__setattr__(self, "auto_ratio", True)
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.selector not in SELECTORS:
-            raise ValueError(f"selector must be one of {tuple(SELECTORS)}, got {self.selector!r}")
-        if (isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
-                or not 0.0 <= float(self.ratio) <= 1.0 or math.isnan(self.ratio)):
-            raise ValueError(f"ratio must be in [0, 1], 'auto' or 'auto>=F', got {self.ratio!r}")
-        kind = SELECTORS[self.selector]
-        options = kind() if self.options is None else self.options
-        if type(options) is not kind:
-            raise ValueError(f"the {self.selector} selector takes {kind.__name__}, got "
-                             f"{type(options).__name__}")
-        options.check(float(self.ratio))
-        object.__setattr__(self, "options", options)
+    def __init__(self, mode: str = "blend", selector: str = "preview",
+                 ratio: float | str = DEFAULT_RATIO, options: SelectorOptions | None = None) -> None:
+        auto = isinstance(ratio, str)
+        value = _auto_floor(ratio) if isinstance(ratio, str) else ratio
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {tuple(SELECTORS)}, got {selector!r}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or not 0.0 <= float(value) <= 1.0 or math.isnan(value)):
+            raise ValueError(f"ratio must be in [0, 1], 'auto' or 'auto>=F', got {ratio!r}")
+        kind = SELECTORS[selector]
+        chosen = kind() if options is None else options
+        if type(chosen) is not kind:
+            raise ValueError(f"the {selector} selector takes {kind.__name__}, got "
+                             f"{type(chosen).__name__}")
+        chosen.check(float(value))
+        for name, v in (("mode", mode), ("selector", selector), ("ratio", value),
+                        ("options", chosen), ("auto_ratio", auto)):
+            object.__setattr__(self, name, v)
+
+    def typed_options(self, kind: type[O]) -> O:
+        """The options as ``kind`` (the selector's own options type)."""
+        if not isinstance(self.options, kind):
+            raise TypeError(f"the {self.selector} selector's options are "
+                            f"{type(self.options).__name__}, not {kind.__name__}")
+        return self.options
 
     @property
     def label(self) -> str:
@@ -199,14 +212,14 @@ class BlendConfig:
         """A scoring selector's fraction kept at each check layer (``CheckLayerOptions``)."""
         if not isinstance(self.options, CheckLayerOptions):
             raise ValueError(f"the {self.selector} selector has no check layers")
-        return self.options.schedule(float(self.ratio))
+        return self.options.schedule(self.ratio)
 
     def at_ratio(self, ratio: float) -> BlendConfig:
         """This config with the controller's ``ratio`` (no longer auto); a check-layer schedule
         is scaled from the floor's."""
         options = self.options
         if isinstance(options, CheckLayerOptions):
-            options = options.scaled(float(self.ratio), ratio)
+            options = options.scaled(self.ratio, ratio)
         return BlendConfig(self.mode, self.selector, ratio, options)
 
 

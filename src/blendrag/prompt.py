@@ -18,7 +18,7 @@ from dataclasses import dataclass
 _SENTINEL = "\u2063BLENDRAG_USER_CONTENT\u2063"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PromptLayout:
     """Token ids of one request, piece by piece.
 
@@ -29,15 +29,16 @@ class PromptLayout:
     prefix_ids: tuple[int, ...]
     chunk_ids: tuple[tuple[int, ...], ...]
     suffix_ids: tuple[int, ...]
-    chunk_prefix_ids: tuple[int, ...] | None = None
+    chunk_prefix_ids: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prefix_ids", tuple(int(t) for t in self.prefix_ids))
-        chunk_prefix = self.prefix_ids if self.chunk_prefix_ids is None else self.chunk_prefix_ids
-        object.__setattr__(self, "chunk_prefix_ids", tuple(int(t) for t in chunk_prefix))
-        object.__setattr__(self, "chunk_ids",
-                           tuple(tuple(int(t) for t in c) for c in self.chunk_ids))
-        object.__setattr__(self, "suffix_ids", tuple(int(t) for t in self.suffix_ids))
+    def __init__(self, prefix_ids: Sequence[int], chunk_ids: Sequence[Sequence[int]],
+                 suffix_ids: Sequence[int], chunk_prefix_ids: Sequence[int] | None = None) -> None:
+        prefix = tuple(int(t) for t in prefix_ids)
+        chunk_prefix = prefix if chunk_prefix_ids is None else tuple(int(t) for t in chunk_prefix_ids)
+        object.__setattr__(self, "prefix_ids", prefix)
+        object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in chunk_ids))
+        object.__setattr__(self, "suffix_ids", tuple(int(t) for t in suffix_ids))
+        object.__setattr__(self, "chunk_prefix_ids", chunk_prefix)
         if not self.chunk_ids:
             raise ValueError("a prompt needs at least one chunk (got none)")
         for i, c in enumerate(self.chunk_ids):

@@ -38,7 +38,7 @@ from blendrag_bench.raw_io import (
     memcpy_seconds,
     redis_get_seconds,
 )
-from blendrag_bench.redis_server import LocalRedis, RedisUnavailable
+from blendrag_servers.redis_server import LocalRedis, RedisUnavailable
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
 TIERS = ("ram", "disk", "redis")

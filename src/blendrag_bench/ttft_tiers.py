@@ -12,7 +12,7 @@ One run, one tier (RAM, disk or Redis; optionally throttled to a modelled device
 - ``load-only``: reading every layer of every cached entry from the tier, nothing computed;
 - ``compute-only``: the floor blend with the rows already in memory (nothing to read).
 
-The target (issue 15): pipelined TTFT <= 1.1 x max(load-only, compute-only) wherever the two
+The target: pipelined TTFT <= 1.1 x max(load-only, compute-only) wherever the two
 are within 3x of each other; ``auto`` within 5 % of the floor's pipelined TTFT while
 recomputing more when loading is the bottleneck. Quality is the first-token KL divergence from
 the full prefill (meaningful on a real model only).
@@ -75,7 +75,7 @@ def _tier_store(cfg: TierBenchConfig, stack: ExitStack) -> TieredKVStore:
         directory = cfg.directory or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         kw.update(disk_dir=directory, disk_bytes=64 << 30)
     else:
-        from blendrag_bench.redis_server import LocalRedis
+        from blendrag_servers.redis_server import LocalRedis
 
         server = stack.enter_context(LocalRedis(stack.enter_context(tempfile.TemporaryDirectory())))
         kw["redis_url"] = server.url

@@ -40,7 +40,8 @@ CORE = {
 ALLOWED = {
     **CORE,
     "blendrag_demo": set(CORE),
-    "blendrag_bench": {*CORE, "blendrag_demo"},
+    "blendrag_bench": {*CORE, "blendrag_demo", "blendrag_servers"},
+    "blendrag_servers": set(),
 }
 # Finer rule inside one edge: the engine uses a store through its protocol, and RAM as the default.
 # the protocol, the RAM default, and layer-wise reads (what a store hands the layer loop)
@@ -51,7 +52,7 @@ ENGINE_STORE_MODULES = {"blendrag.store", "blendrag.store.protocol", "blendrag.s
 def unit(module: str) -> str | None:
     """The package-map unit of a dotted module name; None outside blendrag's packages."""
     top, _, rest = module.partition(".")
-    if top in ("blendrag_bench", "blendrag_demo"):
+    if top in ("blendrag_bench", "blendrag_demo", "blendrag_servers"):
         return top
     if top != "blendrag":
         return None
@@ -143,3 +144,72 @@ def test_no_cycle_between_packages():
     for node in sorted(graph):
         if node not in state:
             visit(node, [])
+
+
+FACADE = {"blendrag.engine", "blendrag.engine.engine"}  # the package's face and its module
+
+
+def test_nothing_below_the_engine_facade_imports_it():
+    """Only the facade (engine/engine.py, re-exported by engine/__init__.py) holds the engine:
+    no other module of blendrag/engine/ imports it, nor the package whose face it is."""
+    engine_dir = SRC / "blendrag" / "engine"
+    bad = {}
+    for path in engine_dir.glob("*.py"):
+        here = module_name(path)
+        if here in FACADE:
+            continue
+        hits = sorted(n for n in imports(path) if n in FACADE or n.startswith("blendrag.engine.engine"))
+        if hits:
+            bad[here] = hits
+    assert not bad, f"modules below the facade import it: {bad}"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_definitions(tree: ast.AST) -> set[str]:
+    """Private names a module defines: top-level and class-level names, methods, and attributes
+    it assigns on ``self``."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Name):
+                        names.add(t.id)
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                            and t.value.id == "self":
+                        names.add(t.attr)
+    return {n for n in names if _private(n)}
+
+
+def test_no_module_uses_another_modules_private_names():
+    """``from m import _x`` and ``obj._x`` where ``_x`` is private to another blendrag module
+    (tests may; the code may not: a private name is the module's to change)."""
+    trees = {module_name(p): ast.parse(p.read_text(), str(p)) for p in SRC.rglob("*.py")}
+    own = {m: private_definitions(t) for m, t in trees.items()}
+    everyone = set().union(*own.values())
+    bad = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and unit(node.module):
+                bad += [f"{module}: from {node.module} import {a.name}" for a in node.names
+                        if _private(a.name)]
+            elif (isinstance(node, ast.Attribute) and _private(node.attr)
+                  and node.attr in everyone - own[module]
+                  and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                bad.append(f"{module}:{node.lineno}: .{node.attr}")
+    assert not bad, "private names used outside their module: " + "; ".join(bad)
+
+
+def test_core_tests_never_import_the_demo_or_the_benchmarks():
+    """tests/blendrag/ tests the core alone: the benchmarks' and the demo's own tests import them."""
+    core_tests = Path(__file__).resolve().parent
+    bad = {str(p.relative_to(core_tests)): sorted(n for n in imports(p)
+                                                  if unit(n) in ("blendrag_bench", "blendrag_demo"))
+           for p in core_tests.rglob("*.py")}
+    assert not {k: v for k, v in bad.items() if v}

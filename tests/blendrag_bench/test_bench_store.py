@@ -8,7 +8,7 @@ import pytest
 
 from blendrag.cli import main
 from blendrag_bench.raw_io import drop_page_cache, resident_fraction
-from blendrag_bench.redis_server import REDIS_BINARY
+from blendrag_servers.redis_server import REDIS_BINARY
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

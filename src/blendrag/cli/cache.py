@@ -191,18 +191,18 @@ def _clear(args: argparse.Namespace) -> int:
             tier.clear()
         finally:
             tier.close()
-        print(f"removed {usage.entries} entries ({human_bytes(usage.used_bytes)}) from the KV "
-              f"store at {args.store_dir}")
+        print(f"removed {usage.entries} entries ({human_bytes(usage.used_bytes or 0)}) from the "
+              f"KV store at {args.store_dir}")
     else:
         print(f"nothing to remove: no KV store at {args.store_dir}")
     if args.redis_url:
         from blendrag.store.redis_tier import RedisTier
 
-        tier = RedisTier(args.redis_url, args.redis_prefix)
+        redis = RedisTier(args.redis_url, args.redis_prefix)
         try:
-            n = tier.count_entries()
-            tier.clear()
+            n = redis.count_entries()
+            redis.clear()
         finally:
-            tier.close()
+            redis.close()
         print(f"removed {n} entries (keys {args.redis_prefix}*) from Redis at {args.redis_url}")
     return 0

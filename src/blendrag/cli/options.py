@@ -17,10 +17,8 @@ from pathlib import Path
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import DEFAULT_DISK_DIR
 
-# Chosen by measurement (scripts/measure_threads.py; README, "Command line"): precompute of the
-# demo's passages on the default model, on a 2-core machine shared with other jobs (load
-# average 7-10), ran at 15 tokens/s on 1 thread against 4 on 2 threads (torch's own default
-# there); issue 17 saw 2,097 / 486 / 222 tokens/s at 1 / 2 / default threads. Spin-waiting
+# Chosen by measurement (scripts/measure_threads.py; the figures are in the README, "Command
+# line"): on a small CPU shared with other jobs, one thread was fastest, because spin-waiting
 # threads stall whenever another process holds a core. 0 keeps torch's own choice, which can
 # win on an idle machine with many cores and for large models.
 DEFAULT_THREADS = 1

@@ -173,11 +173,25 @@ class ChunkCache:
         alone = self.runner.compute_chunk(chunk_prefix, chunk_prefix_ids, chunk_ids)
         if not context.fillers:
             return alone, None
-        if context not in self._filler_ids:
-            self._filler_ids[context] = [self._encode(f) for f in context.fillers]
-        fillers = [(ids, self.prefix([*chunk_prefix_ids, *ids])) for ids in self._filler_ids[context]]
+        fillers = [(ids, self._filler_prefix(chunk_prefix_ids, ids))
+                   for ids in self._fillers(context)]
         kv = in_context(self.runner, alone, chunk_prefix_ids, fillers, context.tag)
         return kv, alone if context.stores_alone else None
+
+    def _fillers(self, context: ChunkContext) -> list[list[int]]:
+        """The ids of ``context``'s fillers (encoded once)."""
+        if context not in self._filler_ids:
+            if self._encode is None:
+                raise ValueError("an ingestion context with fillers needs a tokenizer")
+            self._filler_ids[context] = [self._encode(f) for f in context.fillers]
+        return self._filler_ids[context]
+
+    def _filler_prefix(self, chunk_prefix_ids: Ids, filler_ids: Ids) -> ChunkKV:
+        """The KV of the chunk prefix and a filler, cached like any prefix."""
+        kv = self.prefix([*chunk_prefix_ids, *filler_ids])
+        if kv is None:  # a filler is never empty (ChunkContext refuses one)
+            raise ValueError("an empty filler has no KV")
+        return kv
 
     def precompute(self, chunk_prefix_ids: Ids, chunks: Sequence[Ids], *,
                    profile: bool | int = False,
@@ -225,19 +239,10 @@ class ChunkCache:
 
     def _fill(self, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
               skip: frozenset[str] | set[str]) -> None:
-        def open_or_compute(prefix_ids: Ids, ids: Ids, context: ChunkContext,
-                            chunk_prefix: Callable[[], ChunkKV | None]):
-            """(the stored entry, True) or (the KV computed and stored now, False)."""
-            entry = self.open(prefix_ids, ids, context, skip, rows.opened)
-            if entry is not None:
-                return entry, True
-            kv = self._compute_and_put(_whole(chunk_prefix()), prefix_ids, ids, context)
-            return MemoryLayeredEntry(kv, tier="computed"), False
-
-        prefix = None  # exact whatever follows it
+        prefix: LayeredEntry | None = None  # exact whatever follows it
         if layout.prefix_ids:
-            prefix, rows.prefix_hit = open_or_compute((), layout.prefix_ids, NO_CONTEXT,
-                                                      lambda: None)
+            prefix, rows.prefix_hit = self._open_or_compute(
+                rows, skip, (), layout.prefix_ids, NO_CONTEXT, lambda: None)
             rows.segments.append(CachedSegment(0, prefix))
         # only a chunk computed after this very prefix is an exact prefix
         context = self.context
@@ -247,25 +252,38 @@ class ChunkCache:
         else:
             chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
         same = chunk_prefix_ids == layout.prefix_ids
+        whole: list[ChunkKV | None] = []  # the chunk prefix's KV, once a missing chunk needs it
 
-        def chunk_prefix() -> ChunkKV | LayeredEntry | None:  # needed to compute a missing chunk
-            return prefix if same else self.prefix(chunk_prefix_ids)
+        def chunk_prefix() -> ChunkKV | None:
+            if not whole:
+                whole.append(_whole(prefix) if same else self.prefix(chunk_prefix_ids))
+            return whole[0]
 
         profile = config.mode == "blend" and config.selector == "profile"
         # the first passage follows this very prefix: its rows computed alone are exact
         exact_first = same and context.stores_alone
         for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
             exact = exact_first and i == 0
-            kv, hit = open_or_compute(chunk_prefix_ids, ids, NO_CONTEXT if exact else context,
-                                      chunk_prefix)
+            entry, hit = self._open_or_compute(rows, skip, chunk_prefix_ids, ids,
+                                               NO_CONTEXT if exact else context, chunk_prefix)
             rows.chunk_hits += hit
             rows.chunk_misses += not hit
             rows.exact_first |= exact
-            if profile and kv.profile is None and not exact:  # exact rows need no profile
-                kv = MemoryLayeredEntry(self._profile_now(
-                    _whole(kv), chunk_prefix_ids, _whole(chunk_prefix()), chunks, i, rows),
-                    tier="computed")
-            rows.segments.append(CachedSegment(start, kv))
+            if profile and entry.profile is None and not exact:  # exact rows need no profile
+                kv = self._profile_now(entry.materialize(), chunk_prefix_ids, chunk_prefix(),
+                                       chunks, i, rows)
+                entry = MemoryLayeredEntry(kv, tier="computed")
+            rows.segments.append(CachedSegment(start, entry))
+
+    def _open_or_compute(self, rows: RequestRows, skip: frozenset[str] | set[str],
+                         chunk_prefix_ids: Ids, ids: Ids, context: ChunkContext,
+                         chunk_prefix: Callable[[], ChunkKV | None]) -> tuple[LayeredEntry, bool]:
+        """(the stored entry, True) or (the KV computed and stored now, False)."""
+        entry = self.open(chunk_prefix_ids, ids, context, skip, rows.opened)
+        if entry is not None:
+            return entry, True
+        kv = self._compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context)
+        return MemoryLayeredEntry(kv, tier="computed"), False
 
     def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Ids, chunk_prefix: ChunkKV | None,
                      chunks: Sequence[Ids], i: int, rows: RequestRows) -> ChunkKV:

@@ -43,10 +43,9 @@ class LoadingConfig:
     margin: aim the recompute of a layer at this fraction of its load (timing noise would
       otherwise make the loop wait now and then).
     min_step: recompute above the floor only when the load leaves room for at least this much
-      more ratio. The estimates are averages over earlier requests and were measured ~10-17 %
-      off for the request at hand on a shared CPU: with load and compute level, a step of a
-      point or two buys no measurable quality and risks the TTFT (measured: +8 % for 0.207
-      against a floor of 0.20 on the real model's shape).
+      more ratio. The estimates are averages over earlier requests, off by some percent for the
+      request at hand on a shared CPU: with load and compute level, a step of a point or two
+      buys no measurable quality and risks the TTFT (docs/architecture.md, "The controller").
     ema: weight of a request's measurement in the moving averages.
     """
 
@@ -193,8 +192,9 @@ class LoadingController:
             unknown = [t for t in layer_bytes_per_tier if t not in self.s_per_byte]
             load = sum(self.s_per_byte.get(t, 0.0) * b for t, b in layer_bytes_per_tier.items())
             token_s, fixed = self.token_s, self.fixed_row_s
-        info = {"floor": floor, "cap": c.auto_cap, "load_layer_s": load, "token_layer_s": token_s,
-                "fixed_row_layer_s": fixed, "tiers": sorted(layer_bytes_per_tier)}
+        info: dict[str, object] = {
+            "floor": floor, "cap": c.auto_cap, "load_layer_s": load, "token_layer_s": token_s,
+            "fixed_row_layer_s": fixed, "tiers": sorted(layer_bytes_per_tier)}
         if unknown or token_s is None or fixed is None:
             missing = ", ".join(unknown) or "compute"
             choice = RatioChoice(floor, f"no estimate yet ({missing}): floor")

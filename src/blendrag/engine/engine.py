@@ -241,6 +241,8 @@ class BlendEngine:
         stream = self.stream(layout, config, generation)
         for _ in stream:
             pass
+        if stream.result is None:  # an exhausted stream always has one
+            raise RuntimeError("the token stream ended without a result")
         return stream.result
 
     def release_buffers(self) -> None:

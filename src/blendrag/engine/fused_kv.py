@@ -101,7 +101,7 @@ class BufferPool:
                     and kv[0].shape[2] >= capacity
                     and (kv[0].shape[0], kv[0].shape[1], kv[0].shape[3])
                     == (layers, kv_heads, head_dim))
-            if fits and _unused(kv[0]) and _unused(kv[1]):
+            if kv is not None and fits and _unused(kv[0]) and _unused(kv[1]):
                 return FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity])
             fused = FusedKV(layers, kv_heads, capacity, head_dim, dtype, device)
             if kv is None or not fits:

@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from blendrag.engine.fused_kv import FusedKV
-from blendrag.model.adapters import LlamaAdapter
+from blendrag.model.adapters import HFModule, LlamaAdapter
 from blendrag.model.rope import RopeTable
 
 
-def project(adapter: LlamaAdapter, layer: torch.nn.Module, h: torch.Tensor, pos: torch.Tensor,
+def project(adapter: LlamaAdapter, layer: HFModule, h: torch.Tensor, pos: torch.Tensor,
             rope: RopeTable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """h: [A, hidden] -> q: [H, A, D] rotated, k: [Hkv, A, D] rotated, k_pre: pre-RoPE, v."""
     x = layer.input_layernorm(h)
@@ -53,7 +53,7 @@ def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, pos: t
     return o.view(heads, a, d), probs.sum(dim=(0, 1))
 
 
-def finish(layer: torch.nn.Module, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+def finish(layer: HFModule, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     """o_proj of the attention output o: [H, A, D], then the MLP, with residuals.
     -> h: [A, hidden]"""
     h = h + layer.self_attn.o_proj(o.transpose(0, 1).reshape(h.shape[0], -1))
@@ -76,9 +76,9 @@ def attention_blocks(pos: torch.Tensor, n: int, window: int | None,
     j <= p (and p - j < window). Mask-free fast paths are taken when equivalent. Otherwise the
     queries are cut into position-sorted blocks that only see keys up to their own last
     position: CPU kernels cannot skip masked blocks, so this removes most of the masked work
-    for scattered (blend) queries. 64 rows: of 16/32/64/128 on 15 % of a 3,168-token prompt
-    (2-core CPU), 32 and 64 were fastest for blend (-15 % attention time against 128) and 64-128
-    for a 64-token suffix alone (reuse); more calls cost more than the masked work saved."""
+    for scattered (blend) queries. Blocks of 64 rows: smaller blocks mask less but make more
+    kernel calls, which cost more than the masked work they save (the sizes measured:
+    docs/architecture.md, "The fixed cost of a cached request")."""
     a = pos.shape[0]
     if window is None or window >= n:
         if a == n:  # every position: plain causal

@@ -89,7 +89,7 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
         clock.lap("project")
         projected = pos
         keep = None
-        if i in check:
+        if plan.selector is not None and i in check:
             k_old, v_old = fused.k[i][:, pos], fused.v[i][:, pos]  # the cached rows
             fused.write(i, pos, k, v)
             keep = plan.selector.keep(CheckView(check[i], i, pos, q, k, v, k_old, v_old, fused, n))

@@ -102,6 +102,8 @@ class KeyAttention(LayerObserver):
         self._rows: list[torch.Tensor] = []
 
     def on_layer(self, step: LayerStep) -> None:
+        if step.per_key is None:
+            raise ValueError("KeyAttention needs a run that computes the scores")
         self._rows.append(step.per_key[self.start:self.end])
 
     @property

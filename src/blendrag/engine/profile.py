@@ -14,11 +14,11 @@ after the passage it continues, and a token bound to any nearby passage should b
 query time the ``profile`` selector recomputes the top tokens by that prior at every layer,
 with no check layer.
 
-Why keys, summed over layers: on the demo model an oracle that ranks tokens by the true
-deviation between reuse and full prefill recovers 59 of 60 cross-chunk (pronoun) questions
-at 15 % when it ranks by keys summed over layers, 32 of 60 by values, 19 of 60 by layer-1
-values (CacheBlend's signal); see docs/benchmarks.md. Deep-layer keys are what later queries
-match against, so they carry the cross-chunk bindings (a pronoun resolved to a name).
+Why keys, summed over layers: deep-layer keys are what later queries match against, so they
+carry the cross-chunk bindings (a pronoun resolved to a name); an oracle ranking tokens by
+their true deviation recovers the most cross-chunk questions when it ranks by keys summed over
+layers, far more than by values or by layer-1 values (CacheBlend's signal): figures in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -135,7 +135,7 @@ def _auto_ratio(controller: LoadingController, config: BlendConfig, rows: Reques
 
 
 def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, rows: RequestRows,
-              fused: FusedKV, rope: RopeTable, stats: RequestStats, feed: LayerFeed,
+              fused: FusedKV, rope: RopeTable, stats: RequestStats, feed: LayerFeed | None,
               clock: PhaseClock = OFF) -> LoopPlan:
     """The layer loop's plan for ``config``: which rows are cached, which tokens computed (the
     blend selector's choice, after the preview pass for ``preview``)."""

@@ -28,7 +28,13 @@ from blendrag.config import (
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer import attention_probs
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.layered import LayeredEntry
 from blendrag.prompt import PromptLayout
+
+
+Cached = ChunkKV | LayeredEntry
+"""A chunk's cached rows as a selector sees them: their priors (profile, context shift) and
+context tag."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,6 @@ class Selector:
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
         self.config = config
-        self.options = config.options
         self.scaling = scaling
         self.layout = layout
         self.device = device
@@ -93,7 +98,7 @@ class RandomSelector(Selector):
     """ceil(ratio * C) uniformly random chunk tokens, seeded (ablation)."""
 
     def initial(self) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.options.seed)
+        g = torch.Generator().manual_seed(self.config.typed_options(RandomOptions).seed)
         count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
         chosen = torch.randperm(self.num_chunk_tokens, generator=g)[:count].sort().values
         return self.chunk_positions[chosen.to(self.device)]
@@ -112,7 +117,7 @@ class StaticTopSelector(Selector):
 
 
 def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
-                   chunks: Sequence[ChunkKV]) -> torch.Tensor:
+                   chunks: Sequence[Cached]) -> torch.Tensor:
     """``scores`` [C] with the first chunk's tokens ranked last when its cached rows are exact
     (computed right after this very prefix, with no ingestion context): they are chosen only if
     the budget exceeds the rest."""
@@ -122,13 +127,13 @@ def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
     return scores
 
 
-def _exact(layout: PromptLayout, chunks: Sequence[ChunkKV]) -> bool:
+def _exact(layout: PromptLayout, chunks: Sequence[Cached]) -> bool:
     """Whether the first chunk's cached rows are exact: computed right after this very prefix
     with no ingestion context (``ChunkContext.exact_first``, or no context at all)."""
     return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context_tag
 
 
-def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Sequence[ChunkKV],
+def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Sequence[Cached],
             zeros: Callable[[int], torch.Tensor]) -> list[torch.Tensor] | None:
     """One stored tensor per chunk (a profile, a context shift), or None when a chunk lacks it.
     An exact first chunk is stored without one and needs none: its tokens are ranked last
@@ -138,7 +143,8 @@ def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Seq
     if values and values[0] is None and _exact(layout, chunks):
         start, end = layout.chunk_spans[0]
         values = [zeros(end - start), *values[1:]]
-    return None if any(v is None for v in values) else values
+    present = [v for v in values if v is not None]
+    return present if len(present) == len(values) else None
 
 
 class ProfileSelector(StaticTopSelector):
@@ -147,7 +153,7 @@ class ProfileSelector(StaticTopSelector):
     are exact."""
 
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float, chunks: Sequence[ChunkKV] = ()) -> None:
+                 scaling: float, chunks: Sequence[Cached] = ()) -> None:
         super().__init__(config, layout, device, scaling)
         profiles = _stored([kv.profile for kv in chunks], layout, chunks, torch.zeros)
         if profiles is None:
@@ -166,7 +172,7 @@ class PreviewSelector(StaticTopSelector):
     reach where the preview, made over stale keys, pays them little attention."""
 
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float, chunks: Sequence[ChunkKV] = (),
+                 scaling: float, chunks: Sequence[Cached] = (),
                  attention: torch.Tensor | None = None) -> None:
         super().__init__(config, layout, device, scaling)
         if attention is None or tuple(attention.shape[1:]) != (self.num_chunk_tokens,):
@@ -179,7 +185,7 @@ class PreviewSelector(StaticTopSelector):
             prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)  # [L, C]
-        floor = self.options.attention_floor
+        floor = config.typed_options(PreviewOptions).attention_floor
         self.scores = _last_if_exact(((att + floor) * prior).sum(dim=0), layout, chunks)  # [C]
 
 
@@ -189,7 +195,7 @@ class ScoringSelector(Selector):
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
         super().__init__(config, layout, device, scaling)
-        self.check_layers = self.options.check_layers
+        self.check_layers = config.typed_options(CheckLayerOptions).check_layers
         self.schedule = config.schedule
 
     def initial(self) -> torch.Tensor:
@@ -224,13 +230,13 @@ class CacheBlendSelector(ScoringSelector):
 
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
-        if config.options.check_layers[0] < 1:
+        if config.typed_options(CacheBlendOptions).check_layers[0] < 1:
             raise ValueError("cacheblend check layers must be >= 1: at layer 0 K/V depend only on "
                              "the token and its position, so fresh and cached rows are equal there")
         super().__init__(config, layout, device, scaling)
 
     def score(self, view: CheckView) -> torch.Tensor:
-        value = self.options.deviation == "value"
+        value = self.config.typed_options(CacheBlendOptions).deviation == "value"
         new, old = (view.v_new, view.v_old) if value else (view.k_new, view.k_old)
         return (new.float() - old.float()).pow(2).sum(dim=(0, 2))  # [A]
 
@@ -258,7 +264,7 @@ IMPLEMENTATIONS: dict[type[SelectorOptions], type[Selector]] = {
 
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
-                  scaling: float, chunks: Sequence[ChunkKV] = (),
+                  scaling: float, chunks: Sequence[Cached] = (),
                   attention: torch.Tensor | None = None) -> Selector:
     """The selector of ``config``; its check layers must exist in the model. ``chunks``: the
     chunks' cached KVs in prompt order (their profiles and context shifts); ``attention``: the

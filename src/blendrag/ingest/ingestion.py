@@ -46,7 +46,8 @@ OnChunk = Callable[[int, bool], None]
 class IngestContext(Protocol):
     """What ingestion reads of the engine's ingestion context (``ChunkContext``)."""
 
-    fillers: tuple[str, ...]  # each goes before every chunk: they shorten the room a chunk has
+    @property
+    def fillers(self) -> tuple[str, ...]: ...  # each goes before every chunk: less room for it
 
     @property
     def stores_alone(self) -> bool: ...  # two entries per chunk
@@ -56,10 +57,18 @@ class IngestEngine(Protocol):
     """What ingestion uses of a ``BlendEngine``."""
 
     prompts: PromptBuilder | None
-    adapter: Any  # num_layers, num_kv_heads, head_dim, max_positions
-    dtype: torch.dtype
-    store: KVStore
-    context: IngestContext
+
+    @property
+    def adapter(self) -> Any: ...  # num_layers, num_kv_heads, head_dim, max_positions
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def store(self) -> KVStore: ...
+
+    @property
+    def context(self) -> IngestContext: ...
 
     def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int]) -> str: ...
 
@@ -132,14 +141,15 @@ class Ingestion:
         if engine.prompts is None:
             raise ValueError("ingestion needs an engine with a tokenizer")
         self.engine = engine
+        self.prompts: PromptBuilder = engine.prompts
         self.depth = profile_depth(profile)
         # raises early without a prefix
-        self.chunk_prefix_ids = engine.prompts.chunk_prefix_ids(prefix)
+        self.chunk_prefix_ids = self.prompts.chunk_prefix_ids(prefix)
         self.on_chunk = on_chunk
         self.strict = strict
         self.counts = IngestCounts()
         self.failures: list[ChunkFailure] = []
-        self.max_chunk_tokens = _max_chunk_tokens(engine, self.chunk_prefix_ids)
+        self.max_chunk_tokens = _max_chunk_tokens(engine, self.prompts, self.chunk_prefix_ids)
         # the last non-empty chunks so far: the next ones' neighbours
         self._previous: list[list[int]] = []
 
@@ -157,7 +167,7 @@ class Ingestion:
         ids: list[list[int] | str] = []
         for text in texts:
             try:
-                ids.append(self.engine.prompts.encode(text))
+                ids.append(self.prompts.encode(text))
             except ValueError as exc:  # not valid Unicode: refused like a chunk too long
                 ids.append(str(exc))
         return self.ingest_ids(ids, texts)
@@ -169,6 +179,7 @@ class Ingestion:
         base = self.counts.chunks
         refused = self._refusals(chunks, texts, base)
         todo = [i for i, ids in enumerate(chunks) if i not in refused and len(ids)]
+        valid: dict[int, list[int]] = {i: [int(t) for t in chunks[i]] for i in todo}
         counts = self.counts
         counts.chunks += len(chunks)
         counts.refused += len(refused)
@@ -176,7 +187,7 @@ class Ingestion:
         # The previous batches' last chunks go first: stored already, they are skipped and not
         # counted again; they are the neighbours of this batch's first chunks.
         head = self._previous[-self.depth:] if self.depth else []
-        batch = [*head, *(list(chunks[i]) for i in todo)]
+        batch = [*head, *(valid[i] for i in todo)]
         # precompute profiles no chunk of a list of one
         profiled = self.depth > 0 and len(batch) > 1
         result: list[bool | None] = [None] * len(chunks)
@@ -188,14 +199,14 @@ class Ingestion:
             result[i] = computed
             counts.computed += computed
             counts.skipped += not computed
-            counts.tokens += len(chunks[i]) if computed else 0
+            counts.tokens += len(valid[i]) if computed else 0
             counts.profiled += computed and profiled
             if self.on_chunk is not None:
                 self.on_chunk(i, computed)
 
         if todo:
             self.engine.precompute(self.chunk_prefix_ids, batch, profile=self.depth, on_chunk=done)
-            self._check_stored([i for i in todo if result[i]], chunks, texts, base, profiled)
+            self._check_stored([i for i in todo if result[i]], valid, texts, base, profiled)
         self._previous = batch[-self.depth:] if self.depth else []
         return result
 
@@ -219,7 +230,7 @@ class Ingestion:
             self.failures.append(ChunkFailure(base + i, reason, _preview(texts, i)))
         return {i for i, _ in found}
 
-    def _check_stored(self, computed: list[int], chunks: Sequence[Sequence[int]],
+    def _check_stored(self, computed: list[int], chunks: dict[int, list[int]],
                       texts: Sequence[str] | None, base: int, profiled: bool) -> None:
         """Move the computed chunks that no persistent tier kept from ``computed`` to
         ``not_stored``, with the store's reason, into ``failures``."""
@@ -240,10 +251,11 @@ class Ingestion:
             self.failures.append(ChunkFailure(base + i, reason, _preview(texts, i)))
 
 
-def _max_chunk_tokens(engine: IngestEngine, chunk_prefix_ids: Sequence[int]) -> int:
+def _max_chunk_tokens(engine: IngestEngine, prompts: PromptBuilder,
+                      chunk_prefix_ids: Sequence[int]) -> int:
     """Longest chunk whose KV fits the model's context: after the chunk prefix and the
     ingestion context's longest filler (each chunk is computed after each filler)."""
-    longest = max((len(engine.prompts.encode(f)) for f in engine.context.fillers), default=0)
+    longest = max((len(prompts.encode(f)) for f in engine.context.fillers), default=0)
     return engine.adapter.max_positions - len(chunk_prefix_ids) - longest
 
 

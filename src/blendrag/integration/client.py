@@ -35,6 +35,7 @@ from blendrag.integration.fallback import FallbackFixes, FallbackMonitor
 from blendrag.integration.flat_prompt import FlatLayout, find_layout
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.kv.keys import hash_ids
+from blendrag.prompt import PromptBuilder
 
 TEXT_INDEX_DIR = "text_index"
 """Folder, inside a store's disk tier, of the chunk texts recorded by the framework hooks."""
@@ -89,6 +90,7 @@ class BlendClient:
             raise ValueError("the engine has no tokenizer: framework LLMs need one to read text "
                              "prompts")
         self.engine = engine
+        self.prompts: PromptBuilder = engine.prompts
         self.text_index = text_index if text_index is not None else default_text_index(engine)
         self.chunk_format = chunk_format if chunk_format is not None else ChunkFormat()
         self.fixes, self.name = fixes, name
@@ -121,7 +123,7 @@ class BlendClient:
         self.record(texts)
         engine = self.engine
         run = Ingestion(engine, profile=profile)
-        ids = [engine.prompts.encode(c) for c in texts]
+        ids = [self.prompts.encode(c) for c in texts]
         todo = sum(1 for i in ids if i)  # a text without tokens has no KV
         if not todo:
             return IngestCounts(chunks=len(ids), empty=len(ids))
@@ -149,13 +151,13 @@ class BlendClient:
         """Whether each chunk text's KV is in the engine's store now."""
         self.require_chunk_prefix()
         engine = self.engine
-        prefix = engine.prompts.chunk_prefix_ids()
-        return [engine.store.contains(engine.key(prefix, engine.prompts.encode(t))) for t in texts]
+        prefix = self.prompts.chunk_prefix_ids()
+        return [engine.store.contains(engine.key(prefix, self.prompts.encode(t))) for t in texts]
 
     def require_chunk_prefix(self) -> None:
         """ValueError unless the engine has a canonical ``chunk_prefix`` (framework hooks ingest
         chunks before any prompt exists)."""
-        if self.engine.prompts.chunk_prefix is None:
+        if self.prompts.chunk_prefix is None:
             raise ValueError("chunk KVs precomputed before any prompt exists need a canonical "
                              "prefix: build the engine with chunk_prefix (e.g. "
                              "BlendEngine(..., chunk_prefix=''))")
@@ -167,7 +169,7 @@ class BlendClient:
         self.require_chunk_prefix()
         engine, fmt = self.engine, self.chunk_format
         parts = (engine.model_fp, engine.tokenizer_fp,
-                 hash_ids(engine.prompts.chunk_prefix_ids()), fmt.template, fmt.separator)
+                 hash_ids(self.prompts.chunk_prefix_ids()), fmt.template, fmt.separator)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
 
     @property
@@ -194,7 +196,7 @@ class BlendClient:
         template. TTFT counts from when the chunks were looked for."""
         if texts:
             self.record(texts)
-        flat = find_layout(self.engine.prompts, prompt, self.text_index, texts, templated)
+        flat = find_layout(self.prompts, prompt, self.text_index, texts, templated)
         if flat.full_only:
             if blend.mode == "full":  # asked for: not a fallback
                 flat = dataclasses.replace(flat, fallback=None)
@@ -217,7 +219,7 @@ class BlendClient:
         chat template with the assistant header last, the engine's ``system`` message first
         when the turns have none."""
         engine = self.engine
-        system = engine.prompts.system
+        system = self.prompts.system
         if system is not None and not any(t["role"] == "system" for t in turns):
             turns = [{"role": "system", "content": system}, *turns]
         return engine.tokenizer.apply_chat_template(turns, tokenize=False,

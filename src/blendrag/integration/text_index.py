@@ -105,12 +105,15 @@ class ChunkTextIndex:
             self._load(False)
 
     def _load(self, show_progress: bool | None) -> None:
-        total = self._rows.count_after(self._last_row)
+        rows = self._rows
+        if rows is None:
+            return
+        total = rows.count_after(self._last_row)
         show = total >= PROGRESS_MIN if show_progress is None else show_progress
         batch: list[str] = []
         with tqdm(total=total, desc="loading chunk text index", unit="text",
                   disable=not show) as bar:
-            for row_id, text in self._rows.rows_after(self._last_row):
+            for row_id, text in rows.rows_after(self._last_row):
                 self._last_row = row_id
                 if len(text) >= self.min_chars:
                     batch.append(text)

@@ -52,8 +52,8 @@ _VOLATILE_CONFIG = ("_name_or_path", "transformers_version", "_commit_hash", "us
 def model_fingerprint(model: torch.nn.Module) -> str:
     """Identity of a model's architecture, weights and dtype: the config (less the fields that
     do not change the KV rows) and every byte of every parameter and persistent buffer, with
-    its name, shape and dtype (xxh3-128, about 8 GB/s on one CPU core; docs/store.md, "Keys",
-    has what it costs for a 7B model).
+    its name, shape and dtype (xxh3-128, one of the fastest hashes on a CPU core;
+    docs/store.md, "Keys", has what it costs for a 7B model).
 
     Non-persistent buffers (RoPE's ``inv_freq``) are left out: they are derived from the
     config, which is hashed, and dynamic RoPE rewrites them at run time."""

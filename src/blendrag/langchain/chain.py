@@ -11,12 +11,12 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
 
 from blendrag.integration.chunks import DEFAULT_SEPARATOR
-from blendrag.langchain.llm import BlendParams, format_documents
+from blendrag.langchain.llm import BlendLLM, ChatBlend, format_documents
 
 
 def create_blend_retrieval_chain(
     retriever: BaseRetriever | Runnable[dict, list[Document]],
-    llm: BlendParams,
+    llm: BlendLLM | ChatBlend,
     prompt: BasePromptTemplate,
     *,
     document_separator: str = DEFAULT_SEPARATOR,
@@ -47,9 +47,9 @@ def create_blend_retrieval_chain(
     def answer_chain(inputs: dict[str, Any]) -> Runnable:
         # A Runnable returned by a RunnableLambda runs on the same input, config and callbacks
         # (stream and astream included): this only binds the request's own Documents.
-        documents = inputs["context"]
-        return (RunnablePassthrough.assign(**{document_variable_name: stuff}) | prompt
-                | llm.bind(documents=documents) | parser)
+        model: Runnable = llm.bind(documents=inputs["context"])  # str or message out: parsed
+        return (RunnablePassthrough.assign(**{document_variable_name: stuff}) | prompt | model
+                | parser)
 
     return (
         RunnablePassthrough.assign(context=retrieve.with_config(run_name="retrieve_documents"))

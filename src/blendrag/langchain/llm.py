@@ -5,7 +5,7 @@ messages, generation info, callbacks, tracing params) to the client's calls."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -86,7 +86,7 @@ class BlendParams(BlendSettings):
         self.text_index = self._client.text_index
         return self
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
         """A copy (with ``update``), on the same engine and index, with its own last request."""
         copy = super().model_copy(update=update, deep=deep)
         copy._client = self._client.fork()
@@ -134,14 +134,13 @@ class BlendParams(BlendSettings):
                                   texts=texts, templated=templated, strict=self.strict)
 
     def _ls_params(self, model_type: str, stop: list[str] | None,
-                   kwargs: dict[str, Any]) -> dict[str, Any]:
+                   kwargs: dict[str, Any]) -> LangSmithParams:
         model = kwargs.get("model")
-        params: dict[str, Any] = {
-            "ls_provider": "blendrag", "ls_model_type": model_type,
-            "ls_model_name": model if isinstance(model, str) else self.engine.name,
-            "ls_temperature": kwargs.get("temperature", self.temperature),
-            "ls_max_tokens": kwargs.get("max_tokens", self.max_tokens),
-        }
+        params = LangSmithParams(
+            ls_provider="blendrag", ls_model_type="chat" if model_type == "chat" else "llm",
+            ls_model_name=model if isinstance(model, str) else self.engine.name,
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens))
         stops = stop if stop is not None else self.stop
         if stops:
             params["ls_stop"] = list(stops)
@@ -171,7 +170,7 @@ class BlendLLM(BlendParams, BaseLLM):
         return self._params()
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return LangSmithParams(**self._ls_params("llm", stop, kwargs))
+        return self._ls_params("llm", stop, kwargs)
 
     def _generate(self, prompts: list[str], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> LLMResult:
@@ -224,7 +223,7 @@ class ChatBlend(BlendParams, BaseChatModel):
         return self._params()
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return LangSmithParams(**self._ls_params("chat", stop, kwargs))
+        return self._ls_params("chat", stop, kwargs)
 
     def render(self, messages: list[BaseMessage]) -> str:
         """The conversation as the model reads it (chat template, assistant header last)."""

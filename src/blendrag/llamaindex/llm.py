@@ -11,7 +11,7 @@ messages to turns, the stream to ``CompletionResponse`` objects.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,7 @@ class BlendLLM(BlendSettings, CustomLLM):
         self._check_configs()
         return self
 
-    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False):
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
         """A copy (with ``update``), on the same engine and index, with its own last request."""
         copy = super().model_copy(update=update, deep=deep)
         copy._client = self._client.fork(ChunkFormat(copy.chunk_template, copy.chunk_separator))
@@ -165,7 +165,7 @@ class BlendLLM(BlendSettings, CustomLLM):
     def metadata(self) -> LLMMetadata:
         engine = self.engine
         return LLMMetadata(context_window=engine.adapter.max_positions, num_output=self.max_tokens,
-                           is_chat_model=engine.prompts.chat, model_name=engine.name)
+                           is_chat_model=self._client.prompts.chat, model_name=engine.name)
 
     def chunk_text(self, node: NodeLike) -> str:
         """The exact prompt text of a node: its ``MetadataMode.LLM`` content in the chunk
@@ -207,8 +207,8 @@ class BlendLLM(BlendSettings, CustomLLM):
 
     def _chat_prompt(self, messages: Sequence[ChatMessage]) -> tuple[str, bool]:
         """(prompt, formatted): the tokenizer's chat template when the engine uses one."""
-        if not self.engine.prompts.chat:
-            return self.messages_to_prompt(messages), False
+        if not self._client.prompts.chat:
+            return self.messages_to_prompt(messages), False  # type: ignore[misc]  # a pydantic field
         turns = [{"role": m.role.value, "content": m.content or ""} for m in messages]
         return self._client.render_chat(turns), True
 
@@ -269,11 +269,11 @@ class BlendLLM(BlendSettings, CustomLLM):
         return astream_completion_response_to_chat_response(_in_thread(self._responses(stream)))
 
 
-async def _in_thread(responses: Iterator[CompletionResponse]) -> AsyncIterator[CompletionResponse]:
+async def _in_thread(responses: Iterator[CompletionResponse],
+                     ) -> AsyncGenerator[CompletionResponse, None]:
     """Async iteration over a blocking iterator, each step in a worker thread."""
-    done = object()
     while True:
-        item = await asyncio.to_thread(next, responses, done)
-        if item is done:
+        item = await asyncio.to_thread(next, responses, None)
+        if item is None:
             return
         yield item

@@ -20,6 +20,7 @@ from llama_index.core.llms.llm import (
 )
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.response_synthesizers.base import BaseSynthesizer
 from llama_index.core.retrievers import BaseRetriever
@@ -56,6 +57,7 @@ class BlendSynthesizer(BaseSynthesizer):
         super().__init__(llm=llm, callback_manager=callback_manager, streaming=streaming, **kwargs)
         if not isinstance(self._llm, BlendLLM):
             raise TypeError(f"BlendSynthesizer needs a BlendLLM, got {type(self._llm).__name__}")
+        self._blend_llm: BlendLLM = self._llm
         self._qa_template = text_qa_template or DEFAULT_QA_TEMPLATE
 
     def _get_prompts(self) -> PromptDictType:
@@ -67,7 +69,7 @@ class BlendSynthesizer(BaseSynthesizer):
 
     def _prompt(self, query_str: str, text_chunks: Sequence[str]) -> tuple[str, list[str]]:
         """(prompt, chunk texts); ``text_chunks`` are the nodes' MetadataMode.LLM contents."""
-        fmt = self._llm.client.chunk_format
+        fmt = self._blend_llm.client.chunk_format
         chunks = [fmt.format(t) for t in text_chunks]
         return self._qa_template.format(context_str=fmt.join(chunks), query_str=query_str), chunks
 
@@ -91,7 +93,7 @@ class BlendSynthesizer(BaseSynthesizer):
 
 
 def blend_query_engine(index_or_retriever: BaseIndex | BaseRetriever, llm: BlendLLM,
-                       **kwargs: Any) -> RetrieverQueryEngine:
+                       **kwargs: Any) -> BaseQueryEngine:
     """A query engine answering with :class:`BlendSynthesizer` over ``llm``.
 
     ``kwargs``: ``streaming``, ``text_qa_template`` for the synthesizer; the rest goes to

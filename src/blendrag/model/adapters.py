@@ -7,8 +7,14 @@ says how a family turns hidden states into q/k/v and which layers use a sliding 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch import nn
+
+HFModule = Any
+"""An HF module read through the attributes its family defines (``layers[i].self_attn.q_proj``,
+``input_layernorm``, ...): torch types such attribute reads as ``Tensor | Module``, so they are
+typed ``Any`` here, in the one place that knows each family's names."""
 
 
 class LlamaAdapter:
@@ -17,15 +23,15 @@ class LlamaAdapter:
 
     family = "llama"
 
-    def __init__(self, model: nn.Module) -> None:
-        base = model.model
-        self.model = model
-        self.config = model.config
-        self.embed = base.embed_tokens
-        self.layers = base.layers
-        self.norm = base.norm
-        self.lm_head = model.lm_head
-        self.rotary = base.rotary_emb
+    def __init__(self, model: HFModule) -> None:
+        base: HFModule = model.model
+        self.model: HFModule = model
+        self.config: Any = model.config
+        self.embed: HFModule = base.embed_tokens
+        self.layers: HFModule = base.layers  # the decoder layers, in order
+        self.norm: HFModule = base.norm
+        self.lm_head: HFModule = model.lm_head
+        self.rotary: HFModule = base.rotary_emb
         attn = self.layers[0].self_attn
         self.head_dim: int = attn.head_dim
         self.scaling: float = attn.scaling
@@ -34,7 +40,7 @@ class LlamaAdapter:
         self.num_layers: int = len(self.layers)
         self.max_positions: int = int(self.config.max_position_embeddings)
 
-    def qkv(self, attn: nn.Module,
+    def qkv(self, attn: HFModule,
             x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: [A, hidden] -> q: [H, A, D], k: [Hkv, A, D] (pre-RoPE), v: [Hkv, A, D]."""
         a = x.shape[0]
@@ -45,7 +51,7 @@ class LlamaAdapter:
         return q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
 
     def qk_norm(
-        self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor
+        self, attn: HFModule, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return q, k
 
@@ -80,7 +86,7 @@ class Qwen3Adapter(Qwen2Adapter):
     family = "qwen3"
 
     def qk_norm(
-        self, attn: nn.Module, q: torch.Tensor, k: torch.Tensor
+        self, attn: HFModule, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return attn.q_norm(q), attn.k_norm(k)
 
@@ -93,7 +99,7 @@ ADAPTERS: dict[str, type[LlamaAdapter]] = {
 }
 
 
-def adapter_for(model: nn.Module) -> LlamaAdapter:
+def adapter_for(model: HFModule) -> LlamaAdapter:
     """The adapter of ``model``'s family; ValueError listing the supported ones otherwise."""
     name = type(model).__name__
     if name not in ADAPTERS:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -132,7 +133,7 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype 
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
-            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra,
+            model: Any = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra,
                                                          **kwargs)
     except OSError as e:
         if Path(source.path).exists():

@@ -33,6 +33,7 @@ class RopeTable:
         strides: e.g. rows of the request's KV), with the arithmetic of HF's
         ``x * cos + rotate_half(x) * sin`` (bit for bit) but without its four temporaries of
         x's size: cached keys are rotated at every layer of every request."""
+        idx: torch.Tensor | slice
         if isinstance(pos, slice):
             idx = slice(pos.start - self.start, pos.stop - self.start)
         else:

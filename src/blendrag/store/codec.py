@@ -27,7 +27,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import BinaryIO, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 import safetensors.torch
 import torch
@@ -396,8 +396,8 @@ class _FileReader:
         self._fd = -1
         try:
             # O_NONBLOCK: opening a FIFO planted in place of an entry must not block
-            self._fd = (os.open(source, os.O_RDONLY | os.O_NONBLOCK) if self._owned
-                        else source.fileno())
+            self._fd = (os.open(source, os.O_RDONLY | os.O_NONBLOCK)
+                        if isinstance(source, (str, Path)) else source.fileno())
             st = os.fstat(self._fd)
         except OSError as exc:
             self.close()
@@ -448,8 +448,9 @@ def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
     return bufs
 
 
-def _spec(name: str, spec: object, data_len: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
-    """(dtype, shape, start, end) of one header entry, every field checked against the data."""
+def _spec(name: str, spec: Any, data_len: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, start, end) of one header entry (parsed JSON: anything), every field
+    checked against the data."""
     try:
         dtype = _ST_DTYPES[spec["dtype"]]
         shape = tuple(int(x) for x in spec["shape"])

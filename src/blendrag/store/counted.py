@@ -1,18 +1,16 @@
-"""What ``TieredKVStore.open_layers`` hands out: a tier's layered entry whose reads the store
-counts, whose failures the store deals with, and which the store promotes when read through."""
+"""What ``TieredKVStore.open_layers`` hands out: a tier's layered entry whose reads its slot
+counts, whose failures its slot deals with, and which is promoted to the faster tiers when read
+through."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry, EntryError
-from blendrag.store.layered import MemoryLayeredEntry, LayeredEntry, LayerReadError
-
-if TYPE_CHECKING:
-    from blendrag.store.tiered import TieredKVStore, _Slot
+from blendrag.store.layered import LayeredEntry, LayerReadError, MemoryLayeredEntry
+from blendrag.store.slot import TierSlot
 
 log = logging.getLogger("blendrag.store")
 
@@ -23,9 +21,8 @@ class CountedLayeredEntry:
     it (a defective entry deleted from the tier, a failing tier benched), and a fully read
     entry is copied into the faster tiers on ``close``."""
 
-    def __init__(self, store: TieredKVStore, slot: _Slot, faster: list[_Slot],
-                 entry: LayeredEntry) -> None:
-        self._store, self._slot, self._faster, self._entry = store, slot, faster, entry
+    def __init__(self, slot: TierSlot, faster: list[TierSlot], entry: LayeredEntry) -> None:
+        self._slot, self._faster, self._entry = slot, faster, entry
         self._counted: set[int] = set()
 
     def __getattr__(self, name: str):  # the header fields and shape properties
@@ -40,7 +37,7 @@ class CountedLayeredEntry:
             log.warning("KV store: %s entry %s fails at layer %d (%s); deleted", slot.tier.name,
                         key[:16], i, exc)
             slot.counters.add(corrupt=1, load_seconds=time.perf_counter() - t0)
-            self._store._call(slot, "delete", lambda: slot.tier.delete(key))
+            slot.delete(key)
             raise LayerReadError(key, i, exc) from exc
         except slot.tier.errors as exc:
             slot.counters.add(errors=1)
@@ -62,5 +59,5 @@ class CountedLayeredEntry:
         if self._faster and entry.complete:
             promoted = Entry(entry.key, entry.materialize())
             for faster in self._faster:
-                self._store._write(faster, promoted)
+                faster.write(promoted)
         entry.close()

@@ -113,7 +113,7 @@ def _open_regular(path: str) -> BinaryIO:
             raise EntryError("entry path is not a regular file")
         os.set_blocking(fd, True)
         handle = os.fdopen(fd, "rb")
-        handle.raw.name = path  # as open(path) would name it (entry_path reads it)
+        handle.raw.name = path  # type: ignore[attr-defined]  # as open(path) names it
         return handle
     except BaseException:
         os.close(fd)
@@ -128,7 +128,7 @@ class DiskTier:
     """
 
     name = "disk"
-    errors = (OSError, sqlite3.Error, diskcache.Timeout)
+    errors: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, diskcache.Timeout)
 
     def __init__(self, directory: str | Path, budget_bytes: int | None,
                  timeout_s: float = 10.0) -> None:

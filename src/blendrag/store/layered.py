@@ -90,6 +90,11 @@ class _Shape:
         return 2 * h * t * d * self.dtype.itemsize
 
 
+def _four(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    layers, heads, tokens, dim = shape  # [L, Hkv, T, D]
+    return layers, heads, tokens, dim
+
+
 class MemoryLayeredEntry(_Shape):
     """A ``ChunkKV`` in memory as a layered entry: layers are views, reads cost nothing."""
 
@@ -98,7 +103,7 @@ class MemoryLayeredEntry(_Shape):
         self.token_ids, self.prefix_hash = kv.token_ids, kv.prefix_hash
         self.context_tag = kv.context_tag
         self.profile, self.context_shift = kv.profile, kv.context_shift
-        self.shape = tuple(kv.keys.shape)
+        self.shape = _four(tuple(kv.keys.shape))
         self.dtype = kv.keys.dtype
 
     complete = True  # nothing to read
@@ -126,7 +131,7 @@ class EncodedLayeredEntry(_Shape):
         self._reader, self.key, self.tier = reader, key, tier
         self.token_ids, self.prefix_hash = reader.token_ids, reader.prefix_hash
         self.context_tag = reader.context_tag
-        self.shape, self.dtype = reader.shape, reader.dtype
+        self.shape, self.dtype = _four(reader.shape), reader.dtype
         self.profile, self.context_shift = reader.read_priors()
         self._keys = torch.empty(self.shape, dtype=self.dtype)
         self._values = torch.empty(self.shape, dtype=self.dtype)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -128,7 +128,7 @@ class TierCounters:
             for name, delta in deltas.items():
                 setattr(self, name, getattr(self, name) + delta)
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return {f.name: getattr(self,
                                     f.name) for f in fields(self) if not f.name.startswith("_")}
@@ -203,9 +203,10 @@ class ByteTier(Protocol):
     bench the tier for a while (``health.TierHealth``)."""
 
     name: str
-    label: str
     errors: tuple[type[BaseException], ...]
 
+    @property
+    def label(self) -> str: ...  # names the tier and where it is, for messages
     def open(self) -> object: ...
     def fetch(self, key: str) -> bytes | BinaryIO | None: ...
     def put(self, key: str, data: bytes) -> bool: ...

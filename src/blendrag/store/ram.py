@@ -59,8 +59,8 @@ class MemoryKVStore:
             kv = self._entries.get(key)
             if kv is not None:
                 self._entries.move_to_end(key)
-        hit = kv is not None
-        self._counters.add(hits=hit, misses=not hit, bytes_read=held_bytes(kv) if hit else 0,
+        self._counters.add(hits=kv is not None, misses=kv is None,
+                           bytes_read=0 if kv is None else held_bytes(kv),
                            load_seconds=time.perf_counter() - t0)
         return kv
 

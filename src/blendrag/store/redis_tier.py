@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import cast
 
 from blendrag.store.protocol import TierUsage
 
 try:  # optional dependency: blendrag[redis]
     import redis
 except ImportError:  # pragma: no cover - exercised only without the extra installed
-    redis = None
+    redis = None  # type: ignore[assignment]
 
 _SCAN_BATCH = 500
 
@@ -42,7 +43,7 @@ class RedisTier:
         self.ttl_s = ttl_s
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
                                             socket_connect_timeout=timeout_s)
-        self.errors = (redis.exceptions.RedisError, OSError)
+        self.errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
 
     @property
     def label(self) -> str:
@@ -53,7 +54,8 @@ class RedisTier:
         self._client.ping()
 
     def fetch(self, key: str) -> bytes | None:
-        return self._client.get(self._name(key))
+        # the client is made without decode_responses: replies are bytes
+        return cast("bytes | None", self._client.get(self._name(key)))
 
     def open_ranges(self, key: str) -> RedisRanges | None:
         """Positioned reads of the entry (GETRANGE), for layer-wise loading: only the bytes

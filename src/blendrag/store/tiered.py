@@ -11,48 +11,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import Entry, EntryError, RangeReader, decode, file_reader, open_entry
+from blendrag.store.codec import Entry, RangeReader, decode, file_reader, open_entry
 from blendrag.store.config import StoreConfig
 from blendrag.store.counted import CountedLayeredEntry
 from blendrag.store.disk import DiskTier
-from blendrag.store.health import TierHealth
-from blendrag.store.layered import EncodedLayeredEntry, MemoryLayeredEntry, LayeredEntry
+from blendrag.store.layered import EncodedLayeredEntry, LayeredEntry
 from blendrag.store.protocol import ByteTier, StoreStats, TierCounters, TierStats, TierUsage
-from blendrag.store.ram import RamTier, held_bytes
+from blendrag.store.ram import RamTier
 from blendrag.store.redis_tier import RedisTier
+from blendrag.store.slot import Tier, TierSlot
 
 log = logging.getLogger("blendrag.store")
-
-
-class Tier(Protocol):
-    """One level of a ``TieredKVStore`` (``RamTier``, or a ``ByteTier`` behind ``EncodedTier``).
-
-    ``read`` returns the entry and the bytes it read, or None; it raises ``EntryError`` for a
-    defective entry and one of ``errors`` for a storage failure. ``write`` returns the bytes
-    stored, 0 when the entry does not fit. ``volatile``: lives in this process's memory (bulk
-    writes skip it when a persistent tier takes the entry)."""
-
-    name: str
-    label: str
-    errors: tuple[type[BaseException], ...]
-    volatile: bool
-
-    def open(self) -> object: ...
-    def read(self, key: str) -> tuple[Entry, int] | None: ...
-    def open_layers(self, key: str) -> LayeredEntry | None: ...
-    def write(self, entry: Entry) -> int: ...
-    def contains(self, key: str) -> bool: ...
-    def delete(self, key: str) -> None: ...
-    def clear(self) -> None: ...
-    def usage(self) -> TierUsage: ...
-    def close(self) -> None: ...
 
 
 class EncodedTier:
@@ -120,13 +95,6 @@ class EncodedTier:
         self.tier.close()
 
 
-@dataclass
-class _Slot:
-    tier: Tier
-    health: TierHealth
-    counters: TierCounters = field(default_factory=TierCounters)
-
-
 class TieredKVStore:
     """Chunk-KV store over the tiers ``config`` enables (see ``StoreConfig``); a ``KVStore``.
 
@@ -142,7 +110,7 @@ class TieredKVStore:
         self.config = config = config if config is not None else StoreConfig()
         self._wrap = wrap
         self._gets = TierCounters()  # store level: hits/misses over all tiers
-        self._slots: list[_Slot] = []
+        self._slots: list[TierSlot] = []
         if config.ram_bytes:
             self._add(RamTier(config.ram_bytes))
         if config.disk_dir is not None:
@@ -155,9 +123,9 @@ class TieredKVStore:
 
     def _add(self, tier: Tier) -> None:
         tier = self._wrap(tier) if self._wrap is not None else tier
-        slot = _Slot(tier, TierHealth(tier.label, self.config.retry_after_s))
+        slot = TierSlot(tier, self.config.retry_after_s)
         self._slots.append(slot)
-        self._call(slot, "open", tier.open)  # warn at start-up, not at the first request
+        slot.call("open", tier.open, None)  # warn at start-up, not at the first request
 
     # -- KVStore protocol ------------------------------------------------------------------
 
@@ -166,10 +134,10 @@ class TieredKVStore:
         copied into every faster tier."""
         entry = None
         for i, slot in enumerate(self._slots):
-            entry = self._read(slot, key)
+            entry = slot.read(key)
             if entry is not None:
                 for faster in self._slots[:i]:
-                    self._write(faster, entry)
+                    faster.write(entry)
                 break
         self._gets.add(hits=entry is not None, misses=entry is None)
         return entry.kv if entry is not None else None
@@ -180,10 +148,10 @@ class TieredKVStore:
         ``LayerReadError`` (the entry is dropped, or its tier benched); an entry read through
         is copied into every faster tier when it is closed."""
         for i, slot in enumerate(self._slots):
-            entry = self._read(slot, key, layered=True)
+            entry = slot.open_layers(key)
             if entry is not None:
                 self._gets.add(hits=1)
-                return CountedLayeredEntry(self, slot, self._slots[:i], entry)
+                return CountedLayeredEntry(slot, self._slots[:i], entry)
         self._gets.add(misses=1)
         return None
 
@@ -191,16 +159,16 @@ class TieredKVStore:
         """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
         tier so as not to evict the entries being served, unless no persistent tier took it."""
         entry = Entry(key, _on_cpu(kv))
-        stored = any([self._write(s, entry) for s in self._slots if not s.tier.volatile])
+        stored = any([s.write(entry) for s in self._slots if not s.tier.volatile])
         if ram or not stored:
             for slot in self._slots:
                 if slot.tier.volatile:
-                    self._write(slot, entry)
+                    slot.write(entry)
 
     def contains(self, key: str) -> bool:
         """True when some tier holds ``key``; loads nothing and does not count as a use."""
-        return any(self._call(s, "look up", lambda s=s: s.tier.contains(key),
-                              False) for s in self._slots)
+        return any(slot.call("look up", partial(slot.tier.contains, key), False)
+                   for slot in self._slots)
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys no tier holds, in order: what a precompute job still has to compute."""
@@ -247,14 +215,14 @@ class TieredKVStore:
         """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""
         tiers = []
         for slot in self._slots:
-            usage = self._call(slot, "report usage", slot.tier.usage, TierUsage(None, None, None))
+            usage = slot.call("report usage", slot.tier.usage, TierUsage(None, None, None))
             tiers.append(TierStats(name=slot.tier.name, available=slot.health.available,
                                    entries=usage.entries,
                                    used_bytes=usage.used_bytes, budget_bytes=usage.budget_bytes,
                                    **slot.counters.snapshot()))
         g = self._gets.snapshot()
-        return StoreStats(gets=g["hits"] + g["misses"], hits=g["hits"], misses=g["misses"],
-                          tiers=tuple(tiers))
+        return StoreStats(gets=int(g["hits"] + g["misses"]), hits=int(g["hits"]),
+                          misses=int(g["misses"]), tiers=tuple(tiers))
 
     # -- bulk and maintenance ----------------------------------------------------------------
 
@@ -269,12 +237,12 @@ class TieredKVStore:
     def delete(self, key: str) -> None:
         """Drop ``key`` from every tier."""
         for slot in self._slots:
-            self._call(slot, "delete", lambda s=slot: s.tier.delete(key))
+            slot.delete(key)
 
     def clear(self) -> None:
         """Drop every entry from every tier (Redis: only keys under this store's prefix)."""
         for slot in self._slots:
-            self._call(slot, "clear", slot.tier.clear)
+            slot.call("clear", slot.tier.clear, None)
 
     def reset_stats(self) -> None:
         """Zero every counter (usage figures are live and are not affected)."""
@@ -283,7 +251,7 @@ class TieredKVStore:
 
     def close(self) -> None:
         for slot in self._slots:
-            self._call(slot, "close", slot.tier.close)
+            slot.call("close", slot.tier.close, None)
 
     def __enter__(self) -> TieredKVStore:
         return self
@@ -291,63 +259,12 @@ class TieredKVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- internals ---------------------------------------------------------------------------
-
-    def _read(self, slot: _Slot, key: str, layered: bool = False):
-        """The tier's entry for ``key`` (``layered``: opened for layer-wise reads), counted; a
-        defective entry is a logged miss and is deleted."""
-        if not slot.health.available:
-            return None
-        t0 = time.perf_counter()
-        read = slot.tier.open_layers if layered else slot.tier.read
-        try:
-            found = self._call(slot, "read", lambda: read(key))
-        except EntryError as exc:
-            log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
-                        slot.tier.name, key[:16], exc)
-            slot.counters.add(misses=1, corrupt=1, load_seconds=time.perf_counter() - t0)
-            self._call(slot, "delete", lambda: slot.tier.delete(key))
-            return None
-        if found is None:
-            slot.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
-            return None
-        if layered:  # its layers' bytes are counted as they are read (CountedLayeredEntry)
-            held = held_bytes(found.kv) if isinstance(found, MemoryLayeredEntry) else 0
-            slot.counters.add(hits=1, bytes_read=held, load_seconds=time.perf_counter() - t0)
-            return found
-        entry, size = found
-        slot.counters.add(hits=1, bytes_read=size, load_seconds=time.perf_counter() - t0)
-        return entry
-
-    def _write(self, slot: _Slot, entry: Entry) -> bool:
-        stored = self._call(slot, "write", lambda: slot.tier.write(entry), 0)
-        if stored:
-            slot.counters.add(bytes_written=stored)
-        elif slot.health.available:
-            log.debug("KV store: entry %s exceeds the %s budget; not stored", entry.key[:16],
-                      slot.tier.name)
-        return bool(stored)
-
-    def _call(self, slot: _Slot, action: str, fn, default=None):
-        """Run a tier operation unless benched; a storage failure benches the tier."""
-        if not slot.health.available:
-            return default
-        try:
-            return fn()
-        except slot.tier.errors as exc:
-            slot.counters.add(errors=1)
-            slot.health.failed(action, exc)
-            return default
-
-
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
-    # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded.
-    tensors = [kv.keys, kv.values, kv.profile, kv.context_shift]
-    if all(t is None or t.device.type == "cpu" for t in tensors):
+    # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded (the
+    # priors are host tensors already: ChunkKV keeps them there).
+    if kv.keys.device.type == "cpu":
         return kv
-    return dataclasses.replace(kv, **{name: t.to("cpu") for name, t in (
-        ("keys", kv.keys), ("values", kv.values), ("profile", kv.profile),
-        ("context_shift", kv.context_shift)) if t is not None})
+    return dataclasses.replace(kv, keys=kv.keys.to("cpu"), values=kv.values.to("cpu"))
 
 
 def _size_of(source: bytes | BinaryIO) -> int:

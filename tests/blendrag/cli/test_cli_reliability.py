@@ -1,4 +1,4 @@
-"""The CLI's failure paths (issue 13): bad input is one ``error:`` line and exit status 2, a job
+"""The CLI's failure paths: bad input is one ``error:`` line and exit status 2, a job
 that could not store every chunk says which and exits 1; never a traceback."""
 
 from __future__ import annotations

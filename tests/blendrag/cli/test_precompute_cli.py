@@ -132,6 +132,7 @@ def test_cli_text_summary_says_profiles_were_measured(model_dir, tmp_path, capsy
     assert main(plain) == 0 and _summary(capsys)["profiled"] == 0
 
 
+@pytest.mark.processes
 def test_two_processes_precomputing_one_collection_leave_a_consistent_store(model_dir, tmp_path):
     """A CLI child and this process run the same job at once, in opposite orders (they meet in the
     middle and race on the same keys)."""

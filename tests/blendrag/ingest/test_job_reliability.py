@@ -1,4 +1,4 @@
-"""The ingestion job tells the truth (issue 13): what was not persisted is not counted as
+"""The ingestion job tells the truth: what was not persisted is not counted as
 computed and is named with the reason, chunks longer than the context and texts that are not
 valid Unicode are refused while the others go on, a failing text index is reported, and bad
 inputs raise a clear ValueError."""

@@ -24,6 +24,7 @@ def _run(framework: str, step: str, model_dir, work) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.processes
 def test_langchain_persisted_chroma_blends_in_a_new_process(model_dir, tmp_path):
     pytest.importorskip("langchain_chroma")
     model = model_dir("qwen2")
@@ -34,6 +35,7 @@ def test_langchain_persisted_chroma_blends_in_a_new_process(model_dir, tmp_path)
     assert (second["chunk_hits"], second["chunk_misses"]) == (5, 0)
 
 
+@pytest.mark.processes
 def test_llamaindex_pipeline_with_ingestion_cache_blends_in_a_new_process(model_dir, tmp_path):
     pytest.importorskip("llama_index.vector_stores.chroma")
     model = model_dir("qwen2")

@@ -1,4 +1,4 @@
-"""A changed model never gets the old model's stored KVs (issue 13, item 1): the fingerprint
+"""A changed model never gets the old model's stored KVs: the fingerprint
 covers every byte of every weight, and weights changed in place after the engine was built are
 noticed."""
 

@@ -93,6 +93,7 @@ def test_prefix_and_chunk_ids_change_the_key(base):
     assert hash_ids([1, 2]) != hash_ids([2, 1]) and hash_ids([]) != hash_ids([0])
 
 
+@pytest.mark.processes
 def test_keys_are_equal_across_processes(tmp_path, base):
     from transformers import AutoModelForCausalLM
 

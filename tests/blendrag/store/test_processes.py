@@ -3,9 +3,13 @@ agree."""
 
 from __future__ import annotations
 
+import pytest
+
 from blendrag.store import DiskTier, StoreConfig, TieredKVStore
 from helpers import procs
 from helpers.kvgen import entry_bytes, make_kv, same_bits
+
+pytestmark = pytest.mark.processes
 
 KV = dict(layers=2, heads=2, tokens=32, dim=32)
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from blendrag.store import encode
-from blendrag_bench.redis_server import REDIS_BINARY, LocalRedis, free_port
+from blendrag_servers.redis_server import REDIS_BINARY, LocalRedis, free_port
 from helpers.kvgen import make_kv, same_bits
 
 

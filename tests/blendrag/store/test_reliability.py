@@ -1,4 +1,4 @@
-"""The store against a hostile or damaged store folder and Redis server (issue 13): no file
+"""The store against a hostile or damaged store folder and Redis server: no file
 outside the store is read or deleted, a crafted entry or a FIFO is a logged miss that is
 dropped, a planted settings row benches the tier, Redis namespaces are disjoint, and configs
 with NaN timeouts are refused."""
