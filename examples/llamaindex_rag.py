@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     nodes = nodes_of(examples)
     IngestionPipeline(transformations=[BlendKVTransform(llm), embed],
                       vector_store=store).run(nodes=nodes)
-    print(f"ingested {len(nodes)} passages, {sum(llm.client.cached([llm.chunk_text(n) for n in nodes]))} KVs cached\n")
+    cached = llm.client.cached([llm.chunk_text(n) for n in nodes])
+    print(f"ingested {len(nodes)} passages, {sum(cached)} KVs cached\n")
 
     index = VectorStoreIndex.from_vector_store(store, embed_model=embed)
     for i, ex in enumerate(examples):
@@ -119,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
         plain, t_full = ask(index, full, i, len(ex.chunks), ex.question)
         print(f"Q: {ex.question}   (gold: {ex.answers[0]}, {ex.kind})")
         print(f"  blend@{args.ratio:g}: {blended!r:32} ok={exact_match(blended, ex.answers)}  "
-              f"ttft={t_blend * 1e3:.1f} ms  chunk hits={stats.cache.chunk_hits}/{stats.prompt.chunks} "
+              f"ttft={t_blend * 1e3:.1f} ms  "
+              f"chunk hits={stats.cache.chunk_hits}/{stats.prompt.chunks} "
               f"recomputed={stats.recompute_fraction:.0%}")
         print(f"  full prefill: {plain!r:30} ok={exact_match(plain, ex.answers)}  "
               f"ttft={t_full * 1e3:.1f} ms")

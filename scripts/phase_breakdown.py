@@ -5,7 +5,8 @@
     python scripts/phase_breakdown.py --threads 2 --ab blocks
 
 The default workload of ``bench ttft`` (random Mistral-shaped 32 layers, 3,168 tokens). Without
-``--ab``: one prefill timed by a ``PhaseClock`` per mode after a warm-up, ms per phase, and the median
+``--ab``: one prefill timed by a ``PhaseClock`` per mode after a warm-up, ms per phase, and the
+median
 TTFT of ``--repeats`` untimed calls. ``--ab buffers``: the same with the engine's pooled request
 buffer and with a fresh buffer per request (what the pool saves). ``--ab blocks``: attention
 time of profile@15 % and reuse with masked-attention blocks of 16/32/64/128 rows, alternated,

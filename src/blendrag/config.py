@@ -126,7 +126,7 @@ SELECTORS: dict[str, type[SelectorOptions]] = {
 implementation of each is ``engine/selectors.py``'s, keyed by the same options type)."""
 
 
-O = TypeVar("O", bound=SelectorOptions)
+OptionsT = TypeVar("OptionsT", bound=SelectorOptions)
 
 
 @dataclass(frozen=True, init=False)
@@ -173,7 +173,8 @@ class BlendConfig:
     auto_ratio: bool = field(default=False, init=False)
 
     def __init__(self, mode: str = "blend", selector: str = "preview",
-                 ratio: float | str = DEFAULT_RATIO, options: SelectorOptions | None = None) -> None:
+                 ratio: float | str = DEFAULT_RATIO,
+                 options: SelectorOptions | None = None) -> None:
         auto = isinstance(ratio, str)
         value = _auto_floor(ratio) if isinstance(ratio, str) else ratio
         if mode not in MODES:
@@ -193,7 +194,7 @@ class BlendConfig:
                         ("options", chosen), ("auto_ratio", auto)):
             object.__setattr__(self, name, v)
 
-    def typed_options(self, kind: type[O]) -> O:
+    def typed_options(self, kind: type[OptionsT]) -> OptionsT:
         """The options as ``kind`` (the selector's own options type)."""
         if not isinstance(self.options, kind):
             raise TypeError(f"the {self.selector} selector's options are "

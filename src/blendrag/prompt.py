@@ -34,7 +34,8 @@ class PromptLayout:
     def __init__(self, prefix_ids: Sequence[int], chunk_ids: Sequence[Sequence[int]],
                  suffix_ids: Sequence[int], chunk_prefix_ids: Sequence[int] | None = None) -> None:
         prefix = tuple(int(t) for t in prefix_ids)
-        chunk_prefix = prefix if chunk_prefix_ids is None else tuple(int(t) for t in chunk_prefix_ids)
+        chunk_prefix = (prefix if chunk_prefix_ids is None
+                        else tuple(int(t) for t in chunk_prefix_ids))
         object.__setattr__(self, "prefix_ids", prefix)
         object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in chunk_ids))
         object.__setattr__(self, "suffix_ids", tuple(int(t) for t in suffix_ids))

@@ -36,6 +36,7 @@ class FlopModel:
 
     def request(self, stats: RequestStats) -> float:
         """FLOPs of a prefilled request (its preview pass included), from its stats."""
-        tokens = sum(stats.compute.computed_per_layer) + stats.compute.preview_tokens * stats.compute.layers
-        keys = sum(stats.compute.attended_keys_per_layer) + stats.compute.preview_attended_keys
+        c = stats.compute
+        tokens = sum(c.computed_per_layer) + c.preview_tokens * c.layers
+        keys = sum(c.attended_keys_per_layer) + c.preview_attended_keys
         return float(tokens * self.per_token + keys * self.per_key)

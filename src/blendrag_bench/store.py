@@ -38,8 +38,8 @@ from blendrag_bench.raw_io import (
     memcpy_seconds,
     redis_get_seconds,
 )
-from blendrag_servers.redis_server import LocalRedis, RedisUnavailable
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
+from blendrag_servers.redis_server import LocalRedis, RedisUnavailable
 
 TIERS = ("ram", "disk", "redis")
 

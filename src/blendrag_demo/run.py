@@ -197,8 +197,9 @@ def _ask(cfg: DemoConfig, llm, store, corpus: DemoCorpus, out: Callable[[str], N
             reply = chain.invoke({"input": q.text})
             s = mode_llm.last_stats
             answers.append(Answer(reply["answer"].strip(),
-                                  bool(contains_answer(reply["answer"], q.answers)), s.timing.ttft_s,
-                                  s.prompt.tokens, s.cache.chunk_hits, s.prompt.chunks))
+                                  bool(contains_answer(reply["answer"], q.answers)),
+                                  s.timing.ttft_s, s.prompt.tokens, s.cache.chunk_hits,
+                                  s.prompt.chunks))
         # the whole answer against full prefill's, on the very prompt the chain built
         layout = llms[modes[0].label].last_prompt.layout
         compared = compare_answers(llm.engine, layout, modes, cfg.max_new_tokens)

@@ -122,7 +122,8 @@ def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_defa
     used = {name for module, name in EDGES.get(("blendrag.engine", "blendrag.store"), set())}
     assert used <= ENGINE_STORE_MODULES | {
         f"{m}.{n}" for m in ENGINE_STORE_MODULES
-        for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "MemoryLayeredEntry", "LayerReadError")
+        for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "MemoryLayeredEntry",
+                  "LayerReadError")
     }
 
 
@@ -158,7 +159,8 @@ def test_nothing_below_the_engine_facade_imports_it():
         here = module_name(path)
         if here in FACADE:
             continue
-        hits = sorted(n for n in imports(path) if n in FACADE or n.startswith("blendrag.engine.engine"))
+        hits = sorted(n for n in imports(path)
+                      if n in FACADE or n.startswith("blendrag.engine.engine"))
         if hits:
             bad[here] = hits
     assert not bad, f"modules below the facade import it: {bad}"
@@ -207,7 +209,8 @@ def test_no_module_uses_another_modules_private_names():
 
 
 def test_core_tests_never_import_the_demo_or_the_benchmarks():
-    """tests/blendrag/ tests the core alone: the benchmarks' and the demo's own tests import them."""
+    """tests/blendrag/ tests the core alone: only the benchmarks' and the demo's own tests import
+    them."""
     core_tests = Path(__file__).resolve().parent
     bad = {str(p.relative_to(core_tests)): sorted(n for n in imports(p)
                                                   if unit(n) in ("blendrag_bench", "blendrag_demo"))

@@ -81,7 +81,8 @@ class ChunkCache:
 
     # ---- keys and lookups ----------------------------------------------------------------
 
-    def key(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext | None = None) -> str:
+    def key(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
+            context: ChunkContext | None = None) -> str:
         """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` in ``context`` (default:
         the cache's; a prefix is keyed as a chunk after () with ``NO_CONTEXT``)."""
         tag = (self.context if context is None else context).tag

@@ -4,8 +4,9 @@ A chunk computed right after the prompt prefix "believes" it is the first passag
 prompt; in a real prompt it mostly follows other passages, and its deep-layer keys and values
 differ accordingly (reusing such KVs moves the answer far more than KVs computed after other
 passages: docs/architecture.md, "The default ingestion context", has the figures). Computed
-after *any* passage, the stored rows are much closer to what the prompt needs. blendrag therefore computes each chunk after each of
-a few fixed filler contexts (by default three, of two unrelated encyclopedic passages each),
+after *any* passage, the stored rows are much closer to what the prompt needs. blendrag
+therefore computes each chunk after each of a few fixed filler contexts (by default three, of
+two unrelated encyclopedic passages each),
 averages the K and V rows over them (the mean is the least-squares guess when the real
 predecessors are unknown), and records per layer how far the context moved each token's values
 (``ChunkKV.context_shift``, the ``preview`` selector's prior). The prefix + filler rows are

@@ -28,9 +28,8 @@ from blendrag.config import (
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer import attention_probs
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.layered import LayeredEntry
 from blendrag.prompt import PromptLayout
-
+from blendrag.store.layered import LayeredEntry
 
 Cached = ChunkKV | LayeredEntry
 """A chunk's cached rows as a selector sees them: their priors (profile, context shift) and
@@ -130,7 +129,8 @@ def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
 def _exact(layout: PromptLayout, chunks: Sequence[Cached]) -> bool:
     """Whether the first chunk's cached rows are exact: computed right after this very prefix
     with no ingestion context (``ChunkContext.exact_first``, or no context at all)."""
-    return bool(chunks) and layout.chunk_prefix_ids == layout.prefix_ids and not chunks[0].context_tag
+    same_prefix = layout.chunk_prefix_ids == layout.prefix_ids
+    return bool(chunks) and same_prefix and not chunks[0].context_tag
 
 
 def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Sequence[Cached],
@@ -157,7 +157,8 @@ class ProfileSelector(StaticTopSelector):
         super().__init__(config, layout, device, scaling)
         profiles = _stored([kv.profile for kv in chunks], layout, chunks, torch.zeros)
         if profiles is None:
-            raise ValueError("the profile selector needs a context-sensitivity profile for every chunk "
+            raise ValueError("the profile selector needs a context-sensitivity profile for every "
+                             "chunk "
                              "(BlendEngine fills them in; got chunk KVs without one)")
         self.scores = _last_if_exact(torch.cat([p.float() for p in profiles]), layout,
                                      chunks)  # [C] on the CPU

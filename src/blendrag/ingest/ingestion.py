@@ -40,7 +40,8 @@ if TYPE_CHECKING:
     from blendrag.store.protocol import KVStore
 
 OnChunk = Callable[[int, bool], None]
-"""``on_chunk(i, computed)``: called after text ``i`` of an ``ingest`` call (not for empty texts)."""
+"""``on_chunk(i, computed)``: called after text ``i`` of an ``ingest`` call (not for empty
+texts)."""
 
 
 class IngestContext(Protocol):

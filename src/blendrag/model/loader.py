@@ -133,7 +133,8 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype 
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
-            model: Any = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **extra,
+            model: Any = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype,
+                                                              **extra,
                                                          **kwargs)
     except OSError as e:
         if Path(source.path).exists():

@@ -13,11 +13,11 @@ A read that fails after the entry was opened (a checksum mismatch, a tier that w
 raises ``LayerReadError``: the rows of that layer do not exist, so the request cannot go on
 with this entry (``BlendEngine.prefill`` redoes the request with the chunk recomputed).
 
-- ``MemoryLayeredEntry``: over a ``ChunkKV`` held in memory (RAM tier, a chunk computed by this
-  request): ``layer(i)`` returns views, nothing is read.
-- ``EncodedLayeredEntry``: over the codec's ``EntryReader`` (disk: positioned reads on the entry file;
-  Redis: GETRANGE of the layer's byte ranges), each layer read into its slot of one stacked
-  buffer, so that a fully read entry is a ``ChunkKV`` without another copy.
+- ``MemoryLayeredEntry``: over a ``ChunkKV`` held in memory (RAM tier, a chunk computed by
+  this request): ``layer(i)`` returns views, nothing is read.
+- ``EncodedLayeredEntry``: over the codec's ``EntryReader`` (disk: positioned reads on the
+  entry file; Redis: GETRANGE of the layer's byte ranges), each layer read into its slot of
+  one stacked buffer, so that a fully read entry is a ``ChunkKV`` without another copy.
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def test_cli_precomputes_a_jsonl_file_then_skips_it(model_dir, tmp_path, capsys)
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(ratio=0.3)).stats
-    assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.prefix_hit) == (4, 0, True)
+    cache = stats.cache
+    assert (cache.chunk_hits, cache.chunk_misses, cache.prefix_hit) == (4, 0, True)
     store.close()
 
 
@@ -109,7 +110,8 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     ids = [engine.prompts.encode(t) for t in PASSAGES]
     for i in (2, 3):  # the second batch, behind lines 1-2 of the first
-        expected = profiled(engine.runner, store.get(engine.key(prefix_ids, ids[i])), prefix_ids, [ids[i - 1], ids[i - 2]])
+        stored = store.get(engine.key(prefix_ids, ids[i]))
+        expected = profiled(engine.runner, stored, prefix_ids, [ids[i - 1], ids[i - 2]])
         got = store.get(engine.key(prefix_ids, ids[i])).profile
         assert torch.allclose(got, expected.profile, rtol=1e-5, atol=1e-6)
     store.close()

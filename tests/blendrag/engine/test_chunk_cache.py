@@ -13,9 +13,11 @@ def test_miss_is_computed_then_hit(engine_for):
     engine.store = MemoryKVStore()
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     first = engine.prefill(layout, BlendConfig(ratio=0.3)).stats
-    assert (first.cache.chunk_hits, first.cache.chunk_misses, first.cache.prefix_hit) == (0, 4, False)
+    assert (first.cache.chunk_hits, first.cache.chunk_misses, first.cache.prefix_hit) == (
+        0, 4, False)
     second = engine.prefill(layout, BlendConfig(ratio=0.3)).stats
-    assert (second.cache.chunk_hits, second.cache.chunk_misses, second.cache.prefix_hit) == (4, 0, True)
+    assert (second.cache.chunk_hits, second.cache.chunk_misses, second.cache.prefix_hit) == (
+        4, 0, True)
     assert len(engine.store) == 5  # prefix + 4 chunks
 
 

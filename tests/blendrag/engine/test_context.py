@@ -123,7 +123,8 @@ def test_preview_never_recomputes_an_exact_first_passage(engine):
     traced = engine.prefill(layout, BlendConfig(selector="preview", ratio=rest / c),
                             observers=[trace])
     # every chunk token but the first passage's is recomputed, none of the first's
-    assert traced.stats.compute.recomputed_chunk_tokens_per_layer == [rest] * engine.adapter.num_layers
+    layers = engine.adapter.num_layers
+    assert traced.stats.compute.recomputed_chunk_tokens_per_layer == [rest] * layers
     pos = trace.layers[0]["pos"]
     assert not bool(((pos >= first[0]) & (pos < first[1])).any())
 
@@ -207,7 +208,7 @@ def test_an_engine_without_tokenizer_cannot_take_fillers(engine):
 
 
 def test_the_precompute_job_counts_both_entries_of_a_chunk(engine):
-    from blendrag.ingest import kv_bytes_per_token, ingest_source
+    from blendrag.ingest import ingest_source, kv_bytes_per_token
 
     summary = ingest_source(engine, [PASSAGES[0]], prefix=PREFIX, progress=False)
     tokens = len(engine.prompts.encode(PASSAGES[0]))

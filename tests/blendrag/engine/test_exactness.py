@@ -69,7 +69,8 @@ def test_reuse_single_chunk_after_prefix_equals_full(engine_for):
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     reuse = engine.prefill(layout, BlendConfig(mode="reuse"))
     assert max_diff(reuse.logits, full) < TOL
-    assert reuse.stats.compute.computed_per_layer == [len(layout.suffix_ids)] * engine.adapter.num_layers
+    layers = engine.adapter.num_layers
+    assert reuse.stats.compute.computed_per_layer == [len(layout.suffix_ids)] * layers
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -96,6 +96,7 @@ def test_stats_report_reuse_and_recompute(engine_for):
     assert s.prompt.chunks == 4 and s.cache.chunk_hits + s.cache.chunk_misses == 4
     assert s.cache.tokens_reused == len(layout.prefix_ids) + s.prompt.chunk_tokens
     expected = -(-s.prompt.chunk_tokens // 4)  # ceil(0.25 * chunk tokens)
-    assert s.compute.recomputed_chunk_tokens_per_layer == [s.prompt.chunk_tokens] + [expected] * (layers - 1)
+    recomputed = s.compute.recomputed_chunk_tokens_per_layer
+    assert recomputed == [s.prompt.chunk_tokens] + [expected] * (layers - 1)
     assert s.compute.computed_per_layer[-1] == expected + len(layout.suffix_ids)
     assert s.timing.ttft_s > 0 and s.decode.new_tokens == 6 and s.decode.decode_tokens_per_s > 0

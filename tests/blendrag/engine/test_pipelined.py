@@ -146,7 +146,8 @@ def test_a_tier_failing_midway_falls_back_to_recompute(tier_store, engine_on, re
         assert not store.stats().tier("disk").available
         assert pre.stats.cache.chunk_hits == 0
     again = prefill_at(engine, layout, config, prefetch)
-    assert torch.equal(again.logits, reference[config.label]) and again.stats.cache.load_retries == 0
+    assert torch.equal(again.logits, reference[config.label])
+    assert again.stats.cache.load_retries == 0
 
 
 def test_auto_ratio_recomputes_more_when_loading_is_slow(tier_store, engine_on, one_thread):

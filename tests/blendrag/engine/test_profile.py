@@ -126,9 +126,8 @@ def test_chunks_stored_without_a_profile_get_one_on_first_use(engine_for):
     _ingest(engine, layout, profile=False)
     cfg = BlendConfig(selector="profile", ratio=0.2)
     first = engine.prefill(layout, cfg)
-    assert first.stats.cache.profiles_computed == len(PASSAGES) and first.stats.cache.chunk_hits == len(
-        PASSAGES
-    )
+    assert first.stats.cache.profiles_computed == len(PASSAGES)
+    assert first.stats.cache.chunk_hits == len(PASSAGES)
     second = engine.prefill(layout, cfg)
     assert second.stats.cache.profiles_computed == 0
     assert torch.equal(first.logits, second.logits)
@@ -176,10 +175,9 @@ def test_profile_k_keeps_each_tokens_largest_deviation_over_its_k_predecessors(e
     anchor, ids = list(layout.chunk_prefix_ids), layout.chunk_ids
     for i in range(len(ids)):
         alone = engine.runner.compute_chunk(None, anchor, ids[i])
-        devs = [key_deviation(alone,
-                              engine.runner.compute_chunk(None, anchor + list(ids[(i - j) % len(ids)]),
-                                                    ids[i]))
-                for j in (1, 2)]
+        after = [engine.runner.compute_chunk(None, anchor + list(ids[(i - j) % len(ids)]), ids[i])
+                 for j in (1, 2)]
+        devs = [key_deviation(alone, kv) for kv in after]
         expected = torch.maximum(devs[0], devs[1])
         got = engine.store.get(engine.key(anchor, ids[i])).profile
         assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4)

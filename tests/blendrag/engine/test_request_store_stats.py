@@ -50,7 +50,8 @@ def test_precomputed_chunks_are_served_from_disk_first(model_dir, make_store):
     ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
                            BlendConfig(ratio=0.3)).stats
-    assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.prefix_hit) == (len(PASSAGES), 0, True)
+    cache = stats.cache
+    assert (cache.chunk_hits, cache.chunk_misses, cache.prefix_hit) == (len(PASSAGES), 0, True)
     assert _tiers(stats) == {"ram": (1, len(PASSAGES)), "disk": (len(PASSAGES), 0)}
 
 

@@ -30,9 +30,12 @@ def test_epic_picks_the_first_tokens_of_every_chunk(engine_for):
 def test_random_is_seeded_and_inside_chunks(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    a = selector(engine, layout, selector="random", ratio=0.2, options=RandomOptions(seed=1)).initial()
-    b = selector(engine, layout, selector="random", ratio=0.2, options=RandomOptions(seed=1)).initial()
-    c = selector(engine, layout, selector="random", ratio=0.2, options=RandomOptions(seed=2)).initial()
+    a = selector(engine, layout, selector="random", ratio=0.2,
+                 options=RandomOptions(seed=1)).initial()
+    b = selector(engine, layout, selector="random", ratio=0.2,
+                 options=RandomOptions(seed=1)).initial()
+    c = selector(engine, layout, selector="random", ratio=0.2,
+                 options=RandomOptions(seed=2)).initial()
     chunk_tokens = layout.suffix_start - len(layout.prefix_ids)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert a.numel() == math.ceil(0.2 * chunk_tokens)
@@ -73,7 +76,8 @@ def test_query_selector_prefers_tokens_the_question_attends(engine_for):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     pre, trace = traced_prefill(engine, layout, BlendConfig(selector="query", ratio=0.25))
     s = pre.stats
-    assert s.compute.recomputed_chunk_tokens_per_layer[1:] == [math.ceil(0.25 * s.prompt.chunk_tokens)] * 2
+    kept = math.ceil(0.25 * s.prompt.chunk_tokens)
+    assert s.compute.recomputed_chunk_tokens_per_layer[1:] == [kept] * 2
     kept = set(trace.layers[1]["pos"].tolist())
     assert set(range(layout.suffix_start, layout.num_tokens)) <= kept
 

@@ -8,7 +8,12 @@ import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.engine.profile import profiled
-from blendrag.ingest import chunks_from_chroma, chunks_from_folder, kv_bytes_per_token, ingest_source
+from blendrag.ingest import (
+    chunks_from_chroma,
+    chunks_from_folder,
+    ingest_source,
+    kv_bytes_per_token,
+)
 from blendrag.integration.text_index import ChunkTextIndex
 from helpers.sources import DOCS, make_chroma
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -104,8 +109,8 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
     p0, p1, p2, p3 = PASSAGES
     # batches [p0, p1] | ["", p2] | [p3]: p2 and p3 open a batch; their neighbours sit in the
     # one before
-    summary = ingest_source(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False, batch_size=2,
-                         profile=True)
+    summary = ingest_source(engine, [p0, p1, "", p2, p3], prefix=PREFIX, progress=False,
+                            batch_size=2, profile=True)
     assert (summary.chunks, summary.computed, summary.skipped, summary.empty,
             summary.profiled) == (5, 4, 0, 1, 4)
     assert (
@@ -172,8 +177,8 @@ def test_a_resumed_or_repeating_job_measures_after_the_source_predecessor(engine
     ingest_source(engine, [p0, p1], prefix=PREFIX, progress=False, profile=True)
     new = "A brand new passage about the history of Oslo and Paris."
     # p0, p1 are skipped, p0 repeats: the neighbours are still the texts just before in the source
-    summary = ingest_source(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False, batch_size=2,
-                         profile=True)
+    summary = ingest_source(engine, [p0, p1, p0, p2, new], prefix=PREFIX, progress=False,
+                            batch_size=2, profile=True)
     assert (summary.chunks, summary.computed, summary.skipped, summary.profiled) == (5, 2, 3, 2)
     assert torch.equal(_stored(engine, p2).profile, _profile_after(engine, p2, p0))
     assert torch.equal(_stored(engine, new).profile, _profile_after(engine, new, p2))

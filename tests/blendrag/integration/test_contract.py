@@ -21,9 +21,9 @@ from llama_index.core.prompts import PromptTemplate as LIPromptTemplate  # noqa:
 from blendrag import BlendEngine  # noqa: E402
 from blendrag import langchain as lc  # noqa: E402
 from blendrag import llamaindex as li  # noqa: E402
-from blendrag.langchain.llm import format_documents  # noqa: E402
 from blendrag.integration.settings import BlendSettings  # noqa: E402
 from blendrag.integration.text_index import ChunkTextIndex  # noqa: E402
+from blendrag.langchain.llm import format_documents  # noqa: E402
 from helpers.li_data import ingest  # noqa: E402
 from helpers.tiny import PASSAGES  # noqa: E402
 
@@ -95,7 +95,8 @@ def test_flat_prompts_find_the_same_ingested_chunks(engine):
     assert lc_llm.last_prompt.source == li_llm.last_prompt.source == "index"
     assert lc_llm.last_prompt.layout == li_llm.last_prompt.layout and lc_answer == li_answer
     # separators too
-    assert lc_llm.last_stats.cache.chunk_hits == li_llm.last_stats.cache.chunk_hits == 2 * len(CHUNKS) - 1
+    hits = lc_llm.last_stats.cache.chunk_hits
+    assert hits == li_llm.last_stats.cache.chunk_hits == 2 * len(CHUNKS) - 1
 
 
 def test_one_config_shape_one_chunk_format_one_embedder(model_dir):

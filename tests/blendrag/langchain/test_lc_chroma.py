@@ -196,12 +196,8 @@ def test_profile_selector_answers_from_ingested_profiles(model, engine, embedder
     assert isinstance(result["answer"], str) and result["answer"]
     stats = answer.last_stats
     # 3 documents + 2 separators, every one stored with its profile at ingestion
-    assert (stats.selector, stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (
-        "profile",
-        5,
-        5,
-        0,
-    )
+    assert (stats.selector, stats.prompt.chunks) == ("profile", 5)
+    assert (stats.cache.chunk_hits, stats.cache.chunk_misses) == (5, 0)
     assert stats.cache.profiles_computed == 0
 
 

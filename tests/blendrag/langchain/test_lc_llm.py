@@ -80,11 +80,8 @@ def test_call_overrides_and_bind(llm):
     llm.bind(ratio=0.5, max_tokens=3).invoke(PROMPT, documents=DOCS)
     assert llm.last_stats.ratio == 0.5 and llm.last_stats.decode.new_tokens <= 3
     llm.invoke(PROMPT, documents=DOCS, mode="reuse")
-    assert llm.last_stats.mode == "reuse" and llm.last_stats.compute.recomputed_chunk_tokens_per_layer == [
-        0,
-        0,
-        0,
-    ]
+    stats = llm.last_stats
+    assert stats.mode == "reuse" and stats.compute.recomputed_chunk_tokens_per_layer == [0, 0, 0]
 
 
 def test_stop_strings(llm):

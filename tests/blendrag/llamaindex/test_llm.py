@@ -31,10 +31,12 @@ def test_nodes_split_keeps_gaps_and_tolerates_order_and_missing_nodes(make_llm):
     a, b, c = (llm.chunk_text(n) for n in nodes)
     gappy = PREFIX + a + "--- a gap ---\n" + b + c + SUFFIX
     llm.complete(gappy, nodes=nodes)
-    assert (llm.last_stats.prompt.chunks, llm.last_stats.cache.chunk_misses) == (4, 4)  # 3 nodes + the gap
+    stats = llm.last_stats
+    assert (stats.prompt.chunks, stats.cache.chunk_misses) == (4, 4)  # 3 nodes + the gap
     llm.complete(prompt,
                  nodes=[nodes[2], nodes[0], NodeWithScore(node=TextNode(text="not in the prompt"))])
-    assert (llm.last_stats.prompt.chunks, llm.last_stats.cache.chunk_hits) == (3, 3)  # found in prompt order
+    stats = llm.last_stats
+    assert (stats.prompt.chunks, stats.cache.chunk_hits) == (3, 3)  # found in prompt order
 
 
 def test_nodes_blend_ratio_one_equals_full_and_stats_are_returned(make_llm):
@@ -154,7 +156,8 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
     def profile_after(llm, node, *before):
         engine = llm.engine
         probes = [engine.prompts.encode(llm.chunk_text(b)) for b in before]
-        return profiled(engine.runner, entry(llm, node), engine.prompts.chunk_prefix_ids(), probes).profile
+        prefix = engine.prompts.chunk_prefix_ids()
+        return profiled(engine.runner, entry(llm, node), prefix, probes).profile
 
     nodes = [TextNode(text=p.strip()) for p in PASSAGES[:3]]
     llm = make_llm()

@@ -228,7 +228,8 @@ def test_default_chunk_format_finds_every_chunk_of_a_stock_prompt(
     # COMPACT: one flat string
     index.as_query_engine(llm=llm, similarity_top_k=TOP_K).query(QUESTION)
     stats = llm.last_stats
-    assert (stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (2 * TOP_K - 1, 2 * TOP_K - 1, 0)
+    assert (stats.prompt.chunks, stats.cache.chunk_hits, stats.cache.chunk_misses) == (
+        2 * TOP_K - 1, 2 * TOP_K - 1, 0)
     full, _ = _synthesize(llm, index, BlendConfig(mode="full"))
     blend, stats = _synthesize(llm, index, BlendConfig(mode="blend", ratio=1.0))
     assert blend == full and (stats.prompt.chunks, stats.cache.chunk_hits,

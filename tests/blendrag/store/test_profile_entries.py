@@ -265,11 +265,9 @@ def test_profiles_precomputed_by_one_process_serve_another(model_dir, tmp_path, 
         reader = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                              store=store)
         stats = reader.prefill(layout, BlendConfig(selector="profile", ratio=0.3)).stats
-        assert (stats.cache.chunk_hits, stats.cache.chunk_misses, stats.cache.profiles_computed) == (
-            len(PASSAGES),
-            0,
-            0,
-        )
+        cache = stats.cache
+        assert (cache.chunk_hits, cache.chunk_misses, cache.profiles_computed) == (
+            len(PASSAGES), 0, 0)
         read = [store.get(reader.key(layout.chunk_prefix_ids,
                                      ids)).profile for ids in layout.chunk_ids]
     assert all(torch.equal(a, b) for a, b in zip(written, read))
