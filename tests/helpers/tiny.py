@@ -88,3 +88,12 @@ PASSAGES = [
 ]
 PREFIX = "Answer from the passages below.\n"
 SUFFIX = "\nQuestion: who was born first?\nAnswer:"
+
+
+def computed(engine, chunk_prefix_ids, chunk_ids):
+    """The chunk's KV as the engine's cache stores it on a miss (in the engine's ingestion
+    context), computed now and not stored: the reference a stored entry must equal."""
+    cache = engine.cache
+    kv, _ = cache.compute_pair(cache.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
+                               engine.context)
+    return kv

@@ -145,32 +145,25 @@ class ChunkCache:
 
     # ---- computing -------------------------------------------------------------------------
 
-    def compute(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
-                context: ChunkContext | None = None) -> ChunkKV:
-        """The chunk's KV in ``context`` (default: the cache's) computed now and not stored:
-        what ``kv`` stores on a miss."""
-        context = self.context if context is None else context
-        return self._compute_pair(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
-                                  context)[0]
-
     def _compute_and_put(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids,
                          chunk_ids: Ids, context: ChunkContext, ram: bool = True) -> ChunkKV:
-        kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
+        kv, alone = self.compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
         self._put(chunk_prefix_ids, chunk_ids, context, kv, alone, ram)
         return kv
 
     def _put(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext, kv: ChunkKV,
              alone: ChunkKV | None, ram: bool = True) -> None:
         """Store a computed chunk: ``kv`` under its context's key and, when the context keeps it
-        (``_compute_pair``), the chunk computed ``alone`` under the no-context key."""
+        (``compute_pair``), the chunk computed ``alone`` under the no-context key."""
         self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv, ram=ram)
         if alone is not None:
             self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone, ram=ram)
 
-    def _compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids, chunk_ids: Ids,
-                      context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
-        """The chunk's KV in ``context`` and, when the context stores it too (``exact_first``),
-        the chunk computed alone (else None)."""
+    def compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids, chunk_ids: Ids,
+                     context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
+        """The chunk's KV in ``context`` (after the chunk prefix, whose KV is
+        ``chunk_prefix``) and, when the context stores it too (``exact_first``), the chunk
+        computed alone (else None): what a miss stores, computed now and not stored."""
         alone = self.runner.compute_chunk(chunk_prefix, chunk_prefix_ids, chunk_ids)
         if not context.fillers:
             return alone, None
@@ -211,7 +204,7 @@ class ChunkCache:
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                kv, alone = self._compute_pair(chunk_prefix, chunk_prefix_ids, ids, self.context)
+                kv, alone = self.compute_pair(chunk_prefix, chunk_prefix_ids, ids, self.context)
                 probes = neighbours(chunks, i, depth)
                 if probes:
                     kv = profiled(self.runner, kv, chunk_prefix_ids, probes, chunk_prefix)

@@ -46,13 +46,3 @@ class RopeTable:
         o1.sub_(x2 * sin[:, :h])
         torch.mul(x2, cos[:, h:], out=o2)
         o2.add_(x1 * sin[:, h:])
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [heads, A, D]; cos, sin: [A, D]. HF's formula (the reference ``rotate_into`` keeps)."""
-    return x * cos + rotate_half(x) * sin

@@ -207,10 +207,6 @@ class EntryReader:
                                  f"{want[0]} {want[1]}")
 
     @property
-    def has_profile(self) -> bool:
-        return PROFILE in self.priors
-
-    @property
     def num_layers(self) -> int:
         return self.shape[0]
 

@@ -226,6 +226,150 @@ class TieredKVStore:
 
     # -- bulk and maintenance ----------------------------------------------------------------
 
+    def delete(self, key: str) -> None:
+        self.tier.delete(key)
+
+    def clear(self) -> None:
+        self.tier.clear()
+
+    def usage(self) -> TierUsage:
+        return self.tier.usage()
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+class TieredKVStore:
+    """Chunk-KV store over the tiers ``config`` enables (see ``StoreConfig``); a ``KVStore``.
+
+    Tiers, fastest first: RAM (``RamTier``), disk (``DiskTier``), Redis (``RedisTier``); every
+    one is used through the same ``Tier`` interface. Returned entries are shared with the RAM
+    tier: treat their tensors as read-only.
+    """
+
+    def __init__(self, config: StoreConfig | None = None,
+                 wrap: Callable[[Tier], Tier] | None = None) -> None:
+        """``wrap``: applied to every tier before use (e.g. ``throttle.ThrottledTier``, the
+        benchmarks' model of a slower device)."""
+        self.config = config = config if config is not None else StoreConfig()
+        self._wrap = wrap
+        self._gets = TierCounters()  # store level: hits/misses over all tiers
+        self._slots: list[TierSlot] = []
+        if config.ram_bytes:
+            self._add(RamTier(config.ram_bytes))
+        if config.disk_dir is not None:
+            self._add(EncodedTier(DiskTier(config.disk_dir, config.disk_bytes,
+                                           config.disk_timeout_s)))
+        if config.redis_url is not None:
+            self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix,
+                                            config.redis_ttl_s,
+                                            config.redis_timeout_s)))
+
+    def _add(self, tier: Tier) -> None:
+        tier = self._wrap(tier) if self._wrap is not None else tier
+        slot = TierSlot(tier, self.config.retry_after_s)
+        self._slots.append(slot)
+        slot.call("open", tier.open, None)  # warn at start-up, not at the first request
+
+    # -- KVStore protocol ------------------------------------------------------------------
+
+    def get(self, key: str) -> ChunkKV | None:
+        """The entry for ``key`` from the fastest tier that has a valid one, or None; a hit is
+        copied into every faster tier."""
+        entry = None
+        for i, slot in enumerate(self._slots):
+            entry = slot.read(key)
+            if entry is not None:
+                for faster in self._slots[:i]:
+                    faster.write(entry)
+                break
+        self._gets.add(hits=entry is not None, misses=entry is None)
+        return entry.kv if entry is not None else None
+
+    def open_layers(self, key: str) -> LayeredEntry | None:
+        """The entry for ``key`` from the fastest tier that has one, opened for layer-wise
+        reads (``store/layered.py``), or None. A layer that fails later raises
+        ``LayerReadError`` (the entry is dropped, or its tier benched); an entry read through
+        is copied into every faster tier when it is closed."""
+        for i, slot in enumerate(self._slots):
+            entry = slot.open_layers(key)
+            if entry is not None:
+                self._gets.add(hits=1)
+                return CountedLayeredEntry(slot, self._slots[:i], entry)
+        self._gets.add(misses=1)
+        return None
+
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+        """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
+        tier so as not to evict the entries being served, unless no persistent tier took it."""
+        entry = Entry(key, _on_cpu(kv))
+        stored = any([s.write(entry) for s in self._slots if not s.tier.volatile])
+        if ram or not stored:
+            for slot in self._slots:
+                if slot.tier.volatile:
+                    slot.write(entry)
+
+    def contains(self, key: str) -> bool:
+        """True when some tier holds ``key``; loads nothing and does not count as a use."""
+        return any(slot.call("look up", partial(slot.tier.contains, key), False)
+                   for slot in self._slots)
+
+    def missing(self, keys: Iterable[str]) -> list[str]:
+        """The keys no tier holds, in order: what a precompute job still has to compute."""
+        return [k for k in keys if not self.contains(k)]
+
+    def unpersisted(self, keys: Iterable[str]) -> list[str]:
+        """The keys no persistent tier (disk, Redis) holds, in order; in a store without one,
+        the keys no tier holds. What a bulk job could not store (a benched tier holds none)."""
+        slots = [s for s in self._slots if not s.tier.volatile] or self._slots
+        # Benched tiers are asked too: a full disk still answers, and what it stored before
+        # it filled up is persisted. A tier that fails is not asked again in this call (a
+        # dead Redis would cost a timeout per key).
+        failed: set[int] = set()
+
+        def holds(i: int, key: str) -> bool:
+            if i in failed:
+                return False
+            try:
+                return slots[i].tier.contains(key)
+            except slots[i].tier.errors:
+                failed.add(i)
+                return False
+
+        return [k for k in keys if not any(holds(i, k) for i in range(len(slots)))]
+
+    def problems(self) -> list[str]:
+        """Why each benched tier is benched (its last failure), fastest tier first."""
+        return [s.health.last_error or s.tier.label for s in self._slots
+                if not s.health.available]
+
+    @property
+    def disk_dir(self) -> Path | None:
+        """The disk tier's folder (None: no disk tier)."""
+        return None if self.config.disk_dir is None else Path(self.config.disk_dir)
+
+    def location(self) -> str | None:
+        """The disk folder and the Redis URL and prefix; None with neither (RAM only)."""
+        c = self.config
+        if c.disk_dir is None and c.redis_url is None:
+            return None
+        return f"disk={c.disk_dir} redis={c.redis_url} prefix={c.redis_prefix}"
+
+    def stats(self) -> StoreStats:
+        """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""
+        tiers = []
+        for slot in self._slots:
+            usage = slot.call("report usage", slot.tier.usage, TierUsage(None, None, None))
+            tiers.append(TierStats(name=slot.tier.name, available=slot.health.available,
+                                   entries=usage.entries,
+                                   used_bytes=usage.used_bytes, budget_bytes=usage.budget_bytes,
+                                   **slot.counters.snapshot()))
+        g = self._gets.snapshot()
+        return StoreStats(gets=int(g["hits"] + g["misses"]), hits=int(g["hits"]),
+                          misses=int(g["misses"]), tiers=tuple(tiers))
+
+    # -- bulk and maintenance ----------------------------------------------------------------
+
     def put_many(self, items: Iterable[tuple[str, ChunkKV]], *, ram: bool = False) -> int:
         """``put`` each (key, kv); by default not into RAM, so a bulk job does not flush it."""
         n = 0

@@ -17,7 +17,7 @@ from blendrag.ingest import chunks_from_chroma, ingest_source
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers import procs
 from helpers.sources import make_chroma
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX, computed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = [p + f"Entry {i}." for i in range(6) for p in PASSAGES]  # 24 distinct chunks
@@ -158,7 +158,7 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     for text in TEXTS:
         ids = engine.prompts.encode(text)
         got = store.get(engine.key(prefix_ids, ids))
-        ref = engine.cache.compute(prefix_ids, ids)
+        ref = computed(engine, prefix_ids, ids)
         assert (
             got is not None
             and torch.equal(got.keys, ref.keys)

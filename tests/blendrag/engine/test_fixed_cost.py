@@ -13,10 +13,17 @@ from blendrag.engine.layer import attention_probs
 from blendrag.engine.loop import LoopPlan
 from blendrag.engine.observers import KeyAttention, Trace
 from blendrag.engine.phases import PHASES, PhaseClock
-from blendrag.model.rope import RopeTable, apply_rope
+from blendrag.model.rope import RopeTable
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 CPU = torch.device("cpu")
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's own rotation, the reference: x * cos + rotate_half(x) * sin."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    return x * cos + rotate_half(x) * sin
 MODES = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode="reuse"),
          BlendConfig(mode="blend", selector="preview", ratio=0.3),
          BlendConfig(mode="blend", selector="cacheblend", ratio=0.3),

@@ -13,7 +13,7 @@ from blendrag.config import profile_depth
 from blendrag.engine.profile import key_deviation, neighbours, profiled
 from blendrag.engine.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX, computed
 
 
 def _kv(keys: torch.Tensor) -> ChunkKV:
@@ -107,7 +107,7 @@ def test_profile_selector_needs_a_profile_per_chunk(engine_for):
     with pytest.raises(ValueError, match="profile"):
         make_selector(BlendConfig(selector="profile"), layout, engine.adapter.num_layers,
                       engine.device,
-                      engine.adapter.scaling, [engine.cache.compute((), ids)
+                      engine.adapter.scaling, [computed(engine, (), ids)
                                                for ids in layout.chunk_ids])
 
 

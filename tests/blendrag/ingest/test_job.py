@@ -16,7 +16,7 @@ from blendrag.ingest import (
 )
 from blendrag.integration.text_index import ChunkTextIndex
 from helpers.sources import DOCS, make_chroma
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX, computed
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,7 +42,7 @@ def test_every_chunk_is_stored_exactly_and_counted(engine, tmp_path):
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
     for text in PASSAGES:
         stored = engine.store.get(_key(engine, text))
-        ref = engine.cache.compute(prefix_ids, engine.prompts.encode(text))
+        ref = computed(engine, prefix_ids, engine.prompts.encode(text))
         assert torch.equal(stored.keys, ref.keys) and torch.equal(stored.values, ref.values)
 
 
@@ -130,7 +130,7 @@ def test_profiles_follow_source_order_across_batches_and_empty_texts(engine):
         assert got.max() > 0
     # the served rows are the stand-alone ones, profile or not
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
-    ref = engine.cache.compute(prefix_ids, engine.prompts.encode(p2))
+    ref = computed(engine, prefix_ids, engine.prompts.encode(p2))
     assert torch.equal(_stored(engine, p2).keys,
                        ref.keys) and torch.equal(_stored(engine, p2).values, ref.values)
     # queries with the profile selector find every profile in the store

@@ -59,7 +59,7 @@ def test_entry_without_profile_decodes_to_none_and_has_no_profile_tensor():
     out = decode(data, KEY)
     assert out.profile is None and same_bits(out, kv)
     with open_entry(data, KEY) as entry:
-        assert entry.has_profile is False
+        assert PROFILE not in entry.priors
 
 
 def test_profile_is_one_plain_float32_tensor_and_layers_read_without_it():
@@ -71,7 +71,7 @@ def test_profile_is_one_plain_float32_tensor_and_layers_read_without_it():
         tensors[PROFILE], kv.profile
     )
     with open_entry(data, KEY) as entry:
-        assert entry.has_profile is True
+        assert PROFILE in entry.priors
         k1, v1 = entry.layer(1)
         assert torch.equal(k1, kv.keys[1]) and torch.equal(v1, kv.values[1])
 
