@@ -11,6 +11,7 @@ MODES = ("full", "prefix", "reuse", "blend")
 DEVIATIONS = ("value", "key")
 DEFAULT_RATIO = 0.20  # the knee of the fidelity frontier (docs/benchmarks.md); auto's floor
 AUTO = "auto"
+MAX_TEMPERATURE = 100.0
 
 
 @dataclass(frozen=True)
@@ -253,8 +254,11 @@ class GenerationConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0 or math.isnan(self.temperature):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TEMPERATURE:
+            # above a few units every token is about as likely as any other: noise, not text
+            raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: "
+                             f"greedy), got {t!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

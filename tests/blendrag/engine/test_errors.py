@@ -38,6 +38,9 @@ def test_bad_blend_config(make, message):
 @pytest.mark.parametrize("kw, message", [
     ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"temperature": -1.0}, "temperature"),
+    ({"temperature": float("inf")}, r"temperature must be a number in \[0, 100\]"),
+    ({"temperature": 1e30}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_k": -2}, "top_k"),
     ({"stop": ("",)}, "stop strings"),
