@@ -47,11 +47,11 @@ def build_tokenizer(path: Path, chat: bool = True):
 
 
 def build_config(family: str, *, layers: int = 3, rope: dict | None = None, tie: bool = False,
-                 vocab: int = 420, sliding_window: int | None = None):
+                 vocab: int = 420, sliding_window: int | None = None, positions: int = 1024):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=112, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                   bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie)
     if rope is not None:
         common["rope_parameters"] = rope

@@ -12,7 +12,7 @@ Computing uses the runner's pooled request buffer, so it happens before a reques
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,6 +47,7 @@ class RequestRows:
     prefix_hit: bool = False
     exact_first: bool = False  # the first passage's rows are its exact ones (ChunkContext)
     profiles_computed: int = 0
+    chunks_without_context: int = 0  # too long for the ingestion context (``context_for``)
 
     def close(self) -> None:
         for entry in self.opened:
@@ -78,19 +79,41 @@ class ChunkCache:
         self.context = context
         self._encode = encode
         self._filler_ids = {context: [encode(f) for f in context.fillers] if encode else []}
+        self._warned_long = False
 
     # ---- keys and lookups ----------------------------------------------------------------
 
     def key(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
             context: ChunkContext | None = None) -> str:
         """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` in ``context`` (default:
-        the cache's; a prefix is keyed as a chunk after () with ``NO_CONTEXT``)."""
-        tag = (self.context if context is None else context).tag
+        the one it is stored in, ``context_for``; a prefix is keyed as a chunk after () with
+        ``NO_CONTEXT``)."""
+        if context is None:
+            context = self.context_for(chunk_prefix_ids, chunk_ids)
         return chunk_key(self.identity.fingerprint, self.tokenizer_fp, chunk_prefix_ids,
-                         chunk_ids, tag)
+                         chunk_ids, context.tag)
+
+    def context_for(self, chunk_prefix_ids: Ids, chunk_ids: Ids) -> ChunkContext:
+        """The ingestion context a chunk is stored in: the cache's, unless the chunk does not
+        fit the model's context after the chunk prefix and the longest filler; then none (its
+        rows computed after the chunk prefix alone, which the request path and ingestion both
+        use: said once in a warning)."""
+        fillers = self._fillers(self.context)
+        if not fillers:
+            return self.context
+        room = self.runner.max_positions - len(chunk_prefix_ids) - max(map(len, fillers))
+        if len(chunk_ids) <= room:
+            return self.context
+        if not self._warned_long:
+            self._warned_long = True
+            log.warning("a chunk of %d tokens does not fit the model's context of %d positions "
+                        "after its chunk prefix and the ingestion context's fillers: such chunks "
+                        "are computed after the chunk prefix alone (no context)", len(chunk_ids),
+                        self.runner.max_positions)
+        return NO_CONTEXT
 
     def open(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext,
-             skip: frozenset[str] | set[str] = frozenset(),
+             skip: Collection[str] = frozenset(),
              opened: list[LayeredEntry] | None = None) -> LayeredEntry | None:
         """The stored entry of the chunk opened for layer-wise reads, its header checked against
         the request; None for a miss, a key in ``skip`` or a foreign entry. The caller closes it
@@ -126,9 +149,10 @@ class ChunkCache:
 
     def kv(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
            context: ChunkContext | None = None) -> ChunkKV:
-        """The chunk's whole KV in ``context`` (default: the cache's): read from the store, or
-        computed and stored now."""
-        context = self.context if context is None else context
+        """The chunk's whole KV in ``context`` (default: the one it is stored in): read from
+        the store, or computed and stored now."""
+        if context is None:
+            context = self.context_for(chunk_prefix_ids, chunk_ids)
         entry = self.open(chunk_prefix_ids, chunk_ids, context)
         if entry is not None:
             try:
@@ -204,11 +228,12 @@ class ChunkCache:
             now = key in todo
             if now:
                 todo.discard(key)  # a chunk listed twice is computed once
-                kv, alone = self.compute_pair(chunk_prefix, chunk_prefix_ids, ids, self.context)
+                context = self.context_for(chunk_prefix_ids, ids)
+                kv, alone = self.compute_pair(chunk_prefix, chunk_prefix_ids, ids, context)
                 probes = neighbours(chunks, i, depth)
                 if probes:
                     kv = profiled(self.runner, kv, chunk_prefix_ids, probes, chunk_prefix)
-                self._put(chunk_prefix_ids, ids, self.context, kv, alone, ram=False)
+                self._put(chunk_prefix_ids, ids, context, kv, alone, ram=False)
             computed.append(now)
             if on_chunk is not None:
                 on_chunk(i, now)
@@ -217,66 +242,77 @@ class ChunkCache:
     # ---- a request's rows ------------------------------------------------------------------
 
     def rows_for(self, layout: PromptLayout, config: BlendConfig,
-                 skip: frozenset[str] | set[str] = frozenset()) -> RequestRows:
-        """The cached rows of a request: stored entries opened for layer-wise reads (their layers
-        are read by the loop's feed), chunks missing from the store (or in ``skip``: failed in
-        an earlier attempt) computed and stored now."""
+                 failed: dict[str, ChunkKV | None] | None = None, head: int = 0) -> RequestRows:
+        """The cached rows of a request: stored entries opened for layer-wise reads (their
+        layers are read by the loop's feed), chunks missing from the store computed and stored
+        now. ``failed``: keys whose entry failed to load in an earlier attempt, never opened
+        again, with the KV computed for each (filled in here: a chunk is computed once whatever
+        the attempts). ``head``: rows [0, head) are in the request's KV already (the prefix
+        cache's, at a chunk boundary): the prefix and the chunks before it get no row here."""
         rows = RequestRows()
         if config.mode == "full":
             return rows
         try:
-            self._fill(rows, layout, config, skip)
+            self._fill(rows, layout, config, {} if failed is None else failed, head)
         except BaseException:
             rows.close()
             raise
         return rows
 
     def _fill(self, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
-              skip: frozenset[str] | set[str]) -> None:
+              failed: dict[str, ChunkKV | None], head: int) -> None:
         prefix: LayeredEntry | None = None  # exact whatever follows it
-        if layout.prefix_ids:
+        if layout.prefix_ids and not head:
             prefix, rows.prefix_hit = self._open_or_compute(
-                rows, skip, (), layout.prefix_ids, NO_CONTEXT, lambda: None)
+                rows, failed, (), layout.prefix_ids, NO_CONTEXT, lambda: None)
             rows.segments.append(CachedSegment(0, prefix))
         # only a chunk computed after this very prefix is an exact prefix
-        context = self.context
+        chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
         if config.mode == "prefix":
             chunk_prefix_ids, chunks = layout.prefix_ids, layout.chunk_ids[:1]
-            context = NO_CONTEXT
-        else:
-            chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
         same = chunk_prefix_ids == layout.prefix_ids
         whole: list[ChunkKV | None] = []  # the chunk prefix's KV, once a missing chunk needs it
 
         def chunk_prefix() -> ChunkKV | None:
             if not whole:
-                whole.append(_whole(prefix) if same else self.prefix(chunk_prefix_ids))
+                whole.append(_whole(prefix) if same and prefix is not None
+                             else self.prefix(chunk_prefix_ids))
             return whole[0]
 
         profile = config.mode == "blend" and config.selector == "profile"
         # the first passage follows this very prefix: its rows computed alone are exact
-        exact_first = same and context.stores_alone
-        for i, ((start, _), ids) in enumerate(zip(layout.chunk_spans, chunks)):
-            exact = exact_first and i == 0
-            entry, hit = self._open_or_compute(rows, skip, chunk_prefix_ids, ids,
-                                               NO_CONTEXT if exact else context, chunk_prefix)
+        exact_first = same and self.context.stores_alone
+        for i, ((start, end), ids) in enumerate(zip(layout.chunk_spans, chunks)):
+            if end <= head:
+                continue
+            exact = exact_first and i == 0 or config.mode == "prefix"
+            context = NO_CONTEXT if exact else self.context_for(chunk_prefix_ids, ids)
+            rows.chunks_without_context += context is NO_CONTEXT and not exact
+            entry, hit = self._open_or_compute(rows, failed, chunk_prefix_ids, ids, context,
+                                               chunk_prefix)
             rows.chunk_hits += hit
             rows.chunk_misses += not hit
-            rows.exact_first |= exact
+            rows.exact_first |= exact and config.mode != "prefix"
             if profile and entry.profile is None and not exact:  # exact rows need no profile
                 kv = self._profile_now(entry.materialize(), chunk_prefix_ids, chunk_prefix(),
                                        chunks, i, rows)
                 entry = MemoryLayeredEntry(kv, tier="computed")
             rows.segments.append(CachedSegment(start, entry))
 
-    def _open_or_compute(self, rows: RequestRows, skip: frozenset[str] | set[str],
+    def _open_or_compute(self, rows: RequestRows, failed: dict[str, ChunkKV | None],
                          chunk_prefix_ids: Ids, ids: Ids, context: ChunkContext,
                          chunk_prefix: Callable[[], ChunkKV | None]) -> tuple[LayeredEntry, bool]:
-        """(the stored entry, True) or (the KV computed and stored now, False)."""
-        entry = self.open(chunk_prefix_ids, ids, context, skip, rows.opened)
-        if entry is not None:
-            return entry, True
-        kv = self._compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context)
+        """(the stored entry, True) or (the KV computed and stored now, False); a key that
+        failed in an earlier attempt is computed once and its KV kept in ``failed``."""
+        key = self.key(chunk_prefix_ids, ids, context)
+        kv = failed.get(key)
+        if kv is None:
+            entry = self.open(chunk_prefix_ids, ids, context, failed.keys(), rows.opened)
+            if entry is not None:
+                return entry, True
+            kv = self._compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context)
+            if key in failed:
+                failed[key] = kv
         return MemoryLayeredEntry(kv, tier="computed"), False
 
     def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Ids, chunk_prefix: ChunkKV | None,

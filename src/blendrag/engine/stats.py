@@ -26,18 +26,24 @@ class CacheStats:
 
     chunk_hits / chunk_misses: chunks found in the store / computed now; prefix_hit: the
     prefix's rows found; exact_first: the first passage's rows were its exact ones
-    (``ChunkContext.exact_first``); tokens_reused: rows taken from the cache;
-    profiles_computed: chunk profiles measured by this request (``profile`` selector, first
-    use); load_retries: attempts redone because a cached entry failed to load midway (that
-    chunk recomputed); store: what this request did to the store
+    (``ChunkContext.exact_first``); prefix_cache_tokens: rows taken from the prefix cache (an
+    earlier request that began the same way), prefix_cache_exact: whether all of them were
+    exact (None: none taken); tokens_reused: rows taken from any cache; profiles_computed:
+    chunk profiles measured by this request (``profile`` selector, first use);
+    chunks_without_context: chunks too long for the ingestion context, whose rows were
+    computed after the chunk prefix alone; load_retries: attempts redone because cached entries
+    failed to load midway (those chunks recomputed); store: what this request did to the store
     (``StoreStats.since(before).to_dict()``)."""
 
     chunk_hits: int = 0
     chunk_misses: int = 0
     prefix_hit: bool = False
     exact_first: bool = False
+    prefix_cache_tokens: int = 0
+    prefix_cache_exact: bool | None = None
     tokens_reused: int = 0
     profiles_computed: int = 0
+    chunks_without_context: int = 0
     load_retries: int = 0
     store: dict | None = None
 

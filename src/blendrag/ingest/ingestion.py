@@ -9,7 +9,9 @@ computed after the chunk prefix. Every entry point goes through ``Ingestion``:
 
 A chunk that cannot have a KV is refused before anything is computed: a text that is not valid
 Unicode (a lone surrogate) and a chunk longer than the model's context leaves after the chunk
-prefix and the ingestion context's longest filler. ``strict`` runs (the default:
+prefix. (A chunk that fits after the chunk prefix but not after the ingestion context's
+longest filler is stored computed after the chunk prefix alone, as a request computes it:
+``ChunkCache.context_for``.) ``strict`` runs (the default:
 ``BlendEngine.ingest``, the framework integrations) raise ``ValueError``; the bulk job lists
 them in ``failures`` and goes on. After each batch the computed chunks are looked up in the
 store's persistent tiers: one that no tier kept (a full or unusable disk) is not counted as
@@ -46,9 +48,6 @@ texts)."""
 
 class IngestContext(Protocol):
     """What ingestion reads of the engine's ingestion context (``ChunkContext``)."""
-
-    @property
-    def fillers(self) -> tuple[str, ...]: ...  # each goes before every chunk: less room for it
 
     @property
     def stores_alone(self) -> bool: ...  # two entries per chunk
@@ -150,7 +149,7 @@ class Ingestion:
         self.strict = strict
         self.counts = IngestCounts()
         self.failures: list[ChunkFailure] = []
-        self.max_chunk_tokens = _max_chunk_tokens(engine, self.prompts, self.chunk_prefix_ids)
+        self.max_chunk_tokens = _max_chunk_tokens(engine, self.chunk_prefix_ids)
         # the last non-empty chunks so far: the next ones' neighbours
         self._previous: list[list[int]] = []
 
@@ -222,7 +221,7 @@ class Ingestion:
             elif len(ids) > limit:
                 found.append((i, f"refused: {len(ids)} tokens, longer than the {limit} the "
                                  f"model's context of {self.engine.adapter.max_positions} "
-                                 "positions leaves after the chunk prefix and context"))
+                                 "positions leaves after the chunk prefix"))
         if found and self.strict:
             i, reason = found[0]
             raise ValueError(f"text {base + i} {reason}" + (
@@ -252,12 +251,16 @@ class Ingestion:
             self.failures.append(ChunkFailure(base + i, reason, _preview(texts, i)))
 
 
-def _max_chunk_tokens(engine: IngestEngine, prompts: PromptBuilder,
-                      chunk_prefix_ids: Sequence[int]) -> int:
-    """Longest chunk whose KV fits the model's context: after the chunk prefix and the
-    ingestion context's longest filler (each chunk is computed after each filler)."""
-    longest = max((len(prompts.encode(f)) for f in engine.context.fillers), default=0)
-    return engine.adapter.max_positions - len(chunk_prefix_ids) - longest
+def _max_chunk_tokens(engine: IngestEngine, chunk_prefix_ids: Sequence[int]) -> int:
+    """Longest chunk whose KV fits the model's context after the chunk prefix (a chunk too
+    long for the ingestion context's fillers too is computed without them); raises when the
+    chunk prefix leaves no room at all."""
+    room = engine.adapter.max_positions - len(chunk_prefix_ids)
+    if room < 1:
+        raise ValueError(f"the chunk prefix takes {len(chunk_prefix_ids)} tokens of the "
+                         f"model's context of {engine.adapter.max_positions} positions: no room "
+                         "is left for a chunk (use a shorter system prompt or chunk prefix)")
+    return room
 
 
 def _preview(texts: Sequence[str] | None, i: int, n: int = 40) -> str:

@@ -1,0 +1,229 @@
+"""The prefix cache: the rows of finished requests, kept per block of tokens, so that a request
+that begins as an earlier one began (the next turn of a chat: the same system prompt, passages
+and history, then a new question) computes only the rest.
+
+Blocks of ``block_tokens`` ids are keyed by a chain hash: a block's hash covers its parent's
+hash and its own ids, so it names the whole prefix up to its end (as vLLM's automatic prefix
+caching does); the first block's parent is the model's fingerprint. A request takes the longest
+run of cached blocks its ids begin with. Rows are kept as the request's KV holds them, keys
+rotated: a prefix sits at the same positions in every request that shares it.
+
+Exactness is never blurred. A block is *exact* when every row up to its end was computed as a
+full prefill computes it (a ``full`` or ``prefix`` request, the exact prefix of a ``blend``
+request, or any request whose rows before the computed ones were exact); other blocks are
+*approximate*. Exact blocks serve every request; approximate ones only requests that accept
+approximation (``reuse``, ``blend``). An exact block replaces an approximate one of the same
+prefix, never the reverse.
+
+Blocks live on the engine's device within ``max_bytes``, the least recently used evicted first
+(a chain's last blocks before its first, since a match touches them from the last); a block a
+request holds is never evicted. With a ``store``, blocks also go to the persistent tiers (as
+entries tagged ``prefix-block``), so another process finds a popular prefix.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import xxhash
+
+from blendrag.engine.fused_kv import FusedKV
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.protocol import KVStore
+
+BLOCK_TAG = "prefix-block"  # context tag of a stored block: "prefix-block:exact" / ":approximate"
+
+
+@dataclass(eq=False)
+class Block:
+    """One block's rows: k (rotated), v: [layers, kv_heads, block_tokens, head_dim]."""
+
+    key: str
+    ids: tuple[int, ...]
+    k: torch.Tensor
+    v: torch.Tensor
+    exact: bool
+    users: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass
+class PrefixMatch:
+    """The cached blocks a request's ids begin with (held until ``release``): ``tokens`` rows,
+    the first ``exact_tokens`` of them exact."""
+
+    blocks: list[Block] = field(default_factory=list)
+    tokens: int = 0
+    exact_tokens: int = 0
+
+
+class PrefixCache:
+    """Blocks of ``block_tokens`` rows, at most ``max_bytes`` of them on the device.
+
+    ``root()``: what the rows depend on besides the ids (the model's fingerprint, current when
+    asked), the first block's parent. ``store``: also keep blocks in this store's tiers (None:
+    in memory only)."""
+
+    def __init__(self, max_bytes: int, root: Callable[[], str], block_tokens: int = 32,
+                 store: KVStore | None = None) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"prefix cache bytes must be a positive int, got {max_bytes!r}")
+        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) \
+                or block_tokens < 1:
+            raise ValueError(f"block_tokens must be an int >= 1, got {block_tokens!r}")
+        self.max_bytes, self.root, self.block_tokens = max_bytes, root, block_tokens
+        self.store = store
+        self._blocks: OrderedDict[str, Block] = OrderedDict()  # least recently used first
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the blocks held now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def chain(self, ids: Sequence[int]) -> list[str]:
+        """The chain hash of every whole block of ``ids``, in order."""
+        keys, parent, b = [], self.root(), self.block_tokens
+        for start in range(0, len(ids) - b + 1, b):
+            h = xxhash.xxh3_128(parent.encode())
+            h.update(np.asarray(ids[start:start + b], dtype="<i8").tobytes())
+            parent = h.hexdigest()
+            keys.append(parent)
+        return keys
+
+    # ---- a request ---------------------------------------------------------------------------
+
+    def match(self, ids: Sequence[int], exact_only: bool) -> PrefixMatch:
+        """The longest run of cached blocks ``ids`` begin with (only exact blocks when
+        ``exact_only``), held by the caller until ``release``."""
+        found = PrefixMatch()
+        b = self.block_tokens
+        for i, key in enumerate(self.chain(ids)):
+            block = self._take(key, tuple(ids[i * b:(i + 1) * b]), exact_only)
+            if block is None:
+                break
+            found.blocks.append(block)
+            found.tokens += b
+            if block.exact and found.exact_tokens == found.tokens - b:
+                found.exact_tokens += b
+        self._touch_reversed([block.key for block in found.blocks])
+        return found
+
+    def release(self, match: PrefixMatch) -> None:
+        with self._lock:
+            for block in match.blocks:
+                block.users -= 1
+
+    @staticmethod
+    def copy_into(match: PrefixMatch, fused: FusedKV, tokens: int) -> None:
+        """Write the first ``tokens`` rows of ``match`` into the request's KV."""
+        for i, block in enumerate(match.blocks):
+            start = i * block.k.shape[2]
+            end = min(start + block.k.shape[2], tokens)
+            if end <= start:
+                return
+            fused.k[:, :, start:end] = block.k[:, :, :end - start]
+            fused.v[:, :, start:end] = block.v[:, :, :end - start]
+
+    def insert(self, ids: Sequence[int], fused: FusedKV, exact_rows: int) -> None:
+        """Keep the whole blocks of the first ``len(ids)`` rows of ``fused`` (the rows of
+        ``ids``), exact up to ``exact_rows``; blocks held already stay, unless an exact block
+        now replaces an approximate one."""
+        b, keys = self.block_tokens, self.chain(ids)
+        for i, key in enumerate(keys):
+            exact = (i + 1) * b <= exact_rows
+            with self._lock:
+                held = self._blocks.get(key)
+                if held is not None and (held.exact or not exact):
+                    continue
+            rows = slice(i * b, (i + 1) * b)
+            block = Block(key, tuple(ids[rows]), fused.k[:, :, rows].clone(),
+                          fused.v[:, :, rows].clone(), exact)
+            self._add(block)
+            if self.store is not None:
+                self.store.put(_stored_key(key, exact), _as_entry(block))
+        self._touch_reversed(keys)
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _take(self, key: str, ids: tuple[int, ...], exact_only: bool) -> Block | None:
+        """The block ``key`` (its ids compared: a hash collision is a miss), now held by the
+        caller; from the store when memory lacks it."""
+        with self._lock:
+            block = self._blocks.get(key)
+            if block is not None and block.ids == ids and (block.exact or not exact_only):
+                block.users += 1
+                return block
+        if self.store is None:
+            return None
+        block = self._load(key, ids, exact_only)
+        if block is not None:
+            with self._lock:
+                block.users += 1
+        return block
+
+    def _load(self, key: str, ids: tuple[int, ...], exact_only: bool) -> Block | None:
+        """A block from the store (exact first), kept in memory; None when it holds neither."""
+        for exact in (True,) if exact_only else (True, False):
+            kv = self.store.get(_stored_key(key, exact)) if self.store is not None else None
+            if kv is None or kv.token_ids != ids or kv.context_tag != _tag(exact):
+                continue
+            like = next(iter(self._blocks.values()), None)
+            device = like.k.device if like is not None else kv.keys.device
+            block = Block(key, ids, kv.keys.to(device), kv.values.to(device), exact)
+            self._add(block)
+            return block
+        return None
+
+    def _add(self, block: Block) -> None:
+        if block.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            old = self._blocks.pop(block.key, None)
+            if old is not None:  # its holders keep their reference to it
+                self._bytes -= old.nbytes
+            self._blocks[block.key] = block
+            self._bytes += block.nbytes
+            self._evict()
+
+    def _evict(self) -> None:
+        """Drop least recently used blocks no request holds until the bytes fit (lock held)."""
+        for key in list(self._blocks):
+            if self._bytes <= self.max_bytes:
+                return
+            block = self._blocks[key]
+            if block.users == 0:
+                del self._blocks[key]
+                self._bytes -= block.nbytes
+
+    def _touch_reversed(self, keys: list[str]) -> None:
+        with self._lock:
+            for key in reversed(keys):
+                if key in self._blocks:
+                    self._blocks.move_to_end(key)
+
+
+def _tag(exact: bool) -> str:
+    return f"{BLOCK_TAG}:{'exact' if exact else 'approximate'}"
+
+
+def _stored_key(key: str, exact: bool) -> str:
+    """A block's store key: its chain hash and how its rows were made."""
+    return xxhash.xxh3_128_hexdigest(f"{_tag(exact)}\0{key}".encode()) + key[:16]
+
+
+def _as_entry(block: Block) -> ChunkKV:
+    """A block as a stored entry (its keys rotated, unlike a chunk's: the tag says so)."""
+    return ChunkKV(block.k, block.v, block.ids, "", None, _tag(block.exact))

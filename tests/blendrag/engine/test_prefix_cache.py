@@ -1,0 +1,178 @@
+"""The prefix cache (engine/prefix_cache.py): chained block hashes, the longest cached prefix,
+eviction that spares blocks in use, exact rows for exact requests only, and a full prefill's
+logits when a request starts from cached rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blendrag import BlendConfig, BlendEngine, GenerationConfig, PromptLayout
+from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.prefix_cache import PrefixCache
+from blendrag.store import StoreConfig, TieredKVStore
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+FULL, BLEND = BlendConfig(mode="full"), BlendConfig(ratio=0.3)
+MIB = 1 << 20
+
+
+def _rows(tokens: int, seed: int = 0, layers: int = 2) -> FusedKV:
+    """A request KV of ``tokens`` random rows."""
+    g = torch.Generator().manual_seed(seed)
+    fused = FusedKV(layers, 2, tokens, 4, torch.float32, torch.device("cpu"))
+    fused.k.copy_(torch.randn(fused.k.shape, generator=g))
+    fused.v.copy_(torch.randn(fused.v.shape, generator=g))
+    fused.length = tokens
+    return fused
+
+
+def _cache(max_bytes: int = MIB, block: int = 8) -> PrefixCache:
+    return PrefixCache(max_bytes, lambda: "model", block_tokens=block)
+
+
+def test_a_blocks_hash_names_its_whole_prefix():
+    cache = _cache()
+    ids = list(range(40))
+    chain = cache.chain(ids)
+    assert len(chain) == 5 and len(set(chain)) == 5
+    assert cache.chain(ids[:24]) == chain[:3]  # a prefix has the same leading blocks
+    changed = [*ids[:3], 999, *ids[4:]]  # one early token changed: every later block differs
+    assert not set(cache.chain(changed)) & set(chain)
+    later = [*ids[:20], 999, *ids[21:]]
+    assert cache.chain(later)[:2] == chain[:2] and cache.chain(later)[2] != chain[2]
+    assert _cache().chain(ids) == chain  # the same root: the same chain
+    assert PrefixCache(MIB, lambda: "other", block_tokens=8).chain(ids)[0] != chain[0]
+
+
+def test_the_longest_cached_prefix_is_found_block_by_block():
+    cache, ids = _cache(), list(range(100, 150))
+    fused = _rows(50)
+    cache.insert(ids, fused, exact_rows=50)
+    assert len(cache) == 6  # whole blocks of 8 only
+    match = cache.match(ids, exact_only=True)
+    assert (match.tokens, match.exact_tokens) == (48, 48)
+    cache.release(match)
+    other = [*ids[:20], 7, *ids[21:]]  # differs inside block 2: blocks 0-1 match
+    match = cache.match(other, exact_only=True)
+    assert match.tokens == 16
+    target = FusedKV(2, 2, 50, 4, torch.float32, torch.device("cpu"))
+    PrefixCache.copy_into(match, target, 16)
+    assert torch.equal(target.k[:, :, :16], fused.k[:, :, :16])
+    assert torch.equal(target.v[:, :, :16], fused.v[:, :, :16])
+    cache.release(match)
+
+
+def test_eviction_keeps_the_budget_and_never_takes_a_block_in_use():
+    one = 2 * 2 * 2 * 8 * 4 * 4  # bytes of a block: k and v of [2, 2, 8, 4] float32
+    cache = _cache(max_bytes=3 * one)
+    first = list(range(24))
+    cache.insert(first, _rows(24, seed=1), exact_rows=24)
+    held = cache.match(first, exact_only=True)  # a request holds the three blocks
+    assert held.tokens == 24
+    cache.insert(list(range(500, 524)), _rows(24, seed=2), exact_rows=24)
+    assert cache.bytes <= 3 * one  # the budget kept, by the new blocks giving way
+    again = cache.match(first, exact_only=True)
+    assert again.tokens == 24  # the blocks in use are all there
+    cache.release(again)
+    cache.release(held)
+    cache.insert(list(range(900, 924)), _rows(24, seed=3), exact_rows=24)
+    assert cache.bytes <= 3 * one
+    assert cache.match(first, exact_only=True).tokens == 0  # free now: evicted
+
+
+def test_a_chains_last_blocks_go_before_its_first():
+    one = 2 * 2 * 2 * 8 * 4 * 4
+    cache = _cache(max_bytes=4 * one)
+    ids = list(range(32))
+    cache.insert(ids, _rows(32), exact_rows=32)
+    cache.insert(list(range(100, 108)), _rows(8, seed=4), exact_rows=8)  # one block more
+    match = cache.match(ids, exact_only=True)
+    assert match.tokens == 24  # the chain kept its head: only its last block went
+    cache.release(match)
+
+
+def test_approximate_blocks_never_serve_exact_requests():
+    cache, ids = _cache(), list(range(40))
+    cache.insert(ids, _rows(40), exact_rows=16)  # blocks 0-1 exact, 2-4 approximate
+    exact = cache.match(ids, exact_only=True)
+    assert (exact.tokens, exact.exact_tokens) == (16, 16)
+    approx = cache.match(ids, exact_only=False)
+    assert (approx.tokens, approx.exact_tokens) == (40, 16)
+    cache.release(exact)
+    cache.release(approx)
+    cache.insert(ids, _rows(40, seed=9), exact_rows=40)  # exact rows replace approximate ones
+    upgraded = cache.match(ids, exact_only=True)
+    assert (upgraded.tokens, upgraded.exact_tokens) == (40, 40)
+    cache.release(upgraded)
+    cache.insert(ids, _rows(40, seed=10), exact_rows=0)  # ... never the reverse
+    assert cache.match(ids, exact_only=True).tokens == 40
+
+
+@pytest.fixture
+def chat_engine(model_dir):
+    def make(**kw) -> BlendEngine:
+        kw.setdefault("prefix_cache_bytes", 64 * MIB)
+        return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, **kw)
+
+    return make
+
+
+def _turn(engine: BlendEngine, history: str, question: str):
+    return engine.build_prompt(PREFIX, PASSAGES, history + question + SUFFIX)
+
+
+def test_a_full_request_from_cached_rows_equals_a_full_prefill(chat_engine, one_thread):
+    engine, plain = chat_engine(), chat_engine(prefix_cache_bytes=0)
+    first = _turn(engine, "", "Who scored?")
+    answer = engine.generate(first, FULL, GenerationConfig(max_new_tokens=12, eos_token_ids=()))
+    # the next turn: the first turn's prompt, its answer, a new question
+    question = engine.prompts.encode("\nWhere?" + SUFFIX)
+    second = PromptLayout(first.prefix_ids, first.chunk_ids,
+                          [*first.suffix_ids, *answer.token_ids, *question])
+    pre = engine.prefill(second, FULL)
+    block = engine.prefix_cache.block_tokens
+    answered = first.num_tokens + len(answer.token_ids) - 1  # the last token's row is not kept
+    assert pre.stats.cache.prefix_cache_tokens == answered // block * block
+    assert pre.stats.cache.prefix_cache_exact is True
+    assert pre.stats.compute.computed_per_layer[0] == second.num_tokens - answered // block * block
+    ref = plain.prefill(second, FULL)
+    assert ref.stats.cache.prefix_cache_tokens == 0
+    assert (pre.logits - ref.logits).abs().max() < 1e-5
+    assert pre.stats.to_dict()["prefix_cache_tokens"] == pre.stats.cache.prefix_cache_tokens
+
+
+def test_blend_rows_are_approximate_and_full_requests_do_not_take_them(chat_engine, one_thread):
+    engine = chat_engine()
+    layout = _turn(engine, "", "Who scored?")
+    engine.prefill(layout, BLEND)  # the prefix's blocks exact, the rest approximate
+    full = engine.prefill(layout, FULL)
+    taken = full.stats.cache.prefix_cache_tokens
+    assert taken <= len(layout.prefix_ids) and full.stats.cache.prefix_cache_exact in (None, True)
+    again = engine.prefill(layout, BLEND)  # blend takes everything but the last token's block
+    assert again.stats.cache.prefix_cache_tokens >= layout.num_tokens - 32
+    assert again.stats.cache.prefix_cache_exact is True  # the full request's exact rows
+    blend_only = chat_engine()
+    blend_only.prefill(layout, BLEND)
+    approx = blend_only.prefill(layout, BLEND)
+    assert approx.stats.cache.prefix_cache_exact is False
+
+
+def test_blocks_in_the_store_serve_another_engine(chat_engine, tmp_path, one_thread):
+    config = StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", disk_bytes=256 * MIB)
+    writer = chat_engine(store=TieredKVStore(config), prefix_cache_store=True)
+    layout = _turn(writer, "", "Who scored?")
+    writer.prefill(layout, FULL)
+    reader = chat_engine(store=TieredKVStore(config), prefix_cache_store=True)  # a new process
+    pre = reader.prefill(layout, FULL)
+    assert pre.stats.cache.prefix_cache_tokens >= layout.num_tokens - 32
+    assert pre.stats.cache.prefix_cache_exact is True
+    ref = chat_engine(prefix_cache_bytes=0).prefill(layout, FULL)
+    assert (pre.logits - ref.logits).abs().max() < 1e-5
+
+
+def test_prefix_cache_settings_are_checked():
+    with pytest.raises(ValueError, match="prefix cache bytes"):
+        PrefixCache(-1, lambda: "m")
+    with pytest.raises(ValueError, match="block_tokens"):
+        PrefixCache(MIB, lambda: "m", block_tokens=0)
