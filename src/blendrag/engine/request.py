@@ -2,12 +2,13 @@
 
 ``prefill`` runs attempts until one completes. An attempt
 
-1. **opens** the request's cached rows: the longest run of prefix-cache blocks its ids begin
-   with (``PrefixCache.match``: an earlier turn of the same chat), copied into the request's
-   buffer, then the chunks after them (``ChunkCache.rows_for``: stored entries opened for
+1. **opens** the request's cached rows: its head, the longest run of prefix-cache blocks its
+   ids begin with (an earlier turn of the same chat; engine/head.py says how far a request
+   takes them), then the chunks after it (``ChunkCache.rows_for``: stored entries opened for
    layer-wise reads; chunks the store misses computed and stored now, before the request takes
    the pooled buffer); the loading controller chooses the ratio (``ratio="auto"``);
-2. **plans** the layer loop: which tokens are computed (the selector's choice, after the
+2. **plans** the layer loop: which tokens are computed (every one after the head when only a
+   tail is left; else the selector's choice over the chunks after it, after the
    preview pass for ``preview``: a loop over the suffix alone that also loads every cached row
    into the request's buffer, so the blend pass after it has none to load);
 3. **runs** the loop with a ``LayerFeed`` that reads the cached rows, pipelined or not;
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+import blendrag.engine.head as head
 from blendrag.config import BlendConfig
 from blendrag.engine.chunk_cache import ChunkCache, RequestRows
 from blendrag.engine.controller import LoadingController, decide, observe
@@ -47,9 +49,6 @@ from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
 log = logging.getLogger(__name__)
-
-EXACT_MODES = ("full", "prefix")  # they take exact prefix-cache rows only
-
 
 @dataclass(frozen=True)
 class Parts:
@@ -116,30 +115,32 @@ def _attempt(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: 
     stats.compute.layers = parts.runner.adapter.num_layers
     before = parts.cache.store.stats()
     t_open = time.perf_counter()
-    match = _match(parts.prefix_cache, layout, config)
+    cache = parts.prefix_cache
+    found = PrefixMatch() if cache is None else head.match(cache, layout, config)
     try:
-        head = _head(layout, config, match.tokens)
-        rest = layout if not head or _tail_only(layout, config, head) else _after(layout, head)
-        rows = (RequestRows() if head and rest is layout
-                else parts.cache.rows_for(rest, config, failed, head))
+        start = head.NO_HEAD if cache is None else head.head_for(layout, config, found)
+        tail = bool(start.rows) and head.tail_only(layout, config, start)
+        rest = layout if not start.rows or tail else head.after(layout, start)
+        rows = RequestRows() if tail else parts.cache.rows_for(rest, config, failed, start.rows)
         with rows:  # 1. open
-            pre = _run(parts, layout, rest, config, capacity, started, rows, match, head, stats,
-                       observers, clock, t_open)
+            pre = _run(parts, layout, rest, config, capacity, started, rows, (start, found, tail),
+                       stats, observers, clock, t_open)
     finally:
-        if parts.prefix_cache is not None:
-            parts.prefix_cache.release(match)
+        if cache is not None:
+            cache.release(found)
     stats.cache.store = parts.cache.store.stats().since(before).to_dict()  # this request's share
     return pre
 
 
 def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendConfig,
-         capacity: int, started: float, rows: RequestRows, match: PrefixMatch, head: int,
-         stats: RequestStats, observers: tuple[LayerObserver, ...], clock: PhaseClock,
-         t_open: float) -> Prefill:
+         capacity: int, started: float, rows: RequestRows,
+         start: tuple[head.Head, PrefixMatch, bool], stats: RequestStats,
+         observers: tuple[LayerObserver, ...], clock: PhaseClock, t_open: float) -> Prefill:
     """Steps 1 (the rest) to 4 of an attempt over open ``rows``; ``rest``: the layout the plan
-    sees (``layout`` itself, or its part after the prefix cache's ``head`` rows)."""
-    runner = parts.runner
-    _count_rows(stats, rows, head, head <= match.exact_tokens)
+    sees (``layout`` itself, or its part after the head); ``start``: the head, the prefix
+    cache's match it comes from, whether only a tail is computed after it."""
+    runner, (first, found, tail) = parts.runner, start
+    _count_rows(stats, rows, first)
     stats.timing.fetch_s = time.perf_counter() - t_open
     clock.lap("fetch")
     feed = runner.feed(rows.segments, parts.controller.config.prefetch_layers)
@@ -147,10 +148,10 @@ def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendCo
         config = _auto_ratio(parts.controller, config, rows, feed, stats)
         t_run = time.perf_counter()
         fused, rope = runner.buffer(capacity), runner.rope(layout.num_tokens)
-        if head:
-            PrefixCache.copy_into(match, fused, head)
+        if first.rows:
+            head.fill(runner, layout, first, found, fused, rope, clock)
         clock.lap("setup")
-        plan = (_tail_plan(runner, layout, head, feed) if rest is layout and head
+        plan = (head.tail_plan(runner, layout, first, feed) if tail
                 else make_plan(runner, rest, config, rows, fused, rope, stats, feed, clock))  # 2
         counts = LayerCounts((len(layout.prefix_ids), layout.suffix_start))
         out = runner.run(plan, fused, rope, (counts, *observers), clock)  # 3. run
@@ -168,7 +169,7 @@ def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendCo
     stats.compute.recomputed_chunk_tokens_per_layer = counts.chunk_computed
     stats.compute.attended_keys_per_layer = counts.attended_keys
     observe(parts.controller, feed, stats, out.load_work_s + stats.loading.preview_load_work_s)
-    return Prefill(logits, fused, stats, _exact_rows(layout, config, head, match))
+    return Prefill(logits, fused, stats, head.exact_rows(layout, config, first))
 
 
 def _failing_at(rows: RequestRows, layer: int, known: str) -> list[str]:
@@ -185,75 +186,16 @@ def _failing_at(rows: RequestRows, layer: int, known: str) -> list[str]:
     return bad
 
 
-def _count_rows(stats: RequestStats, rows: RequestRows, head: int, head_exact: bool) -> None:
+def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head) -> None:
     c = stats.cache
     c.chunk_hits, c.chunk_misses = rows.chunk_hits, rows.chunk_misses
-    c.prefix_hit, c.exact_first = rows.prefix_hit or bool(head), rows.exact_first
+    c.prefix_hit, c.exact_first = rows.prefix_hit or bool(first.rows), rows.exact_first
     c.profiles_computed = rows.profiles_computed
     c.chunks_without_context = rows.chunks_without_context
-    c.prefix_cache_tokens, c.prefix_cache_exact = head, (head_exact if head else None)
-    c.tokens_reused = head + sum(s.kv.num_tokens for s in rows.segments)
-
-
-# ---- the prefix cache's part ------------------------------------------------------------------
-
-
-def _match(cache: PrefixCache | None, layout: PromptLayout, config: BlendConfig) -> PrefixMatch:
-    """The prefix-cache blocks the prompt begins with (its last token always computed)."""
-    if cache is None:
-        return PrefixMatch()
-    return cache.match(layout.ids[:-1], exact_only=config.mode in EXACT_MODES)
-
-
-def _head(layout: PromptLayout, config: BlendConfig, cached: int) -> int:
-    """How many prefix-cache rows the request takes: all of them when everything after them is
-    computed (``full``; ``prefix`` past its first chunk; ``reuse``/``blend`` past the chunks);
-    else (``reuse``, ``blend``) up to the last chunk boundary they cover, the chunks after it
-    blended as usual; 0 when they cover less than the prompt's prefix."""
-    if not cached:
-        return 0
-    if config.mode == "full" or cached >= layout.suffix_start:
-        return cached
-    if config.mode == "prefix":  # past its one reused chunk, or nothing
-        return cached if not layout.chunk_spans or cached >= layout.chunk_spans[0][1] else 0
-    ends = [end for _, end in layout.chunk_spans if end <= cached]
-    if ends:
-        return ends[-1]
-    return len(layout.prefix_ids) if layout.prefix_ids and cached >= len(layout.prefix_ids) else 0
-
-
-def _tail_only(layout: PromptLayout, config: BlendConfig, head: int) -> bool:
-    """Whether everything after the prefix cache's rows is computed (no chunk left to reuse)."""
-    return config.mode in EXACT_MODES or head >= layout.suffix_start
-
-
-def _after(layout: PromptLayout, head: int) -> PromptLayout:
-    """``layout`` seen from a chunk boundary ``head``: rows [0, head) as its prefix, the chunks
-    after it, the same suffix and chunk prefix (the same ids at the same positions)."""
-    ids = layout.ids
-    chunks = [c for (_, end), c in zip(layout.chunk_spans, layout.chunk_ids) if end > head]
-    return PromptLayout(ids[:head], chunks, layout.suffix_ids, layout.chunk_prefix_ids)
-
-
-def _tail_plan(runner: ModelRunner, layout: PromptLayout, head: int,
-               feed: LayerFeed) -> LoopPlan:
-    """Every token after the prefix cache's ``head`` rows computed."""
-    n, dev = layout.num_tokens, runner.device
-    return LoopPlan(torch.tensor(layout.ids, device=dev), torch.arange(head, n, device=dev),
-                    feed=feed)
-
-
-def _exact_rows(layout: PromptLayout, config: BlendConfig, head: int,
-                match: PrefixMatch) -> int:
-    """How many of the request's first rows are exact: all in the exact modes (they take exact
-    blocks only) and when only a tail was computed after exact rows; else the exact part of
-    the prefix cache's rows, or the prompt's prefix (its rows are always exact)."""
-    n = layout.num_tokens
-    if config.mode in EXACT_MODES or (head >= layout.suffix_start and head <= match.exact_tokens):
-        return n
-    if head:
-        return min(head, match.exact_tokens)
-    return len(layout.prefix_ids)
+    c.prefix_cache_tokens = first.taken
+    c.prefix_cache_exact = first.exact >= first.rows if first.rows else None
+    stats.compute.bridged_tokens = first.bridge
+    c.tokens_reused = first.taken + sum(s.kv.num_tokens for s in rows.segments)
 
 
 # ---- plan -------------------------------------------------------------------------------------

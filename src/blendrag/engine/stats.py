@@ -55,7 +55,9 @@ class ComputeStats:
     computed_per_layer[i]: tokens whose layer i was computed (the suffix included);
     recomputed_chunk_tokens_per_layer[i]: of those, chunk tokens (blend's recompute);
     attended_keys_per_layer[i]: keys they attended to (attention work); preview_tokens and
-    preview_attended_keys: the preview pass's tokens (at every layer) and keys (all layers)."""
+    preview_attended_keys: the preview pass's tokens (at every layer) and keys (all layers);
+    bridged_tokens: tokens computed (at every layer) after the prefix cache's rows to the end
+    of the piece those rows stop in (engine/head.py)."""
 
     layers: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
@@ -63,6 +65,7 @@ class ComputeStats:
     attended_keys_per_layer: list[int] = field(default_factory=list)
     preview_tokens: int = 0
     preview_attended_keys: int = 0
+    bridged_tokens: int = 0
 
 
 @dataclass

@@ -176,3 +176,85 @@ def test_prefix_cache_settings_are_checked():
         PrefixCache(-1, lambda: "m")
     with pytest.raises(ValueError, match="block_tokens"):
         PrefixCache(MIB, lambda: "m", block_tokens=0)
+
+
+def _small_blocks(engine: BlendEngine, block: int = 4) -> BlendEngine:
+    """``engine`` with a prefix cache of ``block``-token blocks (shared runs land on blocks)."""
+    engine.prefix_cache = PrefixCache(64 * MIB, lambda: engine.cache.identity.fingerprint,
+                                      block_tokens=block)
+    return engine
+
+
+def _two_prompts(engine: BlendEngine):
+    """Two prompts that share the prefix and the first passage, then differ."""
+    a = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX)
+    b = engine.build_prompt(PREFIX, [PASSAGES[0], PASSAGES[2]], "\nQuestion: where?\nAnswer:")
+    return a, b
+
+
+@pytest.mark.parametrize("config", [BlendConfig(mode="reuse"), BlendConfig(ratio=1.0)],
+                         ids=["reuse", "blend-1.0"])
+def test_blend_after_cached_rows_reuses_them_up_to_a_chunk_boundary(chat_engine, config,
+                                                                    one_thread):
+    from blendrag.engine.context import NO_CONTEXT
+
+    engine = _small_blocks(chat_engine(context=NO_CONTEXT))
+    plain = chat_engine(prefix_cache_bytes=0, context=NO_CONTEXT)
+    a, b = _two_prompts(engine)
+    engine.prefill(a, FULL)  # exact rows of the prefix and the first passage
+    pre = engine.prefill(b, config)
+    first_end = b.chunk_spans[0][1]
+    taken, bridged = pre.stats.cache.prefix_cache_tokens, pre.stats.compute.bridged_tokens
+    # the blocks stop inside the first passage: its last tokens computed after them
+    assert taken % 4 == 0 and taken + bridged == first_end and 0 < bridged < 4
+    assert pre.stats.cache.prefix_cache_exact is True
+    assert (pre.stats.cache.chunk_hits, pre.stats.cache.chunk_misses) == (0, 1)  # passage 3 only
+    ref = plain.prefill(b, config)
+    # reuse: the first passage's rows computed after the prefix either way (NO_CONTEXT);
+    # blend at 1.0: every chunk token recomputed, i.e. a full prefill's rows
+    assert (pre.logits - ref.logits).abs().max() < 1e-5
+    if config.mode == "blend":
+        full = plain.prefill(b, FULL)
+        assert (pre.logits - full.logits).abs().max() < 1e-5
+
+
+def test_a_partial_blend_after_cached_rows_blends_only_the_chunks_after_them(chat_engine,
+                                                                             one_thread):
+    engine = _small_blocks(chat_engine())
+    a, b = _two_prompts(engine)
+    engine.prefill(a, FULL)
+    pre = engine.prefill(b, BLEND)
+    first_end, n = b.chunk_spans[0][1], b.num_tokens
+    computed = pre.stats.compute.computed_per_layer
+    # the first layer computes some of passage 3's tokens and the suffix, nothing before
+    second = b.chunk_spans[1][1] - b.chunk_spans[1][0]
+    assert n - b.suffix_start <= computed[0] <= n - b.suffix_start + second
+    assert pre.stats.cache.prefix_cache_tokens + pre.stats.compute.bridged_tokens == first_end
+    assert pre.exact_rows == first_end  # the cached rows were exact, the blended ones are not
+    assert torch.isfinite(pre.logits).all()
+
+
+def test_prefix_mode_takes_only_exact_rows_past_its_chunk(chat_engine, one_thread):
+    engine = _small_blocks(chat_engine())
+    a, _ = _two_prompts(engine)
+    engine.prefill(a, BLEND)  # approximate rows past the prefix
+    pre = engine.prefill(a, BlendConfig(mode="prefix"))
+    assert pre.stats.cache.prefix_cache_tokens == 0  # the exact ones stop inside passage 1
+    ref = chat_engine(prefix_cache_bytes=0).prefill(a, BlendConfig(mode="prefix"))
+    assert (pre.logits - ref.logits).abs().max() < 1e-5
+
+
+def test_rows_covering_less_than_half_a_passage_are_cut_back_to_its_start(chat_engine,
+                                                                          one_thread):
+    engine = _small_blocks(chat_engine(), block=4)
+    a, b = _two_prompts(engine)
+    start, end = b.chunk_spans[0]
+    # a first request that shares the prefix and only the passage's first few tokens
+    short = PromptLayout(a.prefix_ids, [a.chunk_ids[0][:6]], a.suffix_ids, a.chunk_prefix_ids)
+    engine.prefill(short, FULL)
+    pre = engine.prefill(b, BLEND)
+    cached = (start + 6) // 4 * 4
+    assert start < cached < (start + end) / 2  # blocks stop in the passage's first half
+    assert pre.stats.cache.prefix_cache_tokens == start  # cut back to the prefix
+    assert pre.stats.compute.bridged_tokens == 0
+    assert (pre.stats.cache.chunk_hits + pre.stats.cache.chunk_misses) == 2
