@@ -1,6 +1,6 @@
-"""A LangChain chat chain with message history (a ``MessagesPlaceholder`` fed the turns so far,
-as LangChain's short-term-memory guide does) over ChatBlend and the engine's prefix cache: unchanged LangChain code, and from turn 2 the request starts
-from the rows of the turns before, which the AIMessage's metadata reports; with
+"""A LangChain chat chain with message history (a ``MessagesPlaceholder`` fed the turns so far)
+over ChatBlend and the engine's prefix cache: unchanged LangChain code, and from turn 2 the
+request starts from the rows of the turns before, which the AIMessage's metadata reports; with
 ``mode="full"`` the answers are those of an engine without the cache."""
 
 from __future__ import annotations

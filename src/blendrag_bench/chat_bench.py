@@ -1,0 +1,253 @@
+"""A multi-turn chat over the same retrieved passages: each turn's TTFT with the engine's prefix
+cache against a full prefill of the same prompt, side by side.
+
+Every turn sends what a RAG chat sends (LlamaIndex's context chat engine, LangChain's chains
+with message history): the passages, the history, the new question. Per configuration a
+conversation runs on its own engine (its own prefix cache, the chunk store shared, its KVs
+precomputed before anything is timed), and each turn's prompt is also prefilled in full by an
+engine without a prefix cache: that is the turn's baseline.
+
+Two workloads:
+
+- ``text``: a real model and tokenizer (default: the default model), 6 MuSiQue passages
+  (~3,300 tokens with its tokenizer) in the CacheBlend prompt as the first user message of the
+  chat template, then a follow-up question per turn, answers generated greedily; each prompt
+  cut at the passages as a framework LLM cuts a flat prompt (``find_layout``).
+- ``random``: random weights of the ``bench ttft`` shape (32 layers), token ids only: a 32-token
+  prefix, 6 x 512 chunk tokens, 32-token questions; each answer is fixed random ids decoded
+  after the prefill (teacher-forced), so its rows are the ones a generated answer leaves.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from blendrag.config import BlendConfig, GenerationConfig
+from blendrag.engine.engine import BlendEngine
+from blendrag.integration.flat_prompt import find_layout
+from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.model.catalog import DEFAULT_MODEL
+from blendrag.prompt import PromptLayout
+from blendrag_bench.datasets import load_musique
+from blendrag_bench.quality import fit_item
+from blendrag_bench.ttft import TTFTWorkload, build_engine
+
+FULL = BlendConfig(mode="full")
+# name -> (config, whether the engine has a prefix cache)
+CONFIGS: dict[str, tuple[BlendConfig, bool]] = {
+    "full+prefix-cache": (FULL, True),
+    "blend+prefix-cache": (BlendConfig(), True),
+    "blend": (BlendConfig(), False),
+}
+FOLLOW_UPS = ("Which passage says so?", "Who else is named in that passage?",
+              "What is the first passage about?", "Answer the first question again, briefly.")
+
+
+@dataclass(frozen=True)
+class ChatBenchConfig:
+    """``workloads``: ``text`` and/or ``random``; ``model``, ``gguf_file``, ``dtype``,
+    ``device``: the text workload's model (None: the default model); ``random``: the random
+    workload's shape; ``turns``; ``answer_tokens``: each answer's length (the text workload
+    stops earlier at the model's end of turn);
+    ``cache_bytes``: each prefix cache's budget; ``runs``: conversations per configuration (the
+    median TTFT per turn is reported); ``passages``, ``passage_tokens``: the text workload's
+    passages and their length cap (None: whole)."""
+
+    workloads: tuple[str, ...] = ("text", "random")
+    model: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    random: TTFTWorkload = field(default_factory=lambda: TTFTWorkload(suffix_tokens=32))
+    turns: int = 5
+    answer_tokens: int = 32
+    cache_bytes: int = 2 << 30
+    runs: int = 1
+    configs: tuple[str, ...] = tuple(CONFIGS)
+    passages: int = 6
+    passage_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("turns", "answer_tokens", "cache_bytes", "runs", "passages"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        unknown = set(self.workloads) - {"text", "random"} or set(self.configs) - set(CONFIGS)
+        if unknown or not self.workloads or not self.configs:
+            raise ValueError(f"unknown or no workloads/configs: {sorted(unknown)}; workloads "
+                             f"are text, random; configs are {', '.join(CONFIGS)}")
+
+
+Turn = Callable[[BlendEngine, BlendConfig, int], tuple[PromptLayout, dict]]
+"""(engine, config, turn) -> (the turn's prompt, its stats), the answer's rows kept."""
+Conversation = Callable[[], Turn]
+"""A new conversation: its turns, one call each."""
+
+
+def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = None) -> list[dict]:
+    """One record per (workload, config, turn); ``on_turn(workload, done, total)``: progress."""
+    records = []
+    for name in cfg.workloads:
+        base, new_conversation = _text(cfg) if name == "text" else _random(cfg)
+        plain = BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
+                            chat=base.prompts.chat if base.prompts else None)
+        total, done = len(cfg.configs) * cfg.runs * cfg.turns, 0
+        for label in cfg.configs:
+            config, cached = CONFIGS[label]
+            samples: list[list[dict]] = []
+            for _ in range(cfg.runs):
+                engine = _sibling(base, cfg.cache_bytes if cached else 0)
+                conversation, turns = new_conversation(), []
+                for turn in range(1, cfg.turns + 1):
+                    layout, stats = conversation(engine, config, turn)
+                    full = plain.prefill(layout, FULL).stats
+                    turns.append(_record(name, label, config, turn, layout, stats, full, engine))
+                    done += 1
+                    if on_turn is not None:
+                        on_turn(name, done, total)
+                samples.append(turns)
+            records += [_median(rows) for rows in zip(*samples)]
+    return records
+
+
+def _sibling(base: BlendEngine, cache_bytes: int) -> BlendEngine:
+    """An engine over ``base``'s model and store with a prefix cache of its own."""
+    return BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
+                       chat=base.prompts.chat if base.prompts else None,
+                       prefix_cache_bytes=cache_bytes)
+
+
+def _record(workload: str, label: str, config: BlendConfig, turn: int, layout: PromptLayout,
+            stats: dict, full: object, engine: BlendEngine) -> dict:
+    full_s = full.timing.ttft_s  # type: ignore[attr-defined]
+    cache = engine.prefix_cache
+    return {"workload": workload, "turn": turn, "config": label,
+            "exact": config.mode in ("full", "prefix"), "prompt_tokens": layout.num_tokens,
+            "prefix_tokens": stats["prefix_cache_tokens"],
+            "prefix_exact": stats["prefix_cache_exact"],
+            "computed_tokens": stats["computed_per_layer"][0] + stats["bridged_tokens"],
+            "ttft_s": stats["ttft_s"], "full_ttft_s": full_s,
+            "speedup_vs_full": full_s / stats["ttft_s"],
+            "cache_bytes": cache.bytes if cache is not None else 0}
+
+
+def _median(rows: tuple[dict, ...]) -> dict:
+    """One turn's record over the runs: median times, the first run's counts."""
+    out = dict(rows[0])
+    for key in ("ttft_s", "full_ttft_s"):
+        out[key] = statistics.median(r[key] for r in rows)
+    out["speedup_vs_full"] = out["full_ttft_s"] / out["ttft_s"]
+    return out
+
+
+# ---- the text workload ------------------------------------------------------------------------
+
+
+def _text(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
+    kw = {"dtype": cfg.dtype, "device": cfg.device, "gguf_file": cfg.gguf_file}
+    base = BlendEngine.from_pretrained(cfg.model or DEFAULT_MODEL, **kw)
+    # one MuSiQue question with its passages, in the CacheBlend prompt
+    item = load_musique(limit=1, passages=cfg.passages)[0]
+    if cfg.passage_tokens is not None:
+        item = fit_item(base, item, cfg.passage_tokens)
+    first = item.prefix + "".join(item.chunks) + item.suffix
+    index = ChunkTextIndex()
+    generation = GenerationConfig(max_new_tokens=cfg.answer_tokens)
+    ingested: list[bool] = []
+
+    def new_conversation() -> Turn:
+        turns: list[dict[str, str]] = []
+
+        def next_turn(engine: BlendEngine, config: BlendConfig, turn: int):
+            follow_up = FOLLOW_UPS[(turn - 2) % len(FOLLOW_UPS)]
+            turns.append({"role": "user", "content": first if turn == 1 else follow_up})
+            prompt = _render(engine, turns)
+            layout = find_layout(engine.prompts, prompt, index, item.chunks, templated=True).layout
+            if not ingested:  # ingestion, not timed
+                engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids)
+                ingested.append(True)
+            result = engine.generate(layout, config, generation)
+            turns.append({"role": "assistant", "content": result.text})
+            return layout, result.stats.to_dict()
+
+        return next_turn
+
+    return base, new_conversation
+
+
+def _render(engine: BlendEngine, turns: list[dict[str, str]]) -> str:
+    """The conversation in the model's chat template (a plain transcript without one)."""
+    tokenizer = engine.tokenizer
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    lines = [f"{t['role'].capitalize()}: {t['content']}" for t in turns]
+    return "\n".join(lines) + "\nAssistant:"
+
+
+# ---- the random workload ----------------------------------------------------------------------
+
+
+def _random(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
+    w = cfg.random
+    base = build_engine(w)
+    g = torch.Generator().manual_seed(w.seed)
+    vocab = base.model.config.vocab_size
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(3, vocab, (n,), generator=g).tolist()
+
+    prefix, chunks = ids(w.prefix_tokens), [ids(w.chunk_tokens) for _ in range(w.chunks)]
+    questions = [ids(w.suffix_tokens) for _ in range(cfg.turns)]
+    answers = [ids(cfg.answer_tokens) for _ in range(cfg.turns)]
+    base.precompute(prefix, chunks)  # ingestion, not timed
+
+    def next_turn(engine: BlendEngine, config: BlendConfig, turn: int):
+        history = [t for i in range(turn - 1) for t in (*questions[i], *answers[i])]
+        layout = PromptLayout(prefix, chunks, [*history, *questions[turn - 1]])
+        answer = answers[turn - 1]
+        pre = engine.prefill(layout, config, extra_capacity=len(answer))
+        for token in answer[:-1]:  # the rows a generated answer leaves (the last one has none)
+            engine.runner.decode(token, pre.fused)
+        engine.keep_rows([*layout.ids, *answer], pre)
+        return layout, pre.stats.to_dict()
+
+    return base, lambda: next_turn
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+
+def format_table(records: list[dict], cfg: ChatBenchConfig) -> str:
+    lines = []
+    for workload in cfg.workloads:
+        rows = [r for r in records if r["workload"] == workload]
+        lines += [f"workload: {workload}; {cfg.turns} turns, answers of up to "
+                  f"{cfg.answer_tokens} tokens; median of {cfg.runs} conversation(s) per config",
+                  f"{'turn':>4} {'config':<20}{'exact':>6}{'prompt':>8}{'cached':>8}"
+                  f"{'computed':>9}{'TTFT ms':>10}{'full ms':>10}{'speedup':>9}{'cache MiB':>11}"]
+        for r in rows:
+            lines.append(f"{r['turn']:>4} {r['config']:<20}{'yes' if r['exact'] else 'no':>6}"
+                         f"{r['prompt_tokens']:>8}{r['prefix_tokens']:>8}"
+                         f"{r['computed_tokens']:>9}{r['ttft_s'] * 1e3:>10.1f}"
+                         f"{r['full_ttft_s'] * 1e3:>10.1f}{r['speedup_vs_full']:>8.2f}x"
+                         f"{r['cache_bytes'] / 2**20:>11.1f}")
+        lines.append("")
+    return "\n".join(lines + verdicts(records))
+
+
+def verdicts(records: list[dict], target: float = 10.0) -> list[str]:
+    """Per workload: the exact configuration's lowest speedup over turns >= 2 against the
+    target."""
+    out = []
+    for workload in dict.fromkeys(r["workload"] for r in records):
+        later = [r["speedup_vs_full"] for r in records if r["workload"] == workload
+                 and r["config"] == "full+prefix-cache" and r["turn"] >= 2]
+        if later:
+            worst = min(later)
+            out.append(f"{workload}: full+prefix-cache, turns >= 2: {worst:.1f}x lowest, "
+                       f"{statistics.median(later):.1f}x median; target >= {target:.0f}x: "
+                       f"{'PASS' if worst >= target else 'FAIL'}")
+    return out

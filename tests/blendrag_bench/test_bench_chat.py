@@ -1,0 +1,76 @@
+"""bench chat on tiny models: records with the promised keys for every turn and config, turns
+from 2 on taking the earlier turns' rows (exact for the full config, none without a cache), a
+growing cache, and the command's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blendrag.cli import main
+from blendrag_bench.chat_bench import ChatBenchConfig, format_table, run
+from blendrag_bench.ttft import TTFTWorkload
+
+TINY = TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=300,
+                    chunks=3, chunk_tokens=40, prefix_tokens=8, suffix_tokens=8)
+KEYS = {"turn", "config", "exact", "prefix_tokens", "ttft_s", "speedup_vs_full", "cache_bytes"}
+
+
+@pytest.fixture(scope="module")
+def records(model_dir):
+    cfg = ChatBenchConfig(model=str(model_dir("qwen2")), random=TINY, turns=3, answer_tokens=8,
+                          passages=2, passage_tokens=60)
+    return cfg, run(cfg)
+
+
+def test_every_turn_of_every_config_is_recorded(records):
+    cfg, rows = records
+    assert len(rows) == 2 * 3 * 3  # workloads x configs x turns
+    for r in rows:
+        assert KEYS <= set(r) and r["ttft_s"] > 0 and r["full_ttft_s"] > 0
+        assert r["speedup_vs_full"] == pytest.approx(r["full_ttft_s"] / r["ttft_s"])
+
+
+@pytest.mark.parametrize("workload", ["text", "random"])
+def test_later_turns_take_the_earlier_turns_rows(records, workload):
+    _, rows = records
+    by = {(r["config"], r["turn"]): r for r in rows if r["workload"] == workload}
+    for config in ("full+prefix-cache", "blend+prefix-cache"):
+        assert by[(config, 1)]["prefix_tokens"] == 0
+        for turn in (2, 3):
+            row, before = by[(config, turn)], by[(config, turn - 1)]
+            # the turn before's prompt, to the last whole block
+            assert row["prefix_tokens"] >= before["prompt_tokens"] - 32
+            assert row["computed_tokens"] <= row["prompt_tokens"] - row["prefix_tokens"]
+            assert row["cache_bytes"] >= before["cache_bytes"]
+        assert by[(config, 3)]["cache_bytes"] > by[(config, 1)]["cache_bytes"]
+    assert by[("full+prefix-cache", 2)]["exact"] and by[("full+prefix-cache", 2)]["prefix_exact"]
+    assert by[("blend+prefix-cache", 2)]["prefix_exact"] is False
+    assert all(by[("blend", t)]["prefix_tokens"] == 0 for t in (1, 2, 3))
+    assert by[("blend", 3)]["cache_bytes"] == 0
+
+
+def test_the_table_names_every_workload_and_the_target(records):
+    cfg, rows = records
+    text = format_table(rows, cfg)
+    assert "workload: text" in text and "workload: random" in text
+    assert text.count("target >= 10x") == 2
+
+
+def test_the_command_writes_json(tmp_path, capsys):
+    out = tmp_path / "chat.json"
+    code = main(["bench", "chat", "--workloads", "random", "--layers", "2", "--chunks", "2",
+                 "--chunk-tokens", "40", "--turns", "2", "--answer-tokens", "4",
+                 "--configs", "full+prefix-cache", "--no-progress", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert [r["turn"] for r in data["records"]] == [1, 2]
+    assert "full+prefix-cache" in capsys.readouterr().out
+
+
+def test_bad_settings_are_refused(capsys):
+    assert main(["bench", "chat", "--turns", "0"]) == 2
+    assert "turns must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown or no workloads"):
+        ChatBenchConfig(configs=("nope",))
