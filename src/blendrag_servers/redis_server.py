@@ -35,6 +35,7 @@ class LocalRedis:
             tempfile.TemporaryDirectory(prefix="blendrag-redis-") if workdir is None else None
         )
         directory = self._tmp.name if self._tmp is not None else str(workdir)
+        Path(directory).mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._proc = subprocess.Popen(

@@ -12,6 +12,8 @@ told apart by the header of each entry file, read without loading the tensors.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -79,8 +81,17 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return errors + ((redis.exceptions.RedisError,) if redis is not None else ())
 
 
+def _store_dir(directory: Path) -> Path:
+    """``directory``, refused (``NotADirectoryError``) when something other than a folder is
+    there: "no store here yet" would hide that the path is wrong."""
+    if directory.exists() and not directory.is_dir():
+        raise NotADirectoryError(f"--store-dir {directory} is not a folder (a KV store is a "
+                                 "folder holding cache.db and the entry files)")
+    return directory
+
+
 def _stats(args: argparse.Namespace) -> int:
-    report: dict[str, object] = {"disk": _disk_stats(args.store_dir)}
+    report: dict[str, object] = {"disk": _disk_stats(_store_dir(args.store_dir))}
     if args.redis_url:
         report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
                            "entries": _redis_count(args)}
@@ -93,28 +104,49 @@ def _disk_stats(directory: Path) -> dict[str, object]:
 
     if not (directory / "cache.db").exists():  # inspecting must not create a store
         return {"dir": str(directory), "exists": False}
-    tier = DiskTier(directory, budget_bytes=None)
+    tier = DiskTier(directory, budget_bytes=None, tidy=False)  # inspecting removes nothing
     try:
         usage = tier.usage()
         hits, misses = tier.lifetime_counts()
     finally:
         tier.close()
+    rows = _rows(directory)
     return {"dir": str(directory), "exists": True, "entries": usage.entries,
             "used_bytes": usage.used_bytes, "budget_bytes": usage.budget_bytes,
-            "lifetime_hits": hits, "lifetime_misses": misses, **_kinds(directory)}
+            "lifetime_hits": hits, "lifetime_misses": misses, **_kinds(directory, rows),
+            "unreferenced": _unreferenced(directory, rows)}
 
 
-def _kinds(directory: Path) -> dict[str, dict[str, int]]:
+def _rows(directory: Path) -> list[tuple]:
+    """(key, filename, size) of every index row; the SQLite index is opened read-only so that
+    inspecting changes nothing."""
+    con = sqlite3.connect(f"file:{directory / 'cache.db'}?mode=ro", uri=True)
+    try:
+        return con.execute("SELECT key, filename, size FROM Cache").fetchall()
+    finally:
+        con.close()
+
+
+def _unreferenced(directory: Path, rows: list[tuple]) -> dict[str, int]:
+    """Entry files no index row references (a writer killed mid-write, an index that was
+    removed): the store removes them when it next opens the folder."""
+    from blendrag.store.disk_files import entry_files
+
+    known = {os.path.normpath(str(filename)) for _, filename, _ in rows if filename}
+    files = [f for f in entry_files(directory) if os.path.normpath(f) not in known]
+    size = 0
+    for f in files:
+        with contextlib.suppress(OSError):  # removed meanwhile
+            size += (directory / f).stat().st_size
+    return {"files": len(files), "bytes": size}
+
+
+def _kinds(directory: Path, rows: list[tuple]) -> dict[str, dict[str, int]]:
     """Entries, tokens and bytes of chunk and prefix entries (plus unreadable ones), from the
-    entry headers; the SQLite index is opened read-only so that inspecting changes nothing."""
+    entry headers."""
     from blendrag.store.codec import EntryError, open_entry
 
     out = {k: {"entries": 0, "tokens": 0, "bytes": 0} for k in ("chunks", "prefixes", "other")}
-    con = sqlite3.connect(f"file:{directory / 'cache.db'}?mode=ro", uri=True)
-    try:
-        rows = con.execute("SELECT key, filename, size FROM Cache").fetchall()
-    finally:
-        con.close()
     for key, filename, size in rows:
         kind, tokens = "other", 0
         try:
@@ -161,8 +193,9 @@ def _format(report: dict) -> str:
         used, budget = disk["used_bytes"], disk["budget_bytes"]
         lines.append(f"  {disk['entries']} entries, {human_bytes(used)} of a "
                      f"{human_bytes(budget)} budget ({used / budget:.1%}), index included")
-        explain = {"chunks": "one per ingested passage, computed after the chunk prefix "
-                             "(and the ingestion context's filler passages)",
+        explain = {"chunks": "per ingested passage, its rows computed after the chunk prefix "
+                             "and the ingestion context's filler passages, and (with the "
+                             "default context) its exact rows after the chunk prefix alone",
                    "prefixes": "computed after nothing: prompt prefixes, and prefix + filler "
                                "passage, cached once for all chunks",
                    "other": "unreadable or foreign entries (served as misses)"}
@@ -171,6 +204,11 @@ def _format(report: dict) -> str:
             if k["entries"] or kind != "other":
                 lines.append(f"    {kind:<9}{k['entries']:>6} entries {k['tokens']:>9,} tokens "
                              f"{human_bytes(k['bytes']):>11}  {text}")
+        stray = disk["unreferenced"]
+        if stray["files"]:
+            files = f"{stray['files']} entry file{'s' if stray['files'] != 1 else ''}"
+            lines.append(f"  {files} ({human_bytes(stray['bytes'])}) that no index row "
+                         "references: removed when the store next opens this folder")
         lines.append(f"  look-ups since the store was created: {disk['lifetime_hits']:,} found, "
                      f"{disk['lifetime_misses']:,} not found (disk tier only: reads served from "
                      "RAM, and precompute's checks that skip chunks already stored, are not "
@@ -184,7 +222,7 @@ def _format(report: dict) -> str:
 def _clear(args: argparse.Namespace) -> int:
     from blendrag.store.disk import DiskTier
 
-    if (args.store_dir / "cache.db").exists():
+    if (_store_dir(args.store_dir) / "cache.db").exists():
         tier = DiskTier(args.store_dir, budget_bytes=None)
         try:
             usage = tier.usage()

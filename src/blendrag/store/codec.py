@@ -384,7 +384,12 @@ class _BufferReader:
 
 
 class _FileReader:
-    """Positioned reads (pread) from an entry file, by path or on a caller's open handle."""
+    """Positioned reads (pread) from an entry file, by path or on a caller's open handle.
+
+    A file that cannot be opened or read (no descriptor left, an I/O error, no permission)
+    raises its ``OSError``: that says nothing about the entry's bytes, so it is not an
+    ``EntryError`` (which would get a valid entry deleted). A short read is one: the file holds
+    fewer bytes than its header declares."""
 
     def __init__(self, source: str | Path | BinaryIO) -> None:
         self.handle: BinaryIO | None = None
@@ -395,9 +400,9 @@ class _FileReader:
             self._fd = (os.open(source, os.O_RDONLY | os.O_NONBLOCK)
                         if isinstance(source, (str, Path)) else source.fileno())
             st = os.fstat(self._fd)
-        except OSError as exc:
+        except BaseException:
             self.close()
-            raise EntryError(f"cannot read entry file: {exc}") from None
+            raise
         if not stat.S_ISREG(st.st_mode):
             self.close()
             raise EntryError("entry is not a regular file")
@@ -414,15 +419,12 @@ class _FileReader:
         """Fill ``bufs`` in order from ``offset`` (scatter reads); returns the bytes read, fewer
         only at the end of the file."""
         done, pending = 0, [b for b in bufs if len(b)]
-        try:
-            while pending:
-                got = os.preadv(self._fd, pending, offset + done)
-                if got == 0:
-                    break  # end of file: the caller sees a short read
-                done += got
-                pending = _advance(pending, got)
-        except OSError as exc:
-            raise EntryError(f"cannot read entry file: {exc}") from None
+        while pending:
+            got = os.preadv(self._fd, pending, offset + done)  # OSError: a storage failure
+            if got == 0:
+                break  # end of file: the caller sees a short read
+            done += got
+            pending = _advance(pending, got)
         return done
 
     def close(self) -> None:

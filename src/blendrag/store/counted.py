@@ -4,7 +4,6 @@ through."""
 
 from __future__ import annotations
 
-import logging
 import time
 
 from blendrag.kv.chunk_kv import ChunkKV
@@ -12,14 +11,13 @@ from blendrag.store.codec import Entry, EntryError
 from blendrag.store.layered import LayeredEntry, LayerReadError, MemoryLayeredEntry
 from blendrag.store.slot import TierSlot
 
-log = logging.getLogger("blendrag.store")
-
 
 class CountedLayeredEntry:
     """A tier's layered entry as the store hands it out: each layer read is counted in the
     tier's stats, a failing one turns into ``LayerReadError`` after the store has dealt with
-    it (a defective entry deleted from the tier, a failing tier benched), and a fully read
-    entry is copied into the faster tiers on ``close``."""
+    it (an entry whose stored bytes fail a check deleted from the tier, a storage failure
+    counted against the tier), and a fully read entry is copied into the faster tiers on
+    ``close``."""
 
     def __init__(self, slot: TierSlot, faster: list[TierSlot], entry: LayeredEntry) -> None:
         self._slot, self._faster, self._entry = slot, faster, entry
@@ -30,19 +28,21 @@ class CountedLayeredEntry:
 
     def layer(self, i: int):
         slot, key = self._slot, self._entry.key
+        if not slot.health.available:
+            # benched since the entry was opened: fail now rather than pay the tier's timeout
+            # once per entry of the request
+            raise LayerReadError(key, i, f"{slot.tier.label} is benched")
         t0 = time.perf_counter()
         try:
             rows = self._entry.layer(i)
         except EntryError as exc:
-            log.warning("KV store: %s entry %s fails at layer %d (%s); deleted", slot.tier.name,
-                        key[:16], i, exc)
             slot.counters.add(corrupt=1, load_seconds=time.perf_counter() - t0)
-            slot.delete(key)
+            slot.judge(key, exc)  # deleted only when a fresh read fails a check too
             raise LayerReadError(key, i, exc) from exc
         except slot.tier.errors as exc:
-            slot.counters.add(errors=1)
-            slot.health.failed("read", exc)
+            slot.failed(f"read layer {i} of entry {key[:16]}", exc)
             raise LayerReadError(key, i, exc) from exc
+        slot.health.succeeded()
         if i not in self._counted and not isinstance(self._entry, MemoryLayeredEntry):
             self._counted.add(i)
             slot.counters.add(bytes_read=self._entry.layer_nbytes,

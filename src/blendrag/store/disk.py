@@ -1,35 +1,43 @@
 """Disk tier: a diskcache directory, bounded in bytes, least-recently-used eviction.
 
 diskcache gives the process safety (SQLite index in WAL mode, one file per entry, writers
-serialized by the database lock). Two things it does not give are added here:
+serialized by the database lock). What it does not give is added here (and in
+``disk_files.py``: no pickle, no file outside the store, unreadable files as failures):
 
 - a hard byte budget: its own cull runs after the insert and removes up to ``cull_limit``
   rows, so the cache can sit above ``size_limit``, and ``cull()`` evicts in batches of ten.
   ``put`` therefore evicts least-recently-used entries one at a time *before* writing, inside
   the same transaction as the insert, so no process ever sees the budget exceeded;
-- no pickle on the read path: diskcache unpickles any row whose mode says "pickle", so a
-  tampered index could run code. ``_BytesOnlyDisk`` stores and returns bytes only;
-- no file outside the store: diskcache joins a row's filename to the directory, so an absolute
-  or ``..`` filename would be read, and deleted with its empty parent folders when the entry is
-  dropped. ``_BytesOnlyDisk`` opens and removes only regular files inside the directory (a FIFO
-  would block the reader forever); any other row is an unusable entry, dropped as such.
+- no descriptor left by a failed open: diskcache opens its SQLite connection before it fails
+  on a read-only or damaged directory, and nothing else would close it;
+- an index removed under a running process is noticed (its inode changed or it is gone): the
+  tier opens the directory again, so its later writes land where other processes look;
+- on every open, the entry files no index row references (a writer killed between writing its
+  file and committing the row, an index that was removed) are removed, and entries beyond the
+  budget evicted: the directory's bytes stay within the budget whatever happened to its index.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
-import os
 import sqlite3
-import stat
 import threading
 from pathlib import Path
 from typing import BinaryIO
 
 import diskcache
-from diskcache.core import MODE_BINARY, MODE_RAW
 
-from blendrag.store.codec import EntryError
+from blendrag.store.disk_files import (
+    INDEX,
+    BytesOnlyDisk,
+    UnreadableFile,
+    entry_files,
+    index_identity,
+    unreferenced,
+)
+from blendrag.store.health import TierUnavailable, transient_os_error
 from blendrag.store.protocol import TierUsage
 
 log = logging.getLogger("blendrag.store")
@@ -38,86 +46,10 @@ log = logging.getLogger("blendrag.store")
 _INDEX_GROWTH = 16 << 10
 # The least recently used entry, in diskcache's own table and by the column its LRU policy keeps.
 _LRU_ENTRY = "SELECT key FROM Cache WHERE raw = 1 ORDER BY access_time LIMIT 1"
-
-
-class _BytesOnlyDisk(diskcache.Disk):
-    """diskcache serializer that accepts str keys and bytes values only, and never unpickles."""
-
-    def put(self, key):
-        if type(key) is not str:
-            raise TypeError(f"disk tier keys are str, got {type(key).__name__}")
-        return super().put(key)
-
-    def get(self, key, raw):
-        if not raw:
-            raise ValueError("refusing a pickled key in the KV cache index")
-        return super().get(key, raw)
-
-    def store(self, value, read, key=diskcache.core.UNKNOWN):
-        if type(value) is not bytes:
-            raise TypeError(f"disk tier values are bytes, got {type(value).__name__}")
-        return super().store(value, read, key=key)
-
-    def fetch(self, mode, filename, value, read):
-        if mode not in (MODE_RAW, MODE_BINARY):
-            log.warning("KV cache index row with mode %s refused (only raw bytes are read)", mode)
-            raise OSError("refused non-bytes cache row")  # diskcache turns OSError into a miss
-        if mode == MODE_RAW:
-            return super().fetch(mode, filename, value, read)
-        # EntryError passes through diskcache: the store drops the row as an unusable entry.
-        handle = _open_regular(self._inside(filename))
-        if read:
-            return handle
-        with handle:
-            return handle.read()
-
-    def remove(self, file_path):
-        try:
-            self._inside(file_path)
-        except EntryError as exc:
-            log.warning("KV cache index row names %r: not removed (%s)", file_path, exc)
-            return
-        super().remove(file_path)
-
-    def _inside(self, filename) -> str:
-        """The full path of an index row's file; EntryError unless it lies inside the store."""
-        root = os.path.realpath(self._directory)
-        if not isinstance(filename, str) or os.path.isabs(filename):
-            raise EntryError(f"index row names a file outside the store: {filename!r}")
-        full = os.path.realpath(os.path.join(root, filename))
-        if os.path.commonpath([root, full]) != root or full == root:
-            raise EntryError(f"index row names a file outside the store: {filename!r}")
-        return full
-
-    def _write(self, full_path, iterator, mode, encoding=None):
-        # A full disk leaves a partial file that no index row points to: remove it.
-        try:
-            return super()._write(full_path, iterator, mode, encoding)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.remove(full_path)
-            raise
-
-
-def _open_regular(path: str) -> BinaryIO:
-    """``open(path, "rb")`` for a regular file only: O_NONBLOCK so that a FIFO cannot block the
-    open, O_NOFOLLOW so that a planted symlink is not followed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-    except FileNotFoundError:
-        raise  # evicted by another process a moment ago: diskcache makes it a miss
-    except OSError as exc:
-        raise EntryError(f"cannot open entry file: {exc}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise EntryError("entry path is not a regular file")
-        os.set_blocking(fd, True)
-        handle = os.fdopen(fd, "rb")
-        handle.raw.name = path  # type: ignore[attr-defined]  # as open(path) names it
-        return handle
-    except BaseException:
-        os.close(fd)
-        raise
+# SQLite failures of one operation (the next may work): busy, out of descriptors, I/O.
+_TRANSIENT_SQLITE = ("database is locked", "unable to open database file", "disk i/o error")
+# OSErrors that say the whole disk is unusable now.
+_DISK_DOWN = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 
 
 class DiskTier:
@@ -125,19 +57,23 @@ class DiskTier:
 
     ``budget_bytes`` bounds the index plus the entry files (``diskcache.Cache.volume()``);
     None keeps the budget stored in the directory (used by the CLI, which only inspects).
+    ``tidy``: on open, remove the entry files no index row references and evict entries beyond
+    the budget (the CLI's inspection turns it off: it changes nothing).
     """
 
     name = "disk"
     errors: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, diskcache.Timeout)
 
     def __init__(self, directory: str | Path, budget_bytes: int | None,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, tidy: bool = True) -> None:
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"DiskTier budget_bytes must be positive, got {budget_bytes}")
         self.directory = Path(directory)
         self._budget = budget_bytes
         self._timeout_s = timeout_s
+        self._tidy = tidy
         self._cache: diskcache.Cache | None = None
+        self._index: tuple[int, int] | None = None  # identity of the index we opened
         self._open_lock = threading.Lock()
 
     @property
@@ -145,49 +81,108 @@ class DiskTier:
         return f"disk tier at {self.directory}"
 
     def open(self) -> diskcache.Cache:
-        """Open (creating if needed) the cache directory; raises on a read-only/absent disk."""
+        """Open (creating if needed) the cache directory, again when its index was removed or
+        replaced since; raises ``TierUnavailable`` when it cannot be opened."""
         with self._open_lock:
-            return self._open()
+            if self._cache is not None and index_identity(self.directory) != self._index:
+                log.warning("KV store: the index of %s was removed or replaced under this "
+                            "process; opening the directory again", self.label)
+                self._close()
+            if self._cache is None:
+                self._cache = self._connect()
+                self._index = index_identity(self.directory)
+                if self._tidy:
+                    self._tidy_up(self._cache)
+            return self._cache
 
-    def _open(self) -> diskcache.Cache:
-        if self._cache is None:
-            settings = {
-                "eviction_policy": "least-recently-used",
-                "cull_limit": 0,  # eviction is ours (see module docstring)
-                "statistics": 1,  # persistent hit/miss counts, shown by `blendrag cache stats`
-                "disk_min_file_size": 0,  # every entry is a file: one layer can be read alone
-            }
-            if self._budget is not None:
-                settings["size_limit"] = self._budget
-            try:
-                cache = diskcache.Cache(str(self.directory), timeout=self._timeout_s,
-                                        disk=_BytesOnlyDisk, **settings)
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
-                # diskcache applies every row of its Settings table as an option: a planted or
-                # damaged row fails here. An OSError benches the tier like any unusable disk.
-                raise OSError(f"damaged settings in {self.directory / 'cache.db'}: "
-                              f"{type(exc).__name__}: {exc}") from None
-            if not isinstance(cache.size_limit, int) or cache.size_limit <= 0:
+    def _connect(self) -> diskcache.Cache:
+        cache = diskcache.Cache.__new__(diskcache.Cache)
+        try:
+            cache.__init__(str(self.directory), timeout=self._timeout_s, disk=BytesOnlyDisk,
+                           **self._settings())
+            _check_budget(cache, self.directory)
+        except BaseException as exc:
+            # diskcache opened its connection before failing: close it, or every failed open
+            # leaks a descriptor until the garbage collector finds the half-made cache.
+            with contextlib.suppress(Exception):
                 cache.close()
-                raise OSError(f"damaged settings in {self.directory / 'cache.db'}: size_limit "
-                              f"{cache.size_limit!r}")
-            self._cache = cache
-        return self._cache
+            if isinstance(exc, TierUnavailable):
+                raise
+            if isinstance(exc, (TypeError, ValueError, KeyError, AttributeError)):
+                # diskcache applies every row of its Settings table as an option: a planted
+                # or damaged row fails here.
+                raise TierUnavailable(f"damaged settings in {self.directory / INDEX}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+            if isinstance(exc, (OSError, sqlite3.Error)):
+                raise TierUnavailable(f"cannot open {self.directory}: {type(exc).__name__}: "
+                                      f"{exc}") from exc
+            raise
+        return cache
+
+    def _settings(self) -> dict[str, object]:
+        settings: dict[str, object] = {
+            "eviction_policy": "least-recently-used",
+            "cull_limit": 0,  # eviction is ours (see module docstring)
+            "statistics": 1,  # persistent hit/miss counts, shown by `blendrag cache stats`
+            "disk_min_file_size": 0,  # every entry is a file: one layer can be read alone
+        }
+        if self._budget is not None:
+            settings["size_limit"] = self._budget
+        return settings
+
+    def _tidy_up(self, cache: diskcache.Cache) -> None:
+        """Remove the entry files no row references and evict what exceeds the budget. Best
+        effort: a failure (no descriptor left, the lock held elsewhere) is logged, and the
+        next open tries again."""
+        try:
+            orphans = unreferenced(cache, entry_files(self.directory))
+            for name in orphans:
+                cache.disk.remove(name)
+            with cache.transact():
+                self._evict_to(cache, self._limit(cache))
+        except self.errors as exc:
+            log.warning("KV store: could not tidy %s (%s: %s); the next open tries again",
+                        self.label, type(exc).__name__, exc)
+            return
+        if orphans:
+            log.warning("KV store: removed %d entry files that no index row of %s referenced",
+                        len(orphans), self.label)
+
+    def _limit(self, cache: diskcache.Cache) -> int:
+        return self._budget if self._budget is not None else int(cache.size_limit)
 
     @property
     def budget_bytes(self) -> int:
-        return self._budget if self._budget is not None else int(self.open().size_limit)
+        return self._limit(self.open())
+
+    def unusable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the disk as a whole cannot be used now (it fails to open, is
+        read-only or full, or another process holds the lock past the timeout), rather than
+        that one operation failed (descriptors, I/O, permissions on one file)."""
+        if isinstance(exc, (TierUnavailable, diskcache.Timeout)):
+            return True
+        if isinstance(exc, sqlite3.Error):
+            return not any(m in str(exc).lower() for m in _TRANSIENT_SQLITE)
+        if isinstance(exc, OSError) and exc.errno in _DISK_DOWN:
+            return True
+        return not transient_os_error(exc)
 
     def fetch(self, key: str) -> bytes | BinaryIO | None:
         """An open handle on the entry file (marks it most recently used), or None."""
-        return self.open().get(key, read=True)
+        cache = self.open()
+        try:
+            return cache.get(key, read=True)
+        except UnreadableFile as exc:
+            raise exc.error from None
 
     def put(self, key: str, data: bytes) -> bool:
         """Store ``data``, evicting LRU entries first; False when it cannot fit the budget."""
         cache = self.open()
-        budget = self.budget_bytes
+        budget = self._limit(cache)
         if len(data) + self._index_bytes(cache) > budget:
             return False
+        # The file is written while the write lock is held: an orphan scan under the lock
+        # (disk_files.unreferenced) never takes a file of ours that is about to get its row.
         with cache.transact():
             self._evict_to(cache, budget - len(data) - _INDEX_GROWTH)
             cache.set(key, data)
@@ -202,12 +197,16 @@ class DiskTier:
         self.open().delete(key)
 
     def clear(self) -> None:
-        self.open().clear()
+        """Every entry removed, with the files no row references."""
+        cache = self.open()
+        cache.clear()
+        for name in unreferenced(cache, entry_files(self.directory)):
+            cache.disk.remove(name)
 
     def usage(self) -> TierUsage:
         cache = self.open()
         return TierUsage(entries=len(cache), used_bytes=cache.volume(),
-                         budget_bytes=self.budget_bytes)
+                         budget_bytes=self._limit(cache))
 
     def lifetime_counts(self) -> tuple[int, int]:
         """(hits, misses) over every process that used this directory."""
@@ -223,6 +222,10 @@ class DiskTier:
             return Path(handle.name)
 
     def close(self) -> None:
+        with self._open_lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._cache is not None:
             self._cache.close()
             self._cache = None
@@ -239,3 +242,9 @@ class DiskTier:
             row = cache._sql(_LRU_ENTRY).fetchone()
             if row is None or not cache.delete(row[0]):
                 return
+
+
+def _check_budget(cache: diskcache.Cache, directory: Path) -> None:
+    if not isinstance(cache.size_limit, int) or cache.size_limit <= 0:
+        raise TierUnavailable(f"damaged settings in {directory / INDEX}: size_limit "
+                              f"{cache.size_limit!r}")

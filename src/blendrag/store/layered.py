@@ -32,8 +32,9 @@ from blendrag.store.codec import EntryReader
 
 class LayerReadError(RuntimeError):
     """Layer ``layer`` of the entry ``key`` could not be read or failed its checksum after the
-    entry was opened. The entry is unusable for this request; the store has dropped it (a
-    defect) or benched the tier it came from (a storage failure)."""
+    entry was opened. The entry is unusable for this request; the store has dropped it (when a
+    fresh read of its stored bytes fails a check too) or counted the failure against the tier
+    it came from (a storage failure)."""
 
     def __init__(self, key: str, layer: int, cause: BaseException | str) -> None:
         super().__init__(f"layer {layer} of entry {key[:16]}: {cause}")

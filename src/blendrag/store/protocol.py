@@ -200,7 +200,9 @@ class KVStore(Protocol):
 
 class ByteTier(Protocol):
     """A tier that stores encoded entries (disk, Redis). Failures raise one of ``errors``, which
-    bench the tier for a while (``health.TierHealth``)."""
+    count against the tier (``health.TierHealth``): ``unusable(exc)`` says whether ``exc``
+    means the tier as a whole cannot be used now (benched at once) rather than that one
+    operation failed (benched after repeated failures)."""
 
     name: str
     errors: tuple[type[BaseException], ...]
@@ -214,4 +216,5 @@ class ByteTier(Protocol):
     def delete(self, key: str) -> None: ...
     def clear(self) -> None: ...
     def usage(self) -> TierUsage: ...
+    def unusable(self, exc: BaseException) -> bool: ...
     def close(self) -> None: ...

@@ -7,6 +7,11 @@ are disjoint: ``app1`` owns ``app1:<key>`` and nothing of ``app10:…`` or ``app
 ``clear()`` and ``count_entries()`` touch exactly the names of their own. The tier does not
 bound its own size: configure the server (``maxmemory`` with ``maxmemory-policy allkeys-lru``)
 or give entries a TTL (``StoreConfig.redis_ttl_s``).
+
+A reply shorter than the value the server holds (``STRLEN``, asked in the same transaction) is
+a ``ShortReply``: bytes lost on the way say nothing about the entry, so it is a storage failure
+(a miss and a strike against the tier), never a reason to delete it. A connection that is
+refused, cut or timed out benches the tier at once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import re
 from collections.abc import Iterator
 from typing import cast
 
+from blendrag.store.health import transient_os_error
 from blendrag.store.protocol import TierUsage
 
 try:  # optional dependency: blendrag[redis]
@@ -23,6 +29,11 @@ except ImportError:  # pragma: no cover - exercised only without the extra insta
     redis = None  # type: ignore[assignment]
 
 _SCAN_BATCH = 500
+
+
+class ShortReply(Exception):
+    """The server answered with fewer bytes than the value it holds (a proxy or a network fault
+    cut the reply): a failed read, not a damaged entry."""
 
 
 class RedisTier:
@@ -43,7 +54,8 @@ class RedisTier:
         self.ttl_s = ttl_s
         self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
                                             socket_connect_timeout=timeout_s)
-        self.errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError)
+        self.errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError,
+                                                        ShortReply)
 
     @property
     def label(self) -> str:
@@ -53,9 +65,29 @@ class RedisTier:
         """Check the server answers (raises when it does not)."""
         self._client.ping()
 
+    def unusable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says the server cannot be used now (refused, cut or timed-out
+        connection, a read-only replica) rather than that one command failed (a short reply,
+        an error reply such as an out-of-memory refusal, descriptors exhausted)."""
+        down = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
+                redis.exceptions.ReadOnlyError, ConnectionError, TimeoutError)
+        if isinstance(exc, down):
+            return True
+        return isinstance(exc, OSError) and not transient_os_error(exc)
+
     def fetch(self, key: str) -> bytes | None:
-        # the client is made without decode_responses: replies are bytes
-        return cast("bytes | None", self._client.get(self._name(key)))
+        """The stored bytes, or None; ``ShortReply`` when fewer came back than the server
+        holds."""
+        name = self._name(key)
+        pipe = self._client.pipeline(transaction=True)  # both answers about the same value
+        pipe.strlen(name)
+        pipe.get(name)
+        size, data = pipe.execute()
+        if data is None:
+            return None
+        if len(data) != size:  # the client is made without decode_responses: replies are bytes
+            raise ShortReply(f"GET {name} returned {len(data)} of the {size} bytes stored")
+        return cast("bytes", data)
 
     def open_ranges(self, key: str) -> RedisRanges | None:
         """Positioned reads of the entry (GETRANGE), for layer-wise loading: only the bytes
@@ -116,9 +148,11 @@ class RedisRanges:
 
     Opening costs one round trip: STRLEN and the first ``head`` bytes (the safetensors header
     of an entry, token ids and checksums included, fits in 64 KiB up to some 5,000 tokens) in
-    one pipeline; each later read is one GETRANGE per run of adjacent tensors. The string may be
-    replaced or evicted between reads: a range then comes back short or with other bytes, which
-    the codec reports as a truncated entry or a checksum mismatch."""
+    one transaction; each later read is one GETRANGE per run of adjacent tensors. The string may
+    be replaced or evicted between reads: a range then comes back short or with other bytes,
+    which the codec reports as a truncated entry or a checksum mismatch (the store deletes the
+    entry only when a fresh read fails too). A range that comes back short while the server
+    still holds a value of the size opened lost bytes on the way: ``ShortReply``."""
 
     HEAD = 64 << 10
 
@@ -127,12 +161,15 @@ class RedisRanges:
 
     @classmethod
     def open(cls, client, name: str) -> RedisRanges | None:
-        pipe = client.pipeline(transaction=False)
+        pipe = client.pipeline(transaction=True)  # both answers about the same value
         pipe.strlen(name)
         pipe.getrange(name, 0, cls.HEAD - 1)
         size, head = pipe.execute()
         if not size:
             return None
+        if len(head) != min(int(size), cls.HEAD):
+            raise ShortReply(f"GETRANGE {name} returned {len(head)} bytes of the first "
+                             f"{min(int(size), cls.HEAD)} of {size}")
         return cls(client, name, int(size), bytes(head))
 
     def read(self, offset: int, n: int) -> bytes:
@@ -141,7 +178,11 @@ class RedisRanges:
             return self._head[offset:end]
         if end <= offset:
             return b""
-        return bytes(self._client.getrange(self._name, offset, end - 1))
+        data = bytes(self._client.getrange(self._name, offset, end - 1))
+        if len(data) < end - offset and self._client.strlen(self._name) == self.size:
+            raise ShortReply(f"GETRANGE {self._name} returned {len(data)} of {end - offset} "
+                             "bytes")
+        return data
 
     def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
         data = self.read(offset, sum(len(b) for b in bufs))

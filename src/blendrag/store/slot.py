@@ -1,8 +1,14 @@
 """One tier of a ``TieredKVStore`` with its health and counters: every operation on a tier goes
 through its ``TierSlot``, which counts it and turns a failure into a miss.
 
-A storage failure (one of the tier's ``errors``) benches the tier for a while
-(``TierHealth``); a defective entry (``EntryError``) is a logged miss and is deleted.
+What a failure leads to (docs/store.md, "What the store guarantees"):
+
+- a storage failure (one of the tier's ``errors``) is a miss and counts against the *tier*:
+  benched at once when the tier says it is unusable, else after repeated failures
+  (``TierHealth``);
+- an entry whose bytes fail a check (``EntryError``) is a miss, and it is deleted only when a
+  fresh read of the stored bytes fails a check too (``judge``): what one read saw may have
+  been changed in transit or replaced meanwhile, and a valid entry is never deleted for it.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ T = TypeVar("T")
 class Tier(Protocol):
     """One level of a ``TieredKVStore`` (``RamTier``, or a ``ByteTier`` behind ``EncodedTier``).
 
-    ``read`` returns the entry and the bytes it read, or None; it raises ``EntryError`` for a
-    defective entry and one of ``errors`` for a storage failure. ``write`` returns the bytes
-    stored, 0 when the entry does not fit. ``volatile``: lives in this process's memory (bulk
-    writes skip it when a persistent tier takes the entry)."""
+    ``read`` returns the entry and the bytes it read, or None; it raises ``EntryError`` for an
+    entry whose bytes fail a check and one of ``errors`` for a storage failure; ``unusable``
+    says whether such a failure means the tier as a whole cannot be used now. ``write`` returns
+    the bytes stored, 0 when the entry does not fit. ``volatile``: lives in this process's
+    memory (bulk writes skip it when a persistent tier takes the entry)."""
 
     name: str
     errors: tuple[type[BaseException], ...]
@@ -45,11 +52,12 @@ class Tier(Protocol):
     def delete(self, key: str) -> None: ...
     def clear(self) -> None: ...
     def usage(self) -> TierUsage: ...
+    def unusable(self, exc: BaseException) -> bool: ...
     def close(self) -> None: ...
 
 
 class TierSlot:
-    """``tier`` with its health (benched after a failure for ``retry_after_s``) and counters."""
+    """``tier`` with its health (benched after failures for ``retry_after_s``) and counters."""
 
     def __init__(self, tier: Tier, retry_after_s: float) -> None:
         self.tier = tier
@@ -57,23 +65,29 @@ class TierSlot:
         self.counters = TierCounters()
 
     def call(self, action: str, fn: Callable[[], T], default: T) -> T:
-        """``fn()`` unless the tier is benched (then ``default``); a storage failure benches the
-        tier and returns ``default``."""
+        """``fn()`` unless the tier is benched (then ``default``); a storage failure counts
+        against the tier (``failed``) and returns ``default``."""
         if not self.health.available:
             return default
         try:
             return fn()
         except self.tier.errors as exc:
-            self.counters.add(errors=1)
-            self.health.failed(action, exc)
+            self.failed(action, exc)
             return default
+
+    def failed(self, action: str, exc: BaseException) -> None:
+        """Count the storage failure ``exc`` of ``action``: the tier is benched at once when it
+        failed to open or says it is unusable, else after repeated failures."""
+        self.counters.add(errors=1)
+        at_once = action == "open" or self.tier.unusable(exc)
+        self.health.failed(action, exc, at_once=at_once)
 
     def delete(self, key: str) -> None:
         self.call("delete", lambda: self.tier.delete(key), None)
 
     def read(self, key: str) -> Entry | None:
-        """The tier's whole entry for ``key``, counted; None for a miss or a defective entry
-        (deleted)."""
+        """The tier's whole entry for ``key``, counted; None for a miss, a failure or an entry
+        whose bytes fail a check (deleted when a fresh read confirms it: ``judge``)."""
         t0 = time.perf_counter()
         found = self._guarded(key, t0, lambda: self.tier.read(key))
         if found is None:
@@ -86,35 +100,67 @@ class TierSlot:
         """The tier's entry for ``key`` opened for layer-wise reads (its layers' bytes are
         counted as they are read: ``CountedLayeredEntry``); None as for ``read``."""
         t0 = time.perf_counter()
-        found = self._guarded(key, t0, lambda: self.tier.open_layers(key))
+        # the header read alone clears no strike: only a layer read proves the values readable
+        found = self._guarded(key, t0, lambda: self.tier.open_layers(key), clears=False)
         if found is None:
             return None
         held = held_bytes(found.kv) if isinstance(found, MemoryLayeredEntry) else 0
         self.counters.add(hits=1, bytes_read=held, load_seconds=time.perf_counter() - t0)
         return found
 
-    def _guarded(self, key: str, t0: float, read: Callable[[], T | None]) -> T | None:
-        """``read()``, a miss counted when it finds nothing or the entry is defective."""
+    def _guarded(self, key: str, t0: float, read: Callable[[], T | None],
+                 clears: bool = True) -> T | None:
+        """``read()``; a miss counted when it finds nothing, fails or the entry is defective;
+        ``clears``: a success clears the tier's strikes."""
         if not self.health.available:
             return None
         try:
-            found = self.call("read", read, None)
+            found = read()
         except EntryError as exc:
-            log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
-                        self.tier.name, key[:16], exc)
             self.counters.add(misses=1, corrupt=1, load_seconds=time.perf_counter() - t0)
-            self.delete(key)
+            self.judge(key, exc)
             return None
+        except self.tier.errors as exc:
+            self.failed("read", exc)
+            self.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
+            return None
+        if clears:
+            self.health.succeeded()
         if found is None:
             self.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
         return found
 
+    def judge(self, key: str, exc: EntryError) -> None:
+        """A read of ``key`` failed a check (``exc``): delete the entry when a fresh read of its
+        stored bytes fails a check too; else leave it (a failure of the fresh read, or a valid
+        fresh read, counts against the tier: the first read was not the stored bytes)."""
+        try:
+            fresh = self.tier.read(key)
+        except EntryError as again:
+            log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
+                        self.tier.name, key[:16], again)
+            self.delete(key)
+            return
+        except self.tier.errors as failure:
+            self.failed("read", failure)
+            return
+        if fresh is not None:  # kept: one warning, from the tier's health
+            self.health.failed(f"read entry {key[:16]} as stored (a fresh read of it is valid, "
+                               "so it is kept)", exc, at_once=False)
+
     def write(self, entry: Entry) -> bool:
         """Store ``entry``; False when the tier is benched, failed or the entry does not fit."""
-        stored = self.call("write", lambda: self.tier.write(entry), 0)
+        if not self.health.available:
+            return False
+        try:
+            stored = self.tier.write(entry)
+        except self.tier.errors as exc:
+            self.failed("write", exc)
+            return False
+        self.health.succeeded()
         if stored:
             self.counters.add(bytes_written=stored)
-        elif self.health.available:
+        else:
             log.debug("KV store: entry %s exceeds the %s budget; not stored", entry.key[:16],
                       self.tier.name)
         return bool(stored)

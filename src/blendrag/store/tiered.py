@@ -1,9 +1,11 @@
 """The persistent chunk-KV store: RAM LRU → disk → Redis behind the engine's ``KVStore`` protocol.
 
 Reads go down the tiers and promote a hit into every faster tier; writes go to every tier.
-Any failure of a slow tier (read-only or full disk, Redis down) is logged once and the tier is
-benched (``TierHealth``); a defective entry is a logged miss and is deleted. ``get`` and
-``put`` therefore never raise for storage reasons.
+A failure of a slow tier is a miss: a tier that is unusable (read-only or full disk, Redis
+down) is benched at once, one that keeps failing (descriptors exhausted, short replies) after
+repeated failures (``TierHealth``). An entry whose stored bytes fail a check is a logged miss
+and is deleted; one that only a single read saw damaged is kept (``TierSlot.judge``). ``get``
+and ``put`` therefore never raise for storage reasons.
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ class EncodedTier:
 
     def usage(self) -> TierUsage:
         return self.tier.usage()
+
+    def unusable(self, exc: BaseException) -> bool:
+        return self.tier.unusable(exc)
 
     def close(self) -> None:
         self.tier.close()

@@ -94,3 +94,41 @@ def test_redis_stats_and_clear(tmp_path, redis_server, redis_prefix, capsys):
 def test_cache_needs_a_subcommand():
     with pytest.raises(SystemExit):
         _run(["cache"])
+
+
+@pytest.mark.parametrize("command", ["stats", "clear"])
+def test_a_store_dir_that_is_a_file_is_an_error_naming_it(tmp_path, capsys, command):
+    not_a_folder = tmp_path / "kv"
+    not_a_folder.write_text("a regular file")
+    assert _run(["cache", command, "--store-dir", str(not_a_folder)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(f"blendrag cache {command}: error: NotADirectoryError: --store-dir "
+                          f"{not_a_folder} is not a folder")
+    assert not_a_folder.read_text() == "a regular file"
+
+
+def test_stats_says_a_passage_has_two_chunk_entries_with_the_default_context(tmp_path, capsys):
+    _fill(tmp_path / "kv", 2)
+    assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv")]) == 0
+    text = capsys.readouterr().out
+    assert "one per ingested passage" not in text
+    assert ("per ingested passage, its rows computed after the chunk prefix and the ingestion "
+            "context's filler passages, and (with the default context) its exact rows after "
+            "the chunk prefix alone") in text
+
+
+def test_stats_counts_unreferenced_files_and_removes_nothing(tmp_path, capsys):
+    _fill(tmp_path / "kv", 2)
+    stray = tmp_path / "kv" / "ab" / "cd" / "0123456789abcdef.val"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"x" * 5000)
+    assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv"), "--json"]) == 0
+    disk = json.loads(capsys.readouterr().out)["disk"]
+    assert (disk["entries"], disk["unreferenced"]) == (2, {"files": 1, "bytes": 5000})
+    assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv")]) == 0
+    assert ("1 entry file (4.9 KiB) that no index row references: removed when the store next "
+            "opens this folder") in capsys.readouterr().out
+    assert stray.exists()
+    assert _run(["cache", "clear", "--store-dir", str(tmp_path / "kv")]) == 0
+    assert not stray.exists()
