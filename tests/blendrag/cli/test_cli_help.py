@@ -38,7 +38,7 @@ def test_every_command_is_listed() -> None:
     assert set(COMMANDS) == {
         "blendrag", "blendrag precompute", "blendrag cache", "blendrag cache stats",
         "blendrag cache clear", "blendrag cache plan", "blendrag bench", "blendrag bench ttft",
-        "blendrag bench store",
+        "blendrag bench store", "blendrag bench chat",
         "blendrag bench match", "blendrag bench quality", "blendrag bench fidelity",
         "blendrag demo"}
 
@@ -61,7 +61,8 @@ def test_one_name_per_idea() -> None:
     """The same ideas are spelled the same in every command (README.md, "Command line")."""
     opts = {path: {a.option_strings[-1] for a in _options(p)} for path, p in COMMANDS.items()}
     for path in ("blendrag precompute", "blendrag demo", "blendrag bench ttft",
-                 "blendrag bench store", "blendrag bench quality", "blendrag bench fidelity"):
+                 "blendrag bench store", "blendrag bench quality", "blendrag bench fidelity",
+                 "blendrag bench chat"):
         assert {"--model", "--device", "--dtype", "--threads"} <= opts[path], path
     for path in ("blendrag precompute", "blendrag cache stats", "blendrag cache clear",
                  "blendrag demo", "blendrag bench store"):
