@@ -93,7 +93,7 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
     for name in cfg.workloads:
         base, new_conversation = _text(cfg) if name == "text" else _random(cfg)
         plain = BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
-                            chat=base.prompts.chat if base.prompts else None)
+                            chat=base.prompts.chat if base.prompts else None, threads=None)
         total, done = len(cfg.configs) * cfg.runs * cfg.turns, 0
         for label in cfg.configs:
             config, cached = CONFIGS[label]
@@ -117,7 +117,7 @@ def _sibling(base: BlendEngine, cache_bytes: int) -> BlendEngine:
     """An engine over ``base``'s model and store with a prefix cache of its own."""
     return BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
                        chat=base.prompts.chat if base.prompts else None,
-                       prefix_cache_bytes=cache_bytes)
+                       prefix_cache_bytes=cache_bytes, threads=None)
 
 
 def _record(workload: str, label: str, config: BlendConfig, turn: int, layout: PromptLayout,
@@ -147,7 +147,8 @@ def _median(rows: tuple[dict, ...]) -> dict:
 
 
 def _text(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
-    kw = {"dtype": cfg.dtype, "device": cfg.device, "gguf_file": cfg.gguf_file}
+    # threads=None: the process's count (the CLI's --threads)
+    kw = {"dtype": cfg.dtype, "device": cfg.device, "gguf_file": cfg.gguf_file, "threads": None}
     base = BlendEngine.from_pretrained(cfg.model or DEFAULT_MODEL, **kw)
     # one MuSiQue question with its passages, in the CacheBlend prompt
     item = load_musique(limit=1, passages=cfg.passages)[0]

@@ -179,8 +179,7 @@ def load_engine(config: QualityConfig) -> BlendEngine:
     unless asked for)."""
     chat = False if config.chat is None and config.model == "demo" else config.chat
     return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device,
-                                       chat=chat,
-                                       gguf_file=config.gguf_file)
+                                       chat=chat, gguf_file=config.gguf_file, threads=None)
 
 
 def fit_item(engine: BlendEngine, item: EvalItem, max_chunk_tokens: int | None) -> EvalItem:

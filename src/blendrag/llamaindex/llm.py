@@ -36,6 +36,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
 from blendrag.engine import BlendEngine, RequestStats
+from blendrag.engine.threads import DEFAULT_THREADS
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR, ChunkFormat
 from blendrag.integration.client import BlendClient, BlendRequest
 from blendrag.integration.fallback import FallbackFixes
@@ -44,12 +45,16 @@ from blendrag.integration.settings import BlendSettings, fields_from_configs, ov
 from blendrag.integration.text_index import ChunkTextIndex
 
 FIXES = FallbackFixes(
-    empty_index="put BlendKVTransform(llm) in the IngestionPipeline's transformations, after the "
-                "splitter (or run BlendKVTransform(llm)(nodes) on the index's nodes)",
+    empty_index="pass BlendKVTransform(llm) among the transformations that build the index, "
+                "after the splitter (VectorStoreIndex.from_documents(docs, transformations=[...]) "
+                "or an IngestionPipeline's), or run BlendKVTransform(llm)(nodes) on its nodes",
     not_in_prompt="the synthesizer writes nodes differently from chunk_template: answer with "
                   "blend_query_engine(index, llm), or set chunk_template to the synthesizer's",
     documents_not_in_prompt="pass nodes= as the prompt writes them (the chunk_template "
                             "formats each node)",
+    not_ingested="precompute the nodes' KVs when they are indexed: BlendKVTransform(llm) among "
+                 "the transformations of the IngestionPipeline or VectorStoreIndex that builds "
+                 "the index, after the splitter (or BlendKVTransform(llm)(nodes) on its nodes)",
 )
 
 NodeLike = NodeWithScore | BaseNode | str
@@ -121,10 +126,12 @@ class BlendLLM(BlendSettings, CustomLLM):
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str | None = None,
                         store: Any = None, chat: bool | None = None, system: str | None = None,
                         chunk_prefix: str = "", text_index: ChunkTextIndex | None = None,
-                        **kwargs: Any) -> BlendLLM:
-        """Load a local model directory into a new engine (``chunk_prefix`` defaults to ``""``)."""
+                        threads: int | None = DEFAULT_THREADS, **kwargs: Any) -> BlendLLM:
+        """Load a model (a short name, a folder, a GGUF file or a hub id) into a new engine
+        (``chunk_prefix`` defaults to ``""``; ``threads``: see ``BlendEngine``)."""
         engine = BlendEngine.from_pretrained(path, dtype=dtype, device=device, store=store,
-                                             chat=chat, system=system, chunk_prefix=chunk_prefix)
+                                             chat=chat, system=system, chunk_prefix=chunk_prefix,
+                                             threads=threads)
         return cls(engine, text_index=text_index, **kwargs)
 
     @classmethod
