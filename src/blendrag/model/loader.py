@@ -4,6 +4,9 @@ or a hub id."""
 from __future__ import annotations
 
 import contextlib
+import difflib
+import socket
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
@@ -109,6 +112,13 @@ def resolve_model(name_or_path: str | Path, gguf_file: str | None = None,
     if _looks_like_path(text):
         raise FileNotFoundError(f"no model at {text!r}: no such folder or file, and not a known "
                                 f"name ({', '.join(known_names())})")
+    if "/" not in text:
+        # not a hub id (those are org/name): a mistyped short name fails here, at once, rather
+        # than after the hub client's retries
+        close = difflib.get_close_matches(text, known_names(), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown model {text!r}: not a known name, a folder, a .gguf file or a "
+                         f"hub id (org/name){hint} Known names: {', '.join(known_names())}")
     return ModelSource(text, gguf_file)  # a hub id
 
 
@@ -127,25 +137,54 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype 
     source = resolve_model(name_or_path, gguf_file, cache_dir)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    extra = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    extra: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     if source.gguf_file:
         _require_gguf()
+    if not Path(source.path).exists():
+        # a hub id: its local cache first; the hub only when it answers
+        extra["local_files_only"] = hub_cached(source.path) or not hub_reachable()
     try:
         with quiet_loading():
             tokenizer = AutoTokenizer.from_pretrained(source.path, **extra)
             model: Any = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype,
-                                                              **extra,
-                                                         **kwargs)
+                                                              **extra, **kwargs)
     except OSError as e:
         if Path(source.path).exists():
             raise
-        raise FileNotFoundError(f"model {source.path!r} is not a local folder and could not be "
-                                "loaded as a hub id (offline, or no such repository); known names: "
+        where = ("is a hub id that is not in the local Hugging Face cache, and the hub cannot be "
+                 "reached"
+                 if extra.get("local_files_only") else "is a hub id that could not be loaded "
+                 "from the hub (no such repository, or no access)")
+        raise FileNotFoundError(f"model {source.path!r} {where}; known names: "
                                 f"{', '.join(known_names())}. ({str(e).splitlines()[0]})") from e
     if source.gguf_file:
         strip_gguf_quantizer(model)
     model.to(dev).eval()
     return model, tokenizer
+
+
+def hub_cached(repo_id: str) -> bool:
+    """Whether ``repo_id``'s config is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+
+
+def hub_reachable(timeout_s: float = 2.0) -> bool:
+    """Whether the hub's host accepts a connection within ``timeout_s`` (and the hub client is
+    not set offline): one TCP connect, instead of the client's retries against a hub that is
+    not there."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    parsed = urllib.parse.urlparse(constants.ENDPOINT)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "", port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 def _require_gguf() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,36 @@ def test_packaged_smollm2_answers_from_a_passage():
                                  "Where was Marie Curie born?")
     out = engine.generate(layout, BlendConfig(mode="full"), GenerationConfig(max_new_tokens=12))
     assert "warsaw" in out.text.lower()
+
+
+@pytest.mark.parametrize("typed,hint", [("smollm2-135m-instruc", "did you mean "
+                                         "'smollm2-135m-instruct'"), ("smollm2", "Known names")])
+def test_a_mistyped_name_fails_at_once_with_the_known_names(typed, hint):
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"unknown model '{typed}'.*{hint}"):
+        BlendEngine.from_pretrained(typed)
+    assert time.perf_counter() - t0 < 2  # no hub client, no retries
+
+
+def test_a_hub_id_neither_cached_nor_reachable_fails_at_once(monkeypatch):
+    from blendrag.model import loader
+
+    monkeypatch.setattr(loader, "hub_reachable", lambda timeout_s=2.0: False)
+    t0 = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="not in the local Hugging Face cache, and the hub "
+                                                "cannot be reached"):
+        BlendEngine.from_pretrained("some-org/no-such-model-here")
+    assert time.perf_counter() - t0 < 5
+
+
+def test_hub_reachable_is_one_connect_that_fails_fast_on_a_closed_port(monkeypatch):
+    from huggingface_hub import constants
+
+    from blendrag.model import loader
+    from blendrag_servers.redis_server import free_port
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    assert loader.hub_reachable(timeout_s=1.0) is False
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert loader.hub_reachable() is False
