@@ -44,6 +44,7 @@ class RequestRows:
     opened: list[LayeredEntry] = field(default_factory=list)
     chunk_hits: int = 0
     chunk_misses: int = 0
+    hit_chunks: list[int] = field(default_factory=list)  # indices of the chunks found stored
     prefix_hit: bool = False
     exact_first: bool = False  # the first passage's rows are its exact ones (ChunkContext)
     profiles_computed: int = 0
@@ -291,6 +292,8 @@ class ChunkCache:
             entry, hit = self._open_or_compute(rows, failed, chunk_prefix_ids, ids, context,
                                                chunk_prefix)
             rows.chunk_hits += hit
+            if hit:
+                rows.hit_chunks.append(i)
             rows.chunk_misses += not hit
             rows.exact_first |= exact and config.mode != "prefix"
             if profile and entry.profile is None and not exact:  # exact rows need no profile

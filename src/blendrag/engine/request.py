@@ -189,6 +189,7 @@ def _failing_at(rows: RequestRows, layer: int, known: str) -> list[str]:
 def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head) -> None:
     c = stats.cache
     c.chunk_hits, c.chunk_misses = rows.chunk_hits, rows.chunk_misses
+    c.hit_chunks = list(rows.hit_chunks)
     c.prefix_hit, c.exact_first = rows.prefix_hit or bool(first.rows), rows.exact_first
     c.profiles_computed = rows.profiles_computed
     c.chunks_without_context = rows.chunks_without_context

@@ -24,7 +24,9 @@ class PromptStats:
 class CacheStats:
     """Where the cached rows came from.
 
-    chunk_hits / chunk_misses: chunks found in the store / computed now; prefix_hit: the
+    chunk_hits / chunk_misses: chunks found in the store / computed now (every chunk of the
+    layout: a framework's separators between passages are chunks too); hit_chunks: the
+    indices, in the layout, of the chunks found in the store; prefix_hit: the
     prefix's rows found; exact_first: the first passage's rows were its exact ones
     (``ChunkContext.exact_first``); prefix_cache_tokens: rows taken from the prefix cache (an
     earlier request that began the same way), prefix_cache_exact: whether all of them were
@@ -37,6 +39,7 @@ class CacheStats:
 
     chunk_hits: int = 0
     chunk_misses: int = 0
+    hit_chunks: list[int] = field(default_factory=list)
     prefix_hit: bool = False
     exact_first: bool = False
     prefix_cache_tokens: int = 0

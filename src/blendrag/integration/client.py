@@ -31,7 +31,7 @@ from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationResult, GenerationStream, RequestStats
 from blendrag.ingest import IngestCounts, Ingestion
 from blendrag.integration.chunks import ChunkFormat
-from blendrag.integration.fallback import FallbackFixes, FallbackMonitor
+from blendrag.integration.fallback import FallbackFixes, FallbackMonitor, IngestionMonitor
 from blendrag.integration.flat_prompt import FlatLayout, find_layout
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.kv.keys import hash_ids
@@ -85,7 +85,9 @@ class BlendClient:
                  chunk_format: ChunkFormat | None = None, *, fixes: FallbackFixes,
                  name: str) -> None:
         if not isinstance(engine, BlendEngine):
-            raise TypeError(f"engine must be a BlendEngine, got {type(engine).__name__}")
+            hint = (f" (build one: BlendEngine.from_pretrained({engine!r}))"
+                    if isinstance(engine, str) else "")
+            raise TypeError(f"engine must be a BlendEngine, got {type(engine).__name__}{hint}")
         if engine.prompts is None:
             raise ValueError("the engine has no tokenizer: framework LLMs need one to read text "
                              "prompts")
@@ -95,6 +97,7 @@ class BlendClient:
         self.chunk_format = chunk_format if chunk_format is not None else ChunkFormat()
         self.fixes, self.name = fixes, name
         self._fallback = FallbackMonitor()
+        self._ingestion = IngestionMonitor()
         self.last_stats: RequestStats | None = None
         self.last_prompt: FlatLayout | None = None
 
@@ -211,6 +214,9 @@ class BlendClient:
 
     def finish(self, request: BlendRequest) -> dict[str, Any]:
         """Record a finished request as the last one; its info (finish reason, stats, layout)."""
+        request.prompt = request.prompt.after(request.result.stats.cache.hit_chunks)
+        if request.blended:
+            self._ingestion.check(request.prompt, self.name, self.fixes)
         self.last_stats, self.last_prompt = request.result.stats, request.prompt
         return request.info()
 

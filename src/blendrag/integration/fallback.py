@@ -1,6 +1,7 @@
 """What a framework LLM does when a prompt holds no known chunk (it would run as a plain full
 prefill): say why once, in a warning naming the cause and the framework's fix, count it, or
-refuse it when the LLM is ``strict``.
+refuse it when the LLM is ``strict``; and when its passages were found but none had a stored
+KV (the ingestion hook forgotten): say so once, with the fix.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ class NoChunkFoundError(RuntimeError):
 
 @dataclass(frozen=True)
 class FallbackFixes:
-    """A framework's one-line fix for each cause of ``FALLBACK_CAUSES``."""
+    """A framework's one-line fix for each cause of ``FALLBACK_CAUSES``, and for passages
+    without a stored KV (``not_ingested``). ``{llm}`` in a fix is the LLM's class name."""
 
     empty_index: str
     not_in_prompt: str
     documents_not_in_prompt: str
+    not_ingested: str
 
 
 _CAUSES = {
@@ -56,13 +59,35 @@ class FallbackMonitor:
         if flat.fallback is None:
             return
         why = _CAUSES[flat.fallback].format(n=index_size, docs=documents)
-        message = (f"{llm} found no known chunk in the prompt and runs a plain full prefill: "
-                   f"{why}. Fix: {getattr(fixes, flat.fallback)}")
+        fix = getattr(fixes, flat.fallback).format(llm=llm)
         if strict:
-            raise NoChunkFoundError(message)
+            raise NoChunkFoundError(f"{llm}(strict=True) refuses a prompt without a known chunk "
+                                    f"rather than run it as a plain full prefill: {why}. Fix: "
+                                    f"{fix}")
+        message = (f"{llm} found no known chunk in the prompt and runs a plain full prefill: "
+                   f"{why}. Fix: {fix}")
         with self._lock:
             self.count += 1
             first, self._warned = not self._warned, True
         if first:
             log.warning("%s (said once per LLM; its `fallbacks` counts them, each response's "
                         "metadata says blended=False)", message)
+
+
+class IngestionMonitor:
+    """Warns once per LLM when a request's passages were found in the prompt but none had a
+    stored KV: each was computed at query time, at the cost of a full prefill of it (an
+    ingestion hook was left out). Later requests reuse what that one stored, so the first
+    request that finds none is the one that can tell."""
+
+    def __init__(self) -> None:
+        self._warned = False
+
+    def check(self, flat: FlatLayout, llm: str, fixes: FallbackFixes) -> None:
+        if flat.full_only or not flat.matched or flat.passage_hits != 0 or self._warned:
+            return
+        self._warned = True
+        log.warning("%s: none of the %d passages in the prompt had a stored KV; each was "
+                    "computed at query time, as slow as a full prefill of it (stored now, so "
+                    "later requests reuse it). Fix: %s (said once per LLM)", llm, flat.matched,
+                    fixes.not_ingested.format(llm=llm))

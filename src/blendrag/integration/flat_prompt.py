@@ -27,10 +27,12 @@ class FlatLayout:
     """A flat prompt's layout and how its chunks were found.
 
     ``source``: "documents" (texts given with the request), "index" (ingested texts) or "none"
-    (no known chunk: run it with mode="full"). ``matched``: chunks that are known texts;
-    ``chunks``: all chunks, gaps between known texts included. ``fallback``: with source
-    "none", why no chunk was found (``fallback.FALLBACK_CAUSES``). ``match_s``: seconds spent
-    finding the chunks and tokenizing the pieces.
+    (no known chunk: run it with mode="full"). ``matched``: chunks that are known texts (the
+    passages); ``chunks``: all chunks, gaps between known texts (separators) included;
+    ``known``: per chunk, whether it is a known text. ``fallback``: with source "none", why no
+    chunk was found (``fallback.FALLBACK_CAUSES``). ``match_s``: seconds spent finding the
+    chunks and tokenizing the pieces. ``passage_hits``: once the request ran, the passages
+    whose KV was read from the store (separators not counted); None before.
     """
 
     layout: PromptLayout
@@ -39,6 +41,8 @@ class FlatLayout:
     chunks: int
     fallback: str | None = None
     match_s: float = 0.0
+    known: tuple[bool, ...] = ()
+    passage_hits: int | None = None
 
     @property
     def full_only(self) -> bool:
@@ -46,7 +50,13 @@ class FlatLayout:
 
     def info(self) -> dict:
         return {"source": self.source, "matched_chunks": self.matched, "chunks": self.chunks,
-                "fallback": self.fallback, "match_s": self.match_s}
+                "passage_hits": self.passage_hits, "fallback": self.fallback,
+                "match_s": self.match_s}
+
+    def after(self, hit_chunks: Sequence[int]) -> FlatLayout:
+        """This layout once its request ran: ``passage_hits`` from the engine's ``hit_chunks``."""
+        hits = sum(1 for i in hit_chunks if i < len(self.known) and self.known[i])
+        return dataclasses.replace(self, passage_hits=hits)
 
 
 def split_at(prompt: str, texts: Sequence[str]) -> PromptSplit:
@@ -111,4 +121,5 @@ def _layout(builder: PromptBuilder, split: PromptSplit, templated: bool,
     layout = PromptLayout(builder.encode(head + split.prefix, first=True),
                           [ids for ids, _ in pieces], suffix,
                           chunk_prefix_ids=chunk_prefix_ids)
-    return FlatLayout(layout, source, matched, len(pieces))
+    return FlatLayout(layout, source, matched, len(pieces),
+                      known=tuple(known for _, known in pieces))

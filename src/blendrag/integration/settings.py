@@ -10,10 +10,11 @@ framework extras install.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from blendrag.config import BlendConfig, GenerationConfig, SelectorOptions
 
@@ -27,6 +28,12 @@ _BLEND = BlendConfig()
 OVERRIDES = frozenset({*BLEND_FIELDS, *GENERATION_FIELDS})
 """Keyword arguments a single call may override."""
 
+
+# LangChain's standard chat-model parameters that only a remote API uses: accepted (its
+# standard tests pass them to every chat model) and of no use to an in-process model.
+_REMOTE_ONLY = frozenset({"timeout", "max_retries", "api_key", "base_url"})
+# Other libraries' names for a setting (HF generate, the OpenAI API): pointed to ours.
+_SYNONYMS = {"max_new_tokens": "max_tokens", "max_length": "max_tokens", "do_sample": "temperature"}
 
 class BlendSettings(BaseModel):
     """Flat request settings shared by the LangChain and LlamaIndex LLMs.
@@ -44,6 +51,24 @@ class BlendSettings(BaseModel):
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_settings(cls, data: Any) -> Any:
+        """Refuse a keyword the class does not have (pydantic would drop it silently: a
+        ``max_new_tokens=3`` that does nothing), naming the likely one."""
+        if not isinstance(data, Mapping):
+            return data
+        known = {*cls.model_fields, *(f.alias for f in cls.model_fields.values() if f.alias)}
+        data = {k: v for k, v in data.items() if k in known or k not in _REMOTE_ONLY}
+        unknown = sorted(str(k) for k in data if k not in known)
+        if unknown:
+            hints = [f"{k!r} (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(
+                _SYNONYMS.get(k, k), sorted(known), n=1, cutoff=0.6)) else repr(k)
+                for k in unknown]
+            raise ValueError(f"{cls.__name__} has no setting {', '.join(hints)}; its settings: "
+                             f"{', '.join(sorted(k for k in known if not k.startswith('_')))}")
+        return data
 
     # BlendConfig's own defaults: one place decides what an unconfigured request does
     mode: str = _BLEND.mode

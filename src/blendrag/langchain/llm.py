@@ -36,12 +36,18 @@ log = logging.getLogger(__name__)
 
 FIXES = FallbackFixes(
     empty_index="ingest through BlendChroma.from_documents(docs, embedding=..., llm=llm), or open "
-                "an existing collection with BlendChroma(..., llm=llm), which records its texts",
-    not_in_prompt="the chain writes each Document differently from document_prompt: give the LLM "
-                  "the chain's document prompt (BlendLLM(..., document_prompt=...))",
-    documents_not_in_prompt="give the LLM the chain's document prompt "
-                            "(BlendLLM(..., document_prompt=...)), the spelling of each Document "
-                            "in the prompt",
+                "an existing collection with BlendChroma(..., llm=llm), which records its texts; "
+                "a prompt without retrieved passages is a full prefill by design "
+                "({llm}(..., mode='full') says so and is not warned about)",
+    not_in_prompt="a prompt without retrieved passages is a full prefill by design ({llm}(..., "
+                  "mode='full') says so and is not warned about); if the prompt does hold "
+                  "retrieved Documents, the chain writes them differently from document_prompt: "
+                  "give {llm}(..., document_prompt=...) the chain's document prompt",
+    documents_not_in_prompt="give {llm}(..., document_prompt=...) the chain's document prompt, "
+                            "the spelling of each Document in the prompt",
+    not_ingested="ingest the documents through BlendChroma (BlendChroma.from_documents(docs, "
+                 "embedding=..., llm=llm), or BlendChroma(..., llm=llm).add_documents(docs)), "
+                 "which precomputes their KVs",
 )
 
 # Keyword arguments LangChain itself may pass down to _generate/_stream: not ours, not an error.

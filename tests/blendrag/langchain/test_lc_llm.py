@@ -63,8 +63,9 @@ def test_generation_info_carries_stats(llm):
     )
     prompt_info = info["blendrag_prompt"]
     assert info["blended"] is True and prompt_info.pop("match_s") > 0
+    # nothing was ingested: the 3 passages were computed now, none read from the store
     assert prompt_info == {"source": "documents", "matched_chunks": 3, "chunks": 5,
-                           "fallback": None}
+                           "passage_hits": 0, "fallback": None}
     assert 0 < stats["match_s"] < stats["ttft_s"]  # the layout counts in TTFT
     assert result.llm_output["model_name"] == llm.engine.name
 

@@ -34,6 +34,8 @@ def test_index_built_without_the_transform_warns_once_and_strict_raises(
         engine.query(QUESTION)
     (message,) = _warnings(caplog)
     assert "text index is empty" in message and "BlendKVTransform(llm)" in message
+    # the user built a VectorStoreIndex: the fix names that path, not only a pipeline
+    assert "VectorStoreIndex.from_documents(docs, transformations=[...])" in message
     assert llm.fallbacks >= 2 and llm.last_stats.mode == "full"
 
     strict = make_llm(strict=True)

@@ -1,0 +1,107 @@
+"""What a newcomer's own LangChain flows run into, each with the message that names the real
+cause and the fix: a forgotten ingestion hook, a strict LLM, a chat model asked without
+documents, a mistyped or foreign setting, a model name where an engine goes; and passage counts
+that leave the separators out."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from blendrag.integration.fallback import NoChunkFoundError
+from helpers.lc_data import QUESTION
+
+K = 3
+
+
+def _warnings(caplog, needle: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == logging.WARNING and needle in r.getMessage()]
+
+
+def _blend_chain(store, llm, prompt):
+    from blendrag.langchain import create_blend_retrieval_chain
+
+    return create_blend_retrieval_chain(store.as_retriever(search_kwargs={"k": K}), llm, prompt)
+
+
+def test_a_plain_chroma_behind_the_blend_chain_warns_once_that_nothing_was_ingested(
+        llm, embedder, chroma_client, collection_name, documents, prompt, caplog):
+    pytest.importorskip("langchain_chroma")
+    from langchain_chroma import Chroma
+
+    store = Chroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                                  collection_name=collection_name)
+    chain = _blend_chain(store, llm, prompt)
+    with caplog.at_level(logging.WARNING):
+        chain.invoke({"input": QUESTION})
+        assert llm.last_prompt.passage_hits == 0 and llm.last_prompt.matched == K
+        chain.invoke({"input": QUESTION})  # stored by the first: read now
+    said = _warnings(caplog, "had a stored KV")
+    assert len(said) == 1 and "none of the 3 passages" in said[0] and "BlendChroma" in said[0]
+    assert llm.last_prompt.passage_hits == K
+
+
+def test_passage_hits_leave_the_separators_out(blend_store, llm, prompt, caplog):
+    with caplog.at_level(logging.WARNING):
+        _blend_chain(blend_store, llm, prompt).invoke({"input": QUESTION})
+    # K passages and K-1 separators, all stored; the passages are K
+    assert llm.last_stats.cache.chunk_hits == 2 * K - 1
+    assert llm.last_prompt.passage_hits == K
+    assert not _warnings(caplog, "had a stored KV")
+
+
+def test_strict_says_it_refuses_rather_than_runs_a_full_prefill(engine, llm, blend_store):
+    from blendrag.langchain import BlendLLM
+
+    strict = BlendLLM(engine=engine, strict=True, max_tokens=4, text_index=llm.text_index)
+    with pytest.raises(NoChunkFoundError) as info:
+        strict.invoke("Tell me about the quick brown fox.")
+    text = str(info.value)
+    assert "BlendLLM(strict=True) refuses a prompt without a known chunk" in text
+    assert "runs a plain full prefill" not in text
+
+
+def test_a_chat_model_asked_without_documents_names_itself_and_the_real_cause(
+        engine, blend_store, caplog):
+    from blendrag.langchain import ChatBlend
+
+    chat = ChatBlend(engine=engine, max_tokens=4)
+    with caplog.at_level(logging.WARNING):
+        chat.invoke("hello")
+    said = _warnings(caplog, "found no known chunk")
+    assert len(said) == 1 and said[0].startswith("ChatBlend found no known chunk")
+    assert "without retrieved passages is a full prefill by design" in said[0]
+    assert "BlendLLM(" not in said[0]  # the class the user has is named, not another
+    caplog.clear()
+    full = ChatBlend(engine=engine, max_tokens=4, mode="full")
+    with caplog.at_level(logging.WARNING):
+        full.invoke("hello")
+    assert not _warnings(caplog, "found no known chunk")
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"max_new_tokens": 3}, "'max_new_tokens' (did you mean 'max_tokens'?)"),
+    ({"ratoi": 0.3}, "'ratoi' (did you mean 'ratio'?)"),
+])
+def test_an_unknown_setting_is_refused_naming_the_likely_one(engine, kwargs, needle):
+    from blendrag.langchain import BlendLLM
+
+    with pytest.raises(ValueError, match="BlendLLM has no setting") as info:
+        BlendLLM(engine=engine, **kwargs)
+    assert needle in str(info.value)
+
+
+def test_langchains_remote_api_params_are_accepted(engine):
+    from blendrag.langchain import ChatBlend
+
+    chat = ChatBlend(engine=engine, timeout=30, max_retries=2, max_tokens=5)
+    assert chat.max_tokens == 5
+
+
+def test_a_model_name_where_the_engine_goes_says_how_to_build_one():
+    from blendrag.llamaindex import BlendLLM
+
+    with pytest.raises(TypeError, match=r"BlendEngine.from_pretrained\('smollm2-135m-instruct'\)"):
+        BlendLLM(engine="smollm2-135m-instruct")
