@@ -150,6 +150,11 @@ class Ingestion:
         self.counts = IngestCounts()
         self.failures: list[ChunkFailure] = []
         self.max_chunk_tokens = _max_chunk_tokens(engine, self.chunk_prefix_ids)
+        why = engine.store.unwritable()
+        if why is not None:  # said before anything is computed, not after every chunk
+            raise ValueError(f"the KV store cannot keep what ingestion computes: {why}. Give it "
+                             "a folder this process can write (StoreConfig(disk_dir=...), "
+                             "--store-dir) or a reachable Redis")
         # the last non-empty chunks so far: the next ones' neighbours
         self._previous: list[list[int]] = []
 

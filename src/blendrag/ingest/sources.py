@@ -86,6 +86,11 @@ def chunks_from_folder(directory: str | Path, glob: str = "*.txt",
     if not root.is_dir():
         raise FileNotFoundError(f"no folder at {root}")
     files = sorted(p for p in root.glob(glob) if p.is_file())
+    if not files:  # an empty run that says "chunks 0" would hide a mistyped pattern
+        present = sorted({p.suffix or p.name for p in root.iterdir() if p.is_file()})[:8]
+        raise FileNotFoundError(f"no file under {root} matches {glob!r} (files there end in: "
+                                f"{', '.join(present) or 'nothing: the folder is empty'}; "
+                                "'**/*.md' recurses)")
 
     def read() -> Iterator[str]:
         for p in files:

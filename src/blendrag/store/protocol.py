@@ -174,6 +174,10 @@ class KVStore(Protocol):
         """The keys no persistent tier holds, in order (a store without one: ``missing``):
         what a bulk job could not store."""
 
+    def unwritable(self) -> str | None:
+        """Why no persistent tier can take entries now; None when one can, or when the store
+        keeps entries in memory only by design (then there is nothing to persist to)."""
+
     def problems(self) -> list[str]:
         """Why tiers are out of use now (their last failure), fastest first; [] when none."""
 

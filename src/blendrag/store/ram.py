@@ -98,6 +98,9 @@ class MemoryKVStore:
         """No tier persists here: the keys not held."""
         return self.missing(keys)
 
+    def unwritable(self) -> str | None:
+        return None  # memory only by design
+
     def problems(self) -> list[str]:
         return []  # memory does not fail for storage reasons
 

@@ -199,6 +199,16 @@ class TieredKVStore:
 
         return [k for k in keys if not any(holds(i, k) for i in range(len(slots)))]
 
+    def unwritable(self) -> str | None:
+        """Why no persistent tier can take entries now (each tried: opened, or probed when
+        benched); None when one can, or when the store has none (RAM only, by design)."""
+        slots = [s for s in self._slots if not s.tier.volatile]
+        for slot in slots:
+            slot.call("open", slot.tier.open, None)
+        if not slots or any(s.health.available for s in slots):
+            return None
+        return "; ".join(s.health.last_error or s.tier.label for s in slots)
+
     def problems(self) -> list[str]:
         """Why each benched tier is benched (its last failure), fastest tier first."""
         return [s.health.last_error or s.tier.label for s in self._slots

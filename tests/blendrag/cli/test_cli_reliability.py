@@ -97,16 +97,21 @@ def test_an_unknown_device(model_dir, tmp_path, jsonl, capsys):
     _one_error(capsys, "tpu9")
 
 
-def test_a_store_dir_that_is_a_file_exits_1_naming_what_was_not_stored(model_dir, tmp_path,
-                                                                      capsys):
+def test_a_store_dir_that_is_a_file_fails_before_computing_anything(model_dir, tmp_path, capsys,
+                                                                     monkeypatch):
+    from blendrag.engine.chunk_cache import ChunkCache
+
+    def never(*args, **kwargs):
+        raise AssertionError("a chunk was computed for a store that cannot keep it")
+
+    monkeypatch.setattr(ChunkCache, "precompute", never)
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     f = tmp_path / "c.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
-    assert main(_args(model_dir("llama"), blocker, "--jsonl", str(f))) == 1
-    out, err = capsys.readouterr()
-    assert "computed 0" in out and "NOT STORED: 4 chunks" in out and "failed to open" in out
-    assert "error: 4 chunks have no stored KV" in err and "Traceback" not in err
+    assert main(_args(model_dir("llama"), blocker, "--jsonl", str(f))) == 2
+    _one_error(capsys, "the KV store cannot keep what ingestion computes", str(blocker),
+               "--store-dir")
 
 
 def test_a_chunk_longer_than_the_context_is_refused_and_listed(model_dir, tmp_path, capsys):

@@ -56,14 +56,35 @@ def test_full_disk_counts_only_what_was_persisted_and_names_the_rest(engine, mon
     assert on_disk.missing(keys) == keys[2:]  # exactly the two listed
 
 
-def test_store_dir_that_is_a_file_stores_nothing_and_says_why(model_dir, tmp_path, make_store):
+def test_store_dir_that_is_a_file_is_refused_before_anything_is_computed(model_dir, tmp_path,
+                                                                        make_store):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                          store=make_store(disk_dir=blocker), context=NO_CONTEXT)
+    for ingest in (lambda: ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False),
+                   lambda: engine.ingest(PASSAGES, PREFIX)):
+        with pytest.raises(ValueError, match=f"cannot keep what ingestion computes: .*{blocker}"):
+            ingest()
+    assert blocker.read_text() == "not a directory"  # nothing valid is lost
+
+
+def test_a_store_that_fails_only_after_opening_still_lists_what_was_not_stored(
+        model_dir, tmp_path, make_store, monkeypatch):
+    """The check before computing cannot see a disk that fills up later: that case is still
+    counted and listed chunk by chunk."""
+    from blendrag.store.disk import DiskTier
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    store = make_store(ram_bytes=0)
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         store=store, context=NO_CONTEXT)
+    monkeypatch.setattr(DiskTier, "put", full)
     summary = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False)
-    assert (summary.computed, summary.not_stored, len(summary.failures)) == (0, 4, 4)
-    assert all("failed to open" in f.reason for f in summary.failures)
+    assert (summary.computed, summary.not_stored) == (0, 4)
+    assert all("No space left" in f.reason for f in summary.failures)
 
 
 def test_a_ram_only_store_counts_what_it_holds(model_dir):

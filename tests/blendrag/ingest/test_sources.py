@@ -57,3 +57,12 @@ def test_jsonl_field_blank_lines_and_bad_lines(tmp_path):
     bad.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"bad.jsonl:1: not JSON"):
         list(chunks_from_jsonl(bad))
+
+
+def test_a_glob_matching_nothing_is_an_error_saying_what_is_there(tmp_path):
+    (tmp_path / "a.md").write_text("a passage")
+    (tmp_path / "b.rst").write_text("another")
+    with pytest.raises(FileNotFoundError, match=r"no file under .* matches '\*\.txt' \(files "
+                                                r"there end in: \.md, \.rst"):
+        chunks_from_folder(tmp_path)
+    assert list(chunks_from_folder(tmp_path, glob="*.md")) == ["a passage"]
