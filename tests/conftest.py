@@ -5,6 +5,7 @@ package (``tests/`` is on pytest's ``pythonpath``)."""
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -14,6 +15,33 @@ import torch
 from helpers.tiny import build_config, build_tokenizer, save_model
 
 torch.set_num_threads(2)
+
+
+# Long tests say what they are doing: a quiet `pytest -q` that sits on one real-model test for
+# minutes cannot be told from a hang. The lines go to the terminal, capture suspended.
+def _say(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _LONG.clear()
+    if item.get_closest_marker("slow") is not None:
+        _say(item.config, f"\n[slow] {item.nodeid}: runs the real model, up to a few minutes "
+                          "on 2 cores")
+        _LONG.append(time.perf_counter())
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if _LONG:
+        _say(item.config, f"[slow] done in {time.perf_counter() - _LONG[0]:.0f} s")
+
+
+_LONG: list[float] = []
 
 
 @pytest.fixture(scope="session")
