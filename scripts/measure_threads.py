@@ -1,9 +1,16 @@
 #!/usr/bin/env python
-"""How many torch threads should `--threads` default to? Precompute throughput (computed
-tokens/s, as `blendrag precompute --json` reports it) of the demo's 20 real passages on the
-default model at --threads 1, 2 and 0 (torch's own choice: one per core), each run in a fresh
-process and a fresh store, the settings interleaved round by round so that machine load hits
-them alike. Usage: ``python scripts/measure_threads.py [--rounds 3] [--passages 20]``.
+"""How many torch threads should the engine (``BlendEngine(threads=...)``, the CLI's
+``--threads``) default to? Two measures at 1, 2 and torch's own choice (one per core), each run
+in a fresh process, the settings interleaved round by round so that machine load hits them
+alike:
+
+- precompute throughput (computed tokens/s, as `blendrag precompute --json` reports it) of the
+  demo's real passages on the default model, a fresh store each run;
+- from Python, the full-prefill TTFT of a prompt of those passages (``--prefill-tokens``, about
+  700 by default), median of 3 calls after one warm-up, through
+  ``BlendEngine.from_pretrained(..., threads=...)``.
+
+Usage: ``python scripts/measure_threads.py [--rounds 3] [--passages 20]``.
 """
 
 from __future__ import annotations
@@ -21,6 +28,23 @@ from blendrag_demo.corpora import real_corpus
 
 SETTINGS = ("1", "2", "0")
 
+# One setting's full-prefill TTFT from Python, in a fresh process: prints seconds.
+_PREFILL = """
+import statistics, sys
+from blendrag import BlendConfig, BlendEngine
+from blendrag_demo.corpora import real_corpus
+threads = int(sys.argv[1]) or None
+engine = BlendEngine.from_pretrained(sys.argv[2], device="cpu", threads=threads)
+text, want = "", int(sys.argv[3])
+for p in real_corpus().passages:
+    if len(engine.prompts.encode(text + p.text)) > want:
+        break
+    text += p.text + "\\n\\n"
+layout = engine.build_prompt("Read the passages.\\n\\n", [text], "Question: who?\\nAnswer:")
+times = [engine.prefill(layout, BlendConfig(mode="full")).stats.timing.ttft_s for _ in range(4)]
+print(layout.num_tokens, statistics.median(times[1:]))
+"""
+
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -28,9 +52,12 @@ def main() -> int:
     p.add_argument("--passages", type=int, default=20, help="passages per run (default: 20)")
     p.add_argument("--model", default="smollm2-135m-instruct",
                    help="model to run (default: smollm2-135m-instruct)")
+    p.add_argument("--prefill-tokens", type=int, default=700,
+                   help="length of the full-prefill prompt (default: 700)")
     args = p.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start")
     rates: dict[str, list[float]] = {t: [] for t in SETTINGS}
+    ttfts: dict[str, list[float]] = {t: [] for t in SETTINGS}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "passages"
         folder.mkdir()
@@ -44,11 +71,18 @@ def main() -> int:
                      "--store-dir", f"{tmp}/kv-{t}-{r}", "--threads", t, "--no-progress",
                      "--json"], check=True, capture_output=True, text=True).stdout
                 rates[t].append(json.loads(out)["tokens_per_s"])
-                print(f"round {r + 1}: --threads {t}: {rates[t][-1]:.0f} tokens/s", flush=True)
+                tokens, ttft = subprocess.run(
+                    [sys.executable, "-c", _PREFILL, t, args.model, str(args.prefill_tokens)],
+                    check=True, capture_output=True, text=True).stdout.split()
+                ttfts[t].append(float(ttft))
+                print(f"round {r + 1}: threads {t}: precompute {rates[t][-1]:.0f} tokens/s; "
+                      f"full prefill of {tokens} tokens {ttfts[t][-1] * 1e3:.0f} ms", flush=True)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
     for t, v in rates.items():
-        print(f"--threads {t}: median {statistics.median(v):.0f} tokens/s, range "
-              f"{min(v):.0f}-{max(v):.0f}")
+        w = ttfts[t]
+        print(f"threads {t}: precompute median {statistics.median(v):.0f} tokens/s (range "
+              f"{min(v):.0f}-{max(v):.0f}); full prefill median {statistics.median(w) * 1e3:.0f} "
+              f"ms (range {min(w) * 1e3:.0f}-{max(w) * 1e3:.0f})")
     return 0
 
 
