@@ -130,11 +130,25 @@ def fields_from_configs(blend: BlendConfig | None = None,
     return out
 
 
+CALL_KEYS = frozenset({*OVERRIDES, "blend_config", "generation_config", "stop", "strict"})
+"""Keyword arguments a single call understands (besides the framework's own: documents, nodes)."""
+
+
 def overrides_from(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str, ...]]:
     """Per-call overrides and stop strings: the flat keys of ``kwargs``, after the fields of the
     ``blend_config=`` and ``generation_config=`` objects when given (whose ``stop`` strings are
-    the call's)."""
+    the call's, with a ``stop=`` of the call's own)."""
     out = fields_from_configs(kwargs.get("blend_config"), kwargs.get("generation_config"))
     stop = tuple(out.pop("stop", None) or ())
+    given = kwargs.get("stop")
+    stop += (given,) if isinstance(given, str) else tuple(given or ())
     out.update({k: v for k, v in kwargs.items() if k in OVERRIDES})
     return out, stop
+
+
+def strict_from(kwargs: Mapping[str, Any], default: bool) -> bool:
+    """The call's ``strict=`` when given (a bool), else the LLM's."""
+    strict = kwargs.get("strict", default)
+    if not isinstance(strict, bool):
+        raise ValueError(f"strict must be True or False, got {strict!r}")
+    return strict

@@ -29,7 +29,12 @@ from blendrag.engine import BlendEngine, RequestStats
 from blendrag.integration.client import BlendClient, BlendRequest
 from blendrag.integration.fallback import FallbackFixes
 from blendrag.integration.flat_prompt import FlatLayout
-from blendrag.integration.settings import OVERRIDES, BlendSettings, overrides_from
+from blendrag.integration.settings import (
+    CALL_KEYS,
+    BlendSettings,
+    overrides_from,
+    strict_from,
+)
 from blendrag.integration.text_index import ChunkTextIndex
 
 log = logging.getLogger(__name__)
@@ -125,8 +130,7 @@ class BlendParams(BlendSettings):
     def _start(self, prompt: str, templated: bool, stop: Sequence[str] | None,
                kwargs: dict[str, Any]) -> BlendRequest:
         """Lay ``prompt`` out at the chunks it holds and start the engine's token stream."""
-        unknown = set(kwargs) - {"documents", "blend_config", "generation_config", *OVERRIDES,
-                                 *_LANGCHAIN_KEYS}
+        unknown = set(kwargs) - {"documents", *CALL_KEYS, *_LANGCHAIN_KEYS}
         if unknown:
             log.warning("%s ignores unknown keyword arguments %s", type(self).__name__,
                         sorted(unknown))
@@ -137,7 +141,8 @@ class BlendParams(BlendSettings):
         texts = format_documents(docs, self.document_prompt) if docs else None
         return self._client.start(prompt, self.blend_config(**overrides),
                                   self.generation_config([*(stop or ()), *stops], **overrides),
-                                  texts=texts, templated=templated, strict=self.strict)
+                                  texts=texts, templated=templated,
+                                  strict=strict_from(kwargs, self.strict))
 
     def _ls_params(self, model_type: str, stop: list[str] | None,
                    kwargs: dict[str, Any]) -> LangSmithParams:

@@ -11,6 +11,7 @@ messages to turns, the stream to ``CompletionResponse`` objects.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,16 @@ from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATO
 from blendrag.integration.client import BlendClient, BlendRequest
 from blendrag.integration.fallback import FallbackFixes
 from blendrag.integration.flat_prompt import FlatLayout
-from blendrag.integration.settings import BlendSettings, fields_from_configs, overrides_from
+from blendrag.integration.settings import (
+    CALL_KEYS,
+    BlendSettings,
+    fields_from_configs,
+    overrides_from,
+    strict_from,
+)
 from blendrag.integration.text_index import ChunkTextIndex
+
+log = logging.getLogger(__name__)
 
 FIXES = FallbackFixes(
     empty_index="pass BlendKVTransform(llm) among the transformations that build the index, "
@@ -188,12 +197,16 @@ class BlendLLM(BlendSettings, CustomLLM):
     def _start(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> BlendRequest:
         """Split at the nodes' texts (else the ingested texts), tokenize piece by piece, start
         the engine's stream. ``formatted``: the prompt already has the chat template."""
+        unknown = set(kwargs) - {"nodes", *CALL_KEYS}
+        if unknown:
+            log.warning("%s ignores unknown keyword arguments %s", type(self).__name__,
+                        sorted(unknown))
         nodes = kwargs.get("nodes")
         texts = [self.chunk_text(n) for n in nodes] if nodes is not None else None
         overrides, stop = overrides_from(kwargs)
         return self._client.start(prompt, self.blend_config(**overrides),
                                   self.generation_config(stop, **overrides), texts=texts,
-                                  templated=formatted, strict=self.strict)
+                                  templated=formatted, strict=strict_from(kwargs, self.strict))
 
     def _responses(self, request: BlendRequest) -> CompletionResponseGen:
         """One response per text delta, then a final one (empty delta) carrying the stats."""

@@ -105,3 +105,9 @@ def test_a_model_name_where_the_engine_goes_says_how_to_build_one():
 
     with pytest.raises(TypeError, match=r"BlendEngine.from_pretrained\('smollm2-135m-instruct'\)"):
         BlendLLM(engine="smollm2-135m-instruct")
+
+
+def test_strict_per_call_raises_for_that_call_only(llm, blend_store):
+    with pytest.raises(NoChunkFoundError):
+        llm.invoke("Tell me about the quick brown fox.", strict=True)
+    assert isinstance(llm.invoke("Tell me about the quick brown fox."), str)
