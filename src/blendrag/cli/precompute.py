@@ -20,6 +20,7 @@ from blendrag.cli.options import (
     emit,
     model_kwargs,
 )
+from blendrag.store.config import KV_FORMATS
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -58,6 +59,9 @@ def _add_store(p: argparse.ArgumentParser) -> None:
                    help="RAM tier budget (holds the prefix KV; new entries go to disk/Redis) "
                         "(default: 256M)")
     add_redis_options(p)
+    p.add_argument("--kv-format", choices=KV_FORMATS, default="model",
+                   help="how the disk and Redis tiers store K and V: the model's dtype (exact), "
+                        "bfloat16, float16 or int8, decoded as read (default: model)")
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
@@ -126,7 +130,8 @@ def _check(args: argparse.Namespace):
         raise ValueError("--skip-bad-lines applies to --jsonl sources only")
     config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
                          disk_bytes=args.disk_bytes,
-                         redis_url=args.redis_url, redis_prefix=args.redis_prefix)
+                         redis_url=args.redis_url, redis_prefix=args.redis_prefix,
+                         kv_format=args.kv_format)
     return _source(args), config
 
 

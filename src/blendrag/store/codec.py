@@ -2,10 +2,13 @@
 
 Layout::
 
-    k.{i}, v.{i}    [kv_heads, T, head_dim] of layer i (keys pre-RoPE)
+    k.{i}, v.{i}    [kv_heads, T, head_dim] of layer i (keys pre-RoPE), in the stored format
+    ks.{i}, vs.{i}  int8 only: float32 scales, K per channel [kv_heads, 1, head_dim], V per
+                    token [kv_heads, T, 1]
     profile         [T] float32, optional: the chunk's context-sensitivity profile
     context_shift   [L, T] float32, optional: per layer, how far context moves each value
-    __metadata__    format, version, key, prefix_hash, context_tag, dtype, shape [L, H, T, D],
+    __metadata__    format, version, key, prefix_hash, context_tag, dtype (what a read returns),
+                    stored (the format of k/v: a float dtype or int8), shape [L, H, T, D],
                     token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex}),
                     meta_checksum (xxh3-128 over all the other metadata fields)
 
@@ -34,12 +37,16 @@ import torch
 import xxhash
 
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.config import KV_FORMATS
 
 FORMAT_NAME = "blendrag-chunk-kv"
-FORMAT_VERSION = 3  # 3: "profile" and "context_tag" (2: "sensitivity" and "context")
-READ_VERSIONS = ("2", "3")
+FORMAT_VERSION = 4  # 4: "stored" (3: "profile", "context_tag"; 2: "sensitivity", "context")
+READ_VERSIONS = ("2", "3", "4")
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+              "I8": torch.int8}
+_STORED = {**_DTYPES, "int8": torch.int8}
 _MAX_HEADER = 100 << 20  # the safetensors limit
 PROFILE = "profile"
 # What version 2 called the profile tensor and the context tag field.
@@ -69,27 +76,36 @@ class Entry:
     """A chunk KV on its way into a store's tiers, encoded at most once: a tier that stores bytes
     reads ``data`` (encoded on first use, or the bytes it was read from); RAM keeps ``kv``."""
 
-    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None) -> None:
+    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None,
+                 data_format: str = "model") -> None:
+        """``data``: bytes ``kv`` was read from, stored in ``data_format``."""
         self.key = key
         self.kv = kv
-        self._data = data
+        self._data = {} if data is None else {data_format: data}
 
     @property
     def data(self) -> bytes:
-        if self._data is None:
-            self._data = encode(self.key, self.kv)
-        return self._data
+        return self.data_in("model")
+
+    def data_in(self, kv_format: str) -> bytes:
+        """The entry encoded with K and V stored in ``kv_format`` (``KV_FORMATS``), once."""
+        if kv_format not in self._data:
+            self._data[kv_format] = encode(self.key, self.kv, kv_format)
+        return self._data[kv_format]
 
 
-def encode(key: str, kv: ChunkKV) -> bytes:
-    """Serialize ``kv`` stored under ``key`` (tensors are copied to CPU if needed)."""
+def encode(key: str, kv: ChunkKV, kv_format: str = "model") -> bytes:
+    """Serialize ``kv`` stored under ``key`` (tensors are copied to CPU if needed), K and V in
+    ``kv_format`` (``KV_FORMATS``; "model": the KV's own dtype, exact)."""
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, got {kv_format!r}")
     dtype = _dtype_name(kv.keys.dtype)
+    stored = dtype if kv_format == "model" else kv_format
     keys = kv.keys.detach().to("cpu").contiguous()
     values = kv.values.detach().to("cpu").contiguous()
     tensors: dict[str, torch.Tensor] = {}
     for i in range(kv.num_layers):
-        tensors[f"k.{i}"] = keys[i]
-        tensors[f"v.{i}"] = values[i]
+        tensors.update(_encode_layer(i, keys[i], values[i], stored))
     for name, prior in ((PROFILE, kv.profile), (CONTEXT_SHIFT, kv.context_shift)):
         if prior is not None:
             tensors[name] = prior.detach().to("cpu", torch.float32).contiguous()
@@ -100,12 +116,33 @@ def encode(key: str, kv: ChunkKV) -> bytes:
         "prefix_hash": kv.prefix_hash,
         "context_tag": kv.context_tag,
         "dtype": dtype,
+        "stored": stored,
         "shape": json.dumps(list(keys.shape)),
         "token_ids": json.dumps(list(kv.token_ids)),
         "checksums": json.dumps({name: _digest(t) for name, t in tensors.items()}),
     }
     meta["meta_checksum"] = _meta_digest(meta)
     return safetensors.torch.save(tensors, metadata=meta)
+
+
+def _encode_layer(i: int, k: torch.Tensor, v: torch.Tensor,
+                  stored: str) -> dict[str, torch.Tensor]:
+    """Layer ``i``'s tensors in the ``stored`` format; k, v: [kv_heads, T, head_dim]."""
+    if stored != "int8":
+        return {f"k.{i}": k.to(_STORED[stored]).contiguous(),
+                f"v.{i}": v.to(_STORED[stored]).contiguous()}
+    # K per channel (outlier channels keep their range), V per token, symmetric to +-127
+    k32, v32 = k.float(), v.float()
+    ks = (k32.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)  # [H, 1, D]
+    vs = (v32.abs().amax(dim=2, keepdim=True) / 127).clamp_min(1e-12)  # [H, T, 1]
+    return {f"k.{i}": (k32 / ks).round().clamp(-127, 127).to(torch.int8).contiguous(),
+            f"v.{i}": (v32 / vs).round().clamp(-127, 127).to(torch.int8).contiguous(),
+            f"ks.{i}": ks.contiguous(), f"vs.{i}": vs.contiguous()}
+
+
+def _decoded(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """A stored K or V [H, T, D] back in float (int8: times its scales)."""
+    return stored if scale is None else stored.float() * scale
 
 
 def decode(source: Source, key: str) -> ChunkKV:
@@ -172,6 +209,8 @@ class EntryReader:
     def _parse_fields(self, meta: dict) -> None:
         try:
             self.dtype = _DTYPES[meta["dtype"]]
+            # before version 4, K and V were stored in the dtype a read returns
+            self.stored = _STORED[meta["stored"] if meta["version"] == "4" else meta["dtype"]]
             self.shape = tuple(int(x) for x in json.loads(meta["shape"]))
             self.token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
             self._checksums = dict(json.loads(meta["checksums"]))
@@ -185,9 +224,10 @@ class EntryReader:
                 or self.shape[2] != len(self.token_ids)):
             raise EntryError(f"shape {self.shape} is not [L, H, T, D] (T >= 0, others > 0) for "
                              f"{len(self.token_ids)} token ids")
-        if 2 * self.shape[0] > len(self._tensors.names()):  # before a set of 2L names is built
+        if 2 * self.shape[0] > len(self._tensors.names()):  # before a set of 2L+ names is built
             raise EntryError(f"{len(self._tensors.names())} tensors for {self.shape[0]} layers")
-        names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in "kv"}
+        kinds = ("k", "v", "ks", "vs") if self.stored == torch.int8 else ("k", "v")
+        names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in kinds}
         stored = {self._names.get(n, n): n for n in self._checksums}  # our name -> stored name
         self._checksums = {ours: self._checksums[theirs] for ours, theirs in stored.items()}
         self._stored = stored
@@ -199,12 +239,20 @@ class EntryReader:
         # Every tensor the header lists must have the declared dtype and shape before anything
         # is allocated: the shape is then bounded by bytes the entry really holds.
         for name in names:
-            want = (torch.float32, self.priors[name]) if name in self.priors else (
-                self.dtype, self.shape[1:])
+            want = self._spec_of(name)
             if self._tensors.spec(stored[name]) != want:
                 dtype, shape = self._tensors.spec(stored[name])
                 raise EntryError(f"{name} is {dtype} {shape}, the metadata declares "
                                  f"{want[0]} {want[1]}")
+
+    def _spec_of(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        """(dtype, shape) the header's fields allow tensor ``name``."""
+        h, t, d = self.shape[1:]
+        if name in self.priors:
+            return torch.float32, self.priors[name]
+        kind = name.split(".")[0]
+        return {"ks": (torch.float32, (h, 1, d)), "vs": (torch.float32, (h, t, 1))}.get(
+            kind, (self.stored, (h, t, d)))
 
     @property
     def num_layers(self) -> int:
@@ -224,7 +272,19 @@ class EntryReader:
         tensors are adjacent in the entry."""
         if not 0 <= i < self.num_layers:
             raise IndexError(f"layer {i} out of range for {self.num_layers} layers")
-        self._read_verified([(f"k.{i}", k), (f"v.{i}", v)])
+        if self.stored == self.dtype:
+            self._read_verified([(f"k.{i}", k), (f"v.{i}", v)])
+            return
+        # a compressed layer: read as stored, verified, then decoded into the caller's tensors
+        parts = {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in (
+            (n, self._spec_of(n)) for n in self._layer_names(i))}
+        self._read_verified(list(parts.items()))
+        k.copy_(_decoded(parts[f"k.{i}"], parts.get(f"ks.{i}")))
+        v.copy_(_decoded(parts[f"v.{i}"], parts.get(f"vs.{i}")))
+
+    def _layer_names(self, i: int) -> list[str]:
+        kinds = ("k", "v", "ks", "vs") if self.stored == torch.int8 else ("k", "v")
+        return [f"{kind}.{i}" for kind in kinds]
 
     def read_priors(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The profile [T] and context shift [L, T] (float32, verified), None where the
@@ -240,15 +300,20 @@ class EntryReader:
         one scatter read: as fast as a plain read of the file), then verified."""
         keys = torch.empty(self.shape, dtype=self.dtype)
         values = torch.empty(self.shape, dtype=self.dtype)
-        parts = [
-            (f"{kind}.{i}", t[i])
-            for i in range(self.num_layers)
-            for kind, t in (("k", keys), ("v", values))
-        ]
         priors = {name: torch.empty(shape, dtype=torch.float32)
                   for name, shape in self.priors.items()}
-        parts += list(priors.items())
-        self._read_verified(parts)
+        if self.stored == self.dtype:
+            parts = [
+                (f"{kind}.{i}", t[i])
+                for i in range(self.num_layers)
+                for kind, t in (("k", keys), ("v", values))
+            ]
+            self._read_verified(parts + list(priors.items()))
+        else:  # compressed: decoded layer by layer
+            for i in range(self.num_layers):
+                self.layer_into(i, keys[i], values[i])
+            if priors:
+                self._read_verified(list(priors.items()))
         return ChunkKV(keys, values, self.token_ids, self.prefix_hash, priors.get(PROFILE),
                        self.context_tag, priors.get(CONTEXT_SHIFT))
 

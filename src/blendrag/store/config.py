@@ -9,6 +9,10 @@ from pathlib import Path
 # A per-user directory, shared by every process of that user (diskcache is process-safe).
 DEFAULT_DISK_DIR = Path.home() / ".cache" / "blendrag" / "kv"
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+KV_FORMATS = ("model", "bfloat16", "float16", "int8")
+"""How K and V may be stored: the model's dtype (exact), a 16-bit float, or int8 with scales
+(K per channel, V per token); every format is decoded to the model's dtype as it is read
+(``store/codec.py``)."""
 
 
 @dataclass
@@ -25,6 +29,10 @@ class StoreConfig:
     redis_ttl_s:   expiry of Redis entries (None = bounded by the server's maxmemory policy)
     redis_timeout_s: socket timeout of Redis calls
     retry_after_s: a tier that failed (read-only/full disk, Redis down) is skipped this long
+    kv_format:     how the disk and Redis tiers store K and V: "model" (the model's dtype,
+                   exact), "bfloat16", "float16" or "int8" (K scaled per channel, V per token);
+                   decoded to the model's dtype as each layer is read. Entries of any format
+                   are read whatever this says (it is recorded in each entry's header).
     """
 
     ram_bytes: int = 4 << 30
@@ -36,8 +44,12 @@ class StoreConfig:
     redis_ttl_s: int | None = None
     redis_timeout_s: float = 5.0
     retry_after_s: float = 60.0
+    kv_format: str = "model"
 
     def __post_init__(self) -> None:
+        if self.kv_format not in KV_FORMATS:
+            raise ValueError(f"StoreConfig.kv_format must be one of {', '.join(KV_FORMATS)}, "
+                             f"got {self.kv_format!r}")
         for name in ("ram_bytes", "disk_bytes"):
             if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
                 raise ValueError(f"StoreConfig.{name} must be an int, got {getattr(self, name)!r}")

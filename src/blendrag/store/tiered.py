@@ -38,8 +38,9 @@ class EncodedTier:
 
     volatile = False
 
-    def __init__(self, tier: ByteTier) -> None:
+    def __init__(self, tier: ByteTier, kv_format: str = "model") -> None:
         self.tier = tier
+        self.kv_format = kv_format  # how K and V are stored (codec.KV_FORMATS)
         self.name, self.label, self.errors = tier.name, tier.label, tier.errors
 
     def open(self) -> object:
@@ -55,7 +56,9 @@ class EncodedTier:
         finally:
             if hasattr(source, "close"):
                 source.close()
-        return Entry(key, kv, source if isinstance(source, bytes) else None), size
+        # the bytes as stored: a faster byte tier takes them as they are, whatever their format
+        return Entry(key, kv, source if isinstance(source, bytes) else None,
+                     self.kv_format), size
 
     def open_layers(self, key: str) -> EncodedLayeredEntry | None:
         """The entry opened for layer-wise reads: header and priors read and verified now,
@@ -78,7 +81,7 @@ class EncodedTier:
             raise
 
     def write(self, entry: Entry) -> int:
-        data = entry.data
+        data = entry.data_in(self.kv_format)
         return len(data) if self.tier.put(entry.key, data) else 0
 
     def contains(self, key: str) -> bool:
@@ -120,11 +123,11 @@ class TieredKVStore:
             self._add(RamTier(config.ram_bytes))
         if config.disk_dir is not None:
             self._add(EncodedTier(DiskTier(config.disk_dir, config.disk_bytes,
-                                           config.disk_timeout_s)))
+                                           config.disk_timeout_s), config.kv_format))
         if config.redis_url is not None:
             self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix,
                                             config.redis_ttl_s,
-                                            config.redis_timeout_s)))
+                                            config.redis_timeout_s), config.kv_format))
 
     def _add(self, tier: Tier) -> None:
         tier = self._wrap(tier) if self._wrap is not None else tier

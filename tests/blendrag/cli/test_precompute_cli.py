@@ -189,3 +189,22 @@ def _finish(proc: subprocess.Popen) -> dict:
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err[-3000:]
     return json.loads(out)
+
+
+def test_kv_format_stores_compressed_entries_that_any_store_reads(model_dir, tmp_path, capsys):
+    from helpers.files import entry_files
+
+    f = tmp_path / "chunks.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
+    sizes = {}
+    for kv_format in ("model", "int8"):
+        store_dir = tmp_path / kv_format
+        argv = [*_args(model_dir("llama"), store_dir, "--jsonl", str(f)), "--kv-format",
+                kv_format]
+        assert main(argv) == 0
+        assert _summary(capsys)["computed"] == len(PASSAGES)
+        sizes[kv_format] = sum(p.stat().st_size for p in entry_files(store_dir))
+        headers = [json.loads(p.read_bytes()[8: 8 + int.from_bytes(p.read_bytes()[:8], "little")])
+                   ["__metadata__"]["stored"] for p in entry_files(store_dir)]
+        assert set(headers) == {"float32" if kv_format == "model" else "int8"}
+    assert sizes["int8"] < 0.4 * sizes["model"]  # small chunks: the scales weigh more
