@@ -31,6 +31,7 @@ import torch
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.store import DiskTier, StoreConfig, TieredKVStore
+from blendrag_bench import store_formats
 from blendrag_bench.raw_io import (
     copy_bytes,
     drop_page_cache,
@@ -73,6 +74,9 @@ def run(cfg: StoreBenchConfig) -> dict:
         entry = _entry_path(directory, key)
         report |= _entry_size(engine, entry, len(layout.chunk_ids[0]))
         report |= _load_throughput(cfg, engine.store, key, directory, entry)
+        kv = engine.store.get(key)
+        if kv is not None:
+            report["formats"] = store_formats.measure(kv, key, cfg.repeats)
         engine.store.close()
     return report
 
@@ -293,6 +297,8 @@ def format_report(r: dict) -> str:
             lines.append(f"{name:<18}{load:>10.2f}{raw:>10.2f}{load / raw:>7.2f}x")
     lines.append("disk page cache dropped before each cold read: "
                  f"{'yes' if r['disk_page_cache_dropped'] else 'NO'}")
+    if r.get("formats"):
+        lines += store_formats.format_lines(r["formats"])
     return "\n".join(lines)
 
 

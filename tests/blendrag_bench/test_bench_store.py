@@ -34,6 +34,16 @@ def test_bench_store_writes_every_figure(tmp_path, capsys):
         assert r["load_gbps"]["redis"] is None and "redis-server" in r["redis_note"]
     else:
         assert r["load_gbps"]["redis"] > 0
+    # per stored format: bytes per token (int8 pays float32 scales: at 64-dim heads and 32-token
+    # chunks about a third of float32's), encode and load rates, the default marked
+    formats = {f["format"]: f for f in r["formats"]}
+    assert set(formats) == {"model", "bfloat16", "float16", "int8"}
+    assert formats["model"]["default"] and sum(f["default"] for f in r["formats"]) == 1
+    assert formats["model"]["bytes_vs_model"] == 1.0
+    for half in ("bfloat16", "float16"):
+        assert 0.5 < formats[half]["bytes_vs_model"] < 0.55
+    assert formats["int8"]["bytes_vs_model"] < 0.4
+    assert all(f["encode_gbps"] > 0 and f["load_gbps"] > 0 for f in r["formats"])
 
 
 def test_page_cache_can_be_dropped_and_checked(tmp_path):
