@@ -6,8 +6,9 @@ alike:
 
 - precompute throughput (computed tokens/s, as `blendrag precompute --json` reports it) of the
   demo's real passages on the default model, a fresh store each run;
-- from Python, the full-prefill TTFT of a prompt of those passages (``--prefill-tokens``, about
-  700 by default), median of 3 calls after one warm-up, through
+- from Python, the full-prefill TTFT of a prompt of the first passages that fit in
+  ``--prefill-tokens`` (700 by default: 413 tokens with the default model, whose passages are
+  long), median of 3 calls after one warm-up, through
   ``BlendEngine.from_pretrained(..., threads=...)``.
 
 Usage: ``python scripts/measure_threads.py [--rounds 3] [--passages 20]``.

@@ -92,8 +92,7 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
     records = []
     for name in cfg.workloads:
         base, new_conversation = _text(cfg) if name == "text" else _random(cfg)
-        plain = BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
-                            chat=base.prompts.chat if base.prompts else None, threads=None)
+        plain = _sibling(base, 0)  # the full prefill every turn is measured against
         total, done = len(cfg.configs) * cfg.runs * cfg.turns, 0
         for label in cfg.configs:
             config, cached = CONFIGS[label]
@@ -114,7 +113,7 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
 
 
 def _sibling(base: BlendEngine, cache_bytes: int) -> BlendEngine:
-    """An engine over ``base``'s model and store with a prefix cache of its own."""
+    """An engine over ``base``'s model and store with a prefix cache of its own (0: none)."""
     return BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
                        chat=base.prompts.chat if base.prompts else None,
                        prefix_cache_bytes=cache_bytes, threads=None)

@@ -11,9 +11,9 @@ import time
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store import codec
-from blendrag.store.config import KV_FORMATS
+from blendrag.store.config import KV_FORMATS, StoreConfig
 
-DEFAULT_FORMAT = "model"  # StoreConfig's default
+DEFAULT_FORMAT = StoreConfig.kv_format  # the dataclass field's default
 
 
 def measure(kv: ChunkKV, key: str, repeats: int) -> list[dict]:

@@ -17,10 +17,9 @@ from pathlib import Path
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import DEFAULT_DISK_DIR
 
-# Chosen by measurement (scripts/measure_threads.py; the figures are in the README, "Command
-# line"): on a small CPU shared with other jobs, one thread was fastest, because spin-waiting
-# threads stall whenever another process holds a core. 0 keeps torch's own choice, which can
-# win on an idle machine with many cores and for large models.
+# The engine's default (blendrag.engine.threads.DEFAULT_THREADS, not imported here: building
+# the parser imports no torch), chosen by measurement (docs/benchmarks.md, "CPU threads").
+# 0 keeps torch's own choice, which can win on an idle machine with many cores.
 DEFAULT_THREADS = 1
 
 

@@ -20,7 +20,7 @@ from blendrag.cli.options import (
     emit,
     model_kwargs,
 )
-from blendrag.store.config import KV_FORMATS
+from blendrag.store.config import KV_FORMATS, StoreConfig
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -59,7 +59,7 @@ def _add_store(p: argparse.ArgumentParser) -> None:
                    help="RAM tier budget (holds the prefix KV; new entries go to disk/Redis) "
                         "(default: 256M)")
     add_redis_options(p)
-    p.add_argument("--kv-format", choices=KV_FORMATS, default="model",
+    p.add_argument("--kv-format", choices=KV_FORMATS, default=StoreConfig.kv_format,
                    help="how the disk and Redis tiers store K and V: the model's dtype (exact), "
                         "bfloat16, float16 or int8, decoded as read (default: model)")
 
@@ -122,8 +122,6 @@ def _precompute(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace):
     """The source and store configuration, or ValueError/FileNotFoundError/ImportError before
     the model is loaded."""
-    from blendrag.store import StoreConfig
-
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.skip_bad_lines and args.jsonl is None:

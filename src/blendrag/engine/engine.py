@@ -274,7 +274,6 @@ class BlendEngine:
         if self.tokenizer is None:
             raise ValueError("generating text needs a tokenizer; use prefill() on token ids "
                              "without one")
-        self.check_length(layout, generation.max_new_tokens)
         pre = self._prefill(layout, config, generation.max_new_tokens, started=started)
         # the prompt's and the answer's rows go to the prefix cache once the answer is done
         return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation,

@@ -200,6 +200,8 @@ class PrefixCache:
 
     def _evict(self) -> None:
         """Drop least recently used blocks no request holds until the bytes fit (lock held)."""
+        if self._bytes <= self.max_bytes:
+            return
         for key in list(self._blocks):
             if self._bytes <= self.max_bytes:
                 return

@@ -80,10 +80,14 @@ class ModelRunner:
         rope = RopeTable(a.rotary, p + 1, fused.k.dtype, fused.k.device, start=p)
         pos = torch.tensor([p], device=fused.k.device)
         h = a.embed(pos.new_tensor([token]))  # [1, hidden]
+        # the blocks depend on the layer's window only: built once per window for the token
+        # (each build reads pos back from the device)
+        blocks = {w: attention_blocks(pos, p + 1, w)
+                  for w in {a.sliding_window(i) for i in range(len(a.layers))}}
         for i, layer in enumerate(a.layers):
             q, k, _, v = project(a, layer, h, pos, rope)
             fused.write(i, pos, k, v)
-            o = attend(a, i, q, fused, attention_blocks(pos, p + 1, a.sliding_window(i)))
+            o = attend(a, i, q, fused, blocks[a.sliding_window(i)])
             h = finish(layer, h, o)
         fused.length = p + 1
         return self.logits(a.norm(h)[0])

@@ -2,9 +2,10 @@
 
 Why an engine sets threads at all: torch starts one intra-op thread per core, and its threads
 spin-wait for each other at every operator. On a small CPU that other processes share (the
-machines blendrag is most often tried on), a busy core stalls every operator, and one thread
-measured several times faster than torch's default for prefill and ingestion alike
-(docs/benchmarks.md, "CPU threads").
+machines blendrag is most often tried on), a busy core stalls every operator: with one core
+held by another process, precompute ran 3.8x faster on one thread than on two, while on a quiet
+machine two threads were 1.5-1.6x faster (docs/benchmarks.md, "CPU threads"). One thread is
+the default because its worst case measured is the smaller.
 
 Why scoped rather than global: ``torch.set_num_threads`` is process-wide, and a library that
 changes it for good changes the speed of everything else the user runs. The engine sets its

@@ -23,7 +23,7 @@ import uuid
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
@@ -248,3 +248,31 @@ def _volatile_id(obj: object) -> str:
         _VOLATILE[obj] = uuid.uuid4().hex
     return _VOLATILE[obj]
 
+
+
+class ClientViews:
+    """What both framework LLMs expose of their ``BlendClient`` (``self._client``): a mixin,
+    so each property is written once."""
+
+    if TYPE_CHECKING:
+        _client: BlendClient
+
+    @property
+    def client(self) -> BlendClient:
+        """The framework-neutral client every request and ingestion goes through."""
+        return self._client
+
+    @property
+    def last_stats(self) -> RequestStats | None:
+        """Stats of the last finished request (a stream finishes when exhausted)."""
+        return self._client.last_stats
+
+    @property
+    def last_prompt(self) -> FlatLayout | None:
+        """Layout of the last finished request and how its chunks were found."""
+        return self._client.last_prompt
+
+    @property
+    def fallbacks(self) -> int:
+        """Requests that found no known chunk and ran as a plain full prefill."""
+        return self._client.fallbacks

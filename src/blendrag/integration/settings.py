@@ -11,12 +11,15 @@ framework extras install.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from blendrag.config import BlendConfig, GenerationConfig, SelectorOptions
+
+log = logging.getLogger(__name__)
 
 # Flat field -> BlendConfig / GenerationConfig field.
 BLEND_FIELDS = {"mode": "mode", "selector": "selector", "ratio": "ratio",
@@ -144,6 +147,14 @@ def overrides_from(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[str
     stop += (given,) if isinstance(given, str) else tuple(given or ())
     out.update({k: v for k, v in kwargs.items() if k in OVERRIDES})
     return out, stop
+
+
+def warn_unknown(llm: str, kwargs: Mapping[str, Any], own: Collection[str]) -> None:
+    """Log the per-call keyword arguments that neither ``CALL_KEYS`` nor the framework's ``own``
+    keys name: ignored, but said."""
+    unknown = set(kwargs) - CALL_KEYS - set(own)
+    if unknown:
+        log.warning("%s ignores unknown keyword arguments %s", llm, sorted(unknown))
 
 
 def strict_from(kwargs: Mapping[str, Any], default: bool) -> bool:

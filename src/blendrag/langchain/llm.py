@@ -25,15 +25,14 @@ from langchain_core.outputs import (
 from langchain_core.prompts import PromptTemplate, format_document
 from pydantic import Field, PrivateAttr, model_validator
 
-from blendrag.engine import BlendEngine, RequestStats
-from blendrag.integration.client import BlendClient, BlendRequest
+from blendrag.engine import BlendEngine
+from blendrag.integration.client import BlendClient, BlendRequest, ClientViews
 from blendrag.integration.fallback import FallbackFixes
-from blendrag.integration.flat_prompt import FlatLayout
 from blendrag.integration.settings import (
-    CALL_KEYS,
     BlendSettings,
     overrides_from,
     strict_from,
+    warn_unknown,
 )
 from blendrag.integration.text_index import ChunkTextIndex
 
@@ -67,7 +66,7 @@ def format_documents(documents: Sequence[Document], document_prompt: str) -> lis
     return [format_document(doc, template) for doc in documents]
 
 
-class BlendParams(BlendSettings):
+class BlendParams(ClientViews, BlendSettings):
     """What :class:`BlendLLM` and :class:`ChatBlend` share: the flat settings (``mode``,
     ``selector``, ``ratio``, ``max_tokens``, ...; :class:`BlendSettings`), the engine and text
     index, and the request path. Per call, ``documents=`` (the retrieved Documents) and any
@@ -103,26 +102,6 @@ class BlendParams(BlendSettings):
         copy._client = self._client.fork()
         return copy
 
-    @property
-    def client(self) -> BlendClient:
-        """The framework-neutral client every request and ingestion goes through."""
-        return self._client
-
-    @property
-    def last_stats(self) -> RequestStats | None:
-        """Stats of the last finished request (a stream finishes when exhausted)."""
-        return self._client.last_stats
-
-    @property
-    def last_prompt(self) -> FlatLayout | None:
-        """Layout of the last finished request and how its chunks were found."""
-        return self._client.last_prompt
-
-    @property
-    def fallbacks(self) -> int:
-        """Requests that found no known chunk and ran as a plain full prefill."""
-        return self._client.fallbacks
-
     def _params(self) -> dict[str, Any]:
         return {"model": self.engine.name, **self.settings(),
                 "document_prompt": self.document_prompt}
@@ -130,10 +109,7 @@ class BlendParams(BlendSettings):
     def _start(self, prompt: str, templated: bool, stop: Sequence[str] | None,
                kwargs: dict[str, Any]) -> BlendRequest:
         """Lay ``prompt`` out at the chunks it holds and start the engine's token stream."""
-        unknown = set(kwargs) - {"documents", *CALL_KEYS, *_LANGCHAIN_KEYS}
-        if unknown:
-            log.warning("%s ignores unknown keyword arguments %s", type(self).__name__,
-                        sorted(unknown))
+        warn_unknown(type(self).__name__, kwargs, {"documents", *_LANGCHAIN_KEYS})
         docs = kwargs.get("documents")
         if docs is not None and not all(isinstance(d, Document) for d in docs):
             raise TypeError("documents= must be a list of langchain Document objects")

@@ -36,18 +36,17 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
-from blendrag.engine import BlendEngine, RequestStats
+from blendrag.engine import BlendEngine
 from blendrag.engine.threads import DEFAULT_THREADS
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR, ChunkFormat
-from blendrag.integration.client import BlendClient, BlendRequest
+from blendrag.integration.client import BlendClient, BlendRequest, ClientViews
 from blendrag.integration.fallback import FallbackFixes
-from blendrag.integration.flat_prompt import FlatLayout
 from blendrag.integration.settings import (
-    CALL_KEYS,
     BlendSettings,
     fields_from_configs,
     overrides_from,
     strict_from,
+    warn_unknown,
 )
 from blendrag.integration.text_index import ChunkTextIndex
 
@@ -70,7 +69,7 @@ NodeLike = NodeWithScore | BaseNode | str
 """A retrieved node (formatted with the chunk template) or a chunk text taken verbatim."""
 
 
-class BlendLLM(BlendSettings, CustomLLM):
+class BlendLLM(ClientViews, BlendSettings, CustomLLM):
     """LlamaIndex LLM that prefills RAG prompts from cached chunk KVs (CacheBlend).
 
     Pass the retrieved nodes as ``nodes=`` (``BlendSynthesizer`` does) to blend at their
@@ -148,11 +147,6 @@ class BlendLLM(BlendSettings, CustomLLM):
         return "BlendLLM"
 
     @property
-    def client(self) -> BlendClient:
-        """The framework-neutral client every request and ingestion goes through."""
-        return self._client
-
-    @property
     def engine(self) -> BlendEngine:
         """The engine every request runs on."""
         return self._client.engine
@@ -161,21 +155,6 @@ class BlendLLM(BlendSettings, CustomLLM):
     def text_index(self) -> ChunkTextIndex:
         """Chunk texts found in flat prompts (shared with :class:`BlendKVTransform`)."""
         return self._client.text_index
-
-    @property
-    def last_stats(self) -> RequestStats | None:
-        """Stats of the last finished request (a stream finishes when exhausted)."""
-        return self._client.last_stats
-
-    @property
-    def last_prompt(self) -> FlatLayout | None:
-        """Layout of the last finished request and how its chunks were found."""
-        return self._client.last_prompt
-
-    @property
-    def fallbacks(self) -> int:
-        """Requests that found no known chunk and ran as a plain full prefill."""
-        return self._client.fallbacks
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -197,10 +176,7 @@ class BlendLLM(BlendSettings, CustomLLM):
     def _start(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> BlendRequest:
         """Split at the nodes' texts (else the ingested texts), tokenize piece by piece, start
         the engine's stream. ``formatted``: the prompt already has the chat template."""
-        unknown = set(kwargs) - {"nodes", *CALL_KEYS}
-        if unknown:
-            log.warning("%s ignores unknown keyword arguments %s", type(self).__name__,
-                        sorted(unknown))
+        warn_unknown(type(self).__name__, kwargs, {"nodes"})
         nodes = kwargs.get("nodes")
         texts = [self.chunk_text(n) for n in nodes] if nodes is not None else None
         overrides, stop = overrides_from(kwargs)

@@ -74,24 +74,22 @@ class EntryError(ValueError):
 
 class Entry:
     """A chunk KV on its way into a store's tiers, encoded at most once: a tier that stores bytes
-    reads ``data`` (encoded on first use, or the bytes it was read from); RAM keeps ``kv``."""
+    takes ``encoded(...)`` (the bytes it was read from, or encoded on first use); RAM keeps
+    ``kv``."""
 
-    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None,
-                 data_format: str = "model") -> None:
-        """``data``: bytes ``kv`` was read from, stored in ``data_format``."""
+    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None) -> None:
+        """``data``: the bytes ``kv`` was read from (any format: a faster tier takes them as
+        they are stored)."""
         self.key = key
         self.kv = kv
-        self._data = {} if data is None else {data_format: data}
+        self._data = data
 
-    @property
-    def data(self) -> bytes:
-        return self.data_in("model")
-
-    def data_in(self, kv_format: str) -> bytes:
-        """The entry encoded with K and V stored in ``kv_format`` (``KV_FORMATS``), once."""
-        if kv_format not in self._data:
-            self._data[kv_format] = encode(self.key, self.kv, kv_format)
-        return self._data[kv_format]
+    def encoded(self, kv_format: str) -> bytes:
+        """The bytes read, else the entry encoded with K and V in ``kv_format`` (once: every
+        byte tier of a store shares its format)."""
+        if self._data is None:
+            self._data = encode(self.key, self.kv, kv_format)
+        return self._data
 
 
 def encode(key: str, kv: ChunkKV, kv_format: str = "model") -> bytes:
@@ -140,9 +138,13 @@ def _encode_layer(i: int, k: torch.Tensor, v: torch.Tensor,
             f"ks.{i}": ks.contiguous(), f"vs.{i}": vs.contiguous()}
 
 
-def _decoded(stored: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """A stored K or V [H, T, D] back in float (int8: times its scales)."""
-    return stored if scale is None else stored.float() * scale
+def _decode_into(out: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor | None) -> None:
+    """A stored K or V [H, T, D] back into ``out`` (the model's dtype): a cast, or for int8
+    the product with its scales, written straight into ``out`` (no float32 temporary)."""
+    if scale is None:
+        out.copy_(stored)
+    else:
+        torch.mul(stored, scale, out=out)
 
 
 def decode(source: Source, key: str) -> ChunkKV:
@@ -226,8 +228,7 @@ class EntryReader:
                              f"{len(self.token_ids)} token ids")
         if 2 * self.shape[0] > len(self._tensors.names()):  # before a set of 2L+ names is built
             raise EntryError(f"{len(self._tensors.names())} tensors for {self.shape[0]} layers")
-        kinds = ("k", "v", "ks", "vs") if self.stored == torch.int8 else ("k", "v")
-        names = {f"{kind}.{i}" for i in range(self.shape[0]) for kind in kinds}
+        names = {name for i in range(self.shape[0]) for name in self._layer_names(i)}
         stored = {self._names.get(n, n): n for n in self._checksums}  # our name -> stored name
         self._checksums = {ours: self._checksums[theirs] for ours, theirs in stored.items()}
         self._stored = stored
@@ -279,8 +280,8 @@ class EntryReader:
         parts = {name: torch.empty(shape, dtype=dtype) for name, (dtype, shape) in (
             (n, self._spec_of(n)) for n in self._layer_names(i))}
         self._read_verified(list(parts.items()))
-        k.copy_(_decoded(parts[f"k.{i}"], parts.get(f"ks.{i}")))
-        v.copy_(_decoded(parts[f"v.{i}"], parts.get(f"vs.{i}")))
+        _decode_into(k, parts[f"k.{i}"], parts.get(f"ks.{i}"))
+        _decode_into(v, parts[f"v.{i}"], parts.get(f"vs.{i}"))
 
     def _layer_names(self, i: int) -> list[str]:
         kinds = ("k", "v", "ks", "vs") if self.stored == torch.int8 else ("k", "v")

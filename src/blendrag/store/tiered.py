@@ -56,9 +56,7 @@ class EncodedTier:
         finally:
             if hasattr(source, "close"):
                 source.close()
-        # the bytes as stored: a faster byte tier takes them as they are, whatever their format
-        return Entry(key, kv, source if isinstance(source, bytes) else None,
-                     self.kv_format), size
+        return Entry(key, kv, source if isinstance(source, bytes) else None), size
 
     def open_layers(self, key: str) -> EncodedLayeredEntry | None:
         """The entry opened for layer-wise reads: header and priors read and verified now,
@@ -81,7 +79,7 @@ class EncodedTier:
             raise
 
     def write(self, entry: Entry) -> int:
-        data = entry.data_in(self.kv_format)
+        data = entry.encoded(self.kv_format)
         return len(data) if self.tier.put(entry.key, data) else 0
 
     def contains(self, key: str) -> bool:
