@@ -140,7 +140,8 @@ def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendCo
     sees (``layout`` itself, or its part after the head); ``start``: the head, the prefix
     cache's match it comes from, whether only a tail is computed after it."""
     runner, (first, found, tail) = parts.runner, start
-    _count_rows(stats, rows, first)
+    # rows_for numbered the chunks of ``rest``: those before the head are not in it
+    _count_rows(stats, rows, first, len(layout.chunk_ids) - len(rest.chunk_ids))
     stats.timing.fetch_s = time.perf_counter() - t_open
     clock.lap("fetch")
     feed = runner.feed(rows.segments, parts.controller.config.prefetch_layers)
@@ -186,10 +187,11 @@ def _failing_at(rows: RequestRows, layer: int, known: str) -> list[str]:
     return bad
 
 
-def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head) -> None:
+def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head, skipped: int) -> None:
+    """``skipped``: chunks of the layout before ``rows``' first (taken whole by the head)."""
     c = stats.cache
     c.chunk_hits, c.chunk_misses = rows.chunk_hits, rows.chunk_misses
-    c.hit_chunks = list(rows.hit_chunks)
+    c.hit_chunks = [skipped + i for i in rows.hit_chunks]
     c.prefix_hit, c.exact_first = rows.prefix_hit or bool(first.rows), rows.exact_first
     c.profiles_computed = rows.profiles_computed
     c.chunks_without_context = rows.chunks_without_context

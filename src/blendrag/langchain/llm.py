@@ -23,7 +23,7 @@ from langchain_core.outputs import (
     LLMResult,
 )
 from langchain_core.prompts import PromptTemplate, format_document
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from blendrag.engine import BlendEngine
 from blendrag.integration.client import BlendClient, BlendRequest, ClientViews
@@ -88,18 +88,33 @@ class BlendParams(ClientViews, BlendSettings):
 
     _client: BlendClient = PrivateAttr()
 
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _an_engine(cls, engine: Any) -> Any:
+        """A model name where the engine goes gets the same hint as in LlamaIndex (pydantic's
+        own error would only say the type is wrong)."""
+        if isinstance(engine, str):
+            raise TypeError(f"engine must be a BlendEngine, got str (build one: "
+                            f"BlendEngine.from_pretrained({engine!r}))")
+        return engine
+
     @model_validator(mode="after")
     def _make_client(self) -> BlendParams:
         self._check_configs()
+        self._new_client()
+        return self
+
+    def _new_client(self) -> None:
+        """A client of this LLM's engine and text index, with no request of its own yet."""
         self._client = BlendClient(self.engine, self.text_index, fixes=FIXES,
                                    name=type(self).__name__)
         self.text_index = self._client.text_index
-        return self
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
-        """A copy (with ``update``), on the same engine and index, with its own last request."""
+        """A copy (with ``update``, which may name another engine or text index) with its own
+        last request."""
         copy = super().model_copy(update=update, deep=deep)
-        copy._client = self._client.fork()
+        copy._new_client()
         return copy
 
     def _params(self) -> dict[str, Any]:

@@ -72,6 +72,11 @@ class EntryError(ValueError):
     """A stored entry that is truncated, corrupt, foreign or of another format version."""
 
 
+class NewerFormatError(EntryError):
+    """An entry written by a newer build (a format version above this build's): unreadable
+    here, valid for that build, so a miss that is never deleted."""
+
+
 class Entry:
     """A chunk KV on its way into a store's tiers, encoded at most once: a tier that stores bytes
     takes ``encoded(...)`` (the bytes it was read from, or encoded on first use); RAM keeps
@@ -199,8 +204,11 @@ class EntryReader:
         if not meta or meta.get("format") != FORMAT_NAME:
             raise EntryError("foreign file: no blendrag chunk-KV metadata")
         if meta.get("version") not in READ_VERSIONS:
-            raise EntryError(f"format version {meta.get('version')!r}, this build reads "
-                             f"{' and '.join(READ_VERSIONS)}")
+            version = str(meta.get("version", ""))
+            kind = (NewerFormatError if version.isdigit() and int(version) > FORMAT_VERSION
+                    else EntryError)
+            raise kind(f"format version {version!r}, this build reads "
+                       f"{' and '.join(READ_VERSIONS)}")
         body = {k: v for k, v in meta.items() if k != "meta_checksum"}
         if meta.get("meta_checksum") != _meta_digest(body):
             raise EntryError("metadata checksum mismatch")

@@ -28,9 +28,9 @@ class CountedLayeredEntry:
 
     def layer(self, i: int):
         slot, key = self._slot, self._entry.key
-        if not slot.health.available:
+        if i not in self._counted and not slot.health.available:
             # benched since the entry was opened: fail now rather than pay the tier's timeout
-            # once per entry of the request
+            # once per entry of the request (a layer read already is held: served)
             raise LayerReadError(key, i, f"{slot.tier.label} is benched")
         t0 = time.perf_counter()
         try:

@@ -25,6 +25,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 from typing import BinaryIO
@@ -37,6 +38,9 @@ from blendrag.store.codec import EntryError
 log = logging.getLogger("blendrag.store")
 
 INDEX = "cache.db"
+# The names diskcache gives entry files and their folders (``ab/cd/<hex>.val``).
+_HEX_FOLDER = re.compile(r"[0-9a-f]{2}")
+_ENTRY_FILE = re.compile(r"[0-9a-f]+\.val")
 # What opening a path that is not a regular file fails with under O_NOFOLLOW | O_NONBLOCK: a
 # symlink (ELOOP), a socket (ENXIO), a folder (EISDIR is not raised for O_RDONLY; fstat finds
 # it). They are facts about the entry, not failures of the disk.
@@ -147,20 +151,22 @@ def index_identity(directory: Path) -> tuple[int, int] | None:
 
 def entry_files(directory: Path) -> list[str]:
     """Paths, relative to ``directory``, of the regular entry files in diskcache's two levels of
-    folders (``ab/cd/<name>.val``)."""
+    folders (``ab/cd/<hex name>.val``): only names diskcache makes, so a file of the user's that
+    happens to sit in the folder is never taken for an orphan entry."""
     found: list[str] = []
     for top in _folders(directory):
         for sub in _folders(Path(top.path)):
             with contextlib.suppress(FileNotFoundError), os.scandir(sub.path) as files:
                 found += [os.path.join(top.name, sub.name, f.name) for f in files
-                          if f.name.endswith(".val") and f.is_file(follow_symlinks=False)]
+                          if _ENTRY_FILE.fullmatch(f.name) and f.is_file(follow_symlinks=False)]
     return found
 
 
 def _folders(path: Path) -> list[os.DirEntry]:
     try:
         with os.scandir(path) as entries:
-            return [e for e in entries if e.is_dir(follow_symlinks=False)]
+            return [e for e in entries
+                    if _HEX_FOLDER.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
         return []
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from blendrag.store.codec import Entry, EntryError
+from blendrag.store.codec import Entry, EntryError, NewerFormatError
 from blendrag.store.health import TierHealth
 from blendrag.store.layered import LayeredEntry, MemoryLayeredEntry
 from blendrag.store.protocol import TierCounters, TierUsage
@@ -133,7 +133,10 @@ class TierSlot:
     def judge(self, key: str, exc: EntryError) -> None:
         """A read of ``key`` failed a check (``exc``): delete the entry when a fresh read of its
         stored bytes fails a check too; else leave it (a failure of the fresh read, or a valid
-        fresh read, counts against the tier: the first read was not the stored bytes)."""
+        fresh read, counts against the tier: the first read was not the stored bytes). An entry
+        of a newer format version is valid for the build that wrote it: left alone."""
+        if isinstance(exc, NewerFormatError):
+            return
         try:
             fresh = self.tier.read(key)
         except EntryError as again:

@@ -258,3 +258,15 @@ def test_rows_covering_less_than_half_a_passage_are_cut_back_to_its_start(chat_e
     assert pre.stats.cache.prefix_cache_tokens == start  # cut back to the prefix
     assert pre.stats.compute.bridged_tokens == 0
     assert (pre.stats.cache.chunk_hits + pre.stats.cache.chunk_misses) == 2
+
+
+def test_hit_chunks_are_numbered_in_the_whole_layout_after_a_head(chat_engine, one_thread):
+    """The chunks the head takes whole are not looked up; the ones after it keep their own
+    index in the request's layout (what a framework's passage count reads)."""
+    engine = _small_blocks(chat_engine())
+    a, b = _two_prompts(engine)
+    engine.ingest(PASSAGES[:3], PREFIX)
+    engine.prefill(a, FULL)
+    pre = engine.prefill(b, BLEND)
+    assert pre.stats.cache.prefix_cache_tokens >= b.chunk_spans[0][1] - 4  # passage 1 cached
+    assert pre.stats.cache.hit_chunks == [1]  # passage 3, second in b, read from the store

@@ -111,3 +111,23 @@ def test_strict_per_call_raises_for_that_call_only(llm, blend_store):
     with pytest.raises(NoChunkFoundError):
         llm.invoke("Tell me about the quick brown fox.", strict=True)
     assert isinstance(llm.invoke("Tell me about the quick brown fox."), str)
+
+
+def test_a_model_name_where_the_langchain_engine_goes_says_how_to_build_one():
+    from blendrag.langchain import BlendLLM, ChatBlend
+
+    for cls in (BlendLLM, ChatBlend):
+        with pytest.raises(TypeError,
+                           match=r"BlendEngine.from_pretrained\('smollm2-135m-instruct'\)"):
+            cls(engine="smollm2-135m-instruct")
+
+
+def test_a_copy_with_another_engine_runs_on_it(engine, llm, tiny_model):
+    from blendrag import NO_CONTEXT, BlendEngine
+
+    model, tokenizer = tiny_model
+    other = BlendEngine(model, tokenizer, chat=True, chunk_prefix="", context=NO_CONTEXT)
+    copy = llm.model_copy(update={"engine": other})
+    assert copy.client.engine is other and llm.client.engine is engine
+    copy.invoke("Hello.")
+    assert copy.last_stats is not None and llm.last_stats is None

@@ -112,3 +112,16 @@ def test_an_entry_file_left_by_a_writer_killed_mid_write_is_removed_on_the_next_
         assert len(entry_files(directory)) == len(index_rows(directory)) == len(keys)
         assert bytes_on_disk(directory) <= BUDGET
     assert open_fds() == fds
+
+
+def test_a_file_of_the_users_in_the_folder_is_never_taken_for_an_orphan(tmp_path):
+    directory = tmp_path / "kv"
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET)) as s:
+        s.put("a", make_kv(1, **KV))
+    mine = [directory / "notes" / "ab" / "keep.val", directory / "ab" / "cd" / "My Notes.val"]
+    for path in mine:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("the user's own file")
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET)) as s:
+        assert same_bits(s.get("a"), make_kv(1, **KV))
+    assert all(p.read_text() == "the user's own file" for p in mine)

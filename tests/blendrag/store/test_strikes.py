@@ -11,6 +11,7 @@ import sqlite3
 
 import diskcache
 import pytest
+import torch
 
 from blendrag.store import DiskTier, codec, disk_files
 from blendrag.store.codec import EntryError
@@ -158,3 +159,39 @@ def test_a_layer_of_an_entry_opened_before_its_tier_was_benched_fails_at_once(ma
     entry.close()
     store._slots[0].health._down_until = 0.0  # probed again: the entry is whole
     assert same_bits(store.open_layers("k2").materialize(), make_kv(2))
+
+
+def test_an_entry_of_a_newer_format_version_is_a_miss_and_is_kept(make_store, tmp_path):
+    """Written by a newer build sharing the folder: unreadable here, valid there."""
+    import json
+
+    import safetensors.torch
+
+    from blendrag.store.codec import FORMAT_VERSION, _meta_digest, encode
+
+    data = encode("k9", make_kv(9))
+    header = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8: 8 + header])["__metadata__"]
+    meta["version"] = str(FORMAT_VERSION + 1)
+    del meta["meta_checksum"]
+    meta["meta_checksum"] = _meta_digest(meta)
+    newer = safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
+    store = make_store(ram_bytes=0)
+    store._slots[0].tier.tier.put("k9", newer)
+    files = entry_digests(tmp_path / "kv")
+    assert store.get("k9") is None and store.open_layers("k9") is None  # misses
+    assert store.contains("k9") and entry_digests(tmp_path / "kv") == files  # kept as it was
+    assert store._slots[0].health.failures == 0  # nothing wrong with the tier either
+
+
+def test_layers_read_before_the_tier_was_benched_are_still_served(make_store):
+    _disk_store(make_store)
+    store = make_store(ram_bytes=0)
+    entry = store.open_layers("k1")
+    k0, v0 = entry.layer(0)
+    store._slots[0].health.failed("read", OSError(errno.EROFS, "Read-only file system"))
+    k, v = entry.layer(0)  # held already: no read through the benched tier
+    assert torch.equal(k, k0) and torch.equal(v, v0)
+    with pytest.raises(LayerReadError, match="benched"):
+        entry.layer(1)
+    entry.close()
