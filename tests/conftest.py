@@ -89,7 +89,10 @@ def engine_for(model_dir):
 @pytest.fixture
 def make_store(tmp_path):
     """factory(wrap=None, **StoreConfig overrides) -> TieredKVStore on tmp_path/'kv' by default
-    (``wrap``: applied to each tier, see ``TieredKVStore``); closed after."""
+    (``wrap``: applied to each tier, see ``TieredKVStore``); closed after. Entries are stored
+    in the model's dtype unless a test asks for another ``kv_format``: the storage guarantees
+    are asserted bit for bit (the compressed formats have tests of their own,
+    tests/blendrag/store/test_kv_formats.py)."""
     from blendrag.store import StoreConfig, TieredKVStore
 
     stores: list[TieredKVStore] = []
@@ -98,6 +101,7 @@ def make_store(tmp_path):
         kw.setdefault("disk_dir", tmp_path / "kv")
         kw.setdefault("ram_bytes", 1 << 20)
         kw.setdefault("disk_bytes", 4 << 20)
+        kw.setdefault("kv_format", "model")
         store = TieredKVStore(StoreConfig(**kw), wrap=wrap)
         stores.append(store)
         return store

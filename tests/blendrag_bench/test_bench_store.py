@@ -38,7 +38,7 @@ def test_bench_store_writes_every_figure(tmp_path, capsys):
     # chunks about a third of float32's), encode and load rates, the default marked
     formats = {f["format"]: f for f in r["formats"]}
     assert set(formats) == {"model", "bfloat16", "float16", "int8"}
-    assert formats["model"]["default"] and sum(f["default"] for f in r["formats"]) == 1
+    assert formats["bfloat16"]["default"] and sum(f["default"] for f in r["formats"]) == 1
     assert formats["model"]["bytes_vs_model"] == 1.0
     for half in ("bfloat16", "float16"):
         assert 0.5 < formats[half]["bytes_vs_model"] < 0.55

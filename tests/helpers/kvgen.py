@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.config import StoreConfig
 
 
 def make_kv(seed: int, *, layers: int = 3, heads: int = 2, tokens: int = 8, dim: int = 16,
@@ -58,3 +59,10 @@ def rewrite_header(data: bytes, edit: Callable[[dict], None]) -> bytes:
     edit(header)
     raw = json.dumps(header).encode()
     return len(raw).to_bytes(8, "little") + raw + data[8 + n :]
+
+
+def exact_config(**kw) -> StoreConfig:
+    """A ``StoreConfig`` whose persistent tiers keep K and V in the model's dtype: the storage
+    tests compare what is read with what was written bit for bit (the compressed formats are
+    tested in tests/blendrag/store/test_kv_formats.py)."""
+    return StoreConfig(kv_format="model", **kw)

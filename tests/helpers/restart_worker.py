@@ -18,9 +18,10 @@ PROMPT = "Answer from the passages.\n{context}\nQuestion: {input}\nAnswer:"
 
 def _engine(model_dir: str, work: Path):
     from blendrag import NO_CONTEXT, BlendEngine
-    from blendrag.store import StoreConfig, TieredKVStore
+    from blendrag.store import TieredKVStore
+    from helpers.kvgen import exact_config
 
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 26, disk_dir=work / "kv"))
+    store = TieredKVStore(exact_config(ram_bytes=1 << 26, disk_dir=work / "kv"))
     return BlendEngine.from_pretrained(model_dir, device="cpu", chat=True, chunk_prefix="",
                                        store=store, context=NO_CONTEXT)
 

@@ -15,10 +15,10 @@ import time
 
 import torch
 
-from blendrag.store import StoreConfig, TieredKVStore
+from blendrag.store import TieredKVStore
 from blendrag.store.layered import LayerReadError
 from helpers.files import open_fds
-from helpers.kvgen import make_kv, same_bits
+from helpers.kvgen import exact_config, make_kv, same_bits
 
 torch.set_num_threads(1)
 
@@ -34,7 +34,8 @@ class _Collect(logging.Handler):
 
 def read(args: dict) -> dict:
     """Read entries another process wrote; report which ones are bitwise what was expected."""
-    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=args["dir"], disk_bytes=args["budget"]))
+    store = TieredKVStore(exact_config(ram_bytes=0, disk_dir=args["dir"],
+                                       disk_bytes=args["budget"]))
     got = {key: store.get(key) for key in args["keys"]}
     return {key: kv is not None and same_bits(kv, make_kv(seed, **args["kv"]))
             for (key, kv), seed in zip(got.items(), args["seeds"])}
@@ -42,7 +43,8 @@ def read(args: dict) -> dict:
 
 def write(args: dict) -> dict:
     """Put the entries (key_i -> make_kv(seed_i)) in the given order, reading some back."""
-    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=args["dir"], disk_bytes=args["budget"]))
+    store = TieredKVStore(exact_config(ram_bytes=0, disk_dir=args["dir"],
+                                       disk_bytes=args["budget"]))
     bad = max_used = 0
     for _ in range(args.get("rounds", 1)):
         for key, seed in zip(args["keys"], args["seeds"]):
@@ -59,7 +61,7 @@ def readonly(args: dict) -> dict:
     """Open a store on a directory this process cannot write; requests must still succeed."""
     collect = _Collect()
     logging.getLogger("blendrag.store").addHandler(collect)
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=args["dir"], disk_bytes=4 << 20))
+    store = TieredKVStore(exact_config(ram_bytes=1 << 20, disk_dir=args["dir"], disk_bytes=4 << 20))
     kv = make_kv(9)
     store.put("new", kv)
     got = store.get("new")
@@ -75,7 +77,7 @@ def exhaust_descriptors(args: dict) -> dict:
     Reports what came back, whether any of it was wrong, and what each store made of it."""
     import resource
 
-    config = StoreConfig(ram_bytes=0, disk_dir=args["dir"], disk_bytes=args["budget"],
+    config = exact_config(ram_bytes=0, disk_dir=args["dir"], disk_bytes=args["budget"],
                          retry_after_s=3600)
     layered, whole = TieredKVStore(config), TieredKVStore(config)
     for store in (layered, whole):
@@ -117,7 +119,7 @@ def failed_opens(args: dict) -> dict:
     gc.disable()  # a leak must show, not be hidden by a collection that happens to run
     before = open_fds()
     for _ in range(args["n"]):
-        store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=args["dir"],
+        store = TieredKVStore(exact_config(ram_bytes=1 << 20, disk_dir=args["dir"],
                                           disk_bytes=4 << 20, retry_after_s=0))
         store.put("new", make_kv(9))
         store.get("old")
@@ -135,7 +137,8 @@ def hang_in_write(args: dict) -> dict:
     prints "written" then and waits to be killed."""
     from blendrag.store.disk_files import BytesOnlyDisk
 
-    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=args["dir"], disk_bytes=args["budget"]))
+    store = TieredKVStore(exact_config(ram_bytes=0, disk_dir=args["dir"],
+                                       disk_bytes=args["budget"]))
     for key, seed in zip(args["keys"], args["seeds"]):
         store.put(key, make_kv(seed, **args["kv"]))
     real = BytesOnlyDisk._write

@@ -29,10 +29,14 @@ class StoreConfig:
     redis_ttl_s:   expiry of Redis entries (None = bounded by the server's maxmemory policy)
     redis_timeout_s: socket timeout of Redis calls
     retry_after_s: a tier that failed (read-only/full disk, Redis down) is skipped this long
-    kv_format:     how the disk and Redis tiers store K and V: "model" (the model's dtype,
+    kv_format:     how the persistent tiers store K and V: "model" (the model's dtype,
                    exact), "bfloat16", "float16" or "int8" (K scaled per channel, V per token);
                    decoded to the model's dtype as each layer is read. Entries of any format
                    are read whatever this says (it is recorded in each entry's header).
+                   The default, "bfloat16", is the smallest format within the fidelity budget
+                   on the quality benchmark (docs/store.md); it keeps the float32 exponent
+                   range, so no model's activations overflow it, and a bfloat16 model's KV is
+                   stored exactly. The RAM tier always holds the model's dtype.
     """
 
     ram_bytes: int = 4 << 30
@@ -44,7 +48,7 @@ class StoreConfig:
     redis_ttl_s: int | None = None
     redis_timeout_s: float = 5.0
     retry_after_s: float = 60.0
-    kv_format: str = "model"
+    kv_format: str = "bfloat16"
 
     def __post_init__(self) -> None:
         if self.kv_format not in KV_FORMATS:

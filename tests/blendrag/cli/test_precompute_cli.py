@@ -14,8 +14,9 @@ from blendrag import BlendConfig, BlendEngine
 from blendrag.cli import main
 from blendrag.engine.profile import profiled
 from blendrag.ingest import chunks_from_chroma, ingest_source
-from blendrag.store import StoreConfig, TieredKVStore
+from blendrag.store import TieredKVStore
 from helpers import procs
+from helpers.kvgen import exact_config
 from helpers.sources import make_chroma
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX, computed
 
@@ -24,8 +25,10 @@ TEXTS = [p + f"Entry {i}." for i in range(6) for p in PASSAGES]  # 24 distinct c
 
 
 def _args(model, store_dir, *source: str) -> list[str]:
-    return ["precompute", "--model", str(model), "--device", "cpu", "--store-dir", str(store_dir),
-            "--disk-bytes", "8M", "--no-chat", "--prefix", PREFIX, "--no-progress", "--json",
+    # --kv-format model: these tests compare what is stored with rows computed here, bit for bit
+    return ["precompute", "--kv-format", "model", "--model", str(model), "--device", "cpu",
+            "--store-dir", str(store_dir), "--disk-bytes", "8M", "--no-chat", "--prefix", PREFIX,
+            "--no-progress", "--json",
             *source]
 
 
@@ -46,7 +49,7 @@ def test_cli_precomputes_a_jsonl_file_then_skips_it(model_dir, tmp_path, capsys)
     assert main(argv) == 0
     assert _summary(capsys)["computed"] == 0
 
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
+    store = TieredKVStore(exact_config(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
                                       disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     stats = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX),
@@ -82,7 +85,7 @@ def test_cli_profile_flag_stores_profiles_after_the_previous_line(model_dir, tmp
     assert main([a for a in argv if a != "--json"]) == 0  # again: nothing new to measure
     assert "computed 0" in capsys.readouterr().out
 
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
+    store = TieredKVStore(exact_config(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
                                       disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
@@ -104,7 +107,7 @@ def test_cli_profile_k_measures_after_the_k_lines_before(model_dir, tmp_path, ca
                  "--profile-neighbours", "2")
     assert main(argv) == 0
     assert _summary(capsys)["profiled"] == 4
-    store = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
+    store = TieredKVStore(exact_config(ram_bytes=1 << 20, disk_dir=tmp_path / "kv",
                                       disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, store=store)
     prefix_ids = engine.prompts.chunk_prefix_ids(PREFIX)
@@ -140,7 +143,7 @@ def test_two_processes_precomputing_one_collection_leave_a_consistent_store(mode
     middle and race on the same keys)."""
     make_chroma(tmp_path / "chroma", TEXTS)
     model, kv = model_dir("llama"), tmp_path / "kv"
-    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=kv, disk_bytes=8 << 20))
+    store = TieredKVStore(exact_config(ram_bytes=0, disk_dir=kv, disk_bytes=8 << 20))
     engine = BlendEngine.from_pretrained(model, device="cpu", chat=False, store=store)
     source = list(chunks_from_chroma(tmp_path / "chroma", "docs"))
     argv = _args(model, kv, "--chroma-dir", str(tmp_path / "chroma"), "--collection", "docs",

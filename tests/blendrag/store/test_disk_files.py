@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import pytest
 
-from blendrag.store import DiskTier, StoreConfig, TieredKVStore
+from blendrag.store import DiskTier, TieredKVStore
 from helpers import procs
 from helpers.files import bytes_on_disk, entry_files, index_rows, open_fds
-from helpers.kvgen import entry_bytes, make_kv, same_bits
+from helpers.kvgen import entry_bytes, exact_config, make_kv, same_bits
 
 KV = dict(layers=2, heads=2, tokens=64, dim=32)  # ~66 KiB an entry
 BUDGET = 20 * entry_bytes(**KV) + (64 << 10)  # about twenty entries
 
 
 def _store(directory) -> TieredKVStore:
-    return TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET))
+    return TieredKVStore(exact_config(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET))
 
 
 def _remove_index(directory) -> None:
@@ -116,12 +116,12 @@ def test_an_entry_file_left_by_a_writer_killed_mid_write_is_removed_on_the_next_
 
 def test_a_file_of_the_users_in_the_folder_is_never_taken_for_an_orphan(tmp_path):
     directory = tmp_path / "kv"
-    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET)) as s:
+    with TieredKVStore(exact_config(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET)) as s:
         s.put("a", make_kv(1, **KV))
     mine = [directory / "notes" / "ab" / "keep.val", directory / "ab" / "cd" / "My Notes.val"]
     for path in mine:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("the user's own file")
-    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET)) as s:
+    with TieredKVStore(exact_config(ram_bytes=0, disk_dir=directory, disk_bytes=BUDGET)) as s:
         assert same_bits(s.get("a"), make_kv(1, **KV))
     assert all(p.read_text() == "the user's own file" for p in mine)

@@ -41,11 +41,31 @@ def test_each_format_round_trips_within_its_error_and_size(kv_format):
     assert out.token_ids == kv.token_ids and out.prefix_hash == kv.prefix_hash
 
 
-def test_the_model_format_is_exact_and_the_default():
+def test_the_model_format_is_exact():
     kv = make_kv(2, **SHAPE)
     for data in (encode(KEY, kv), encode(KEY, kv, "model")):
         assert same_bits(decode(data, KEY), kv)
-    assert StoreConfig(disk_dir=None).kv_format == "model" and "model" in KV_FORMATS
+    assert "model" in KV_FORMATS
+
+
+def test_a_default_store_keeps_bfloat16_and_reads_back_the_model_dtype(tmp_path):
+    # the default stored format (chosen by the quality benchmark's KL, docs/store.md)
+    assert StoreConfig(disk_dir=None).kv_format == "bfloat16"
+    kv = make_kv(2, **SHAPE)
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv")) as store:
+        store.put(KEY, kv)
+        got = store.get(KEY)
+        entry = store.open_layers(KEY)
+        try:
+            k0, _ = entry.layer(0)
+        finally:
+            entry.close()
+    entry_file = next(p for p in (tmp_path / "kv").rglob("*.val"))
+    assert got.keys.dtype == kv.keys.dtype == torch.float32
+    assert torch.equal(got.keys, kv.keys.to(torch.bfloat16).float())  # a bf16 cast, exactly
+    assert torch.equal(got.values, kv.values.to(torch.bfloat16).float())
+    assert torch.equal(k0, got.keys[0])
+    assert entry_file.stat().st_size < 0.55 * encode(KEY, kv).__len__()
 
 
 @pytest.mark.parametrize("kv_format", sorted(BOUNDS))

@@ -15,7 +15,8 @@ KV = dict(layers=2, heads=2, tokens=32, dim=32)
 
 
 def test_second_process_reads_what_the_first_wrote(tmp_path):
-    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", disk_bytes=8 << 20))
+    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", disk_bytes=8 << 20,
+                                      kv_format="model"))
     seeds = [11, 12, 13]
     for s in seeds:
         store.put(f"key{s}", make_kv(s, **KV))
@@ -33,7 +34,8 @@ def _check_consistent(directory, keys, seeds, budget):
     usage = tier.usage()
     files = list(directory.rglob("*.val"))
     tier.close()
-    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=budget))
+    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory, disk_bytes=budget,
+                                      kv_format="model"))
     present = {k: store.get(k) for k in keys}
     assert store.stats().tier("disk").corrupt == 0
     assert all(
