@@ -125,6 +125,44 @@ def redis_server(tmp_path_factory):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster():
+    """One three-node Redis Cluster for the session (about 2 s to start); tests keep apart by
+    their own key prefix."""
+    from blendrag_servers.redis_cluster import LocalRedisCluster
+    from blendrag_servers.redis_server import RedisUnavailable
+
+    pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
+    try:
+        cluster = LocalRedisCluster()
+    except RedisUnavailable as exc:
+        pytest.skip(f"no local Redis Cluster: {exc} - Redis Cluster tier untested")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One Ceph RGW for the session (10-20 s to start); tests keep apart by their own prefix."""
+    pytest.importorskip("boto3", reason="boto3 not installed (pip install 'blendrag[s3]')")
+    from blendrag_servers.s3_server import LocalS3, S3Unavailable
+
+    try:
+        server = LocalS3()
+    except S3Unavailable as exc:
+        pytest.skip(f"no local S3 server: {exc} - S3 tier untested")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The session's S3 server, with boto3's credentials for it in this test's environment."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
 @pytest.fixture
 def redis_prefix() -> str:
     return f"test:{uuid.uuid4().hex[:8]}:"

@@ -199,6 +199,9 @@ class EntryReader:
         except BaseException:
             tensors.close()
             raise
+        # a source with a per-read latency (S3) fetches every layer's bytes ahead, in parallel
+        tensors.read_ahead([[self._stored[n] for n in self._layer_names(i)]
+                            for i in range(self.num_layers)])
 
     def _parse(self, meta: dict | None, key: str) -> None:
         if not meta or meta.get("format") != FORMAT_NAME:
@@ -391,6 +394,14 @@ class _Tensors:
         """(dtype, shape) the header gives tensor ``name``."""
         dtype, shape, _, _ = self._specs[name]
         return dtype, shape
+
+    def read_ahead(self, layers: list[list[str]]) -> None:
+        """Tell a reader that fetches ahead (``read_ahead``) the byte spans of each layer's
+        tensors (``layers[i]``: stored names), in the order they will be read."""
+        ahead = getattr(self._reader, "read_ahead", None)
+        if ahead is not None:
+            ahead([[(self._base + self._specs[n][2], self._base + self._specs[n][3])
+                    for n in names] for names in layers])
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         start, end, buf = self._place(name, out)

@@ -28,6 +28,11 @@ class StoreConfig:
                    ``{prefix less trailing colons}:{key}``, disjoint from other namespaces
     redis_ttl_s:   expiry of Redis entries (None = bounded by the server's maxmemory policy)
     redis_timeout_s: socket timeout of Redis calls
+    s3_url:        object-store tier, "s3://bucket/prefix" (None = no S3 tier); credentials and
+                   region from boto3's chain (environment, ~/.aws, instance role)
+    s3_endpoint_url: the S3 server when it is not AWS's, e.g. "http://127.0.0.1:7480" (Ceph
+                   RGW, MinIO)
+    s3_timeout_s:  connect and read timeout of S3 requests
     retry_after_s: a tier that failed (read-only/full disk, Redis down) is skipped this long
     kv_format:     how the persistent tiers store K and V: "model" (the model's dtype,
                    exact), "bfloat16", "float16" or "int8" (K scaled per channel, V per token);
@@ -47,6 +52,9 @@ class StoreConfig:
     redis_prefix: str = "blendrag:kv:"
     redis_ttl_s: int | None = None
     redis_timeout_s: float = 5.0
+    s3_url: str | None = None
+    s3_endpoint_url: str | None = None
+    s3_timeout_s: float = 5.0
     retry_after_s: float = 60.0
     kv_format: str = "bfloat16"
 
@@ -72,7 +80,13 @@ class StoreConfig:
         if self.redis_ttl_s is not None and self.redis_ttl_s <= 0:
             raise ValueError("StoreConfig.redis_ttl_s must be positive or None, got "
                              f"{self.redis_ttl_s}")
-        for name in ("disk_timeout_s", "redis_timeout_s", "retry_after_s"):
+        if self.s3_url is not None:
+            _check_s3_url(self.s3_url)
+        if self.s3_endpoint_url is not None and not self.s3_endpoint_url.startswith(
+                ("http://", "https://")):
+            raise ValueError("StoreConfig.s3_endpoint_url must be an http:// or https:// URL, "
+                             f"got {self.s3_endpoint_url!r}")
+        for name in ("disk_timeout_s", "redis_timeout_s", "s3_timeout_s", "retry_after_s"):
             value = getattr(self, name)
             # NaN compares false with everything: a NaN bench would never end, a NaN timeout
             # never fire; an infinite one is as bad.
@@ -80,5 +94,16 @@ class StoreConfig:
                     or not math.isfinite(value) or value < 0):
                 raise ValueError(f"StoreConfig.{name} must be a finite number >= 0, got "
                                  f"{value!r}")
-        if self.ram_bytes == 0 and self.disk_dir is None and self.redis_url is None:
-            raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir or redis_url")
+        if (self.ram_bytes == 0 and self.disk_dir is None and self.redis_url is None
+                and self.s3_url is None):
+            raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir, redis_url or "
+                             "s3_url")
+
+
+def _check_s3_url(url: str) -> None:
+    """``s3://bucket/prefix``, the prefix not empty (it scopes ``clear()``)."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/") if url.startswith("s3://") else (
+        "", "", "")
+    if not bucket or not prefix.strip("/"):
+        raise ValueError(f"StoreConfig.s3_url must be s3://bucket/prefix (the prefix scopes "
+                         f"clear()), got {url!r}")

@@ -8,6 +8,12 @@ are disjoint: ``app1`` owns ``app1:<key>`` and nothing of ``app10:…`` or ``app
 bound its own size: configure the server (``maxmemory`` with ``maxmemory-policy allkeys-lru``)
 or give entries a TTL (``StoreConfig.redis_ttl_s``).
 
+The URL may name any node of a Redis Cluster (or a Valkey cluster): the tier asks the server
+on first use and, when it is a cluster node, talks to the whole cluster through redis-py's
+``RedisCluster`` client, which routes each key's commands to the node holding its hash slot;
+``clear()`` and ``count_entries()`` then scan every primary. A cluster has only database 0,
+so a URL naming another one is refused.
+
 A reply shorter than the value the server holds (``STRLEN``, asked in the same transaction) is
 a ``ShortReply``: bytes lost on the way say nothing about the entry, so it is a storage failure
 (a miss and a strike against the tier), never a reason to delete it. A connection that is
@@ -52,25 +58,53 @@ class RedisTier:
             raise ValueError(f"Redis prefix {prefix!r} names no namespace (it must not be empty "
                              "or only colons)")
         self.ttl_s = ttl_s
-        self._client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                            socket_connect_timeout=timeout_s)
-        self.errors: tuple[type[BaseException], ...] = (redis.exceptions.RedisError, OSError,
-                                                        ShortReply)
+        self.timeout_s = timeout_s
+        self.cluster = False  # known once connected: whether the URL names a cluster node
+        self._conn: redis.Redis | redis.RedisCluster | None = None
+        self.errors: tuple[type[BaseException], ...] = (
+            redis.exceptions.RedisError, redis.exceptions.RedisClusterException, OSError,
+            ShortReply)
 
     @property
     def label(self) -> str:
-        return f"redis tier at {self.url}"
+        return f"redis {'cluster' if self.cluster else 'tier'} at {self.url}"
 
     def open(self) -> None:
-        """Check the server answers (raises when it does not)."""
+        """Connect (once) and check the server answers (raises when it does not)."""
         self._client.ping()
+
+    @property
+    def _client(self) -> redis.Redis | redis.RedisCluster:
+        if self._conn is None:
+            self._conn = self._connect()
+        return self._conn
+
+    def _connect(self) -> redis.Redis | redis.RedisCluster:
+        """A client of the server at ``url``; of the whole cluster when it is a cluster node."""
+        timeouts = {"socket_timeout": self.timeout_s, "socket_connect_timeout": self.timeout_s}
+        plain = redis.Redis.from_url(self.url, **timeouts)
+        try:
+            enabled = plain.info("cluster").get("cluster_enabled") == 1
+        except redis.exceptions.ResponseError as exc:
+            plain.close()
+            if "cluster mode" in str(exc):  # SELECT of the URL's database, refused by a cluster
+                raise ValueError(f"{self.url} names a database other than 0, but the server is a "
+                                 "Redis Cluster node, which has only database 0: drop the /N "
+                                 "from the URL (use --redis-prefix to keep stores apart)") from None
+            raise
+        if not enabled:
+            return plain
+        plain.close()
+        self.cluster = True
+        return redis.RedisCluster.from_url(self.url, **timeouts)
 
     def unusable(self, exc: BaseException) -> bool:
         """Whether ``exc`` says the server cannot be used now (refused, cut or timed-out
         connection, a read-only replica) rather than that one command failed (a short reply,
         an error reply such as an out-of-memory refusal, descriptors exhausted)."""
         down = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.ReadOnlyError, ConnectionError, TimeoutError)
+                redis.exceptions.ReadOnlyError, redis.exceptions.ClusterDownError,
+                redis.exceptions.RedisClusterException, ConnectionError, TimeoutError)
         if isinstance(exc, down):
             return True
         return isinstance(exc, OSError) and not transient_os_error(exc)
@@ -124,7 +158,8 @@ class RedisTier:
         return sum(1 for _ in self._names())
 
     def close(self) -> None:
-        self._client.close()
+        if self._conn is not None:
+            self._conn.close()
 
     def _name(self, key: str) -> str:
         if ":" in key:

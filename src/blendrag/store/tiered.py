@@ -1,4 +1,5 @@
-"""The persistent chunk-KV store: RAM LRU → disk → Redis behind the engine's ``KVStore`` protocol.
+"""The persistent chunk-KV store: RAM LRU → disk → Redis → S3 behind the engine's ``KVStore``
+protocol.
 
 Reads go down the tiers and promote a hit into every faster tier; writes go to every tier.
 A failure of a slow tier is a miss: a tier that is unusable (read-only or full disk, Redis
@@ -126,6 +127,11 @@ class TieredKVStore:
             self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix,
                                             config.redis_ttl_s,
                                             config.redis_timeout_s), config.kv_format))
+        if config.s3_url is not None:
+            from blendrag.store.s3_tier import S3Tier  # boto3 is an extra: blendrag[s3]
+
+            self._add(EncodedTier(S3Tier(config.s3_url, config.s3_endpoint_url,
+                                         config.s3_timeout_s), config.kv_format))
 
     def _add(self, tier: Tier) -> None:
         tier = self._wrap(tier) if self._wrap is not None else tier
@@ -221,11 +227,13 @@ class TieredKVStore:
         return None if self.config.disk_dir is None else Path(self.config.disk_dir)
 
     def location(self) -> str | None:
-        """The disk folder and the Redis URL and prefix; None with neither (RAM only)."""
+        """The disk folder, the Redis URL and prefix and the S3 URL; None with none of them (RAM
+        only)."""
         c = self.config
-        if c.disk_dir is None and c.redis_url is None:
+        if c.disk_dir is None and c.redis_url is None and c.s3_url is None:
             return None
-        return f"disk={c.disk_dir} redis={c.redis_url} prefix={c.redis_prefix}"
+        where = f"disk={c.disk_dir} redis={c.redis_url} prefix={c.redis_prefix}"
+        return where if c.s3_url is None else f"{where} s3={c.s3_url}"
 
     def stats(self) -> StoreStats:
         """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""

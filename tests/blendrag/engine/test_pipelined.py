@@ -26,15 +26,20 @@ LAYERS = 4  # the tiny model's depth here: failures are injected at a middle lay
 
 
 @pytest.fixture
-def tier_store(make_store, redis_server, redis_prefix):
+def tier_store(make_store, request, redis_prefix):
     """factory(tier, wrap=None) -> a store that serves reads from ``tier`` only."""
 
     def make(tier: str, wrap=None):
         if tier == "ram":
             return MemoryKVStore() if wrap is None else make_store(disk_dir=None, wrap=wrap)
         kw = {"ram_bytes": 0, "disk_bytes": 64 << 20}
-        if tier == "redis":
-            kw.update(disk_dir=None, redis_url=redis_server.url, redis_prefix=redis_prefix)
+        if tier in ("redis", "redis_cluster"):
+            server = request.getfixturevalue("redis_server" if tier == "redis" else tier)
+            kw.update(disk_dir=None, redis_url=server.url, redis_prefix=redis_prefix)
+        if tier == "s3":
+            s3 = request.getfixturevalue("s3")
+            kw.update(disk_dir=None, s3_url=f"s3://{s3.bucket}/{redis_prefix.strip(':')}",
+                      s3_endpoint_url=s3.endpoint)
         return make_store(wrap=wrap, **kw)
 
     return make
@@ -71,7 +76,7 @@ def engine_on(engine_for):
     return make
 
 
-@pytest.mark.parametrize("tier", ["ram", "disk", "redis"])
+@pytest.mark.parametrize("tier", ["ram", "disk", "redis", "redis_cluster", "s3"])
 def test_pipelined_equals_sequential_for_every_mode(tier_store, engine_on, reference, tier,
                                                     one_thread):
     engine, layout = engine_on(tier_store(tier))
