@@ -66,7 +66,8 @@ def _register_ttft(bench: argparse._SubParsersAction) -> None:
 def _add_tier_args(ttft: argparse.ArgumentParser) -> None:
     """Flags of the loading benchmark (ttft_tiers.py): given --tier, the command compares
     sequential and pipelined loading and ratio=auto instead of every mode."""
-    ttft.add_argument("--tier", choices=["ram", "disk", "redis"], default=None,
+    ttft.add_argument("--tier", choices=["ram", "disk", "redis", "redis_cluster", "s3"],
+                      default=None,
                       help="time loading the cached rows from this tier: full, sequential load + "
                            "blend, pipelined blend, ratio=auto, load-only, compute-only")
     ttft.add_argument("--bandwidth", type=float, default=None, metavar="GBPS",
@@ -185,6 +186,11 @@ def _register_store(bench: argparse._SubParsersAction) -> None:
                          default_help="a temporary directory, removed after")
     store.add_argument("--no-redis", action="store_true",
                        help="skip the Redis tier (default: measured when redis-server exists)")
+    store.add_argument("--cluster", action="store_true",
+                       help="also a local 3-node Redis Cluster (redis-server, redis-cli)")
+    store.add_argument("--s3", action="store_true",
+                       help="also a local S3 server, Ceph RGW (ceph-mon, ceph-osd, radosgw; "
+                            "10-20 s to start)")
     add_json_option(store, "the figures")
     store.set_defaults(func=_store)
 
@@ -276,6 +282,11 @@ def _ttft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _shared_tiers(args: argparse.Namespace) -> tuple[str, ...]:
+    asked = {"redis": not args.no_redis, "redis_cluster": args.cluster, "s3": args.s3}
+    return tuple(t for t, on in asked.items() if on)
+
+
 def _ttft_tier(args: argparse.Namespace, w, threads: int) -> int:
     from blendrag.cli.options import emit
     from blendrag_bench.ttft_tiers import TierBenchConfig, format_table, run, verdicts
@@ -300,7 +311,7 @@ def _store(args: argparse.Namespace) -> int:
 
     try:
         config = StoreBenchConfig(workload=_workload(args), repeats=args.repeats,
-                                  directory=args.store_dir, redis=not args.no_redis)
+                                  directory=args.store_dir, shared=_shared_tiers(args))
     except ValueError as e:
         print(f"blendrag bench store: error: {e}", file=sys.stderr)
         return 2

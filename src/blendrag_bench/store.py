@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,34 +32,40 @@ import torch
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.store import DiskTier, StoreConfig, TieredKVStore
+from blendrag.store.s3_tier import parse_s3_url
 from blendrag_bench import store_formats
 from blendrag_bench.raw_io import (
     copy_bytes,
     drop_page_cache,
     file_read_seconds,
     memcpy_seconds,
-    redis_get_seconds,
 )
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
-from blendrag_servers.redis_server import LocalRedis, RedisUnavailable
+from blendrag_bench.ttft_tiers import shared_tier
+from blendrag_servers.redis_server import RedisUnavailable
+from blendrag_servers.s3_server import S3Unavailable
 
-TIERS = ("ram", "disk", "redis")
+TIERS = ("ram", "disk", "redis", "redis_cluster", "s3")
+SHARED = TIERS[2:]  # tiers on a server, started on loopback for the run
 
 
 @dataclass(frozen=True)
 class StoreBenchConfig:
     """workload: model and chunk shapes; repeats: timed loads per tier (median reported);
     directory: where the disk tier lives (None: a temporary directory, removed after);
-    redis: also measure a Redis tier (needs a redis-server binary)."""
+    shared: the server tiers to measure too (``SHARED``: Redis needs redis-server, a Redis
+    Cluster redis-server and redis-cli, S3 Ceph's mon, osd and radosgw)."""
 
     workload: TTFTWorkload = field(default_factory=TTFTWorkload)
     repeats: int = 9
     directory: Path | None = None
-    redis: bool = True
+    shared: tuple[str, ...] = ("redis",)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if unknown := set(self.shared) - set(SHARED):
+            raise ValueError(f"unknown server tiers {sorted(unknown)}; known: {SHARED}")
 
 
 def run(cfg: StoreBenchConfig) -> dict:
@@ -195,13 +202,15 @@ def _load_throughput(cfg: StoreBenchConfig, store: TieredKVStore, key: str, dire
     with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=directory,
                                    disk_bytes=store.config.disk_bytes)) as disk:
         load["disk"], cached, cold = _disk(cfg, disk, key, entry)
-    skipped = ((None, None), "not requested (--no-redis)")
-    load["redis"], note = _redis(cfg, kv, key) if cfg.redis else skipped
+    notes = {}
+    for tier in SHARED:
+        load[tier], notes[tier] = (_shared(cfg, kv, key, tier) if tier in cfg.shared
+                                   else ((None, None), "not requested"))
     return {"load_gbps": {t: load[t][0] for t in TIERS},
             "raw_read_gbps": {t: load[t][1] for t in TIERS},
             "disk_page_cache_dropped": cold,
             "disk_page_cache_gbps": {"load": cached[0], "raw_read": cached[1]},
-            "redis_note": note}
+            "tier_notes": notes}
 
 
 def _gbps(nbytes: int, samples: list[float]) -> float:
@@ -249,27 +258,45 @@ def _timed_get(store: TieredKVStore, key: str) -> float:
     return seconds
 
 
-def _redis(cfg: StoreBenchConfig, kv,
-           key: str) -> tuple[tuple[float | None, float | None], str | None]:
-    try:
-        server = LocalRedis()
-    except RedisUnavailable as exc:
-        return (None, None), str(exc)
-    with (
-        server,
-        TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=None, redis_url=server.url,
-                                  kv_format="model")) as store,
-    ):
-        client = server.client()
+def _shared(cfg: StoreBenchConfig, kv, key: str,
+            tier: str) -> tuple[tuple[float | None, float | None], str]:
+    """(whole-entry load, plain GET of the same bytes) in GB/s from a local server of ``tier``
+    and what it was; (None, None) and why when the server cannot be started here."""
+    with ExitStack() as stack:
+        try:
+            fields = shared_tier(tier, stack)
+        except (RedisUnavailable, S3Unavailable, ImportError) as exc:
+            return (None, None), str(exc)
+        store = stack.enter_context(TieredKVStore(StoreConfig(
+            ram_bytes=0, disk_dir=None, kv_format="model", **fields)))
         store.put(key, kv)
-        name = store.config.redis_prefix + key
-        size = len(client.get(name))
+        plain_get = _plain_get(fields, stack)
+        size = len(plain_get(key))
         loads, raws = [], []
         for _ in range(cfg.repeats):
             loads.append(_timed_get(store, key))
-            raws.append(redis_get_seconds(client, name))
-        client.close()
-        return (_gbps(size, loads), _gbps(size, raws)), f"local redis-server at {server.url}"
+            t0 = time.perf_counter()
+            plain_get(key)
+            raws.append(time.perf_counter() - t0)
+        where = fields.get("redis_url") or fields.get("s3_endpoint_url")
+        return (_gbps(size, loads), _gbps(size, raws)), f"local {tier} at {where}"
+
+
+def _plain_get(fields: dict, stack: ExitStack):
+    """key -> the stored bytes, read with the server's own client and nothing else."""
+    if "redis_url" in fields:
+        import redis
+
+        node = redis.Redis.from_url(fields["redis_url"])
+        cluster = node.info("cluster").get("cluster_enabled") == 1
+        client = redis.RedisCluster.from_url(fields["redis_url"]) if cluster else node
+        stack.callback(client.close)
+        return lambda key: client.get(f"{StoreConfig.redis_prefix.rstrip(':')}:{key}")
+    import boto3
+
+    bucket, prefix = parse_s3_url(fields["s3_url"])
+    client = boto3.session.Session().client("s3", endpoint_url=fields["s3_endpoint_url"])
+    return lambda key: client.get_object(Bucket=bucket, Key=f"{prefix}/{key}")["Body"].read()
 
 
 # ---- report ------------------------------------------------------------------------------------
@@ -295,7 +322,7 @@ def format_report(r: dict) -> str:
                  r["disk_page_cache_gbps"]["raw_read"]))
     for name, load, raw in rows:
         if load is None:
-            lines.append(f"{name:<18}{'-':>10}{'-':>10}{'-':>8}   {r['redis_note']}")
+            lines.append(f"{name:<18}{'-':>10}{'-':>10}{'-':>8}   {r['tier_notes'][name]}")
         else:
             lines.append(f"{name:<18}{load:>10.2f}{raw:>10.2f}{load / raw:>7.2f}x")
     lines.append("disk page cache dropped before each cold read: "
@@ -323,7 +350,7 @@ def ratios(r: dict) -> list[str]:
     for t in TIERS:
         load, raw = r["load_gbps"][t], r["raw_read_gbps"][t]
         if load is None:
-            out.append(f"{t} load: not measured ({r['redis_note']})")
+            out.append(f"{t} load: not measured ({r['tier_notes'][t]})")
         else:
             out.append(f"{t} load vs raw read: {load / raw:.2f}x")
     return out

@@ -35,7 +35,7 @@ from blendrag.store import MemoryKVStore, StoreConfig, TieredKVStore
 from blendrag.store.throttle import Throttle, ThrottledTier
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
-TIERS = ("ram", "disk", "redis")
+TIERS = ("ram", "disk", "redis", "redis_cluster", "s3")
 
 
 @dataclass(frozen=True)
@@ -75,13 +75,43 @@ def _tier_store(cfg: TierBenchConfig, stack: ExitStack) -> TieredKVStore:
         directory = cfg.directory or Path(stack.enter_context(tempfile.TemporaryDirectory()))
         kw.update(disk_dir=directory, disk_bytes=64 << 30)
     else:
-        from blendrag_servers.redis_server import LocalRedis
-
-        server = stack.enter_context(LocalRedis(stack.enter_context(tempfile.TemporaryDirectory())))
-        kw["redis_url"] = server.url
+        kw.update(shared_tier(cfg.tier, stack))
     store = TieredKVStore(StoreConfig(**kw), wrap=wrap)
     stack.callback(store.close)
     return store
+
+
+def shared_tier(tier: str, stack: ExitStack) -> dict:
+    """StoreConfig fields of a local server of ``tier`` (Redis, a 3-node Redis Cluster, Ceph
+    RGW for S3), started on loopback and stopped when ``stack`` closes."""
+    if tier == "redis":
+        from blendrag_servers.redis_server import LocalRedis
+
+        server = stack.enter_context(LocalRedis(stack.enter_context(tempfile.TemporaryDirectory())))
+        return {"redis_url": server.url}
+    if tier == "redis_cluster":
+        from blendrag_servers.redis_cluster import LocalRedisCluster
+
+        return {"redis_url": stack.enter_context(LocalRedisCluster()).url}
+    import os
+
+    from blendrag_servers.s3_server import LocalS3
+
+    s3 = stack.enter_context(LocalS3())
+    before = {k: os.environ.get(k) for k in s3.env()}
+    os.environ.update(s3.env())  # boto3's credential chain; this benchmark's own server
+    stack.callback(_restore_environ, before)
+    return {"s3_url": f"s3://{s3.bucket}/bench", "s3_endpoint_url": s3.endpoint}
+
+
+def _restore_environ(saved: dict[str, str | None]) -> None:
+    import os
+
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _load_only(store: TieredKVStore, keys: list[str]) -> float:

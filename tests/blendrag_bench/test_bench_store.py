@@ -28,10 +28,12 @@ def test_bench_store_writes_every_figure(tmp_path, capsys):
     )
     assert 0 < r["metadata_bytes"] < 16 << 10
     assert r["precompute_tokens_per_s"] > 0 and r["hf_forward_tokens_per_s"] > 0
-    assert set(r["load_gbps"]) == set(r["raw_read_gbps"]) == {"ram", "disk", "redis"}
+    assert set(r["load_gbps"]) == set(r["raw_read_gbps"]) == {"ram", "disk", "redis",
+                                                              "redis_cluster", "s3"}
+    assert r["load_gbps"]["s3"] is None and r["tier_notes"]["s3"] == "not requested"
     assert all(r["load_gbps"][t] > 0 and r["raw_read_gbps"][t] > 0 for t in ("ram", "disk"))
     if REDIS_BINARY is None:
-        assert r["load_gbps"]["redis"] is None and "redis-server" in r["redis_note"]
+        assert r["load_gbps"]["redis"] is None and "redis-server" in r["tier_notes"]["redis"]
     else:
         assert r["load_gbps"]["redis"] > 0
     # per stored format: bytes per token (int8 pays float32 scales: at 64-dim heads and 32-token

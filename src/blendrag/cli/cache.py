@@ -60,9 +60,10 @@ def _guarded(command):
 
     def run(args: argparse.Namespace) -> int:
         try:
-            if args.redis_url is not None:  # the checks StoreConfig makes
+            if args.redis_url is not None or args.s3_url is not None:  # StoreConfig's checks
                 StoreConfig(ram_bytes=0, disk_dir=None, redis_url=args.redis_url,
-                            redis_prefix=args.redis_prefix)
+                            redis_prefix=args.redis_prefix, s3_url=args.s3_url,
+                            s3_endpoint_url=args.s3_endpoint)
             return command(args)
         except _store_errors() as exc:
             print(f"blendrag cache {args.cache_command}: error: {type(exc).__name__}: {exc}",
@@ -78,7 +79,13 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     from blendrag.store.redis_tier import redis
 
     errors: tuple[type[BaseException], ...] = (ValueError, OSError, ImportError, sqlite3.Error)
-    return errors + ((redis.exceptions.RedisError,) if redis is not None else ())
+    if redis is not None:
+        errors += (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+    try:
+        import botocore.exceptions
+    except ImportError:
+        return errors
+    return errors + (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError)
 
 
 def _store_dir(directory: Path) -> Path:
@@ -95,6 +102,9 @@ def _stats(args: argparse.Namespace) -> int:
     if args.redis_url:
         report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
                            "entries": _redis_count(args)}
+    if args.s3_url:
+        report["s3"] = {"url": args.s3_url, "endpoint": args.s3_endpoint,
+                        "entries": _s3_count(args)}
     emit(args, report, _format(report))
     return 0
 
@@ -163,6 +173,20 @@ def _kinds(directory: Path, rows: list[tuple]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _s3_tier(args: argparse.Namespace):
+    from blendrag.store.s3_tier import S3Tier
+
+    return S3Tier(args.s3_url, args.s3_endpoint, read_ahead=0)
+
+
+def _s3_count(args: argparse.Namespace) -> int:
+    tier = _s3_tier(args)
+    try:
+        return tier.count_entries()
+    finally:
+        tier.close()
+
+
 def _redis_count(args: argparse.Namespace) -> int:
     from blendrag.store.redis_tier import RedisTier
 
@@ -216,6 +240,10 @@ def _format(report: dict) -> str:
     if "redis" in report:
         r = report["redis"]
         lines.append(f"Redis tier at {r['url']} (keys {r['prefix']}*): {r['entries']} entries")
+    if "s3" in report:
+        r = report["s3"]
+        where = f" at {r['endpoint']}" if r["endpoint"] else ""
+        lines.append(f"S3 tier {r['url']}{where}: {r['entries']} entries")
     return "\n".join(lines)
 
 
@@ -243,4 +271,12 @@ def _clear(args: argparse.Namespace) -> int:
         finally:
             redis.close()
         print(f"removed {n} entries (keys {args.redis_prefix}*) from Redis at {args.redis_url}")
+    if args.s3_url:
+        s3 = _s3_tier(args)
+        try:
+            n = s3.count_entries()
+            s3.clear()
+        finally:
+            s3.close()
+        print(f"removed {n} entries (objects {args.s3_url}/*) from S3")
     return 0

@@ -87,6 +87,12 @@ def add_redis_options(p: argparse.ArgumentParser) -> None:
                         "(default: none)")
     p.add_argument("--redis-prefix", default="blendrag:kv:",
                    help="namespace of the store's Redis keys (default: blendrag:kv:)")
+    p.add_argument("--s3-url", default=None, metavar="s3://BUCKET/PREFIX",
+                   help="also the S3 tier: objects under this prefix (credentials from boto3's "
+                        "chain: AWS_* variables, ~/.aws; default: none)")
+    p.add_argument("--s3-endpoint", default=None, metavar="URL",
+                   help="with --s3-url: the S3 server when it is not AWS's, e.g. "
+                        "http://127.0.0.1:7480 (Ceph RGW, MinIO)")
 
 
 def add_profile_neighbours_option(p: argparse.ArgumentParser, default: int, what: str) -> None:

@@ -129,6 +129,7 @@ def _check(args: argparse.Namespace):
     config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
                          disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix,
+                         s3_url=args.s3_url, s3_endpoint_url=args.s3_endpoint,
                          kv_format=args.kv_format)
     return _source(args), config
 

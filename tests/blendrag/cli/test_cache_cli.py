@@ -132,3 +132,30 @@ def test_stats_counts_unreferenced_files_and_removes_nothing(tmp_path, capsys):
     assert stray.exists()
     assert _run(["cache", "clear", "--store-dir", str(tmp_path / "kv")]) == 0
     assert not stray.exists()
+
+
+def test_s3_and_redis_cluster_stats_and_clear(tmp_path, s3, redis_cluster, redis_prefix, capsys):
+    url = f"s3://{s3.bucket}/{redis_prefix.strip(':')}"
+    cfg = StoreConfig(ram_bytes=0, disk_dir=None, redis_url=redis_cluster.url,
+                      redis_prefix=redis_prefix, s3_url=url, s3_endpoint_url=s3.endpoint)
+    with TieredKVStore(cfg) as store:
+        for i in range(6):  # on a cluster, spread over its nodes
+            store.put(f"k{i}", make_kv(i))
+    loc = ["--store-dir", str(tmp_path / "kv"), "--redis-url", redis_cluster.url,
+           "--redis-prefix", redis_prefix, "--s3-url", url, "--s3-endpoint", s3.endpoint]
+    _run(["cache", "stats", *loc, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["redis"]["entries"] == report["s3"]["entries"] == 6
+    _run(["cache", "clear", *loc])
+    out = capsys.readouterr().out
+    assert f"removed 6 entries (objects {url}/*) from S3" in out
+    assert f"removed 6 entries (keys {redis_prefix}*)" in out
+    _run(["cache", "stats", *loc, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["redis"]["entries"] == report["s3"]["entries"] == 0
+
+
+def test_a_bad_s3_url_is_an_error_naming_it(tmp_path, capsys):
+    assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv"), "--s3-url",
+                 "s3://bucket-without-prefix"]) == 2
+    assert "s3://bucket/prefix" in capsys.readouterr().err
