@@ -65,12 +65,14 @@ class S3Ranges:
     first ``HEAD`` bytes (the entry's header) and, from Content-Range, the object's size."""
 
     HEAD = 64 << 10
+    GROUP = 4 << 20  # the most bytes one read-ahead GET fetches
 
     def __init__(self, client: Any, bucket: str, name: str, size: int, etag: str, head: bytes,
                  pool: FetchPool | None) -> None:
         self._client, self._bucket, self._name = client, bucket, name
         self.size, self._etag, self._head, self._pool = size, etag, head, pool
-        self._ahead: dict[int, tuple[int, Future]] = {}  # start -> (end, GET of [start, end))
+        # span start -> (span end, the GET that fetches it, where that GET starts)
+        self._ahead: dict[int, tuple[int, Future, int]] = {}
 
     @classmethod
     def open(cls, client: Any, bucket: str, name: str,
@@ -93,14 +95,28 @@ class S3Ranges:
 
     def read_ahead(self, spans: list[list[tuple[int, int]]]) -> None:
         """Start fetching ``spans[i]`` (absolute [start, end) byte ranges of layer ``i``) in
-        the background; spans inside the opening GET's bytes need no fetch."""
+        the background. Spans adjacent in the object are fetched together, up to ``GROUP``
+        bytes a GET: an entry's tensors are stored by name (k.0, k.1, k.10, ...), so one GET
+        serves several layers, and a GET's round trip, not its bytes, is what costs."""
         if self._pool is None:
             return
-        for layer, layer_spans in enumerate(spans):
-            for start, end in layer_spans:
-                if end > len(self._head) and start not in self._ahead:
-                    self._ahead[start] = (end, self._pool.submit(
-                        layer, lambda s=start, e=end: self._get(s, e)))
+        flat = sorted((start, end, layer) for layer, layer_spans in enumerate(spans)
+                      for start, end in layer_spans if end > len(self._head))
+        group: list[tuple[int, int, int]] = []
+        for item in flat:
+            if group and (item[0] != group[-1][1] or item[1] - group[0][0] > self.GROUP):
+                self._fetch_group(group)
+                group = []
+            group.append(item)
+        if group:
+            self._fetch_group(group)
+
+    def _fetch_group(self, group: list[tuple[int, int, int]]) -> None:
+        start, end = group[0][0], group[-1][1]
+        future = self._pool.submit(min(layer for _, _, layer in group),  # type: ignore[union-attr]
+                                   lambda: self._get(start, end))
+        for s, e, _ in group:
+            self._ahead[s] = (e, future, start)
 
     def read(self, offset: int, n: int) -> bytes:
         end = min(offset + n, self.size)
@@ -110,8 +126,8 @@ class S3Ranges:
             return b""
         parts, at = [], offset
         while at < end and at in self._ahead:  # spans fetched ahead that tile the range
-            span_end, future = self._ahead.pop(at)
-            parts.append(future.result())
+            span_end, future, base = self._ahead.pop(at)
+            parts.append(future.result()[at - base:span_end - base])
             at = span_end
         if at < end:
             parts.append(self._get(at, end))
@@ -145,7 +161,7 @@ class S3Ranges:
         return data
 
     def close(self) -> None:
-        for _, future in self._ahead.values():
+        for _, future, _ in self._ahead.values():
             future.cancel()
         self._ahead.clear()
         self._head = b""
