@@ -22,10 +22,14 @@ def test_plan_names_the_cheapest_tier_whose_load_hides(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["layer_bytes"] == 2 * 8 * 128 * 2 * 3072
     assert out["best"] == "ram"
-    assert [t["compute_bound"] for t in out["tiers"]] == [False, False, True]
-    # ten times slower compute: the disk hides under it, and it is the cheapest
+    assert [t["tier"] for t in out["tiers"]] == ["s3", "disk", "redis", "ram"]
+    assert [t["compute_bound"] for t in out["tiers"]] == [False, False, False, True]
+    # ten times slower compute: the disk hides under it, and it is the cheapest that does
     assert _run(["cache", "plan", "--token-layer-us", "20", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["best"] == "disk"
+    # a hundred times slower (a CPU): even S3's 61 ms a layer hides under 136 ms of compute
+    assert _run(["cache", "plan", "--token-layer-us", "200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"] == "s3"
 
 
 def test_plan_says_when_no_tier_is_fast_enough(capsys):
