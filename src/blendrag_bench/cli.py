@@ -186,6 +186,10 @@ def _register_store(bench: argparse._SubParsersAction) -> None:
                          default_help="a temporary directory, removed after")
     store.add_argument("--no-redis", action="store_true",
                        help="skip the Redis tier (default: measured when redis-server exists)")
+    store.add_argument("--kl-items", type=int, default=0, metavar="N",
+                       help="also each stored format's first-token KL against the uncompressed "
+                            "KV on the quality benchmark's model and first N MuSiQue items "
+                            "(default: 0, not measured)")
     store.add_argument("--cluster", action="store_true",
                        help="also a local 3-node Redis Cluster (redis-server, redis-cli)")
     store.add_argument("--s3", action="store_true",
@@ -311,7 +315,8 @@ def _store(args: argparse.Namespace) -> int:
 
     try:
         config = StoreBenchConfig(workload=_workload(args), repeats=args.repeats,
-                                  directory=args.store_dir, shared=_shared_tiers(args))
+                                  directory=args.store_dir, shared=_shared_tiers(args),
+                                  kl_items=args.kl_items)
     except ValueError as e:
         print(f"blendrag bench store: error: {e}", file=sys.stderr)
         return 2

@@ -60,10 +60,13 @@ class StoreBenchConfig:
     repeats: int = 9
     directory: Path | None = None
     shared: tuple[str, ...] = ("redis",)
+    kl_items: int = 0  # > 0: each stored format's KL against the uncompressed KV (format_kl.py)
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {self.repeats}")
+        if self.kl_items < 0:
+            raise ValueError(f"kl_items must be >= 0, got {self.kl_items}")
         if unknown := set(self.shared) - set(SHARED):
             raise ValueError(f"unknown server tiers {sorted(unknown)}; known: {SHARED}")
 
@@ -85,6 +88,13 @@ def run(cfg: StoreBenchConfig) -> dict:
         if kv is not None:
             report["formats"] = store_formats.measure(kv, key, cfg.repeats)
         engine.store.close()
+    if cfg.kl_items and "formats" in report:
+        from blendrag_bench.format_kl import kl_on_musique
+
+        kl = kl_on_musique(cfg.kl_items)
+        for record in report["formats"]:
+            record["kl_vs_uncompressed"] = kl[record["format"]]
+        report["kl_items"] = cfg.kl_items
     return report
 
 

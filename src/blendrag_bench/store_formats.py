@@ -18,7 +18,8 @@ DEFAULT_FORMAT = StoreConfig.kv_format  # the dataclass field's default
 
 def measure(kv: ChunkKV, key: str, repeats: int) -> list[dict]:
     """One record per format: ``format``, ``bytes_per_token``, ``bytes_vs_model``,
-    ``encode_gbps``, ``load_gbps``, ``default``."""
+    ``encode_gbps``, ``load_gbps``, ``default``, ``kl_vs_uncompressed`` (None here: set by
+    ``format_kl.py`` when asked for)."""
     rows = kv.keys.numel() * kv.keys.element_size() * 2  # the rows a read hands back
     exact = len(codec.encode(key, kv))
     out = []
@@ -27,7 +28,8 @@ def measure(kv: ChunkKV, key: str, repeats: int) -> list[dict]:
         load_s, _ = _median(lambda d=data: codec.decode(d, key), repeats)
         out.append({"format": kv_format, "bytes_per_token": len(data) / kv.num_tokens,
                     "bytes_vs_model": len(data) / exact, "encode_gbps": rows / encode_s / 1e9,
-                    "load_gbps": rows / load_s / 1e9, "default": kv_format == DEFAULT_FORMAT})
+                    "load_gbps": rows / load_s / 1e9, "default": kv_format == DEFAULT_FORMAT,
+                    "kl_vs_uncompressed": None})
     return out
 
 
@@ -42,9 +44,11 @@ def _median(fn, repeats: int):
 
 def format_lines(records: list[dict]) -> list[str]:
     lines = [f"{'stored as':<10}{'bytes/token':>12}{'vs model':>10}{'encode GB/s':>13}"
-             f"{'load GB/s':>11}"]
+             f"{'load GB/s':>11}{'KL vs exact':>13}"]
     for r in records:
         mark = "  (default)" if r["default"] else ""
+        kl = r["kl_vs_uncompressed"]
+        kl_text = "-" if kl is None else f"{kl:.6f}"
         lines.append(f"{r['format']:<10}{r['bytes_per_token']:>12.1f}{r['bytes_vs_model']:>10.3f}"
-                     f"{r['encode_gbps']:>13.2f}{r['load_gbps']:>11.2f}{mark}")
+                     f"{r['encode_gbps']:>13.2f}{r['load_gbps']:>11.2f}{kl_text:>13}{mark}")
     return lines
