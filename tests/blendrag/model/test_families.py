@@ -1,7 +1,8 @@
 """Gemma 2, Gemma 3, Phi-3 and OLMo 2 checked against HF's own forward and generate (tiny
 random-weight models, no download): full prefill = HF, blend at ratio 1.0 = full for every
 selector, prefix and single-chunk reuse = full, pipelined loading = sequential, greedy decoding
-= ``model.generate``, in float32 and bfloat16, on prompts past the sliding window.
+= ``model.generate``, in float32 and bfloat16, on prompts past the sliding window; a chat's
+next turn from the prefix cache = HF (float32).
 
 Tolerances. float32: 1e-5 (measured: at most 5e-7). bfloat16: 2^-5 of the largest logit.
 Where HF's kernels and the engine's do the same arithmetic the logits are bit-equal in
@@ -20,7 +21,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from blendrag import BlendConfig, GenerationConfig
+from blendrag import BlendConfig, BlendEngine, GenerationConfig
+from blendrag.engine.context import NO_CONTEXT
+from blendrag.prompt import PromptLayout
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 # per family, the tiny config: Gemma alternates local (window 16) and global layers; Phi-3
@@ -128,3 +131,21 @@ def test_greedy_decoding_equals_hf_generate(case):
         assert tokens[step] == ref[step], step
     if dtype == "float32":
         assert tokens == ref
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_next_turn_from_the_prefix_cache_equals_hf(model_dir, family):
+    """The prefix cache keeps rotated rows (each layer's own table): the next turn of a chat,
+    started from the first turn's rows and answer, is HF's forward of the whole prompt."""
+    engine = BlendEngine.from_pretrained(model_dir(family, **FAMILIES[family]), device="cpu",
+                                         chat=False, context=NO_CONTEXT,
+                                         prefix_cache_bytes=64 << 20)
+    full = BlendConfig(mode="full")
+    first = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    answer = engine.generate(first, full, GenerationConfig(max_new_tokens=8, eos_token_ids=()))
+    question = engine.prompts.encode("\nWhere?" + SUFFIX)
+    second = PromptLayout(first.prefix_ids, first.chunk_ids,
+                          [*first.suffix_ids, *answer.token_ids, *question])
+    pre = engine.prefill(second, full)
+    assert pre.stats.cache.prefix_cache_tokens > first.num_tokens // 2
+    assert max_diff(pre.logits, hf_last_logits(engine, second.ids)) < 1e-5
