@@ -39,7 +39,6 @@ from blendrag.engine.observers import KeyAttention
 from blendrag.engine.preview import suffix_attention
 from blendrag.eval.answer import answer_kl, forced_logits, greedy_answer, same_answer
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.model.rope import RopeTable
 from blendrag.store.ram import MemoryKVStore
 from blendrag_bench.datasets import load_synthetic
 
@@ -53,7 +52,7 @@ def _preview_with_answer(runner, layout, fused, rope, feed):
     overwritten by decoding later; the buffer has room for them); its attention replaced by
     ``_extra["attention"]`` when set (the pass still loads the cached rows)."""
     longer = dataclasses.replace(layout, suffix_ids=layout.suffix_ids + _extra["ids"])
-    rope = RopeTable(runner.adapter.rotary, longer.num_tokens, fused.k.dtype, fused.k.device)
+    rope = runner.adapter.rope(longer.num_tokens, fused.k.dtype, fused.k.device)
     attention, keys, load_s = suffix_attention(runner, longer, fused, rope, feed)
     if _extra["attention"] is not None:
         attention = _extra["attention"]

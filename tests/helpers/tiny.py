@@ -47,12 +47,16 @@ def build_tokenizer(path: Path, chat: bool = True):
 
 
 def build_config(family: str, *, layers: int = 3, rope: dict | None = None, tie: bool = False,
-                 vocab: int = 420, sliding_window: int | None = None, positions: int = 1024):
+                 vocab: int = 420, sliding_window: int | None = None, positions: int = 1024,
+                 **extra):
+    """A tiny config of ``family``; ``extra``: more config fields (e.g. Phi-3's
+    ``partial_rotary_factor``)."""
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=112, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie)
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tie,
+                  **extra)
     if rope is not None:
         common["rope_parameters"] = rope
     if family == "llama":
@@ -63,6 +67,33 @@ def build_config(family: str, *, layers: int = 3, rope: dict | None = None, tie:
         return Qwen2Config(**common)
     if family == "qwen3":
         return Qwen3Config(**common, head_dim=16)
+    return _newer_family_config(family, common, sliding_window)
+
+
+# Gemma's query_pre_attn_scalar differs from head_dim (as in the real 2B/9B), so a scale read
+# from the wrong place shows; Gemma 2's caps are small, so that tiny random logits reach them.
+GEMMA_WINDOWED = dict(head_dim=16, query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh")
+GEMMA2_CAPS = dict(attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+
+
+def _newer_family_config(family: str, common: dict, sliding_window: int | None):
+    """Gemma 2/3 (local/global layers alternating, the window defaulting to 16), Phi-3 (its
+    config's ``partial_rotary_factor`` and ``sliding_window`` passed through ``common``), OLMo 2."""
+    from transformers import Gemma2Config, Gemma3TextConfig, Olmo2Config, Phi3Config
+
+    layers = common["num_hidden_layers"]
+    types = ["full_attention" if i % 2 else "sliding_attention" for i in range(layers)]
+    window = 16 if sliding_window is None else sliding_window
+    if family == "gemma2":
+        return Gemma2Config(**common, **GEMMA_WINDOWED, **GEMMA2_CAPS, sliding_window=window,
+                            layer_types=types)
+    if family == "gemma3":
+        return Gemma3TextConfig(**common, **GEMMA_WINDOWED, sliding_window=window,
+                                layer_types=types)
+    if family == "phi3":
+        return Phi3Config(**common, sliding_window=sliding_window)
+    if family == "olmo2":
+        return Olmo2Config(**common)
     raise ValueError(family)
 
 

@@ -179,8 +179,10 @@ class BlendEngine:
                              "with engine.build_prompt(prefix, chunks, suffix)")
         limit = self.runner.max_positions
         if layout.num_tokens + new_tokens > limit:
+            note = self.adapter.context_note
             raise ValueError(f"prompt of {layout.num_tokens} tokens + {new_tokens} new tokens "
-                             f"exceeds the model's context of {limit} positions")
+                             f"exceeds the model's context of {limit} positions"
+                             + (f" ({note})" if note else ""))
 
     # ---- chunk KVs -------------------------------------------------------------------------
 

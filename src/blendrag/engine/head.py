@@ -26,7 +26,7 @@ from blendrag.engine.loop import LoopPlan
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.runner import ModelRunner
-from blendrag.model.rope import RopeTable
+from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 
 EXACT_MODES = ("full", "prefix")  # they take exact prefix-cache rows only
@@ -93,7 +93,7 @@ def tail_plan(runner: ModelRunner, layout: PromptLayout, head: Head, feed) -> Lo
 
 
 def fill(runner: ModelRunner, layout: PromptLayout, head: Head, found: PrefixMatch,
-         fused: FusedKV, rope: RopeTable, clock: PhaseClock = OFF) -> None:
+         fused: FusedKV, rope: RopeTables, clock: PhaseClock = OFF) -> None:
     """Write the head's rows into the request's KV: the cached ones, then the bridge's."""
     PrefixCache.copy_into(found, fused, head.taken)
     if head.bridge:

@@ -2,8 +2,8 @@
 
 ``project``: norm + q/k/v projections + RoPE for the active tokens.
 ``attend``:  their attention over the request's fused KV.
-``finish``:  o_proj + MLP, with residuals.
-Both work on a flat list of active tokens ``h: [A, hidden]`` at positions ``pos: [A]``.
+``finish``:  o_proj + MLP, with residuals (the family's norm placement: ``adapter.finish``).
+All work on a flat list of active tokens ``h: [A, hidden]`` at positions ``pos: [A]``.
 """
 
 from __future__ import annotations
@@ -14,14 +14,16 @@ import torch
 import torch.nn.functional as F
 
 from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.softcap import capped_attention
 from blendrag.model.adapters import HFModule, LlamaAdapter
 from blendrag.model.rope import RopeTable
 
 
 def project(adapter: LlamaAdapter, layer: HFModule, h: torch.Tensor, pos: torch.Tensor,
             rope: RopeTable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """h: [A, hidden] -> q: [H, A, D] rotated, k: [Hkv, A, D] rotated, k_pre: pre-RoPE, v."""
-    x = layer.input_layernorm(h)
+    """h: [A, hidden] -> q: [H, A, D] rotated, k: [Hkv, A, D] rotated, k_pre: pre-RoPE, v.
+    ``rope``: the layer's table."""
+    x = adapter.attn_input(layer, h)
     q, k_pre, v = adapter.qkv(layer.self_attn, x)
     return rope.rotate(q, pos), rope.rotate(k_pre, pos), k_pre, v
 
@@ -30,6 +32,14 @@ def attend(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedK
            blocks: list[AttentionBlock]) -> torch.Tensor:
     """Attention of q: [H, A, D] over the fused KV of ``layer_idx`` -> o: [H, A, D]."""
     k, v = fused.k[layer_idx], fused.v[layer_idx]  # [Hkv, capacity, D]
+    cap = adapter.attn_softcap
+    if cap is not None:
+        if any(b.causal for b in blocks):
+            raise ValueError("soft-capped attention needs blocks with their masks: build them "
+                             "with attention_blocks(..., masked=True)")
+        outs = [capped_attention(q[:, b.rows], k[:, b.keys], v[:, b.keys], b.mask,
+                                 adapter.scaling, cap) for b in blocks]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
     outs = [
         F.scaled_dot_product_attention(
             q[None, :, b.rows], k[None, :, b.keys], v[None, :, b.keys], attn_mask=b.mask,
@@ -48,16 +58,18 @@ def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, pos: t
     per_key: [n] float32 (the probabilities summed over heads and queries)."""
     k, v = fused.k[layer_idx, :, :n], fused.v[layer_idx, :, :n]  # [Hkv, n, D]
     heads, a, d = q.shape
-    probs = attention_probs(q, k, pos, adapter.scaling, window)  # [H, A, n]
+    probs = attention_probs(q, k, pos, adapter.scaling, window,
+                            adapter.attn_softcap)  # [H, A, n]
     o = probs.to(v.dtype).view(k.shape[0], -1, n) @ v  # [Hkv, g*A, D]
     return o.view(heads, a, d), probs.sum(dim=(0, 1))
 
 
-def finish(layer: HFModule, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """o_proj of the attention output o: [H, A, D], then the MLP, with residuals.
-    -> h: [A, hidden]"""
-    h = h + layer.self_attn.o_proj(o.transpose(0, 1).reshape(h.shape[0], -1))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+def finish(adapter: LlamaAdapter, layer: HFModule, h: torch.Tensor,
+           o: torch.Tensor) -> torch.Tensor:
+    """o_proj of the attention output o: [H, A, D], then the MLP, with residuals and the norms
+    where the family has them. -> h: [A, hidden]"""
+    attn_out = layer.self_attn.o_proj(o.transpose(0, 1).reshape(h.shape[0], -1))  # [A, hidden]
+    return adapter.finish(layer, h, attn_out)
 
 
 @dataclass
@@ -70,17 +82,19 @@ class AttentionBlock:
     causal: bool
 
 
-def attention_blocks(pos: torch.Tensor, n: int, window: int | None,
-                     block: int = 64) -> list[AttentionBlock]:
+def attention_blocks(pos: torch.Tensor, n: int, window: int | None, block: int = 64,
+                     masked: bool = False) -> list[AttentionBlock]:
     """Exact attention for queries at ``pos`` (sorted) over keys [0, n): key j is visible iff
     j <= p (and p - j < window). Mask-free fast paths are taken when equivalent. Otherwise the
     queries are cut into position-sorted blocks that only see keys up to their own last
     position: CPU kernels cannot skip masked blocks, so this removes most of the masked work
     for scattered (blend) queries. Blocks of 64 rows: smaller blocks mask less but make more
     kernel calls, which cost more than the masked work they save (the sizes measured:
-    docs/architecture.md, "The fixed cost of a cached request")."""
+    docs/architecture.md, "The fixed cost of a cached request"). ``masked``: no mask-free
+    paths, every block has its mask (soft-capped attention, engine/softcap.py, has no causal
+    kernel)."""
     a = pos.shape[0]
-    if window is None or window >= n:
+    if not masked and (window is None or window >= n):
         if a == n:  # every position: plain causal
             return [AttentionBlock(slice(0, a), slice(0, n), None, True)]
         if a == 1 and int(pos[0]) == n - 1:  # one last token sees everything
@@ -101,10 +115,11 @@ def attention_blocks(pos: torch.Tensor, n: int, window: int | None,
 
 
 def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scaling: float,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention probabilities of queries at positions ``q_pos`` over the keys at positions
     [0, n), with the exact causal (and sliding-window) mask, in float32: the preview pass's
     output and scores, a scoring selector's and the evaluation's analysis.
+    ``softcap``: the family's attention-logit soft cap (Gemma 2), applied before the mask.
     q: [H, S, D]; k: [Hkv, n, D]; q_pos: [S] -> [H, S, n]."""
     heads, s, d = q.shape
     hkv, n = k.shape[0], k.shape[1]
@@ -112,6 +127,8 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scali
     # the scale goes on q ([H, S, D]) rather than on the [H, S, n] logits
     q = (q.float() * scaling).reshape(hkv, -1, d)
     logits = (q @ k.float().transpose(1, 2)).view(heads, s, n)  # [H, S, n]
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
     # every key before the first query is visible to all (no window): mask only the rest
     lo = 0 if window is not None else int(q_pos.min()) if s else n
     keys = torch.arange(lo, n, device=q_pos.device)

@@ -39,7 +39,7 @@ from blendrag.engine.observers import LayerObserver, LayerStep
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.selectors import CheckView, Selector
 from blendrag.model.adapters import LlamaAdapter
-from blendrag.model.rope import RopeTable
+from blendrag.model.rope import RopeTables
 
 
 @dataclass
@@ -62,7 +62,7 @@ class LoopResult:
 
 
 @torch.inference_mode()
-def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTable,
+def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
                observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
     """Run every layer of ``plan``, filling ``fused`` rows [0, N); ``observers`` see each layer
     once it is computed, ``clock`` charges each step's time to its phase (engine/phases.py)."""
@@ -79,13 +79,15 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
     result = LoopResult(hidden=h[-1])
     feed = plan.feed if plan.feed is not None and plan.feed.segments else None
 
+    masked = adapter.attn_softcap is not None  # capped attention has no mask-free kernel
     for i, layer in enumerate(adapter.layers):
+        table = rope.layer(i)
         if feed is not None:
             rows = feed.get(i)
             t0 = time.perf_counter()
-            fused.load(i, feed.segments, rows, rope, clock)
+            fused.load(i, feed.segments, rows, table, clock)
             result.load_work_s += time.perf_counter() - t0
-        q, k, k_pre, v = project(adapter, layer, h, pos, rope)  # q: [H, A, D]; k, v: [Hkv, A, D]
+        q, k, k_pre, v = project(adapter, layer, h, pos, table)  # q: [H, A, D]; k, v: [Hkv, A, D]
         clock.lap("project")
         projected = pos
         keep = None
@@ -103,7 +105,7 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
             attended.clear()
         window = adapter.sliding_window(i)
         if window not in blocks:
-            blocks[window] = attention_blocks(pos, n, window)
+            blocks[window] = attention_blocks(pos, n, window, masked=masked)
             attended[window] = int((pos + 1).clamp(max=window or n).sum())
         per_key = None
         if scored:
@@ -111,7 +113,7 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
         else:
             o = attend(adapter, i, q, fused, blocks[window])  # [H, A, D]
         clock.lap("attention")
-        h = finish(layer, h, o)
+        h = finish(adapter, layer, h, o)
         clock.lap("mlp")
         if observers:
             step = LayerStep(i, pos, q, projected, k_pre, v, attended[window], per_key)

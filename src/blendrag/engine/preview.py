@@ -19,11 +19,11 @@ from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.loop import LoopPlan
 from blendrag.engine.observers import KeyAttention, LayerCounts
 from blendrag.engine.runner import ModelRunner
-from blendrag.model.rope import RopeTable
+from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 
 
-def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, rope: RopeTable,
+def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, rope: RopeTables,
                      feed: LayerFeed | None) -> tuple[torch.Tensor, int, float]:
     """Attention the suffix pays each chunk token over the cached rows, per layer, summed over
     heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens); the keys the

@@ -44,7 +44,7 @@ from blendrag.engine.runner import ModelRunner
 from blendrag.engine.selectors import make_selector
 from blendrag.engine.stats import RequestStats, new_stats
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.model.rope import RopeTable
+from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
@@ -215,7 +215,7 @@ def _auto_ratio(controller: LoadingController, config: BlendConfig, rows: Reques
 
 
 def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, rows: RequestRows,
-              fused: FusedKV, rope: RopeTable, stats: RequestStats, feed: LayerFeed | None,
+              fused: FusedKV, rope: RopeTables, stats: RequestStats, feed: LayerFeed | None,
               clock: PhaseClock = OFF) -> LoopPlan:
     """The layer loop's plan for ``config``: which rows are cached, which tokens computed (the
     blend selector's choice, after the preview pass for ``preview``)."""
@@ -235,7 +235,8 @@ def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, ro
         feed = None  # the preview pass loaded every cached row into the buffer
         clock.lap("preview")
     selector = make_selector(config, layout, runner.adapter.num_layers, dev,
-                             runner.adapter.scaling, chunk_kvs, attention)
+                             runner.adapter.scaling, chunk_kvs, attention,
+                             runner.adapter.attn_softcap)
     clock.lap("plan")
     suffix = torch.arange(suffix_start, n, device=dev)
     return LoopPlan(ids, torch.cat([selector.initial(), suffix]), feed=feed, selector=selector)

@@ -18,7 +18,7 @@ from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import hash_ids
 from blendrag.model.adapters import adapter_for
-from blendrag.model.rope import RopeTable
+from blendrag.model.rope import RopeTables
 from blendrag.store.layered import MemoryLayeredEntry
 
 
@@ -48,9 +48,9 @@ class ModelRunner:
         """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)."""
         self._pool.clear()
 
-    def rope(self, n: int) -> RopeTable:
-        """cos/sin of positions [0, n) from the model's own rotary embedding."""
-        return RopeTable(self.adapter.rotary, n, self.dtype, self.device)
+    def rope(self, n: int) -> RopeTables:
+        """cos/sin of positions [0, n) for every layer, from the model's own rotary embedding."""
+        return self.adapter.rope(n, self.dtype, self.device)
 
     def feed(self, segments: Sequence[CachedSegment], depth: int = 0) -> LayerFeed:
         """The cached rows of ``segments`` layer by layer, ``depth`` layers read ahead."""
@@ -58,15 +58,16 @@ class ModelRunner:
 
     # ---- running -------------------------------------------------------------------------
 
-    def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTable,
+    def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
             observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
         """Every layer of ``plan`` (engine/loop.py)."""
         return run_layers(self.adapter, plan, fused, rope, observers, clock)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [hidden] (final-normed) -> logits [vocab] in float32."""
+        """hidden: [hidden] (final-normed) -> logits [vocab] in float32 (soft-capped where the
+        family caps them)."""
         with torch.inference_mode():
-            return self.adapter.lm_head(hidden[None])[0].float()
+            return self.adapter.logits(hidden[None])[0].float()
 
     @torch.inference_mode()
     def decode(self, token: int, fused: FusedKV) -> torch.Tensor:
@@ -77,18 +78,19 @@ class ModelRunner:
         p, a = fused.length, self.adapter
         if p >= fused.capacity:
             raise ValueError(f"the KV buffer is full ({fused.capacity} rows)")
-        rope = RopeTable(a.rotary, p + 1, fused.k.dtype, fused.k.device, start=p)
+        rope = a.rope(p + 1, fused.k.dtype, fused.k.device, start=p)
         pos = torch.tensor([p], device=fused.k.device)
         h = a.embed(pos.new_tensor([token]))  # [1, hidden]
         # the blocks depend on the layer's window only: built once per window for the token
         # (each build reads pos back from the device)
-        blocks = {w: attention_blocks(pos, p + 1, w)
+        masked = a.attn_softcap is not None
+        blocks = {w: attention_blocks(pos, p + 1, w, masked=masked)
                   for w in {a.sliding_window(i) for i in range(len(a.layers))}}
         for i, layer in enumerate(a.layers):
-            q, k, _, v = project(a, layer, h, pos, rope)
+            q, k, _, v = project(a, layer, h, pos, rope.layer(i))
             fused.write(i, pos, k, v)
             o = attend(a, i, q, fused, blocks[a.sliding_window(i)])
-            h = finish(layer, h, o)
+            h = finish(a, layer, h, o)
         fused.length = p + 1
         return self.logits(a.norm(h)[0])
 

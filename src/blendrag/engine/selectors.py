@@ -63,6 +63,9 @@ class Selector:
     """Base: chunk positions to compute from layer 0, and (optionally) filtering at check layers."""
 
     check_layers: tuple[int, ...] = ()
+    softcap: float | None = None
+    """The family's attention-logit soft cap (Gemma 2), for selectors that score by attention;
+    set by ``make_selector``."""
 
     def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
                  scaling: float) -> None:
@@ -251,7 +254,8 @@ class QuerySelector(ScoringSelector):
         suffix_rows = pos >= self.layout.suffix_start
         keys = view.fused.k[view.layer, :, :view.n]  # [Hkv, n, D], fresh rows already written
         # [H, S, n]
-        probs = attention_probs(view.q[:, suffix_rows], keys, pos[suffix_rows], self.scaling)
+        probs = attention_probs(view.q[:, suffix_rows], keys, pos[suffix_rows], self.scaling,
+                                softcap=self.softcap)
         per_key = probs.sum(dim=(0, 1))  # [n]
         return per_key[pos]  # [A]
 
@@ -266,17 +270,23 @@ IMPLEMENTATIONS: dict[type[SelectorOptions], type[Selector]] = {
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
                   scaling: float, chunks: Sequence[Cached] = (),
-                  attention: torch.Tensor | None = None) -> Selector:
+                  attention: torch.Tensor | None = None,
+                  softcap: float | None = None) -> Selector:
     """The selector of ``config``; its check layers must exist in the model. ``chunks``: the
     chunks' cached KVs in prompt order (their profiles and context shifts); ``attention``: the
-    preview pass's [layers, C] (preview selector only)."""
+    preview pass's [layers, C] (preview selector only); ``softcap``: the model's attention-logit
+    soft cap (``adapter.attn_softcap``)."""
     options = config.options
     if isinstance(options, CheckLayerOptions) and options.check_layers[-1] >= num_layers:
         raise ValueError(f"check_layers {options.check_layers} exceed the model's {num_layers} "
                          "layers")
     kind = IMPLEMENTATIONS[type(options)]
+    selector: Selector
     if kind is ProfileSelector:
-        return ProfileSelector(config, layout, device, scaling, chunks)
-    if kind is PreviewSelector:
-        return PreviewSelector(config, layout, device, scaling, chunks, attention)
-    return kind(config, layout, device, scaling)
+        selector = ProfileSelector(config, layout, device, scaling, chunks)
+    elif kind is PreviewSelector:
+        selector = PreviewSelector(config, layout, device, scaling, chunks, attention)
+    else:
+        selector = kind(config, layout, device, scaling)
+    selector.softcap = softcap
+    return selector

@@ -24,7 +24,8 @@ def suffix_attention(engine: BlendEngine, pre: Prefill, trace: Trace, layout: Pr
     step = trace.layers[layer]  # the queries of the tokens computed at that layer
     rows = step["pos"] >= layout.suffix_start
     keys = pre.fused.k[layer, :, :layout.num_tokens]  # [Hkv, N, D]
-    return attention_probs(step["q"][:, rows], keys, step["pos"][rows], engine.adapter.scaling)
+    return attention_probs(step["q"][:, rows], keys, step["pos"][rows], engine.adapter.scaling,
+                           softcap=engine.adapter.attn_softcap)
 
 
 def traced_prefill(engine: BlendEngine, layout: PromptLayout,

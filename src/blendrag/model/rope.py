@@ -1,20 +1,28 @@
 """RoPE at the positions of the current request.
 
 cos/sin come from the model's own ``rotary_emb`` called once per request with every position
-of the request, so every RoPE variant (default, linear, llama3, yarn, dynamic NTK) is rotated
-exactly as a full prefill of that request would rotate it.
+of the request, so every RoPE variant (default, linear, llama3, yarn, dynamic NTK, partial
+rotary) is rotated exactly as a full prefill of that request would rotate it. A family whose
+layers rotate with different frequencies (Gemma 3: local and global layers) has one table per
+kind of layer (``RopeTables``, built by the adapter).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 
 
 class RopeTable:
-    """cos/sin for positions [start, n): cos, sin: [n - start, head_dim]."""
+    """cos/sin for positions [start, n): cos, sin: [n - start, R], R <= head_dim the rotated
+    dimensions (R < head_dim: partial rotary, the rest passes unrotated).
 
-    def __init__(self, rotary: torch.nn.Module, n: int, dtype: torch.dtype, device: torch.device,
-                 start: int = 0) -> None:
+    ``rotary(probe, positions)``: the model's rotary embedding (or one layer kind's)."""
+
+    def __init__(self, rotary: Callable[[torch.Tensor, torch.Tensor],
+                                        tuple[torch.Tensor, torch.Tensor]],
+                 n: int, dtype: torch.dtype, device: torch.device, start: int = 0) -> None:
         positions = torch.arange(start, n, device=device)[None]  # [1, n - start]
         probe = torch.empty(0, dtype=dtype, device=device)
         cos, sin = rotary(probe, positions)
@@ -38,11 +46,33 @@ class RopeTable:
             idx = slice(pos.start - self.start, pos.stop - self.start)
         else:
             idx = pos - self.start if self.start else pos
-        cos, sin = self.cos[idx], self.sin[idx]  # [A, D]
-        h = x.shape[-1] // 2
+        cos, sin = self.cos[idx], self.sin[idx]  # [A, R]
+        r = cos.shape[-1]
+        if r < x.shape[-1]:  # partial rotary: HF rotates x[..., :R] and passes the rest
+            out[..., r:] = x[..., r:]
+            x, out = x[..., :r], out[..., :r]
+        h = r // 2
         x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
+        if cos.dtype != x.dtype:
+            # a rotary embedding that keeps cos/sin in float32 (OLMo 2) rotates in float32 and
+            # rounds once, as HF's promotion does
+            x1, x2 = x1.to(cos.dtype), x2.to(cos.dtype)
+            o1.copy_(x1 * cos[:, :h] - x2 * sin[:, :h])
+            o2.copy_(x2 * cos[:, h:] + x1 * sin[:, h:])
+            return
         # rotate_half(x) = [-x2, x1]: o1 = x1*c1 + (-x2)*s1 == x1*c1 - x2*s1 exactly
         torch.mul(x1, cos[:, :h], out=o1)
         o1.sub_(x2 * sin[:, :h])
         torch.mul(x2, cos[:, h:], out=o2)
         o2.add_(x1 * sin[:, h:])
+
+
+class RopeTables:
+    """The RoPE table of every layer of a request (layers of one kind share one table)."""
+
+    def __init__(self, per_layer: Sequence[RopeTable]) -> None:
+        self._per_layer = list(per_layer)
+
+    def layer(self, i: int) -> RopeTable:
+        """The table layer ``i`` rotates its queries and keys with."""
+        return self._per_layer[i]

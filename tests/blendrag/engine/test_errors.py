@@ -77,7 +77,9 @@ def test_unsupported_architecture_lists_supported():
 
     from blendrag.model.adapters import adapter_for
 
-    with pytest.raises(ValueError, match="supports LlamaForCausalLM, MistralForCausalLM, "
+    with pytest.raises(ValueError, match="supports Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                                         "LlamaForCausalLM, MistralForCausalLM, "
+                                         "Olmo2ForCausalLM, Phi3ForCausalLM, "
                                          "Qwen2ForCausalLM, Qwen3ForCausalLM"):
         adapter_for(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=10)))
 
