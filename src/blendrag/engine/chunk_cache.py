@@ -149,7 +149,7 @@ class ChunkCache:
         return True
 
     def kv(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
-           context: ChunkContext | None = None) -> ChunkKV:
+           context: ChunkContext | None = None, exact: bool = False) -> ChunkKV:
         """The chunk's whole KV in ``context`` (default: the one it is stored in): read from
         the store, or computed and stored now."""
         if context is None:
@@ -161,26 +161,30 @@ class ChunkCache:
             finally:
                 entry.close()
         return self._compute_and_put(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
-                                     context)
+                                     context, exact=exact)
 
     def prefix(self, prefix_ids: Ids) -> ChunkKV | None:
         """The whole KV of a prefix (None for an empty one), stored or computed now: what
         computing a chunk after it needs."""
-        return self.kv((), prefix_ids, NO_CONTEXT) if len(prefix_ids) else None
+        return self.kv((), prefix_ids, NO_CONTEXT, exact=True) if len(prefix_ids) else None
 
     # ---- computing -------------------------------------------------------------------------
 
     def _compute_and_put(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids,
-                         chunk_ids: Ids, context: ChunkContext, ram: bool = True) -> ChunkKV:
+                         chunk_ids: Ids, context: ChunkContext, ram: bool = True,
+                         exact: bool = False) -> ChunkKV:
         kv, alone = self.compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
-        self._put(chunk_prefix_ids, chunk_ids, context, kv, alone, ram)
+        self._put(chunk_prefix_ids, chunk_ids, context, kv, alone, ram, exact)
         return kv
 
     def _put(self, chunk_prefix_ids: Ids, chunk_ids: Ids, context: ChunkContext, kv: ChunkKV,
-             alone: ChunkKV | None, ram: bool = True) -> None:
+             alone: ChunkKV | None, ram: bool = True, exact: bool = False) -> None:
         """Store a computed chunk: ``kv`` under its context's key and, when the context keeps it
-        (``compute_pair``), the chunk computed ``alone`` under the no-context key."""
-        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv, ram=ram)
+        (``compute_pair``), the chunk computed ``alone`` under the no-context key. ``exact``
+        (prefixes): in the model's dtype whatever the store's format, so a chunk computed after
+        a stored prefix equals one computed after a fresh one (else the entries a job stores
+        would depend on where its batches start)."""
+        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv, ram=ram, exact=exact)
         if alone is not None:
             self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone, ram=ram)
 

@@ -153,7 +153,8 @@ class PrefixCache:
                           fused.v[:, :, rows].clone(), exact)
             self._add(block)
             if self.store is not None:
-                self.store.put(_stored_key(key, exact), _as_entry(block))
+                # exact rows stay exact in the store: they serve full prefills
+                self.store.put(_stored_key(key, exact), _as_entry(block), exact=exact)
         self._touch_reversed(keys)
 
     # ---- internals ---------------------------------------------------------------------------

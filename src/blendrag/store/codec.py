@@ -82,18 +82,20 @@ class Entry:
     takes ``encoded(...)`` (the bytes it was read from, or encoded on first use); RAM keeps
     ``kv``."""
 
-    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None) -> None:
+    def __init__(self, key: str, kv: ChunkKV, data: bytes | None = None,
+                 exact: bool = False) -> None:
         """``data``: the bytes ``kv`` was read from (any format: a faster tier takes them as
-        they are stored)."""
+        they are stored). ``exact``: stored in the model's dtype whatever the tier's format."""
         self.key = key
         self.kv = kv
         self._data = data
+        self.exact = exact
 
     def encoded(self, kv_format: str) -> bytes:
-        """The bytes read, else the entry encoded with K and V in ``kv_format`` (once: every
-        byte tier of a store shares its format)."""
+        """The bytes read, else the entry encoded with K and V in ``kv_format`` (the model's
+        dtype when the entry is ``exact``; once: every byte tier of a store shares its format)."""
         if self._data is None:
-            self._data = encode(self.key, self.kv, kv_format)
+            self._data = encode(self.key, self.kv, "model" if self.exact else kv_format)
         return self._data
 
 

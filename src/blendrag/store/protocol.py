@@ -160,9 +160,12 @@ class KVStore(Protocol):
         """The entry for ``key`` opened for layer-wise reads (``store/layered.py``), or None;
         the caller closes it."""
 
-    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True, exact: bool = False) -> None:
         """Store ``kv`` under ``key`` (write-through to every tier). ``ram=False``: a bulk write
-        (precompute) that need not displace RAM entries where a slower tier holds it."""
+        (precompute) that need not displace RAM entries where a slower tier holds it.
+        ``exact``: kept in the model's dtype whatever the store's ``kv_format`` (a prefix that
+        other entries are computed after, rows a full prefill made): a read must give back the
+        rows a fresh computation gives."""
 
     def contains(self, key: str) -> bool:
         """True when ``key`` is present in some tier (cheap, no load)."""

@@ -69,9 +69,10 @@ class MemoryKVStore:
         kv = self.get(key)
         return None if kv is None else MemoryLayeredEntry(kv, key, "ram")
 
-    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True, exact: bool = False) -> None:
         """Insert ``kv`` as most recently used, evicting least recently used entries to fit
-        (``ram`` is moot: RAM is the only tier here)."""
+        (``ram`` and ``exact`` are moot: RAM is the only tier here and holds the rows as
+        they are)."""
         size = held_bytes(kv)
         with self._lock:
             self._pop(key)

@@ -167,10 +167,11 @@ class TieredKVStore:
         self._gets.add(misses=1)
         return None
 
-    def put(self, key: str, kv: ChunkKV, *, ram: bool = True) -> None:
+    def put(self, key: str, kv: ChunkKV, *, ram: bool = True, exact: bool = False) -> None:
         """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
-        tier so as not to evict the entries being served, unless no persistent tier took it."""
-        entry = Entry(key, _on_cpu(kv))
+        tier so as not to evict the entries being served, unless no persistent tier took it.
+        ``exact``: the persistent tiers store it in the model's dtype whatever ``kv_format``."""
+        entry = Entry(key, _on_cpu(kv), exact=exact)
         stored = any([s.write(entry) for s in self._slots if not s.tier.volatile])
         if ram or not stored:
             for slot in self._slots:

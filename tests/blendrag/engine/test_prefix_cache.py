@@ -159,8 +159,8 @@ def test_blend_rows_are_approximate_and_full_requests_do_not_take_them(chat_engi
 
 
 def test_blocks_in_the_store_serve_another_engine(chat_engine, tmp_path, one_thread):
-    config = StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", disk_bytes=256 * MIB,
-                         kv_format="model")
+    # the store's default format (bfloat16): exact rows are still stored exactly
+    config = StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", disk_bytes=256 * MIB)
     writer = chat_engine(store=TieredKVStore(config), prefix_cache_store=True)
     layout = _turn(writer, "", "Who scored?")
     writer.prefill(layout, FULL)
