@@ -9,7 +9,11 @@ batches, resumably:
 >>> summary = ingest_source(engine, chunks_from_chroma("./chroma", "docs"))
 >>> print(summary.format())
 
-See docs/store.md ("Precompute") and ``blendrag precompute --help``.
+A corpus too large for one process is precomputed by many: each worker builds its engine from
+picklable ``IngestSettings`` (``settings.py``) and runs ``ingest_shard`` (``shard.py``: Dask,
+Spark) or is a Ray actor (``blendrag.ingest.ray``, ``pip install blendrag[ray]``).
+
+See docs/store.md ("Precompute"), docs/scale.md and ``blendrag precompute --help``.
 """
 
 from blendrag.ingest.ingestion import (
@@ -20,6 +24,8 @@ from blendrag.ingest.ingestion import (
     kv_bytes_per_token,
 )
 from blendrag.ingest.job import IngestSummary, ingest_source
+from blendrag.ingest.settings import IngestSettings
+from blendrag.ingest.shard import combine, ingest_shard
 from blendrag.ingest.sources import (
     ChunkSource,
     chunks_from_chroma,
@@ -32,11 +38,14 @@ __all__ = [
     "ChunkSource",
     "IngestCounts",
     "IngestEngine",
+    "IngestSettings",
     "IngestSummary",
     "Ingestion",
     "chunks_from_chroma",
     "chunks_from_folder",
     "chunks_from_jsonl",
+    "combine",
+    "ingest_shard",
     "ingest_source",
     "kv_bytes_per_token",
 ]
