@@ -1,5 +1,5 @@
 """`blendrag precompute --ray [ADDRESS] --actors N [--gpus-per-actor G]`: the same job on a Ray
-cluster (``blendrag.ingest.ray``), with the same summary.
+cluster (``blendrag.distributed.ray``), with the same summary.
 
 Without an address the job starts a single-node cluster of its own, on 127.0.0.1 only, and
 stops it at the end. A multi-node job needs a shared tier: each node would write its own
@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from blendrag.ingest.ray import RayResult
+    from blendrag.distributed.ray import RayResult
     from blendrag.ingest.sources import ChunkSource
     from blendrag.store.config import StoreConfig
 
@@ -61,13 +61,13 @@ def check_ray_args(args: argparse.Namespace) -> None:
 
 def run_ray(args: argparse.Namespace, source: ChunkSource, config: StoreConfig) -> RayResult:
     """Connect (or start a local cluster), precompute ``source`` on the actors, disconnect."""
-    from blendrag.ingest.ray import RayJob, alive_nodes, precompute_texts
-    from blendrag.ingest.settings import IngestSettings
+    from blendrag.distributed.ray import RayJob, alive_nodes, precompute_texts
+    from blendrag.distributed.settings import IngestSettings
 
     check_ray_args(args)
     job = RayJob(actors=args.actors, gpus_per_actor=args.gpus_per_actor)
     texts = list(source)
-    ray, connected = _connect(args.ray)
+    ray, connected = connect(args.ray)
     try:
         if args.no_progress:
             ray.data.DataContext.get_current().enable_progress_bars = False
@@ -97,11 +97,12 @@ def shared_store(config: StoreConfig, nodes: int) -> StoreConfig:
     return replace(config, ram_bytes=0, disk_dir=None)
 
 
-def _connect(address: str) -> tuple[Any, bool]:
-    """The ray module, connected to ``address`` or to a local cluster started now on 127.0.0.1;
-    and whether this call connected (False: the process was connected already, as a program
-    calling the CLI's ``main`` on its own cluster is, and stays so)."""
-    from blendrag.ingest.ray import require_ray
+def connect(address: str, num_cpus: int | None = None) -> tuple[Any, bool]:
+    """The ray module, connected to ``address`` or (``LOCAL``) to a single-node cluster started
+    now on 127.0.0.1; and whether this call connected (False: the process was connected
+    already, as a program calling the CLI's ``main`` on its own cluster is, and stays so).
+    ``num_cpus``: the local cluster's CPUs (None: one per core)."""
+    from blendrag.distributed.ray import require_ray
 
     # Ray reads the loopback switch as it is imported, and its processes as they start.
     with _env(_LOOPBACK_ENV, "0") if address == LOCAL else contextlib.nullcontext():
@@ -109,7 +110,7 @@ def _connect(address: str) -> tuple[Any, bool]:
         if ray.is_initialized():
             return ray, False
         if address == LOCAL:
-            ray.init(address="local", include_dashboard=False)
+            ray.init(address="local", include_dashboard=False, num_cpus=num_cpus)
         else:
             ray.init(address=address)
     return ray, True

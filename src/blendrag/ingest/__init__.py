@@ -9,9 +9,8 @@ batches, resumably:
 >>> summary = ingest_source(engine, chunks_from_chroma("./chroma", "docs"))
 >>> print(summary.format())
 
-A corpus too large for one process is precomputed by many: each worker builds its engine from
-picklable ``IngestSettings`` (``settings.py``) and runs ``ingest_shard`` (``shard.py``: Dask,
-Spark) or is a Ray actor (``blendrag.ingest.ray``, ``pip install blendrag[ray]``).
+A corpus too large for one process: ``blendrag.distributed`` runs the same path in many
+workers (Ray actors, Dask or Spark tasks, LlamaIndex's worker processes).
 
 See docs/store.md ("Precompute"), docs/scale.md and ``blendrag precompute --help``.
 """
@@ -24,8 +23,6 @@ from blendrag.ingest.ingestion import (
     kv_bytes_per_token,
 )
 from blendrag.ingest.job import IngestSummary, ingest_source
-from blendrag.ingest.settings import IngestSettings
-from blendrag.ingest.shard import combine, ingest_shard
 from blendrag.ingest.sources import (
     ChunkSource,
     chunks_from_chroma,
@@ -38,14 +35,11 @@ __all__ = [
     "ChunkSource",
     "IngestCounts",
     "IngestEngine",
-    "IngestSettings",
     "IngestSummary",
     "Ingestion",
     "chunks_from_chroma",
     "chunks_from_folder",
     "chunks_from_jsonl",
-    "combine",
-    "ingest_shard",
     "ingest_source",
     "kv_bytes_per_token",
 ]

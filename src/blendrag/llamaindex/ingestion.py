@@ -14,7 +14,7 @@ from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.schema import BaseNode, TransformComponent
 
 from blendrag.config import profile_depth
-from blendrag.ingest.settings import IngestSettings, shared_engine
+from blendrag.distributed.settings import IngestSettings, shared_engine
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
 from blendrag.integration.client import TEXT_INDEX_DIR
 from blendrag.llamaindex.llm import BlendLLM

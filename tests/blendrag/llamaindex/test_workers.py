@@ -11,7 +11,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.ingestion import IngestionPipeline
 from llama_index.core.schema import TextNode
 
-from blendrag.ingest import IngestSettings
+from blendrag.distributed import IngestSettings
 from blendrag.llamaindex import BlendKVTransform, BlendLLM, blend_query_engine
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.li_data import GENERATION, QUESTION

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from blendrag.distributed.settings import IngestSettings, shared_engine
 from blendrag.ingest.ingestion import ChunkFailure, IngestEngine, Ingestion, kv_bytes_per_token
 from blendrag.ingest.job import IngestSummary, TextRecorder
-from blendrag.ingest.settings import IngestSettings, shared_engine
 
 ROW_FIELDS = ("index", "key", "tokens", "bytes", "status", "reason", "preview")
 """What each chunk's row holds: position in the job (-1: unknown), store key ("" for a chunk

@@ -11,9 +11,10 @@ import pytest
 
 from blendrag import NO_CONTEXT
 from blendrag.cli.precompute_ray import check_ray_args, shared_store
-from blendrag.ingest import IngestSettings, combine, ingest_shard, ingest_source
-from blendrag.ingest.settings import shared_engine
-from blendrag.ingest.shard import text_of
+from blendrag.distributed import IngestSettings, combine, ingest_shard
+from blendrag.distributed.settings import shared_engine
+from blendrag.distributed.shard import text_of
+from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig
 from helpers.tiny import PASSAGES, PREFIX
 
@@ -108,7 +109,7 @@ def test_several_nodes_need_a_shared_tier(tmp_path, capsys):
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
-    from blendrag.ingest.ray import require_ray
+    from blendrag.distributed.ray import require_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install blendrag\[ray\]"):

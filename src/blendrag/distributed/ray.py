@@ -12,8 +12,8 @@ an actor asking for a GPU that no node has does not fail in Ray, it waits for on
 A multi-node job needs a shared tier: a store folder would be one folder per node.
 
 >>> import ray
->>> from blendrag.ingest import IngestSettings
->>> from blendrag.ingest.ray import RayJob, precompute_dataset
+>>> from blendrag.distributed import IngestSettings
+>>> from blendrag.distributed.ray import RayJob, precompute_dataset
 >>> settings = IngestSettings(model="path/to/model", store=StoreConfig(
 ...     ram_bytes=0, disk_dir=None, redis_url="redis://10.0.0.5:6379/0"))
 >>> result = precompute_dataset(ray.data.from_items(texts), settings, RayJob(actors=8,
@@ -33,9 +33,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from blendrag.distributed.settings import IngestSettings, shared_engine
+from blendrag.distributed.shard import ROW_FIELDS, ingest_rows, summarize, text_of
 from blendrag.ingest.job import IngestSummary
-from blendrag.ingest.settings import IngestSettings, shared_engine
-from blendrag.ingest.shard import ROW_FIELDS, ingest_rows, summarize, text_of
 
 INSTALL = "pip install blendrag[ray]"
 

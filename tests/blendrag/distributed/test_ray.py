@@ -14,14 +14,15 @@ import pytest
 
 from blendrag import BlendEngine
 from blendrag.cli import main
-from blendrag.ingest import IngestSettings, ingest_source
+from blendrag.distributed import IngestSettings
+from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers import procs
 from helpers.ray_cluster import import_ray, local_cluster
 from helpers.tiny import PASSAGES, PREFIX
 
 ray = import_ray()
-from blendrag.ingest.ray import RayJob, check_cluster, precompute_texts  # noqa: E402
+from blendrag.distributed.ray import RayJob, check_cluster, precompute_texts  # noqa: E402
 
 pytestmark = [pytest.mark.processes, pytest.mark.usefixtures("one_thread")]
 # 24 distinct chunks, one without tokens, one refused (not valid Unicode)
@@ -164,7 +165,7 @@ def test_a_gpu_shortfall_is_refused_at_once(cluster, model_dir, tmp_path, capsys
 
 
 def test_a_store_folder_is_refused_on_several_nodes(cluster, monkeypatch, tmp_path):
-    import blendrag.ingest.ray as ray_job
+    import blendrag.distributed.ray as ray_job
 
     monkeypatch.setattr(ray_job, "alive_nodes", lambda: 3)
     folder = IngestSettings(store=StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv"))
