@@ -3,10 +3,10 @@ a local single-node cluster) on the same chunks, each into a fresh store of its 
 
 - local: ``ingest_source`` on one engine (``--threads`` torch threads, the model loaded before
   the clock starts), chunks/s and tokens/s over the whole job.
-- ray: ``precompute_texts`` with each actor on ``--threads`` threads. Its start-up (the cluster
-  started, the actors started, the model loaded in each) is reported apart: from the job's
-  start until the first batch began computing. Throughput after start-up is every chunk over
-  the time from then to the end (an actor that starts later counts against Ray).
+- ray: ``precompute_texts`` with each actor on ``--threads`` threads. The cluster's start and
+  the job's start-up (the actors started, the model loaded in each: until the last actor
+  began its first batch) are reported apart; its rates are those after start-up (the batches
+  begun since, over the time from then to the end; ``distributed.ray.Steady``).
 
 Chunks: distinct MuSiQue passages (shipped with the benchmarks) cut to ``--chunk-tokens``.
 """
@@ -86,8 +86,9 @@ def run(cfg: PrecomputeBenchConfig, say: Callable[[str], None] = print) -> dict[
             finally:
                 if started:
                     ray.shutdown()
-            records.append(_record("ray", cfg.actors, result.summary, cluster_s,
-                                   result.startup_s))
+            st = result.steady
+            records.append(_record("ray", cfg.actors, result.summary, cluster_s, st.startup_s,
+                                   (st.computed, st.tokens, st.seconds)))
     return {"config": asdict(cfg), "records": records, "target": TARGET}
 
 
@@ -95,13 +96,16 @@ def _store(tmp: str, name: str) -> StoreConfig:
     return StoreConfig(ram_bytes=0, disk_dir=Path(tmp) / name, disk_bytes=16 << 30)
 
 
-def _record(job: str, workers: int, summary, cluster_s: float, startup_s: float) -> dict:
-    compute_s = max(summary.seconds - startup_s, 1e-9)
+def _record(job: str, workers: int, summary, cluster_s: float, startup_s: float,
+            steady: tuple[int, int, float] | None = None) -> dict:
+    """One job's figures; ``steady``: the chunks, tokens and seconds its rates are taken over
+    (default: the whole job)."""
+    chunks, tokens, seconds = steady or (summary.computed, summary.tokens, summary.seconds)
+    seconds = max(seconds, 1e-9)
     return {"job": job, "workers": workers, "chunks": summary.computed,
             "tokens": summary.tokens, "cluster_start_s": cluster_s, "startup_s": startup_s,
-            "seconds": summary.seconds, "compute_s": compute_s,
-            "chunks_per_s": summary.computed / compute_s,
-            "tokens_per_s": summary.tokens / compute_s}
+            "seconds": summary.seconds, "rate_chunks": chunks, "compute_s": seconds,
+            "chunks_per_s": chunks / seconds, "tokens_per_s": tokens / seconds}
 
 
 def format_report(report: dict[str, Any]) -> str:

@@ -26,6 +26,8 @@ docs/scale.md has the cluster set-up, what each actor needs and how to size the 
 from __future__ import annotations
 
 import math
+import os
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -74,32 +76,47 @@ class RayJob:
 
 
 @dataclass(frozen=True)
+class Steady:
+    """The job after start-up: from when the last actor began its first batch (every actor
+    started, its model loaded) to the end; the chunks and tokens of the batches begun since.
+    (A batch begun just before is left out, its time not: the figures err low.)"""
+
+    startup_s: float
+    seconds: float
+    computed: int
+    tokens: int
+
+    @property
+    def chunks_per_s(self) -> float:
+        return self.computed / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class RayResult:
     """What a Ray precompute did: the local job's summary (``seconds``: the whole job, start-up
-    included) and ``startup_s``, from the job's start until the first actor began computing
-    (actors started, model loaded). ``nodes``: alive nodes of the cluster."""
+    included), the job after its start-up (``steady``), the actors asked for and the alive
+    nodes."""
 
     summary: IngestSummary
-    startup_s: float
+    steady: Steady
     actors: int
     nodes: int
 
-    @property
-    def compute_s(self) -> float:
-        """Wall time after start-up."""
-        return max(self.summary.seconds - self.startup_s, 1e-9)
-
     def to_dict(self) -> dict[str, Any]:
-        s = self.summary
-        return {**s.to_dict(), "startup_s": self.startup_s, "actors": self.actors,
-                "nodes": self.nodes, "chunks_per_s_after_startup": s.computed / self.compute_s,
-                "tokens_per_s_after_startup": s.tokens / self.compute_s}
+        st = self.steady
+        return {**self.summary.to_dict(), "actors": self.actors, "nodes": self.nodes,
+                "startup_s": st.startup_s, "chunks_per_s_after_startup": st.chunks_per_s,
+                "tokens_per_s_after_startup": st.tokens_per_s}
 
     def format(self) -> str:
+        st = self.steady
         return (f"{self.summary.format()}\nray: {self.actors} actors on {self.nodes} node(s); "
-                f"start-up {self.startup_s:.1f} s, then "
-                f"{self.summary.computed / self.compute_s:.1f} chunks/s, "
-                f"{self.summary.tokens / self.compute_s:.0f} tokens/s")
+                f"start-up {st.startup_s:.1f} s, then {st.chunks_per_s:.1f} chunks/s, "
+                f"{st.tokens_per_s:.0f} tokens/s")
 
 
 def alive_nodes() -> int:
@@ -130,11 +147,13 @@ def check_cluster(settings: IngestSettings, job: RayJob) -> int:
 
 class ChunkActor:
     """A Ray Data actor: the engine built once from ``settings``; each batch ingested, one row
-    per chunk returned (``shard.ROW_FIELDS`` and ``started``, when the batch began)."""
+    per chunk returned (``shard.ROW_FIELDS``, and ``started`` and ``worker``: when the batch
+    began, and on which actor)."""
 
     def __init__(self, settings: IngestSettings, column: str, index_column: str | None) -> None:
         self.settings, self.column, self.index_column = settings, column, index_column
         self.engine, self.text_index = shared_engine(settings)
+        self.worker = f"{socket.gethostname()}:{os.getpid()}"
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
         started = time.time()
@@ -145,6 +164,7 @@ class ChunkActor:
                            text_index=self.text_index)
         out = {name: [r[name] for r in rows] for name in ROW_FIELDS}
         out["started"] = [started] * len(rows)
+        out["worker"] = [self.worker] * len(rows)
         return out
 
 
@@ -172,9 +192,9 @@ def precompute_dataset(dataset: Any, settings: IngestSettings, job: RayJob | Non
                                            "index_column": "index" if "index" in names else None},
         compute=ray.data.ActorPoolStrategy(size=job.actors), num_cpus=job.cpus_per_actor,
         num_gpus=job.gpus_per_actor, batch_size=settings.batch_size, batch_format="numpy")
-    rows, first = _collect(mapped, progress, total)
-    summary = summarize(rows, time.time() - t0)
-    return RayResult(summary, max(first - t0, 0.0) if rows else 0.0, job.actors, nodes)
+    rows = _collect(mapped, progress, total)
+    end = time.time()
+    return RayResult(summarize(rows, end - t0), _steady(rows, t0, end), job.actors, nodes)
 
 
 def precompute_texts(texts: Sequence[Any], settings: IngestSettings, job: RayJob | None = None,
@@ -189,18 +209,28 @@ def precompute_texts(texts: Sequence[Any], settings: IngestSettings, job: RayJob
                               total=len(texts))
 
 
-def _collect(mapped: Any, progress: bool, total: int | None) -> tuple[list[dict], float]:
-    """Every row of the mapped dataset, as they stream in; when the first batch started."""
+def _collect(mapped: Any, progress: bool, total: int | None) -> list[dict]:
+    """Every row of the mapped dataset, as they stream in."""
     rows: list[dict] = []
-    first = math.inf
     computed = 0
+    names = (*ROW_FIELDS, "started", "worker")
     with tqdm(total=total, unit="chunk", desc="precompute (ray)", disable=not progress) as bar:
         for batch in mapped.iter_batches(batch_size=None, batch_format="numpy"):
-            columns = {name: batch[name].tolist() for name in (*ROW_FIELDS, "started")}
+            columns = {name: batch[name].tolist() for name in names}
             n = len(columns["status"])
-            rows += [{name: columns[name][i] for name in ROW_FIELDS} for i in range(n)]
-            first = min(first, *columns["started"]) if n else first
+            rows += [{name: columns[name][i] for name in names} for i in range(n)]
             computed += columns["status"].count("computed")
             bar.update(n)
             bar.set_postfix(computed=computed, refresh=False)
-    return rows, first
+    return rows
+
+
+def _steady(rows: list[dict], t0: float, end: float) -> Steady:
+    """The job after every actor began computing (see ``Steady``)."""
+    first: dict[str, float] = {}
+    for r in rows:
+        first[r["worker"]] = min(first.get(r["worker"], math.inf), r["started"])
+    ready = max(first.values(), default=t0)
+    done = [r for r in rows if r["started"] >= ready and r["status"] == "computed"]
+    return Steady(startup_s=max(ready - t0, 0.0), seconds=max(end - ready, 0.0),
+                  computed=len(done), tokens=sum(int(r["tokens"]) for r in done))

@@ -63,6 +63,8 @@ def test_ray_job_stores_what_the_local_job_stores_and_a_rerun_computes_nothing(
                               chunk_prefix=None, prefix=PREFIX, store=store("ray:"), batch_size=5)
     result = precompute_texts(TEXTS, settings, RayJob(actors=2), progress=False)
     got = result.summary
+    assert 0 < result.steady.startup_s < got.seconds and result.steady.computed <= 24
+    assert "2 actors on 1 node(s)" in result.format()
 
     fields = ("chunks", "computed", "skipped", "empty", "tokens", "bytes", "refused", "failures")
     assert [getattr(got, f) for f in fields] == [getattr(local, f) for f in fields]
