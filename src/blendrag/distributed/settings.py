@@ -134,12 +134,10 @@ _SHARED: dict[str, tuple[BlendEngine, ChunkTextIndex | None]] = {}
 def shared_engine(settings: IngestSettings) -> tuple[BlendEngine, ChunkTextIndex | None]:
     """This process's engine (and text index) for ``settings``, built on first use: a worker
     running many shards or batches loads the model once. One set of settings is kept; other
-    settings replace it."""
+    settings replace it (the engine replaced is left to whoever still holds it, open)."""
     key = repr(replace(settings, batch_size=1))
     with _LOCK:
         if key not in _SHARED:
-            for engine, _ in _SHARED.values():
-                engine.store.close()
             _SHARED.clear()
             _SHARED[key] = (settings.build_engine(), settings.build_text_index())
         return _SHARED[key]

@@ -75,9 +75,21 @@ def test_ray_job_stores_what_the_local_job_stores_and_a_rerun_computes_nothing(
     assert len(mine) > 2 * 24 and mine.keys() == theirs.keys()
     assert all(mine[k] == theirs[k] for k in mine)
 
-    again = precompute_texts(TEXTS, settings, RayJob(actors=2), progress=False).summary
+    # again, as LangChain Documents when it is installed: the same chunks, all stored already
+    items: list = TEXTS
+    if _has("langchain_core"):
+        from langchain_core.documents import Document
+
+        items = [Document(page_content=t) for t in TEXTS]
+    again = precompute_texts(items, settings, RayJob(actors=2), progress=False).summary
     assert (again.computed, again.skipped, again.tokens) == (0, 24, 0)
     assert again.to_dict()["failed"] == 1 and "surrogate" in again.format()
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
 
 
 def _cli(model, store_dir, source, *more: str) -> list[str]:
@@ -162,8 +174,7 @@ def test_a_gpu_shortfall_is_refused_at_once(cluster, model_dir, tmp_path, capsys
                 "--gpus-per-actor", "0.5", "--actors", "2")
     assert main(argv) == 2
     assert "need 1 GPUs, but the Ray cluster has 0" in capsys.readouterr().err
-    assert not (tmp_path / "kv").exists() or TieredKVStore(settings.store).stats().tier(
-        "disk").entries == 0
+    assert not (tmp_path / "kv").exists()  # refused before any store was opened
 
 
 def test_a_store_folder_is_refused_on_several_nodes(cluster, monkeypatch, tmp_path):
