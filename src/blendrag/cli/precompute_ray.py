@@ -3,8 +3,8 @@ cluster (``blendrag.distributed.ray``), with the same summary.
 
 Without an address the job starts a single-node cluster of its own, on 127.0.0.1 only, and
 stops it at the end. A multi-node job needs a shared tier: each node would write its own
-``--store-dir``, so the actors then write into ``--redis-url`` alone (without one the job is
-refused).
+``--store-dir``, so the actors then write into ``--redis-url`` / ``--s3-url`` alone (without
+either the job is refused).
 """
 
 from __future__ import annotations
@@ -85,15 +85,19 @@ def run_ray(args: argparse.Namespace, source: ChunkSource, config: StoreConfig) 
 
 
 def shared_store(config: StoreConfig, nodes: int) -> StoreConfig:
-    """The store the actors write into: ``config`` on one node; on several, its Redis tier
-    alone (a store folder would be one folder per node), or ValueError without one."""
+    """The store the actors write into: ``config`` on one node; on several, its shared tiers
+    alone (Redis, S3: a store folder would be one folder per node), or ValueError without
+    one."""
+    from blendrag.distributed.settings import shared_tiers
+
     if nodes <= 1:
         return config
-    if config.redis_url is None:
+    tiers = shared_tiers(config)
+    if not tiers:
         raise ValueError(f"the Ray cluster has {nodes} nodes: each would write its own "
-                         "--store-dir. Give the job a shared tier: --redis-url")
-    print(f"blendrag precompute: {nodes} nodes: the actors write into {config.redis_url} only "
-          "(not --store-dir, which would be one folder per node)", file=sys.stderr)
+                         "--store-dir. Give the job a shared tier: --redis-url or --s3-url")
+    print(f"blendrag precompute: {nodes} nodes: the actors write into the {' and '.join(tiers)} "
+          "tier only (not --store-dir, which would be one folder per node)", file=sys.stderr)
     return replace(config, ram_bytes=0, disk_dir=None)
 
 

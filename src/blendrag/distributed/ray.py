@@ -140,8 +140,8 @@ def check_cluster(settings: IngestSettings, job: RayJob) -> int:
     if nodes > 1 and settings.store.disk_dir is not None:
         raise ValueError(f"the Ray cluster has {nodes} nodes: a store folder "
                          f"({settings.store.disk_dir}) would be one folder per node. Give the "
-                         "actors a shared tier: StoreConfig(ram_bytes=0, disk_dir=None, "
-                         "redis_url=...)")
+                         "actors a shared tier alone: StoreConfig(ram_bytes=0, disk_dir=None, "
+                         "redis_url=... or s3_url=...)")
     return nodes
 
 

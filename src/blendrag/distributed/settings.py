@@ -41,8 +41,9 @@ class IngestSettings:
     chunk_prefix: the engine's canonical chunk prefix (the framework integrations' ``""``)
     prefix:       instead of ``chunk_prefix``: the prompt prefix queries will use
     context:      the ingestion context (a ``ChunkContext``; None: the engine's default)
-    store:        the KV store each worker opens; it must outlive the worker: a Redis tier or a
-                  folder every worker writes to (one shared by all nodes of a multi-node job)
+    store:        the KV store each worker opens; it must outlive the worker: a shared tier
+                  (Redis, S3) or a folder every worker writes to (a multi-node job needs a
+                  shared tier)
     text_index:   also record the texts in this ``ChunkTextIndex`` folder (None: not recorded)
     batch_size:   texts looked up in the store and computed at once
     """
@@ -91,10 +92,11 @@ class IngestSettings:
         if not isinstance(self.store, StoreConfig):
             raise ValueError(f"IngestSettings.store must be a StoreConfig, got "
                              f"{type(self.store).__name__}")
-        if self.store.disk_dir is None and self.store.redis_url is None:
+        if not shared_tiers(self.store) and self.store.disk_dir is None:
             # a RAM tier dies with the worker: the job would compute everything for nothing
-            raise ValueError("IngestSettings.store must outlive the workers: give it a Redis "
-                             "tier (redis_url) or a folder every worker writes to (disk_dir)")
+            raise ValueError("IngestSettings.store must outlive the workers: give it a shared "
+                             "tier (redis_url, s3_url) or a folder every worker writes to "
+                             "(disk_dir)")
 
     def _check_context(self) -> None:
         from blendrag.engine.context import ChunkContext
@@ -125,6 +127,11 @@ class IngestSettings:
         from blendrag.integration.text_index import ChunkTextIndex
 
         return ChunkTextIndex(self.text_index)
+
+
+def shared_tiers(store: StoreConfig) -> list[str]:
+    """The store's tiers that workers on different machines share: Redis, S3."""
+    return [name for name, on in (("redis", store.redis_url), ("s3", store.s3_url)) if on]
 
 
 _LOCK = threading.Lock()

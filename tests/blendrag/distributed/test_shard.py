@@ -100,12 +100,17 @@ def test_several_nodes_need_a_shared_tier(tmp_path, capsys):
     folder = StoreConfig(disk_dir=tmp_path)
     assert shared_store(folder, 1) is folder
     with pytest.raises(ValueError, match="2 nodes: each would write its own --store-dir.*"
-                                         "--redis-url"):
+                                         "--redis-url or --s3-url"):
         shared_store(folder, 2)
     both = StoreConfig(disk_dir=tmp_path, redis_url="redis://10.0.0.5:6379/0")
     shared = shared_store(both, 2)
     assert (shared.disk_dir, shared.ram_bytes, shared.redis_url) == (None, 0, both.redis_url)
-    assert "write into redis://10.0.0.5:6379/0 only" in capsys.readouterr().err
+    assert "write into the redis tier only" in capsys.readouterr().err
+    s3 = shared_store(StoreConfig(disk_dir=tmp_path, s3_url="s3://bucket/kv"), 3)
+    assert (s3.disk_dir, s3.s3_url) == (None, "s3://bucket/kv")
+    assert "write into the s3 tier only" in capsys.readouterr().err
+    assert IngestSettings(store=StoreConfig(ram_bytes=0, disk_dir=None,
+                                            s3_url="s3://bucket/kv")).store.s3_url
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch):
