@@ -17,17 +17,19 @@ RANDOM = "random"  # --model value of the benchmarks' default: random weights of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from blendrag_bench import quality_cli
+    from blendrag_bench import precompute_cli, quality_cli
 
-    group = sub.add_parser("bench", help="benchmarks: TTFT, store throughput, chunk matching, "
-                           "answer quality, fidelity on your own prompts",
+    group = sub.add_parser("bench", help="benchmarks: TTFT, store and precompute throughput, "
+                           "chunk matching, answer quality, fidelity on your own prompts",
                            description="Benchmarks; docs/benchmarks.md has the figures they "
                                        "made, with the commands.")
     bench = group.add_subparsers(dest="bench", required=True,
-                                 metavar="{ttft,chat,store,match,quality,fidelity}")
+                                 metavar="{ttft,chat,store,precompute,match,quality,"
+                                         "fidelity}")
     _register_ttft(bench)
     _register_chat(bench)
     _register_store(bench)
+    precompute_cli.register(bench)
     _register_match(bench)
     quality_cli.register(bench)
     quality_cli.register_fidelity(bench)

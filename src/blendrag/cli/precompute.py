@@ -1,5 +1,6 @@
 """`blendrag precompute`: ingest every chunk of a collection, folder or file (each KV computed and
-stored once, ``blendrag.ingest.ingest_source``)."""
+stored once, ``blendrag.ingest.ingest_source``), in this process or on Ray actors (``--ray``,
+``precompute_ray.py``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from blendrag.cli.options import (
     emit,
     model_kwargs,
 )
+from blendrag.cli.precompute_ray import add_ray_options, check_ray_args, run_ray
 from blendrag.store.config import KV_FORMATS, StoreConfig
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -48,6 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
              "forwards per chunk; the source must be in document order; 0: no profiles")
     add_progress_option(p)
     add_json_option(p, "the summary")
+    add_ray_options(p)
     p.set_defaults(func=_precompute)
 
 
@@ -100,12 +103,18 @@ def _precompute(args: argparse.Namespace) -> int:
     try:
         source, config = _check(args)
         apply_threads(args)
-        summary = _run(args, source, config)
+        if args.ray is not None:
+            result = run_ray(args, source, config)
+            summary, payload, text = result.summary, result.to_dict(), result.format()
+        else:
+            summary = _run(args, source, config)
+            payload, text = summary.to_dict(), summary.format()
     except (ValueError, OSError, ImportError) as exc:
-        # bad input, a model that cannot be loaded, an unreadable source: no traceback
+        # bad input, a model that cannot be loaded, an unreadable source, a Ray cluster that
+        # cannot run the job: no traceback
         print(f"blendrag precompute: error: {exc}", file=sys.stderr)
         return 2
-    emit(args, summary.to_dict(), f"{source.name}\n{summary.format()}")
+    emit(args, payload, f"{source.name}\n{text}")
     if source.bad_lines:
         print(f"blendrag precompute: left out {len(source.bad_lines)} bad lines of the source:",
               file=sys.stderr)
@@ -126,6 +135,7 @@ def _check(args: argparse.Namespace):
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.skip_bad_lines and args.jsonl is None:
         raise ValueError("--skip-bad-lines applies to --jsonl sources only")
+    check_ray_args(args)
     config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
                          disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix,

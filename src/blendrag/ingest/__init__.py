@@ -9,7 +9,10 @@ batches, resumably:
 >>> summary = ingest_source(engine, chunks_from_chroma("./chroma", "docs"))
 >>> print(summary.format())
 
-See docs/store.md ("Precompute") and ``blendrag precompute --help``.
+A corpus too large for one process: ``blendrag.distributed`` runs the same path in many
+workers (Ray actors, Dask or Spark tasks, LlamaIndex's worker processes).
+
+See docs/store.md ("Precompute"), docs/scale.md and ``blendrag precompute --help``.
 """
 
 from blendrag.ingest.ingestion import (

@@ -85,7 +85,9 @@ class IngestSummary:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "tokens_per_s": self.tokens_per_s}
+        """Every field, ``tokens_per_s`` and ``failed`` (chunks without a stored KV: refused or
+        not stored), the count a distributed job's caller checks first."""
+        return {**asdict(self), "tokens_per_s": self.tokens_per_s, "failed": len(self.failures)}
 
     def format(self) -> str:
         profiles = (f"; context-sensitivity profiles measured for {self.profiled}" if self.profiled

@@ -38,7 +38,7 @@ def test_every_command_is_listed() -> None:
     assert set(COMMANDS) == {
         "blendrag", "blendrag precompute", "blendrag cache", "blendrag cache stats",
         "blendrag cache clear", "blendrag cache plan", "blendrag bench", "blendrag bench ttft",
-        "blendrag bench store", "blendrag bench chat",
+        "blendrag bench store", "blendrag bench chat", "blendrag bench precompute",
         "blendrag bench match", "blendrag bench quality", "blendrag bench fidelity",
         "blendrag demo"}
 
@@ -91,7 +91,8 @@ def test_json_means_the_same_everywhere(tmp_path, capsys) -> None:
 
 def test_building_the_parser_imports_no_torch() -> None:
     code = ("import sys, blendrag.cli; blendrag.cli.build_parser(); "
-            "print(sorted(m for m in ('torch', 'transformers', 'chromadb', 'redis', 'diskcache') "
+            "print(sorted(m for m in ('torch', 'transformers', 'chromadb', 'redis', 'diskcache', "
+            "'ray') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
