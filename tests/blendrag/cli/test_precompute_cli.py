@@ -199,15 +199,23 @@ def test_kv_format_stores_compressed_entries_that_any_store_reads(model_dir, tmp
 
     f = tmp_path / "chunks.jsonl"
     f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
-    sizes = {}
+    sizes: dict[str, dict[str, int]] = {}
     for kv_format in ("model", "int8"):
         store_dir = tmp_path / kv_format
         argv = [*_args(model_dir("llama"), store_dir, "--jsonl", str(f)), "--kv-format",
                 kv_format]
         assert main(argv) == 0
         assert _summary(capsys)["computed"] == len(PASSAGES)
-        sizes[kv_format] = sum(p.stat().st_size for p in entry_files(store_dir))
-        headers = [json.loads(p.read_bytes()[8: 8 + int.from_bytes(p.read_bytes()[:8], "little")])
-                   ["__metadata__"]["stored"] for p in entry_files(store_dir)]
-        assert set(headers) == {"float32" if kv_format == "model" else "int8"}
-    assert sizes["int8"] < 0.4 * sizes["model"]  # small chunks: the scales weigh more
+        sizes[kv_format] = {}
+        for p in entry_files(store_dir):
+            data = p.read_bytes()
+            meta = json.loads(data[8: 8 + int.from_bytes(data[:8], "little")])["__metadata__"]
+            sizes[kv_format][meta["key"]] = len(data)
+            # chunks in the asked format; the prefixes they are computed after stay exact
+            prefix = not meta["prefix_hash"]  # computed after nothing
+            want = "float32" if kv_format == "model" or prefix else "int8"
+            assert meta["stored"] == want, meta["key"]
+    chunks = [k for k in sizes["int8"] if sizes["int8"][k] < sizes["model"][k]]
+    assert len(chunks) == 2 * len(PASSAGES)  # each chunk in context and alone, nothing else
+    int8 = sum(sizes["int8"][k] for k in chunks)
+    assert int8 < 0.4 * sum(sizes["model"][k] for k in chunks)  # small chunks: scales weigh
