@@ -45,7 +45,7 @@ class CountedLayeredEntry:
         slot.health.succeeded()
         if i not in self._counted and not isinstance(self._entry, MemoryLayeredEntry):
             self._counted.add(i)
-            slot.counters.add(bytes_read=self._entry.layer_nbytes,
+            slot.counters.add(bytes_read=self._entry.stored_layer_nbytes,
                               load_seconds=time.perf_counter() - t0)
         return rows
 
@@ -57,7 +57,8 @@ class CountedLayeredEntry:
     def close(self) -> None:
         entry = self._entry
         if self._faster and entry.complete:
-            promoted = Entry(entry.key, entry.materialize())
+            # rows stored exactly (a prefix, an exact prefix-cache block) stay exact when copied
+            promoted = Entry(entry.key, entry.materialize(), exact=entry.exact)
             for faster in self._faster:
                 faster.write(promoted)
         entry.close()

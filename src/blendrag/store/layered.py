@@ -63,7 +63,10 @@ class LayeredEntry(Protocol):
     @property
     def num_layers(self) -> int: ...
     @property
-    def layer_nbytes(self) -> int: ...  # bytes of one layer's K and V
+    def layer_nbytes(self) -> int: ...  # bytes of one layer's K and V, as read back
+    @property
+    def stored_layer_nbytes(self) -> int: ...  # the same layer where it is stored
+    exact: bool  # the rows as computed (stored in the model's dtype)
     @property
     def complete(self) -> bool: ...  # every layer read already (materialize() costs nothing)
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]: ...
@@ -89,6 +92,13 @@ class _Shape:
     def layer_nbytes(self) -> int:
         _, h, t, d = self.shape
         return 2 * h * t * d * self.dtype.itemsize
+
+    @property
+    def stored_layer_nbytes(self) -> int:
+        """Bytes one layer takes where it is stored (what a read moves)."""
+        return self.layer_nbytes
+
+    exact = True  # whether the rows are as computed (not rounded to a smaller stored format)
 
 
 def _four(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
@@ -133,6 +143,8 @@ class EncodedLayeredEntry(_Shape):
         self.token_ids, self.prefix_hash = reader.token_ids, reader.prefix_hash
         self.context_tag = reader.context_tag
         self.shape, self.dtype = _four(reader.shape), reader.dtype
+        self.stored = reader.stored  # K and V as stored: the model's dtype, 16-bit or int8
+        self.exact = self.stored == self.dtype
         self.profile, self.context_shift = reader.read_priors()
         self._keys = torch.empty(self.shape, dtype=self.dtype)
         self._values = torch.empty(self.shape, dtype=self.dtype)
@@ -141,6 +153,12 @@ class EncodedLayeredEntry(_Shape):
     @property
     def complete(self) -> bool:
         return all(self._read)
+
+    @property
+    def stored_layer_nbytes(self) -> int:
+        _, h, t, d = self.shape
+        scales = 4 * h * (d + t) if self.stored == torch.int8 else 0  # K per channel, V per token
+        return 2 * h * t * d * self.stored.itemsize + scales
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self._read[i]:

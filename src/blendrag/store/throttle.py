@@ -88,7 +88,7 @@ class ThrottledLayers:
         rows = self._entry.layer(i)
         if i not in self._done:
             self._done.add(i)
-            self._throttle.wait(self._entry.layer_nbytes, t0)
+            self._throttle.wait(self._entry.stored_layer_nbytes, t0)
         return rows
 
     def materialize(self) -> ChunkKV:

@@ -147,3 +147,42 @@ def test_pipelined_equals_sequential_on_a_compressed_store(engine_for, make_stor
         pipelined = engine.prefill(layout, config)
         assert torch.equal(pipelined.logits, sequential.logits), config.label
         assert sequential.stats.cache.chunk_hits == len(layout.chunk_ids)
+
+
+def test_layer_reads_count_the_bytes_stored_not_the_rows_returned(tmp_path):
+    kv = make_kv(4, **SHAPE)  # float32 rows
+    layers, heads, tokens, dim = kv.keys.shape
+    for kv_format, itemsize in (("model", 4), ("bfloat16", 2)):
+        with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / kv_format,
+                                       kv_format=kv_format)) as store:
+            store.put(KEY, kv)
+            entry = store.open_layers(KEY)
+            try:
+                for i in range(layers):
+                    entry.layer(i)
+            finally:
+                entry.close()
+            read = store.stats().tier("disk").bytes_read
+            assert read == layers * 2 * heads * tokens * dim * itemsize, kv_format
+
+
+def test_an_exact_entry_read_layer_by_layer_is_promoted_exactly(tmp_path, redis_server,
+                                                                redis_prefix):
+    """A prefix (stored exactly) found in Redis and copied into the disk tier stays exact there,
+    though the disk tier stores bfloat16; a chunk stored as bfloat16 is copied as it is."""
+    redis = {"redis_url": redis_server.url, "redis_prefix": redis_prefix}
+    exact, rounded = make_kv(5, **SHAPE), make_kv(6, **SHAPE)
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=None, **redis)) as shared:
+        shared.put("prefix", exact, exact=True)
+        shared.put("chunk", rounded)
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", **redis)) as store:
+        for key in ("prefix", "chunk"):
+            entry = store.open_layers(key)
+            try:
+                entry.materialize()
+            finally:
+                entry.close()  # read through: copied into the disk tier
+    with TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv")) as disk:
+        assert same_bits(disk.get("prefix"), exact)
+        got = disk.get("chunk")
+        assert torch.equal(got.keys, rounded.keys.to(torch.bfloat16).float())
