@@ -4,8 +4,8 @@ by its PID. The S3 tier tests and the store benchmarks start theirs with ``Local
 
 Needs Debian's ``ceph-mon ceph-osd radosgw`` packages (``apt-get install -y
 --no-install-recommends ceph-mon ceph-osd radosgw``, about 270 MB); start-up takes 10-20 s.
-RGW's beast frontend is given ``tcp_nodelay=1``: without it small ranged GETs wait out
-Nagle's delay (44-48 ms each instead of 2-6 ms).
+RGW's beast frontend is given ``tcp_nodelay=1``: without it every small ranged GET waits out
+Nagle's delay (tens of milliseconds).
 """
 
 from __future__ import annotations

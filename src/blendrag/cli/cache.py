@@ -101,10 +101,10 @@ def _stats(args: argparse.Namespace) -> int:
     report: dict[str, object] = {"disk": _disk_stats(_store_dir(args.store_dir))}
     if args.redis_url:
         report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
-                           "entries": _redis_count(args)}
+                           "entries": _count(_redis_tier(args))}
     if args.s3_url:
         report["s3"] = {"url": args.s3_url, "endpoint": args.s3_endpoint,
-                        "entries": _s3_count(args)}
+                        "entries": _count(_s3_tier(args))}
     emit(args, report, _format(report))
     return 0
 
@@ -179,20 +179,19 @@ def _s3_tier(args: argparse.Namespace):
     return S3Tier(args.s3_url, args.s3_endpoint, read_ahead=0)
 
 
-def _s3_count(args: argparse.Namespace) -> int:
-    tier = _s3_tier(args)
-    try:
-        return tier.count_entries()
-    finally:
-        tier.close()
-
-
-def _redis_count(args: argparse.Namespace) -> int:
+def _redis_tier(args: argparse.Namespace):
     from blendrag.store.redis_tier import RedisTier
 
-    tier = RedisTier(args.redis_url, args.redis_prefix)
+    return RedisTier(args.redis_url, args.redis_prefix)
+
+
+def _count(tier, clear: bool = False) -> int:
+    """The entries of a shared tier (a full listing), deleted too when ``clear``; closes it."""
     try:
-        return tier.count_entries()
+        n = tier.count_entries()
+        if clear:
+            tier.clear()
+        return n
     finally:
         tier.close()
 
@@ -262,21 +261,9 @@ def _clear(args: argparse.Namespace) -> int:
     else:
         print(f"nothing to remove: no KV store at {args.store_dir}")
     if args.redis_url:
-        from blendrag.store.redis_tier import RedisTier
-
-        redis = RedisTier(args.redis_url, args.redis_prefix)
-        try:
-            n = redis.count_entries()
-            redis.clear()
-        finally:
-            redis.close()
+        n = _count(_redis_tier(args), clear=True)
         print(f"removed {n} entries (keys {args.redis_prefix}*) from Redis at {args.redis_url}")
     if args.s3_url:
-        s3 = _s3_tier(args)
-        try:
-            n = s3.count_entries()
-            s3.clear()
-        finally:
-            s3.close()
+        n = _count(_s3_tier(args), clear=True)
         print(f"removed {n} entries (objects {args.s3_url}/*) from S3")
     return 0

@@ -15,8 +15,8 @@ import sys
 
 from blendrag.cli.options import add_json_option, emit
 
-# cheapest first: an S3 object store (a plain GET of a 16 MiB entry at 0.44 GB/s and ranged
-# GETs of 2-6 ms, measured on a loopback Ceph RGW; pass your own store's figures), local NVMe,
+# cheapest first: an S3 object store (about the loopback Ceph RGW of `bench store --s3`, whole
+# entries at 0.52 GB/s, with a 5 ms round trip a read; pass your own store's figures), local NVMe,
 # a Redis server on the network, this process's RAM
 DEFAULT_TIERS = ("s3=0.4:5000", "disk=3:20", "redis=1:100", "ram=20")
 

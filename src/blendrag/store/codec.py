@@ -183,6 +183,19 @@ class RangeReader(Protocol):
     def close(self) -> None: ...
 
 
+def scatter(data: bytes, bufs: list[memoryview]) -> int:
+    """Copy ``data`` into ``bufs`` in order (a ``RangeReader.read_into_many`` over a source
+    that returns bytes); the bytes copied, fewer when ``data`` ends early."""
+    done = 0
+    for buf in bufs:
+        part = data[done:done + len(buf)]
+        buf[:len(part)] = part
+        done += len(part)
+        if len(part) < len(buf):
+            break
+    return done
+
+
 def file_reader(handle: BinaryIO) -> RangeReader:
     """Positioned reads on an open entry file (the disk tier's layer-wise source); closing the
     reader closes ``handle``."""
@@ -201,9 +214,9 @@ class EntryReader:
         except BaseException:
             tensors.close()
             raise
-        # a source with a per-read latency (S3) fetches every layer's bytes ahead, in parallel
-        tensors.read_ahead([[self._stored[n] for n in self._layer_names(i)]
-                            for i in range(self.num_layers)])
+        if tensors.reads_ahead:  # a source with a per-read latency (S3): every layer, in parallel
+            tensors.read_ahead([[self._stored[n] for n in self._layer_names(i)]
+                                for i in range(self.num_layers)])
 
     def _parse(self, meta: dict | None, key: str) -> None:
         if not meta or meta.get("format") != FORMAT_NAME:
@@ -397,13 +410,18 @@ class _Tensors:
         dtype, shape, _, _ = self._specs[name]
         return dtype, shape
 
+    @property
+    def reads_ahead(self) -> bool:
+        """Whether the reader fetches announced spans ahead (``read_ahead``)."""
+        return hasattr(self._reader, "read_ahead")
+
     def read_ahead(self, layers: list[list[str]]) -> None:
-        """Tell a reader that fetches ahead (``read_ahead``) the byte spans of each layer's
-        tensors (``layers[i]``: stored names), in the order they will be read."""
-        ahead = getattr(self._reader, "read_ahead", None)
-        if ahead is not None:
-            ahead([[(self._base + self._specs[n][2], self._base + self._specs[n][3])
-                    for n in names] for names in layers])
+        """Tell a reader that fetches ahead the byte spans of each layer's tensors
+        (``layers[i]``: stored names), in the order they will be read."""
+        base = self._base
+        spans = [[(base + self._specs[n][2], base + self._specs[n][3]) for n in names]
+                 for names in layers]
+        self._reader.read_ahead(spans)  # type: ignore[attr-defined]
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         start, end, buf = self._place(name, out)
@@ -458,7 +476,7 @@ class _BufferReader:
         return len(chunk)
 
     def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
-        done = 0
+        done = 0  # reads in place, without the copy scatter() starts from
         for buf in bufs:
             got = self.read_into(offset + done, buf)
             done += got

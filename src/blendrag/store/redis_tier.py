@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterator
 from typing import cast
 
+from blendrag.store.codec import scatter
 from blendrag.store.health import transient_os_error
 from blendrag.store.protocol import TierUsage
 
@@ -220,15 +221,7 @@ class RedisRanges:
         return data
 
     def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
-        data = self.read(offset, sum(len(b) for b in bufs))
-        done = 0
-        for buf in bufs:
-            part = data[done:done + len(buf)]
-            buf[:len(part)] = part
-            done += len(part)
-            if len(part) < len(buf):
-                break
-        return done
+        return scatter(self.read(offset, sum(len(b) for b in bufs)), bufs)
 
     def close(self) -> None:
         self._head = b""

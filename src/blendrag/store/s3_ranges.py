@@ -1,7 +1,7 @@
 """Layer-wise reads of one S3 object: ranged GETs, issued ahead of the layer loop.
 
-An object store answers each GET after a round trip of milliseconds (2-17 ms measured on
-loopback Ceph RGW), so one GET per layer per chunk, in turn, would make loading latency-bound.
+An object store answers each GET after a round trip of milliseconds, so one GET per layer per
+chunk, in turn, would make loading latency-bound (docs/benchmarks.md, "From S3").
 When the codec has parsed an entry's header it announces the byte spans of every layer
 (``read_ahead``); the spans are fetched by a small pool of threads shared by the tier, lowest
 layer first across all entries open at once, since the engine needs layer 0 of every chunk
@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from blendrag.store.codec import EntryError
+from blendrag.store.codec import EntryError, scatter
 
 
 class ShortBody(Exception):
@@ -135,15 +135,7 @@ class S3Ranges:
         return data[: end - offset]
 
     def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
-        data = self.read(offset, sum(len(b) for b in bufs))
-        done = 0
-        for buf in bufs:
-            part = data[done:done + len(buf)]
-            buf[:len(part)] = part
-            done += len(part)
-            if len(part) < len(buf):
-                break
-        return done
+        return scatter(self.read(offset, sum(len(b) for b in bufs)), bufs)
 
     def _get(self, start: int, end: int) -> bytes:
         try:
