@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+from collections import Counter
 
 import pytest
 import torch
@@ -31,13 +31,13 @@ def _damage_layer(path, layer: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def _counting(engine: BlendEngine) -> list[int]:
-    """Count the chunk computations of ``engine`` (each ``compute_pair`` call)."""
-    calls: list[int] = []
+def _counting(engine: BlendEngine) -> list[tuple[int, ...]]:
+    """Record the chunk computations of ``engine``: the ids of each ``compute_pair`` call."""
+    calls: list[tuple[int, ...]] = []
     compute = engine.cache.compute_pair
 
     def counted(*args, **kw):
-        calls.append(len(args[2]))
+        calls.append(tuple(args[2]))
         return compute(*args, **kw)
 
     engine.cache.compute_pair = counted  # type: ignore[method-assign]
@@ -58,21 +58,18 @@ def test_a_hundred_entries_with_a_bad_layer_cost_one_retry(engine_for, make_stor
 
     cold = engine_for("llama", layers=4)  # an empty store: every chunk computed once, stored
     cold.store = make_store(ram_bytes=0, disk_bytes=64 << 20, disk_dir=tmp_path / "cold")
-    t0 = time.perf_counter()
     ref = cold.prefill(layout, BLEND)
-    cold_s = time.perf_counter() - t0
     computed = _counting(engine)
-    t0 = time.perf_counter()
     pre = engine.prefill(layout, BLEND)
-    damaged_s = time.perf_counter() - t0
 
     assert torch.equal(pre.logits, ref.logits)
     assert pre.stats.cache.load_retries == 1  # every bad entry found in the first attempt
-    assert len(computed) == len(CHUNKS)  # each chunk computed once, not once per attempt
+    # each chunk computed exactly once, not once per attempt, and nothing else computed
+    each_once = Counter(tuple(ids) for ids in layout.chunk_ids)
+    assert set(each_once.values()) == {1}  # the chunks are distinct
+    assert Counter(computed) == each_once
     assert pre.stats.cache.chunk_misses == len(CHUNKS)
     assert store.stats().tier("disk").corrupt == len(CHUNKS)  # their bytes were bad: dropped
-    # bounded: within 2x computing and storing them once (not one attempt per entry)
-    assert damaged_s < 2 * cold_s + 0.5, (damaged_s, cold_s)
     again = engine.prefill(layout, BLEND)  # the recomputed rows were stored again
     assert again.stats.cache.load_retries == 0
     assert again.stats.cache.chunk_hits == len(CHUNKS)
