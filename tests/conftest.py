@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.servers import redis_cluster_or_skip, redis_or_skip, s3_or_skip
 from helpers.tiny import build_config, build_tokenizer, save_model
 
 torch.set_num_threads(2)
@@ -113,14 +114,10 @@ def make_store(tmp_path):
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory):
-    """One server per test module; tests keep apart by using their own key prefix."""
-    from blendrag_servers.redis_server import REDIS_BINARY, LocalRedis
-
-    if REDIS_BINARY is None:
-        pytest.skip("redis-server binary not found (apt-get install redis-server) - Redis tier "
-                    "untested")
+    """One server per test module; tests keep apart by using their own key prefix. Skipped,
+    saying why, where no redis-server can start (``helpers.servers``)."""
     pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
-    server = LocalRedis(tmp_path_factory.mktemp("redis"))
+    server = redis_or_skip(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
 
@@ -128,29 +125,18 @@ def redis_server(tmp_path_factory):
 @pytest.fixture(scope="session")
 def redis_cluster():
     """One three-node Redis Cluster for the session (about 2 s to start); tests keep apart by
-    their own key prefix."""
-    from blendrag_servers.redis_cluster import LocalRedisCluster
-    from blendrag_servers.redis_server import RedisUnavailable
-
+    their own key prefix. Skipped, saying why, where none can start."""
     pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
-    try:
-        cluster = LocalRedisCluster()
-    except RedisUnavailable as exc:
-        pytest.skip(f"no local Redis Cluster: {exc} - Redis Cluster tier untested")
+    cluster = redis_cluster_or_skip()
     yield cluster
     cluster.stop()
 
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """One Ceph RGW for the session (10-20 s to start); tests keep apart by their own prefix."""
-    pytest.importorskip("boto3", reason="boto3 not installed (pip install 'blendrag[s3]')")
-    from blendrag_servers.s3_server import LocalS3, S3Unavailable
-
-    try:
-        server = LocalS3()
-    except S3Unavailable as exc:
-        pytest.skip(f"no local S3 server: {exc} - S3 tier untested")
+    """One Ceph RGW for the session (10-20 s to start); tests keep apart by their own prefix.
+    Skipped, saying why, where none can start."""
+    server = s3_or_skip()
     yield server
     server.stop()
 

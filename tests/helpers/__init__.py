@@ -4,6 +4,8 @@
 - ``tiny_gguf``: a tiny Llama written as a GGUF file;
 - ``kvgen``: deterministic chunk KVs and bitwise comparisons for store tests;
 - ``procs`` / ``store_worker``: store operations in child processes;
+- ``servers``: the local Redis / Redis Cluster / Ceph S3 servers, or the test skipped with the
+  reason where this machine cannot start them;
 - ``sources``: a persisted Chroma collection with explicit embeddings;
 - ``lc_data`` / ``li_data``: the corpus and settings of the LangChain / LlamaIndex tests.
 """

@@ -7,8 +7,9 @@ import logging
 import pytest
 
 from blendrag.store import encode
-from blendrag_servers.redis_server import REDIS_BINARY, LocalRedis, free_port
+from blendrag_servers.redis_server import free_port
 from helpers.kvgen import make_kv, same_bits
+from helpers.servers import redis_or_skip
 
 
 @pytest.fixture
@@ -81,11 +82,9 @@ def test_ttl_is_applied(redis_store, redis_server, redis_prefix):
     assert 0 < redis_server.client().ttl(redis_prefix + "k") <= 600
 
 
-@pytest.mark.skipif(REDIS_BINARY is None,
-                    reason="redis-server binary not found (apt-get install redis-server)")
 def test_redis_going_down_degrades_with_a_warning(make_store, tmp_path, caplog):
-    pytest.importorskip("redis")
-    server = LocalRedis(tmp_path)
+    pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
+    server = redis_or_skip(tmp_path)
     try:
         store = make_store(disk_dir=None, redis_url=server.url, redis_timeout_s=1.0)
         store.put("k0", make_kv(0))

@@ -13,6 +13,7 @@ import pytest
 from blendrag.store.layered import LayerReadError
 from helpers.kvgen import make_kv, same_bits
 from helpers.resp_proxy import TruncatingProxy
+from helpers.servers import redis_or_skip
 
 KEYS = [f"k{i}" for i in range(6)]
 BIG = dict(layers=4, heads=2, tokens=256, dim=64)  # 256 KiB a layer: past the 64 KiB head
@@ -149,10 +150,10 @@ def test_an_entry_damaged_on_the_server_is_still_deleted(make_store, redis_serve
 
 @pytest.fixture
 def own_redis(tmp_path):
-    """A server of this test's own, to freeze or to squeeze."""
-    from blendrag_servers.redis_server import LocalRedis
-
-    server = LocalRedis(tmp_path / "redis")
+    """A server of this test's own, to freeze or to squeeze (the test skipped, saying why,
+    where none can start)."""
+    pytest.importorskip("redis", reason="redis-py not installed (pip install 'blendrag[redis]')")
+    server = redis_or_skip(tmp_path / "redis")
     yield server
     os.kill(server._proc.pid, signal.SIGCONT)
     server.stop()

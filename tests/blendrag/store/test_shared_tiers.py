@@ -14,6 +14,7 @@ import torch
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.layered import LayerReadError
 from helpers.kvgen import make_kv, same_bits
+from helpers.servers import redis_cluster_or_skip
 
 KINDS = ["redis_cluster", "s3"]
 
@@ -148,10 +149,8 @@ def test_a_server_that_goes_away_benches_the_tier_and_loses_nothing(request, tmp
     its entries are read again."""
     for kind in KINDS:
         if kind == "redis_cluster":
-            from blendrag_servers.redis_cluster import LocalRedisCluster
-
             shared = Shared(kind, request)
-            shared.server = own = LocalRedisCluster()  # stopped for good below
+            shared.server = own = redis_cluster_or_skip()  # stopped for good below
         else:
             shared = Shared(kind, request)
         config = shared.config(disk_dir=tmp_path / kind, retry_after_s=1.0, redis_timeout_s=1.0,
