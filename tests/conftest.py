@@ -1,19 +1,35 @@
 """Fixtures shared by every test folder: tiny models built on the fly (no hub access), chunk-KV
 stores on a temporary directory, and a real redis-server. Helpers live in the ``helpers``
-package (``tests/`` is on pytest's ``pythonpath``)."""
+package (``tests/`` is on pytest's ``pythonpath``).
+
+The whole run, child processes included, sees a temporary home of its own (``HOME``, and the
+XDG folders under it), set here before anything imports blendrag, whose default folders
+(``~/.cache/blendrag/kv``, ``~/.cache/blendrag/models``) are resolved from the home at import:
+no test can read or write the user's KV store or converted models. It is one home for the
+session, so the real-model tests convert the default model into it once per run (about 30 s),
+and it is removed when the run ends."""
 
 from __future__ import annotations
 
+import os
 import shutil
-import time
-import uuid
+import tempfile
 from pathlib import Path
 
-import pytest
-import torch
+TEST_HOME = Path(tempfile.mkdtemp(prefix="blendrag-tests-home-")).resolve()
+os.environ["HOME"] = str(TEST_HOME)
+for _name, _sub in (("XDG_CACHE_HOME", ".cache"), ("XDG_CONFIG_HOME", ".config"),
+                    ("XDG_DATA_HOME", ".local/share"), ("XDG_STATE_HOME", ".local/state")):
+    os.environ[_name] = str(TEST_HOME / _sub)
 
-from helpers.servers import redis_cluster_or_skip, redis_or_skip, s3_or_skip
-from helpers.tiny import build_config, build_tokenizer, save_model
+import time  # noqa: E402
+import uuid  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from helpers.servers import redis_cluster_or_skip, redis_or_skip, s3_or_skip  # noqa: E402
+from helpers.tiny import build_config, build_tokenizer, save_model  # noqa: E402
 
 torch.set_num_threads(2)
 
@@ -27,6 +43,29 @@ def _say(config: pytest.Config, line: str) -> None:
         return
     with capture.global_and_fixture_disabled():
         reporter.write_line(line)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse to run if blendrag resolved its default folders before the temporary home was
+    set (something imported it before this file): its tests would reach the user's home."""
+    from blendrag.model.catalog import DEFAULT_CACHE_DIR
+    from blendrag.store.config import DEFAULT_DISK_DIR
+
+    for folder in (DEFAULT_CACHE_DIR, DEFAULT_DISK_DIR):
+        if not folder.is_relative_to(TEST_HOME):
+            raise pytest.UsageError(f"blendrag resolved {folder} before tests/conftest.py set "
+                                    f"the temporary home {TEST_HOME}: the tests would reach "
+                                    "the user's home")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(TEST_HOME, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def test_home() -> Path:
+    """The session's temporary home (what ``~`` means to every test and child process)."""
+    return TEST_HOME
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
