@@ -9,9 +9,17 @@ KL: ``blendrag.eval.answer``), and reports per selector the smallest ratio whose
 the ``FidelityTarget``. ``blendrag bench fidelity --prompts FILE`` does the same from the
 command line.
 
+The check runs what your application runs (``blendrag_bench.flows``), and its report says
+which: ``flow="integration"`` (the default) is LangChain's and LlamaIndex's ``BlendLLM``, whose
+prompts are ``prefix + "\n\n".join(chunks) + suffix`` and whose chunk KVs are computed after the
+engine's ``chunk_prefix`` (``""`` unless you set another); ``flow="engine"`` is
+``engine.ingest(chunks, prefix=prefix)`` + ``engine.build_prompt(prefix, chunks, suffix)``.
+Both compute chunks in the engine's ingestion context.
+
 A prompts file is JSON lines, one prompt each: ``{"prefix": ..., "chunks": [...], "suffix":
 ...}`` (the pieces as your application builds them; ``prefix`` may be left out), optionally with
-``"answers": [...]`` to score answer quality too.
+``"answers": [...]`` to score answer quality too: the share of answers that contain a gold
+answer (the ``contains`` metric).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 from blendrag.config import DEFAULT_BLEND
 from blendrag.engine.engine import BlendEngine
 from blendrag_bench.datasets import EvalItem
+from blendrag_bench.flows import make_flow
 from blendrag_bench.quality import ConfigSummary, QualityConfig, QualityReport, run_quality
 from blendrag_bench.quality_cli import DEFAULT_FIDELITY_RATIOS
 
@@ -94,15 +103,35 @@ def check_fidelity(engine: BlendEngine, items: Sequence[EvalItem],
                    ratios: Sequence[float] = DEFAULT_FIDELITY_RATIOS,
                    target: FidelityTarget = FidelityTarget(),
                    max_new_tokens: int = 16,
-                   on_item: Callable[[int, int], None] | None = None) -> FidelityCheck:
+                   on_item: Callable[[int, int], None] | None = None, *,
+                   flow: str = "integration", model: str | None = None) -> FidelityCheck:
     """Run full prefill, reuse and blend (each selector at each ratio) on ``items`` with
-    ``engine`` and find the smallest ratio meeting ``target`` per selector; ``on_item(done,
-    total)`` after each prompt."""
-    config = QualityConfig(model=engine.name, modes=("full", "reuse", "blend"),
+    ``engine``, laid out and ingested as ``flow`` does (``blendrag_bench.flows.FLOWS``), and
+    find the smallest ratio meeting ``target`` per selector; ``on_item(done, total)`` after
+    each prompt. ``model``: the model's name in the report (default: the engine's)."""
+    config = QualityConfig(model=model or engine.name, modes=("full", "reuse", "blend"),
                            selectors=tuple(selectors), ratios=tuple(ratios),
                            max_new_tokens=max_new_tokens, max_chunk_tokens=None)
-    report = run_quality(items, config, engine=engine, dataset="your prompts", on_item=on_item)
+    runs = make_flow(flow, engine, profile="profile" in config.selectors)
+    report = run_quality(items, config, engine=engine, dataset="your prompts", on_item=on_item,
+                         flow=runs)
     return FidelityCheck(report, target, smallest_ratios(report, target))
+
+
+def answer_lines(report: QualityReport) -> list[str]:
+    """Every config's answer to every prompt evaluated (``--show-answers``), after the prompt's
+    question (its suffix) and gold answers."""
+    out = ["Answers:"]
+    for i, item in enumerate(report.used):
+        gold = f"; gold: {' | '.join(item.answers)}" if item.answers else ""
+        out.append(f"prompt {i + 1}: {item.suffix.strip()!r}{gold}")
+        for e in (e for e in report.examples if e.item == i):
+            label = e.config.mode if e.config.mode != "blend" else (
+                f"blend-{e.config.selector}@{e.config.ratio:g}")
+            same = "" if e.config.mode == "full" else (
+                "  (= full)" if e.same_answer else "  (differs from full)")
+            out.append(f"  {label}: {e.answer!r}{same}")
+    return out
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[EvalItem]:

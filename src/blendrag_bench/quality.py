@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,8 +23,8 @@ from blendrag.engine.engine import BlendEngine
 from blendrag.eval.answer import compare_answers
 from blendrag.eval.metrics import exact_match, score
 from blendrag.model.catalog import DEFAULT_MODEL
-from blendrag.prompt import PromptLayout
 from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
+from blendrag_bench.flows import BenchFlow, Flow
 from blendrag_bench.quality_cli import DEFAULT_RATIOS
 
 log = logging.getLogger(__name__)
@@ -172,14 +171,19 @@ class QualityReport:
     examples: list[ExampleResult]
     ingest_order: str = "prompt"
     profile_neighbours: int = 1
+    flow: str = ""
+    """How prompts were laid out and chunk KVs stored (``Flow.describe``)."""
+    used: list[EvalItem] = field(default_factory=list)
+    """The items evaluated, in order: an example's ``item`` indexes them."""
 
 
-def load_engine(config: QualityConfig) -> BlendEngine:
+def load_engine(config: QualityConfig, chunk_prefix: str | None = None) -> BlendEngine:
     """The model to evaluate (the demo model was trained on plain prompts: no chat template
-    unless asked for)."""
+    unless asked for), with ``chunk_prefix`` (``BlendEngine``'s)."""
     chat = False if config.chat is None and config.model == "demo" else config.chat
     return BlendEngine.from_pretrained(config.model, dtype=config.dtype, device=config.device,
-                                       chat=chat, gguf_file=config.gguf_file, threads=None)
+                                       chat=chat, gguf_file=config.gguf_file, threads=None,
+                                       chunk_prefix=chunk_prefix)
 
 
 def fit_item(engine: BlendEngine, item: EvalItem, max_chunk_tokens: int | None) -> EvalItem:
@@ -199,10 +203,12 @@ def _generation(item: EvalItem, config: QualityConfig) -> GenerationConfig:
 
 
 def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: QualityConfig,
-                  warmup: bool = False) -> list[ExampleResult]:
-    """Every config on one item; the chunk KVs are precomputed first (untimed)."""
-    layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
-    _ingest(engine, layout, index, config)
+                  warmup: bool = False, flow: Flow | None = None) -> list[ExampleResult]:
+    """Every config on one item, laid out and ingested by ``flow`` (default: ``BenchFlow``);
+    the chunk KVs are precomputed first (untimed)."""
+    flow = flow if flow is not None else BenchFlow(engine, config)
+    layout = flow.layout(item)
+    flow.ingest(index, item, layout)
     configs = config.configs()
     if warmup:
         for cfg in configs:
@@ -220,21 +226,9 @@ def evaluate_item(engine: BlendEngine, index: int, item: EvalItem, config: Quali
         compute_fraction=c.stats.compute_fraction) for c in compared]
 
 
-def _ingest(engine: BlendEngine, layout: PromptLayout, index: int, config: QualityConfig) -> None:
-    """Precompute the item's chunk KVs (ingestion), with context profiles when the profile
-    selector is evaluated, in ``config.ingest_order``."""
-    chunks = list(layout.chunk_ids)
-    if config.ingest_order == "shuffled":
-        random.Random(config.seed * 1_000_003 + index).shuffle(chunks)
-    profile = "blend" in config.modes and "profile" in config.selectors
-    engine.precompute(layout.chunk_prefix_ids, chunks,
-                      profile=config.profile_neighbours if profile else 0)
-
-
-def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig) -> bool:
-    layout = engine.build_prompt(item.prefix, item.chunks, item.suffix)
+def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig, flow: Flow) -> bool:
     try:
-        engine.check_length(layout, _generation(item, config).max_new_tokens)
+        engine.check_length(flow.layout(item), _generation(item, config).max_new_tokens)
     except ValueError as e:
         log.warning("skipping an item: %s", e)
         return False
@@ -243,18 +237,21 @@ def _fits(engine: BlendEngine, item: EvalItem, config: QualityConfig) -> bool:
 
 def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig(),
                 engine: BlendEngine | None = None, dataset: str = "synthetic",
-                on_item: Callable[[int, int], None] | None = None) -> QualityReport:
+                on_item: Callable[[int, int], None] | None = None,
+                flow: Flow | None = None) -> QualityReport:
     """Evaluate every config of ``config`` on ``items``; ``engine`` defaults to
-    ``load_engine(config)``. Items longer than the model's context are skipped (logged);
-    ``on_item(done, total)`` is called after each item."""
+    ``load_engine(config)``, ``flow`` (how prompts are laid out and chunks ingested,
+    ``blendrag_bench.flows``) to ``BenchFlow``. Items longer than the model's context are
+    skipped (logged); ``on_item(done, total)`` is called after each item."""
     engine = engine if engine is not None else load_engine(config)
+    flow = flow if flow is not None else BenchFlow(engine, config)
     items = [fit_item(engine, item, config.max_chunk_tokens) for item in items]
-    usable = [item for item in items if _fits(engine, item, config)]
+    usable = [item for item in items if _fits(engine, item, config, flow)]
     if not usable:
         raise ValueError(f"no item of {dataset!r} fits the model's context ({len(items)} given)")
     examples: list[ExampleResult] = []
     for i, item in enumerate(usable):
-        examples += evaluate_item(engine, i, item, config, warmup=config.warmup and i == 0)
+        examples += evaluate_item(engine, i, item, config, config.warmup and i == 0, flow)
         if on_item is not None:
             on_item(i + 1, len(usable))
     return QualityReport(model=config.model_name, dataset=dataset, device=str(engine.device),
@@ -263,7 +260,8 @@ def run_quality(items: Sequence[EvalItem], config: QualityConfig = QualityConfig
                          metrics=list(dict.fromkeys(item.metric for item in usable)),
                          summaries=summarize(examples, config.configs()), examples=examples,
                          ingest_order=config.ingest_order,
-                         profile_neighbours=config.profile_neighbours)
+                         profile_neighbours=config.profile_neighbours, flow=flow.describe(),
+                         used=usable)
 
 
 def summarize(examples: Sequence[ExampleResult],

@@ -25,6 +25,7 @@ DEFAULT_DATASETS = ("synthetic", "musique")
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 6, "longfacts": 40}
 DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 DEFAULT_FIDELITY_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7)  # bench fidelity
+FLOWS = ("integration", "engine")  # bench fidelity --flow: blendrag_bench.flows.FLOWS
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
@@ -172,16 +173,37 @@ def register_fidelity(bench: argparse._SubParsersAction) -> None:
                    help="the largest mean answer KL accepted (default 0.02)")
     f.add_argument("--max-new-tokens", type=int, default=16,
                    help="answer length compared, in tokens (default: 16)")
+    f.add_argument("--flow", choices=FLOWS, default=FLOWS[0],
+                   help="what to run, as your application does: 'integration' (LangChain's and "
+                        "LlamaIndex's BlendLLM: prefix + the chunks joined with a blank line + "
+                        "suffix, laid out by the integration client, chunk KVs after the chunk "
+                        "prefix); 'engine' (BlendEngine.ingest(chunks, prefix=prefix) + "
+                        "build_prompt: chunk KVs after each prompt's own prefix unless "
+                        "--chunk-prefix is given) (default: integration)")
+    f.add_argument("--chunk-prefix", default=None, metavar="TEXT",
+                   help="the engine's chunk_prefix, as your engine has it (default: '' for "
+                        "--flow integration, as BlendLLM.from_pretrained sets it; none for "
+                        "--flow engine)")
+    f.add_argument("--show-answers", action="store_true",
+                   help="also print every config's answer to every prompt")
     add_progress_option(f)
     f.set_defaults(func=_fidelity)
 
 
 def _fidelity(args: argparse.Namespace) -> int:
     from blendrag.cli.options import apply_threads
-    from blendrag_bench.fidelity import FidelityTarget, check_fidelity, load_prompts
+    from blendrag_bench.fidelity import (
+        FidelityTarget,
+        answer_lines,
+        check_fidelity,
+        load_prompts,
+    )
     from blendrag_bench.quality import QualityConfig, load_engine
     from blendrag_bench.report import format_markdown
 
+    chunk_prefix = args.chunk_prefix
+    if chunk_prefix is None and args.flow == "integration":
+        chunk_prefix = ""
     try:
         target = FidelityTarget(args.same_answer, args.answer_kl)
         items = load_prompts(args.prompts, args.limit)
@@ -190,13 +212,16 @@ def _fidelity(args: argparse.Namespace) -> int:
         apply_threads(args)
         engine = load_engine(QualityConfig(model=args.model, gguf_file=args.gguf_file,
                                            device=args.device or "cpu", dtype=args.dtype,
-                                           chat=args.chat))
+                                           chat=args.chat), chunk_prefix=chunk_prefix)
         check = check_fidelity(engine, items, args.selectors, args.ratios, target,
                                args.max_new_tokens,
-                               Progress("prompts", "prompts", enabled=not args.no_progress))
+                               Progress("prompts", "prompts", enabled=not args.no_progress),
+                               flow=args.flow, model=args.model)
     except (ValueError, FileNotFoundError, ImportError) as e:
         print(f"blendrag bench fidelity: error: {e}", file=sys.stderr)
         return 2
     print(format_markdown(check.report) + "\n")
+    if args.show_answers:
+        print("\n".join(answer_lines(check.report)) + "\n")
     print("\n".join(check.lines()))
     return 0

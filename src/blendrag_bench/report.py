@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from blendrag_bench.quality import ConfigSummary, QualityReport
@@ -26,6 +27,18 @@ def _neighbour_words(report: QualityReport) -> str:
     return f"{what} in {order}"
 
 
+def _quality(report: QualityReport) -> str:
+    """The quality column's heading: the metric it is the mean of."""
+    if not report.metrics:
+        return "quality"
+    return "quality (" + " / ".join(_METRIC_NAMES.get(m, m) for m in report.metrics) + ")"
+
+
+def _score(value: float) -> str:
+    """A mean score; "-" for items without gold answers (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
 def format_markdown(report: QualityReport) -> str:
     """A heading line, the per-config table and (with several kinds) quality per kind."""
     lines = [f"Quality vs TTFT: model `{report.model}` ({report.dtype} on {report.device}), "
@@ -35,14 +48,16 @@ def format_markdown(report: QualityReport) -> str:
              + ("; context profiles measured after each chunk's "
                 + _neighbour_words(report)
                 if any(s.selector == "profile" for s in report.summaries) else ""),
+             *([f"Ran: {report.flow}"] if report.flow else []),
              "",
-             "| mode | selector | ratio | same answer as full | answer KL | quality | EM | "
-             "first-token agreement | first-token KL | TTFT ms | speedup | recompute | compute |",
+             f"| mode | selector | ratio | same answer as full | answer KL | {_quality(report)} "
+             "| EM | first-token agreement | first-token KL | TTFT ms | speedup | recompute | "
+             "compute |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in report.summaries:
         lines.append(f"| {s.mode} | {s.selector or '-'} | {_fmt_ratio(s.ratio)} "
-                     f"| {s.same_answer:.3f} | {s.answer_kl:.4f} | {s.quality:.3f} "
-                     f"| {s.exact_match:.3f} | {s.first_token_agreement:.3f} | {s.kl:.4f} | "
+                     f"| {s.same_answer:.3f} | {s.answer_kl:.4f} | {_score(s.quality)} "
+                     f"| {_score(s.exact_match)} | {s.first_token_agreement:.3f} | {s.kl:.4f} | "
                      f"{s.ttft_s * 1e3:.1f} | "
                      f"{s.speedup_vs_full:.2f}x | {s.recompute_fraction:.3f} | "
                      f"{s.compute_fraction:.3f} |")

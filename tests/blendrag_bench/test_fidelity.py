@@ -78,7 +78,8 @@ def test_check_fidelity_on_a_tiny_model(engine_for, tmp_path: Path) -> None:
     engine = engine_for("llama", context=ChunkContext())
     items = load_prompts(_write(tmp_path / "p.jsonl", PROMPTS))
     strict = FidelityTarget(same_answer=1.0, answer_kl=1e-9)  # only an exact KV meets it
-    check = check_fidelity(engine, items, ("cacheblend",), (0.2, 1.0), strict, max_new_tokens=4)
+    check = check_fidelity(engine, items, ("cacheblend",), (0.2, 1.0), strict, max_new_tokens=4,
+                           flow="engine")
     by = {s.label: s for s in check.report.summaries}
     assert set(by) == {"full", "reuse", "blend-cacheblend@0.2", "blend-cacheblend@1"}
     assert by["blend-cacheblend@1"].same_answer == 1.0
@@ -91,13 +92,32 @@ def test_check_fidelity_on_a_tiny_model(engine_for, tmp_path: Path) -> None:
 
 def test_cli_bench_fidelity(model_dir, tmp_path: Path, capsys) -> None:
     prompts = _write(tmp_path / "p.jsonl", PROMPTS)
-    rc = main(["bench", "fidelity", "--prompts", str(prompts), "--model", str(model_dir("llama")),
+    model = str(model_dir("llama"))
+    rc = main(["bench", "fidelity", "--prompts", str(prompts), "--model", model,
                "--selectors", "cacheblend", "--ratios", "0.5,1.0", "--max-new-tokens", "3",
-               "--same-answer", "1.0", "--answer-kl", "0.5"])
+               "--same-answer", "1.0", "--answer-kl", "0.5", "--show-answers"])
     assert rc == 0
     out = capsys.readouterr().out
+    assert f"Quality vs TTFT: model `{model}`" in out
+    assert "Ran: flow `integration` (LangChain's and LlamaIndex's BlendLLM)" in out
+    assert "chunk KVs computed after the chunk prefix ''" in out
+    assert "| quality (contains) |" in out
     assert "| blend | cacheblend | 1.00 | 1.000 | 0.0000 |" in out
     assert "Smallest ratio meeting same answer >= 1.00 and answer KL <= 0.5 (2 prompts):" in out
+    answers = out[out.index("Answers:"):].splitlines()
+    assert answers[1] == "prompt 1: 'Question: what? Answer:'"
+    assert answers[6] == "prompt 2: 'Q: which? A:'; gold: five"
+    assert [a.split(":")[0] for a in answers[7:11]] == [
+        "  full", "  reuse", "  blend-cacheblend@0.5", "  blend-cacheblend@1"]
+    assert answers[10].endswith("(= full)")
+    rc = main(["bench", "fidelity", "--prompts", str(prompts), "--model", model,
+               "--selectors", "cacheblend", "--ratios", "1.0", "--max-new-tokens", "2",
+               "--flow", "engine", "--chunk-prefix", "Read: "])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Ran: flow `engine` (BlendEngine.ingest + build_prompt)" in out
+    assert "chunk KVs computed after the chunk prefix 'Read: '" in out
+    assert "Answers:" not in out
     rc = main(["bench", "fidelity", "--prompts", str(tmp_path / "none.jsonl")])
     assert rc == 2 and "none.jsonl" in capsys.readouterr().err
     rc = main(["bench", "fidelity", "--prompts", str(prompts), "--same-answer", "2"])

@@ -197,9 +197,7 @@ class BlendClient:
         full prefill when no chunk is found (warned once and counted, or
         ``NoChunkFoundError`` when ``strict``). ``templated``: the prompt already spells the chat
         template. TTFT counts from when the chunks were looked for."""
-        if texts:
-            self.record(texts)
-        flat = find_layout(self.prompts, prompt, self.text_index, texts, templated)
+        flat = self.layout(prompt, texts=texts, templated=templated)
         if flat.full_only:
             if blend.mode == "full":  # asked for: not a fallback
                 flat = dataclasses.replace(flat, fallback=None)
@@ -211,6 +209,16 @@ class BlendClient:
         stream = self.engine.stream(flat.layout, blend, generation, started=started)
         stream.prefill.stats.timing.match_s = flat.match_s
         return BlendRequest(flat, stream)
+
+    def layout(self, prompt: str, *, texts: Sequence[str] | None = None,
+               templated: bool = False) -> FlatLayout:
+        """The layout :meth:`start` runs ``prompt`` on, found the same way: at the retrieved
+        chunks' ``texts`` when given (recorded for later flat prompts), else at the ingested
+        texts; ``full_only`` when no chunk is found. Also what ``blendrag bench fidelity``
+        measures, so that it runs exactly what the framework LLMs run."""
+        if texts:
+            self.record(texts)
+        return find_layout(self.prompts, prompt, self.text_index, texts, templated)
 
     def finish(self, request: BlendRequest) -> dict[str, Any]:
         """Record a finished request as the last one; its info (finish reason, stats, layout)."""
