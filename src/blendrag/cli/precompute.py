@@ -99,7 +99,8 @@ def _add_prompt(p: argparse.ArgumentParser) -> None:
 
 def _precompute(args: argparse.Namespace) -> int:
     """Exit status 0: every chunk stored; 1: the job ran but some chunks were not stored (the
-    summary names them); 2: an error stopped it (one ``error:`` line)."""
+    summary names them); 2: an error stopped it, or the source had nothing at all to ingest
+    (one ``error:`` line)."""
     try:
         source, config = _check(args)
         apply_threads(args)
@@ -120,6 +121,9 @@ def _precompute(args: argparse.Namespace) -> int:
               file=sys.stderr)
         for bad in source.bad_lines:
             print(f"  skipped {bad}", file=sys.stderr)
+    if summary.nothing is not None:
+        print(f"blendrag precompute: error: {source.name}: {summary.nothing}", file=sys.stderr)
+        return 2
     if not summary.complete:
         print(f"blendrag precompute: error: {len(summary.failures)} chunks have no stored KV"
               + (" and the text index failed" if summary.text_index_error else ""),

@@ -13,9 +13,11 @@ prefix. (A chunk that fits after the chunk prefix but not after the ingestion co
 longest filler is stored computed after the chunk prefix alone, as a request computes it:
 ``ChunkCache.context_for``.) ``strict`` runs (the default:
 ``BlendEngine.ingest``, the framework integrations) raise ``ValueError``; the bulk job lists
-them in ``failures`` and goes on. After each batch the computed chunks are looked up in the
-store's persistent tiers: one that no tier kept (a full or unusable disk) is not counted as
-computed and is listed in ``failures`` with the store's reason.
+them in ``failures`` and goes on. A strict run with nothing at all to ingest (no text, none
+with a token) raises ``ValueError`` saying so (``IngestCounts.nothing``; ``blendrag precompute``
+exits with 2). After each batch the computed chunks are looked up in the store's persistent
+tiers: one that no tier kept (a full or unusable disk) is not counted as computed and is listed
+in ``failures`` with the store's reason.
 
 An ``Ingestion`` may take its texts in several batches (``ingest``): with profiles
 (``profile=k``, ``engine/profile.py``) the last k non-empty chunks of the earlier batches go in
@@ -102,10 +104,25 @@ class IngestCounts:
     def to_dict(self) -> dict[str, int]:
         return asdict(self)
 
+    @property
+    def nothing(self) -> str | None:
+        """Why there was nothing at all to ingest (``nothing_to_ingest``); None otherwise."""
+        return nothing_to_ingest(self.chunks, self.empty)
+
     def __iadd__(self, other: IngestCounts) -> IngestCounts:
         for name, value in asdict(other).items():
             setattr(self, name, getattr(self, name) + value)
         return self
+
+
+def nothing_to_ingest(chunks: int, empty: int) -> str | None:
+    """Why ``chunks`` texts, ``empty`` of them without a token, had nothing to store, or None."""
+    if chunks == 0:
+        return "no chunk text was given: nothing to ingest"
+    if empty == chunks:
+        return (f"none of the {chunks} chunk text{'s' if chunks > 1 else ''} has a token (empty "
+                "text): nothing to ingest")
+    return None
 
 
 @dataclass(frozen=True)
@@ -213,6 +230,8 @@ class Ingestion:
             self.engine.precompute(self.chunk_prefix_ids, batch, profile=self.depth, on_chunk=done)
             self._check_stored([i for i in todo if result[i]], valid, texts, base, profiled)
         self._previous = batch[-self.depth:] if self.depth else []
+        if self.strict and counts.nothing is not None:  # the whole run so far, not this batch
+            raise ValueError(counts.nothing)
         return result
 
     def _refusals(self, chunks: Sequence[Sequence[int] | str], texts: Sequence[str] | None,

@@ -28,7 +28,13 @@ from typing import Protocol
 
 from tqdm.auto import tqdm
 
-from blendrag.ingest.ingestion import ChunkFailure, IngestEngine, Ingestion, kv_bytes_per_token
+from blendrag.ingest.ingestion import (
+    ChunkFailure,
+    IngestEngine,
+    Ingestion,
+    kv_bytes_per_token,
+    nothing_to_ingest,
+)
 
 log = logging.getLogger("blendrag.ingest")
 
@@ -78,6 +84,12 @@ class IngestSummary:
     def complete(self) -> bool:
         """True when every text with tokens has its KV stored (and its text recorded)."""
         return not self.failures and self.text_index_error is None
+
+    @property
+    def nothing(self) -> str | None:
+        """Why the source had nothing at all to ingest (no text, or none with a token); None
+        when some text had a KV to store."""
+        return nothing_to_ingest(self.chunks, self.empty)
 
     @property
     def tokens_per_s(self) -> float:
