@@ -66,6 +66,18 @@ class BlendChroma(Chroma):
         if record_existing:
             self.record_existing()
 
+    @classmethod
+    def from_texts(cls, texts: list[str], *args: Any, **kwargs: Any) -> BlendChroma:
+        """Chroma's ``from_texts`` (and so ``from_documents``), refusing an empty list with
+        the fix (Chroma's own error does not say what to do)."""
+        texts = list(texts)
+        if not texts:
+            raise ValueError("BlendChroma.from_documents / from_texts got no documents: there is "
+                             "nothing to store or to precompute. Check that your loader found "
+                             "your files, or open an existing collection with "
+                             "BlendChroma(collection_name=..., embedding_function=..., llm=llm)")
+        return super().from_texts(texts, *args, **kwargs)  # type: ignore[return-value]
+
     def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
                   ids: list[str] | None = None, **kwargs: Any) -> list[str]:
         """Add texts (Chroma) and precompute their KVs; returns the ids."""

@@ -131,3 +131,16 @@ def test_a_copy_with_another_engine_runs_on_it(engine, llm, tiny_model):
     assert copy.client.engine is other and llm.client.engine is engine
     copy.invoke("Hello.")
     assert copy.last_stats is not None and llm.last_stats is None
+
+
+def test_from_documents_of_no_documents_says_what_is_wrong(llm, embedder, chroma_client,
+                                                           collection_name):
+    from blendrag.langchain import BlendChroma
+
+    with pytest.raises(ValueError, match=r"^BlendChroma.from_documents / from_texts got no "
+                                         r"documents: there is nothing to store or to "
+                                         r"precompute\. Check that your loader"):
+        BlendChroma.from_documents([], embedding=embedder, client=chroma_client,
+                                   collection_name=collection_name, llm=llm)
+    names = [c if isinstance(c, str) else c.name for c in chroma_client.list_collections()]
+    assert collection_name not in names  # refused before Chroma made anything
