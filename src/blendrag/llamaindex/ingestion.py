@@ -4,6 +4,7 @@ process or in worker processes (``num_workers=N``, ``RayIngestionPipeline``)."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import uuid
 from collections.abc import Sequence
@@ -18,6 +19,8 @@ from blendrag.distributed.settings import IngestSettings, shared_engine
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
 from blendrag.integration.client import TEXT_INDEX_DIR
 from blendrag.llamaindex.llm import BlendLLM
+
+log = logging.getLogger(__name__)
 
 _DETACHED = ("BlendKVTransform(llm) was copied into another process (IngestionPipeline("
              "num_workers=N), Ray), where its LLM cannot follow (a model and a store do not "
@@ -114,6 +117,11 @@ class BlendKVTransform(TransformComponent):
         """Precompute the nodes' KVs (in the order given: each node's profile, when asked for,
         is measured after the node before it; the first after the last) and record their
         texts; return the nodes as they are."""
+        if not nodes:  # an index over no documents: say so now, not at every query
+            log.warning("BlendKVTransform got no nodes: nothing to ingest. An index built over "
+                        "no documents retrieves no passage, and every query runs as a plain "
+                        "full prefill; check that your reader loaded your documents")
+            return nodes
         llm = self.llm
         texts = [llm.chunk_text(n) for n in nodes]
         llm.client.ingest(texts, profile=self.profile, progress=False)

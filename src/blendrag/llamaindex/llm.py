@@ -55,9 +55,15 @@ log = logging.getLogger(__name__)
 FIXES = FallbackFixes(
     empty_index="pass BlendKVTransform(llm) among the transformations that build the index, "
                 "after the splitter (VectorStoreIndex.from_documents(docs, transformations=[...]) "
-                "or an IngestionPipeline's), or run BlendKVTransform(llm)(nodes) on its nodes",
-    not_in_prompt="the synthesizer writes nodes differently from chunk_template: answer with "
-                  "blend_query_engine(index, llm), or set chunk_template to the synthesizer's",
+                "or an IngestionPipeline's), or run BlendKVTransform(llm)(nodes) on its nodes; "
+                "a prompt without retrieved passages is a full prefill by design "
+                "({llm}(..., mode='full') or complete(..., mode='full') says so and is not "
+                "warned about)",
+    not_in_prompt="a prompt without retrieved passages is a full prefill by design ({llm}(..., "
+                  "mode='full') or complete(..., mode='full') says so and is not warned about); "
+                  "if the prompt does hold retrieved nodes, the synthesizer writes them "
+                  "differently from chunk_template: answer with blend_query_engine(index, llm), "
+                  "or set chunk_template to the synthesizer's",
     documents_not_in_prompt="pass nodes= as the prompt writes them (the chunk_template "
                             "formats each node)",
     not_ingested="precompute the nodes' KVs when they are indexed: BlendKVTransform(llm) among "

@@ -63,3 +63,34 @@ def test_responses_and_callbacks_carry_what_happened(make_llm, nodes):
     payloads = [end.payload[EventPayload.COMPLETION] for _, end in
                 debug.get_event_pairs(CBEventType.LLM)]
     assert [p.raw["blended"] for p in payloads] == [True, False]
+
+
+def test_an_index_over_no_documents_says_so_when_it_is_built(make_llm, embed, caplog):
+    from blendrag.llamaindex import BlendKVTransform
+
+    llm = make_llm()
+    with caplog.at_level(logging.WARNING):
+        VectorStoreIndex.from_documents([], transformations=[BlendKVTransform(llm)],
+                                        embed_model=embed)
+    said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(said) == 1
+    assert said[0].startswith("BlendKVTransform got no nodes: nothing to ingest. An index built "
+                              "over no documents retrieves no passage")
+
+
+def test_a_prompt_without_passages_is_a_full_prefill_by_design(make_llm, nodes, caplog):
+    from blendrag.llamaindex import BlendKVTransform
+
+    llm = make_llm(max_tokens=2)
+    BlendKVTransform(llm)(nodes)  # an index with passages, none of them in the prompt
+    with caplog.at_level(logging.WARNING):
+        llm.complete("Say hi.")
+    (message,) = _warnings(caplog)
+    assert "none of the" in message and "ingested chunk texts is in the prompt" in message
+    fix = message[message.index("Fix: "):]
+    assert fix.startswith("Fix: a prompt without retrieved passages is a full prefill by design "
+                          "(BlendLLM(..., mode='full') or complete(..., mode='full') says so")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        make_llm(max_tokens=2).complete("Say hi.", mode="full")  # asked for: no warning
+    assert not _warnings(caplog)
