@@ -5,7 +5,7 @@
 On ``bench ttft``'s default model shape (hidden 512, MLP 1792, 8 query / 2 KV heads of 64,
 3,168-token prompt): the MLP's matmuls at the row counts of reuse (64 suffix tokens), of blend
 at 15 % (525 rows) and of full prefill (3,168), and attention of reuse's 64 suffix queries and
-of blend's scattered queries (position-sorted blocks of 64, as ``attention_blocks`` cuts them)
+of blend's scattered queries (position-sorted blocks of 64, as ``plan_attention`` cuts them)
 against full prefill's causal attention. A share below 1 is time a mode loses to its compute
 ideal because its kernels run slower per FLOP than full prefill's; the figures are quoted in
 docs/architecture.md, "The fixed cost of a cached request". Minimum of ``--repeats`` calls.
@@ -22,8 +22,9 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
+from blendrag.engine.attention import BlockPlan, plan_attention
 from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.layer import attend, attention_blocks
+from blendrag.engine.layer import attend
 from blendrag_bench.ttft import TTFTWorkload
 
 W = TTFTWorkload()  # bench ttft's default shape
@@ -70,12 +71,12 @@ def attention_rates(repeats: int) -> None:
     for name, pos in (("full", torch.arange(T)), ("blend@15%", torch.cat([chunk, suffix])),
                       ("reuse", suffix)):
         q = torch.randn(HEADS, pos.shape[0], D, generator=g)
-        blocks = attention_blocks(pos, T, None)  # what the engine's loop would cut
-        ms = best_ms(lambda q=q, b=blocks: attend(adapter, 0, q, kv, b), repeats)
+        plan = plan_attention(pos, T, None)  # what the engine's loop would run on the CPU
+        ms = best_ms(lambda q=q, p=plan: attend(adapter, 0, q, kv, p), repeats)
         visible = int((pos + 1).sum())  # the query-key pairs the causal mask lets through
         # a masked block computes every pair of its rectangle; the causal kernel skips the rest
-        computed = sum(visible if b.causal else (b.rows.stop - b.rows.start)
-                       * (b.keys.stop - b.keys.start) for b in blocks)
+        computed = visible if not isinstance(plan, BlockPlan) else sum(
+            (rows.stop - rows.start) * (keys.stop - keys.start) for rows, keys, _ in plan.blocks)
         rates[name] = HEADS * visible / ms / 1e3
         print(f"  {name:20} {pos.shape[0]:6} {ms:7.2f} {rates[name]:12.1f} "
               f"{rates[name] / rates['full']:10.2f} {computed / visible:13.2f}")

@@ -10,7 +10,7 @@ median
 TTFT of ``--repeats`` untimed calls. ``--ab buffers``: the same with the engine's pooled request
 buffer and with a fresh buffer per request (what the pool saves). ``--ab blocks``: attention
 time of profile@15 % and reuse with masked-attention blocks of 16/32/64/128 rows, alternated,
-minimum over ``--repeats`` (how ``attention_blocks``'s 64 was chosen). The figures quoted in
+minimum over ``--repeats`` (how ``attention.ROW_BLOCK``'s 64 was chosen). The figures quoted in
 docs/benchmarks.md and docs/architecture.md, "The fixed cost of a cached request".
 """
 
@@ -23,7 +23,7 @@ import time
 import torch
 
 from blendrag import BlendConfig
-from blendrag.engine import layer
+from blendrag.engine import attention
 from blendrag.engine.phases import PHASES, PhaseClock
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
@@ -61,19 +61,19 @@ def timed(engine, layout, config) -> dict[str, float]:
 
 
 def blocks(engine, layout, repeats: int) -> None:
-    default = layer.attention_blocks.__defaults__
+    default = attention.ROW_BLOCK
     try:
         for name in ("profile@15%", "reuse"):
             seen: dict[int, list[float]] = {}
             for _ in range(repeats):
                 for size in (16, 32, 64, 128):
-                    layer.attention_blocks.__defaults__ = (size,)
+                    attention.ROW_BLOCK = size
                     phases = timed(engine, layout, MODES[name])
                     seen.setdefault(size, []).append(phases["attention"])
             print(name, "attention ms, min over calls: " + ", ".join(
                 f"blocks of {size}: {min(v) * 1e3:.0f}" for size, v in seen.items()))
     finally:
-        layer.attention_blocks.__defaults__ = default
+        attention.ROW_BLOCK = default
 
 
 def main() -> None:

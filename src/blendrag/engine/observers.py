@@ -104,11 +104,11 @@ class KeyAttention(LayerObserver):
     def on_layer(self, step: LayerStep) -> None:
         if step.per_key is None:
             raise ValueError("KeyAttention needs a run that computes the scores")
-        self._rows.append(step.per_key[self.start:self.end])
+        self._rows.append(step.per_key)  # [N]: cut once, at the end
 
     @property
     def attention(self) -> torch.Tensor:
-        return torch.stack(self._rows)
+        return torch.stack(self._rows)[:, self.start:self.end]
 
 
 class Trace(LayerObserver):

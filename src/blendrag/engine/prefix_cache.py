@@ -128,14 +128,14 @@ class PrefixCache:
 
     @staticmethod
     def copy_into(match: PrefixMatch, fused: FusedKV, tokens: int) -> None:
-        """Write the first ``tokens`` rows of ``match`` into the request's KV."""
-        for i, block in enumerate(match.blocks):
-            start = i * block.k.shape[2]
-            end = min(start + block.k.shape[2], tokens)
-            if end <= start:
-                return
-            fused.k[:, :, start:end] = block.k[:, :, :end - start]
-            fused.v[:, :, start:end] = block.v[:, :, :end - start]
+        """Write the first ``tokens`` rows of ``match`` into the request's KV: the blocks joined
+        once and copied once, k and v each (two kernels whatever the number of blocks)."""
+        blocks = match.blocks[:-(-tokens // match.blocks[0].k.shape[2])] if tokens else []
+        if not blocks:
+            return
+        for dst, part in ((fused.k, [b.k for b in blocks]), (fused.v, [b.v for b in blocks])):
+            rows = part[0] if len(part) == 1 else torch.cat(part, dim=2)  # [L, Hkv, B*b, D]
+            dst[:, :, :tokens] = rows[:, :, :tokens]
 
     def insert(self, ids: Sequence[int], fused: FusedKV, exact_rows: int) -> None:
         """Keep the whole blocks of the first ``len(ids)`` rows of ``fused`` (the rows of

@@ -24,10 +24,10 @@ from blendrag.prompt import PromptLayout
 
 
 def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, rope: RopeTables,
-                     feed: LayerFeed | None) -> tuple[torch.Tensor, int, float]:
+                     feed: LayerFeed | None) -> tuple[torch.Tensor, int]:
     """Attention the suffix pays each chunk token over the cached rows, per layer, summed over
-    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens); the keys the
-    pass attended to over all layers (its attention work); its time copying cached rows.
+    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens); and the keys
+    the pass attended to over all layers (its attention work).
     Leaves the cached rows loaded in ``fused``: the pass is the consumer of ``feed``, so with
     pipelined loading it overlaps the loading of the cached rows, and the blend pass after it
     has nothing left to load."""
@@ -36,5 +36,5 @@ def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, 
     counts = LayerCounts((0, 0))
     plan = LoopPlan(torch.tensor(layout.ids, device=dev),
                     torch.arange(layout.suffix_start, n, device=dev), feed=feed)
-    out = runner.run(plan, fused, rope, (attention, counts))
-    return attention.attention.cpu(), sum(counts.attended_keys), out.load_work_s
+    runner.run(plan, fused, rope, (attention, counts))
+    return attention.attention.cpu(), sum(counts.attended_keys)

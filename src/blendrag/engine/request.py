@@ -144,11 +144,13 @@ def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendCo
     _count_rows(stats, rows, first, len(layout.chunk_ids) - len(rest.chunk_ids))
     stats.timing.fetch_s = time.perf_counter() - t_open
     clock.lap("fetch")
-    feed = runner.feed(rows.segments, parts.controller.config.prefetch_layers)
+    t_run = time.perf_counter()
+    fused, rope = runner.buffer(capacity), runner.rope(layout.num_tokens)
+    # a timed request places the rows on the loop's thread, where its clock sees them
+    feed = runner.feed(rows.segments, fused, rope, parts.controller.config.prefetch_layers,
+                       place_ahead=clock is OFF)
     try:
         config = _auto_ratio(parts.controller, config, rows, feed, stats)
-        t_run = time.perf_counter()
-        fused, rope = runner.buffer(capacity), runner.rope(layout.num_tokens)
         if first.rows:
             head.fill(runner, layout, first, found, fused, rope, clock)
         clock.lap("setup")
@@ -169,7 +171,7 @@ def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendCo
     stats.compute.computed_per_layer = counts.computed
     stats.compute.recomputed_chunk_tokens_per_layer = counts.chunk_computed
     stats.compute.attended_keys_per_layer = counts.attended_keys
-    observe(parts.controller, feed, stats, out.load_work_s + stats.loading.preview_load_work_s)
+    observe(parts.controller, feed, stats)
     return Prefill(logits, fused, stats, head.exact_rows(layout, config, first))
 
 
@@ -229,8 +231,8 @@ def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, ro
     attention = None
     if config.selector == "preview":  # where the question looks, over the cached rows
         clock.lap("plan")
-        preview = suffix_attention(runner, layout, fused, rope, feed)
-        attention, stats.compute.preview_attended_keys, stats.loading.preview_load_work_s = preview
+        attention, stats.compute.preview_attended_keys = suffix_attention(runner, layout, fused,
+                                                                          rope, feed)
         stats.compute.preview_tokens = len(layout.suffix_ids)
         feed = None  # the preview pass loaded every cached row into the buffer
         clock.lap("preview")

@@ -9,10 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
+from blendrag.engine.attention import kernel_for
 from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
-from blendrag.engine.layer import attend, attention_blocks, finish, project
+from blendrag.engine.layer import attend, finish, project
 from blendrag.engine.layer_feed import LayerFeed
-from blendrag.engine.loop import LoopPlan, LoopResult, run_layers
+from blendrag.engine.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
 from blendrag.engine.observers import CapturedRows, LayerObserver
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.kv.chunk_kv import ChunkKV
@@ -25,11 +26,15 @@ from blendrag.store.layered import MemoryLayeredEntry
 class ModelRunner:
     """Runs ``model`` (eval mode) on the device its weights are on, in their dtype."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, attention: str = "auto") -> None:
+        """``attention``: the attention kernel of the layer loop (``engine/attention.py``:
+        ``auto``, ``sdpa`` or ``flex``)."""
         self.model = model.eval()
         self.adapter = adapter_for(model)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.attention = attention
+        self.kernel = kernel_for(attention, self.device)
         self._pool = BufferPool()  # the request KV buffer, lent again once free
 
     @property
@@ -52,16 +57,18 @@ class ModelRunner:
         """cos/sin of positions [0, n) for every layer, from the model's own rotary embedding."""
         return self.adapter.rope(n, self.dtype, self.device)
 
-    def feed(self, segments: Sequence[CachedSegment], depth: int = 0) -> LayerFeed:
-        """The cached rows of ``segments`` layer by layer, ``depth`` layers read ahead."""
-        return LayerFeed(segments, self.adapter.num_layers, self.device, depth)
+    def feed(self, segments: Sequence[CachedSegment], fused: FusedKV, rope: RopeTables,
+             depth: int = 0, place_ahead: bool = True) -> LayerFeed:
+        """The cached rows of ``segments`` placed into ``fused`` layer by layer, ``depth``
+        layers ahead (engine/layer_feed.py)."""
+        return LayerFeed(segments, self.adapter.num_layers, fused, rope, depth, place_ahead)
 
     # ---- running -------------------------------------------------------------------------
 
     def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
             observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
         """Every layer of ``plan`` (engine/loop.py)."""
-        return run_layers(self.adapter, plan, fused, rope, observers, clock)
+        return run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [hidden] (final-normed) -> logits [vocab] in float32 (soft-capped where the
@@ -81,15 +88,11 @@ class ModelRunner:
         rope = a.rope(p + 1, fused.k.dtype, fused.k.device, start=p)
         pos = torch.tensor([p], device=fused.k.device)
         h = a.embed(pos.new_tensor([token]))  # [1, hidden]
-        # the blocks depend on the layer's window only: built once per window for the token
-        # (each build reads pos back from the device)
-        masked = a.attn_softcap is not None
-        blocks = {w: attention_blocks(pos, p + 1, w, masked=masked)
-                  for w in {a.sliding_window(i) for i in range(len(a.layers))}}
+        active = ActiveTokens(pos, p + 1, a, self.kernel, fused.k.dtype)
         for i, layer in enumerate(a.layers):
-            q, k, _, v = project(a, layer, h, pos, rope.layer(i))
+            q, k, _, v = project(a, layer, h, active.rotation(rope.layer(i)))
             fused.write(i, pos, k, v)
-            o = attend(a, i, q, fused, blocks[a.sliding_window(i)])
+            o = attend(a, i, q, fused, active.plan(a.sliding_window(i)))
             h = finish(a, layer, h, o)
         fused.length = p + 1
         return self.logits(a.norm(h)[0])
@@ -104,13 +107,15 @@ class ModelRunner:
         its KV. Uses the pooled buffer: call it before a request takes the buffer."""
         p, n = len(prefix_ids), len(prefix_ids) + len(chunk_ids)
         ids = torch.tensor([*prefix_ids, *chunk_ids], device=self.device)
+        fused, rope = self.buffer(n), self.rope(n)
         if prefix is None or 4 * p <= n - p:
             plan = LoopPlan(ids, torch.arange(0, n, device=self.device))
         else:
+            segment = CachedSegment(0, MemoryLayeredEntry(prefix))
             plan = LoopPlan(ids, torch.arange(p, n, device=self.device),
-                            feed=self.feed([CachedSegment(0, MemoryLayeredEntry(prefix))]))
+                            feed=self.feed([segment], fused, rope))
         rows = CapturedRows()
-        self.run(plan, self.buffer(n), self.rope(n), (rows,))
+        self.run(plan, fused, rope, (rows,))
         t = len(chunk_ids)  # the captured rows are the computed ones; the chunk's are the last
         return ChunkKV(rows.keys[:, :, -t:].contiguous(), rows.values[:, :, -t:].contiguous(),
                        tuple(chunk_ids), hash_ids(prefix_ids) if prefix_ids else "")

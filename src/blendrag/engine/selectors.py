@@ -201,10 +201,12 @@ class ScoringSelector(Selector):
         super().__init__(config, layout, device, scaling)
         self.check_layers = config.typed_options(CheckLayerOptions).check_layers
         self.schedule = config.schedule
+        self._chunk_tokens = self.num_chunk_tokens  # chunk tokens computed until the next check
 
     def initial(self) -> torch.Tensor:
         # Every token before the first check, the (exact, cached) prefix included: a complete
         # causal block takes the fast attention path, and the prefix is a few % of the prompt.
+        self._chunk_tokens = self.num_chunk_tokens
         return torch.arange(0, self.layout.suffix_start, device=self.device)
 
     def budget(self, step: int) -> int:
@@ -212,16 +214,16 @@ class ScoringSelector(Selector):
         return math.ceil(self.schedule[step] * self.num_chunk_tokens - 1e-9)
 
     def keep(self, view: CheckView) -> torch.Tensor:
-        pos = view.pos
+        # Nothing is read back from the device: the count of chunk tokens still computed is
+        # known here, and the suffix tokens, always computed, are the last rows of ``pos``.
+        pos, a = view.pos, view.pos.shape[0]
         is_chunk = (pos >= self.chunk_positions[0]) & (pos < self.layout.suffix_start)  # [A]
         scores = self.score(view).float().masked_fill(~is_chunk, float("-inf"))  # [A]
-        budget = min(self.budget(view.step), int(is_chunk.sum()))
-        top = (
-            torch.topk(scores, budget).indices
-            if budget
-            else torch.empty(0, dtype=torch.long, device=pos.device)
-        )
-        suffix = torch.nonzero(pos >= self.layout.suffix_start).flatten()
+        budget = min(self.budget(view.step), self._chunk_tokens)
+        self._chunk_tokens = budget
+        top = torch.topk(scores, budget).indices  # [budget]
+        suffix = torch.arange(a - (self.layout.num_tokens - self.layout.suffix_start), a,
+                              device=pos.device)
         return torch.cat([top, suffix]).sort().values
 
     def score(self, view: CheckView) -> torch.Tensor:
@@ -251,10 +253,10 @@ class QuerySelector(ScoringSelector):
 
     def score(self, view: CheckView) -> torch.Tensor:
         pos = view.pos
-        suffix_rows = pos >= self.layout.suffix_start
+        s = self.layout.num_tokens - self.layout.suffix_start  # the suffix: the last rows
         keys = view.fused.k[view.layer, :, :view.n]  # [Hkv, n, D], fresh rows already written
         # [H, S, n]
-        probs = attention_probs(view.q[:, suffix_rows], keys, pos[suffix_rows], self.scaling,
+        probs = attention_probs(view.q[:, -s:], keys, pos[-s:], self.scaling,
                                 softcap=self.softcap)
         per_key = probs.sum(dim=(0, 1))  # [n]
         return per_key[pos]  # [A]

@@ -101,16 +101,18 @@ class DecodeStats:
 
 @dataclass
 class LoadingStats:
-    """Loading the cached rows (engine/layer_feed.py): read ahead of the loop (pipelined) or in
-    it; the reader's time (load_s, all tiers), the loop's waits for rows (load_wait_s), the
-    loop's time less its waits (compute_s, the preview pass included), the preview pass's
-    copying of cached rows (preview_load_work_s)."""
+    """Loading the cached rows (engine/layer_feed.py): read and placed ahead of the loop
+    (pipelined) or in it; the reader's time (load_s, all tiers), the time placing the rows
+    into the request's KV (place_s: values copied, keys rotated; on the reader's thread when
+    ``placed_ahead``), the loop's waits for rows (load_wait_s), the loop's time less its waits
+    (compute_s, the preview pass included)."""
 
     pipelined: bool = False
+    placed_ahead: bool = False
     load_s: float = 0.0
+    place_s: float = 0.0
     load_wait_s: float = 0.0
     compute_s: float = 0.0
-    preview_load_work_s: float = 0.0
 
 
 @dataclass

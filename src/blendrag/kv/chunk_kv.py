@@ -59,6 +59,11 @@ class ChunkKV:
                 f"ChunkKV profile must be [T] = [{len(self.token_ids)}], got "
                 f"{tuple(self.profile.shape)}"
             )
+        # the priors are read on the host (selectors rank tokens there): kept on the CPU
+        if self.profile is not None and self.profile.device.type != "cpu":
+            self.profile = self.profile.cpu()
+        if self.context_shift is not None and self.context_shift.device.type != "cpu":
+            self.context_shift = self.context_shift.cpu()
         expected = (self.num_layers, len(self.token_ids))
         if self.context_shift is not None and tuple(self.context_shift.shape) != expected:
             raise ValueError(f"ChunkKV context_shift must be [layers, T] = {list(expected)}, got "

@@ -30,41 +30,70 @@ class RopeTable:
         self.cos: torch.Tensor = cos[0]
         self.sin: torch.Tensor = sin[0]
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor | slice) -> torch.Tensor:
-        """x: [heads, A, D] at absolute positions ``pos`` -> rotated x (same shape, contiguous)."""
-        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        self.rotate_into(out, x, pos)
-        return out
-
-    def rotate_into(self, out: torch.Tensor, x: torch.Tensor, pos: torch.Tensor | slice) -> None:
-        """Write x: [heads, A, D] rotated at positions ``pos`` into ``out`` (same shape, any
-        strides: e.g. rows of the request's KV), with the arithmetic of HF's
-        ``x * cos + rotate_half(x) * sin`` (bit for bit) but without its four temporaries of
-        x's size: cached keys are rotated at every layer of every request."""
+    def at(self, pos: torch.Tensor | slice) -> Rotation:
+        """The rotation at absolute positions ``pos`` ([A] or a slice): cos/sin gathered once,
+        for every tensor rotated at those positions (each layer's queries and keys)."""
         idx: torch.Tensor | slice
         if isinstance(pos, slice):
             idx = slice(pos.start - self.start, pos.stop - self.start)
         else:
             idx = pos - self.start if self.start else pos
-        cos, sin = self.cos[idx], self.sin[idx]  # [A, R]
-        r = cos.shape[-1]
+        return Rotation(self.cos[idx], self.sin[idx])
+
+    def rotate(self, x: torch.Tensor, pos: torch.Tensor | slice) -> torch.Tensor:
+        """x: [heads, A, D] at absolute positions ``pos`` -> rotated x (same shape, contiguous)."""
+        return self.at(pos).rotate(x)
+
+    def rotate_into(self, out: torch.Tensor, x: torch.Tensor, pos: torch.Tensor | slice) -> None:
+        """Write x: [heads, A, D] rotated at positions ``pos`` into ``out`` (see
+        ``Rotation.rotate_into``)."""
+        self.at(pos).rotate_into(out, x)
+
+
+class Rotation:
+    """RoPE at one set of positions: cos, sin: [A, R] split into their halves once.
+
+    The positions a request computes change only at a selector's check layers, and layers of
+    one kind share their table, so one ``Rotation`` serves the queries and keys of many layers:
+    the gather of cos/sin is not repeated per layer."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.rotary_dim = r = cos.shape[-1]
+        h = r // 2
+        self.dtype = cos.dtype  # computed in: the model's dtype, or float32 (OLMo 2)
+        self.c1, self.c2 = cos[:, :h], cos[:, h:]  # [A, R/2] each
+        self.s1, self.s2 = sin[:, :h], sin[:, h:]
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [heads, A, D] -> rotated x (same shape, contiguous)."""
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        self.rotate_into(out, x)
+        return out
+
+    def rotate_into(self, out: torch.Tensor, x: torch.Tensor) -> None:
+        """Write x: [heads, A, D] rotated into ``out`` (same shape, any strides: e.g. rows of the
+        request's KV), with the arithmetic of HF's ``x * cos + rotate_half(x) * sin`` (bit for
+        bit) but without its four temporaries of x's size: cached keys are rotated at every
+        layer of every request."""
+        r = self.rotary_dim
         if r < x.shape[-1]:  # partial rotary: HF rotates x[..., :R] and passes the rest
             out[..., r:] = x[..., r:]
             x, out = x[..., :r], out[..., :r]
         h = r // 2
         x1, x2, o1, o2 = x[..., :h], x[..., h:], out[..., :h], out[..., h:]
-        if cos.dtype != x.dtype:
+        c1, c2, s1, s2 = self.c1, self.c2, self.s1, self.s2
+        if self.dtype != x.dtype:
             # a rotary embedding that keeps cos/sin in float32 (OLMo 2) rotates in float32 and
             # rounds once, as HF's promotion does
-            x1, x2 = x1.to(cos.dtype), x2.to(cos.dtype)
-            o1.copy_(x1 * cos[:, :h] - x2 * sin[:, :h])
-            o2.copy_(x2 * cos[:, h:] + x1 * sin[:, h:])
+            x1, x2 = x1.to(self.dtype), x2.to(self.dtype)
+            o1.copy_(x1 * c1 - x2 * s1)
+            o2.copy_(x2 * c2 + x1 * s2)
             return
         # rotate_half(x) = [-x2, x1]: o1 = x1*c1 + (-x2)*s1 == x1*c1 - x2*s1 exactly
-        torch.mul(x1, cos[:, :h], out=o1)
-        o1.sub_(x2 * sin[:, :h])
-        torch.mul(x2, cos[:, h:], out=o2)
-        o2.add_(x1 * sin[:, h:])
+        torch.mul(x1, c1, out=o1)
+        o1.sub_(x2 * s1)
+        torch.mul(x2, c2, out=o2)
+        o2.add_(x1 * s2)
 
 
 class RopeTables:

@@ -15,33 +15,31 @@ from blendrag.engine.controller import (
     layer_compute_s,
 )
 
-# one layer: 3,000 chunk tokens + 64 suffix tokens at 10 us a token, 3,032 cached rows at 1 us
-SHAPE = dict(chunk_tokens=3000, other_tokens=64, cached_rows=3032, token_s=10e-6,
-             fixed_row_s=1e-6)
+# one layer: 3,000 chunk tokens + 64 suffix tokens at 10 us a token
+SHAPE = dict(chunk_tokens=3000, other_tokens=64, token_s=10e-6)
 
 
 def test_the_largest_ratio_whose_compute_hides_under_the_load():
-    # load 10 ms a layer: 0.9 * 10 ms - 3.032 ms fixed - 0.64 ms suffix = 5.328 ms for chunks
+    # load 10 ms a layer: 0.9 * 10 ms - 0.64 ms suffix = 8.36 ms for chunks
     choice = choose_ratio(10e-3, **SHAPE, floor=0.1, cap=0.5, margin=0.9)
-    assert choice == RatioChoice(0.177, "load-bound")  # 5.328 / 30 = 0.1776, rounded down
-    choice = choose_ratio(10e-3, **SHAPE, floor=0.2, cap=0.5, margin=0.9)
-    assert choice == RatioChoice(0.2, "compute-bound: floor")
-    choice = choose_ratio(20e-3, **SHAPE, floor=0.1, cap=0.5, margin=0.9)
-    # (18 - 3.032 - 0.64) ms / 30 ms = 0.4776 -> 0.477
-    assert (choice.ratio, choice.reason) == (0.477, "load-bound")
-    hidden = layer_compute_s(choice.ratio, 3000, 64, 3032, 10e-6, 1e-6)
-    assert hidden <= 0.9 * 20e-3 < layer_compute_s(choice.ratio + 0.002, 3000, 64, 3032, 10e-6,
-                                                   1e-6)
+    assert choice == RatioChoice(0.278, "load-bound")  # 8.36 / 30 = 0.2787, rounded down
+    choice = choose_ratio(10e-3, **SHAPE, floor=0.3, cap=0.5, margin=0.9)
+    assert choice == RatioChoice(0.3, "compute-bound: floor")
+    choice = choose_ratio(15e-3, **SHAPE, floor=0.1, cap=0.5, margin=0.9)
+    # (13.5 - 0.64) ms / 30 ms = 0.4287 -> 0.428
+    assert (choice.ratio, choice.reason) == (0.428, "load-bound")
+    hidden = layer_compute_s(choice.ratio, 3000, 64, 10e-6)
+    assert hidden <= 0.9 * 15e-3 < layer_compute_s(choice.ratio + 0.002, 3000, 64, 10e-6)
 
 
 def test_a_step_within_the_estimates_error_keeps_the_floor():
-    # room for 0.177 over a floor of 0.15: 2.7 points, less than a 5-point minimum step
-    choice = choose_ratio(10e-3, **SHAPE, floor=0.15, cap=0.5, margin=0.9, min_step=0.05)
-    assert choice == RatioChoice(0.15, "load about level with compute: floor")
-    assert choose_ratio(10e-3, **SHAPE, floor=0.12, cap=0.5, margin=0.9,
-                        min_step=0.05).ratio == 0.177  # 5.7 points: taken
-    assert choose_ratio(10e-3, **SHAPE, floor=0.15, cap=0.16, margin=0.9,
-                        min_step=0.05).ratio == 0.16  # the cap is a step the user allowed
+    # room for 0.278 over a floor of 0.25: 2.8 points, less than a 5-point minimum step
+    choice = choose_ratio(10e-3, **SHAPE, floor=0.25, cap=0.5, margin=0.9, min_step=0.05)
+    assert choice == RatioChoice(0.25, "load about level with compute: floor")
+    assert choose_ratio(10e-3, **SHAPE, floor=0.22, cap=0.5, margin=0.9,
+                        min_step=0.05).ratio == 0.278  # 5.8 points: taken
+    assert choose_ratio(10e-3, **SHAPE, floor=0.25, cap=0.26, margin=0.9,
+                        min_step=0.05).ratio == 0.26  # the cap is a step the user allowed
     with pytest.raises(ValueError, match="min_step"):
         LoadingConfig(min_step=1.0)
 
@@ -58,16 +56,18 @@ def test_the_controller_learns_from_requests_and_records_its_choice():
     c = LoadingController(LoadingConfig(auto_cap=0.5, margin=0.9, ema=1.0))
     ratio, info = c.decide({"disk": 1000}, 3000, 64, 3032, floor=0.2)
     assert ratio == 0.2 and info["reason"].startswith("no estimate yet (disk)")
-    # 32 layers of 1 MB read in 0.64 s: 20 ms a layer, 20 ns a byte
-    c.observe({"disk": 0.64}, {"disk": 32_000_000}, compute_s=1.0, token_layers=96_000,
-              load_work_s=0.0, cached_row_layers=0)
+    # 32 layers of 1 MB read in 0.32 s: 10 ms a layer, 10 ns a byte
+    c.observe({"disk": 0.32}, {"disk": 32_000_000}, compute_s=1.0, token_layers=96_000,
+              place_s=0.0, cached_row_layers=0)
     ratio, _ = c.decide({"disk": 1_000_000}, 3000, 64, 3032, floor=0.2)
-    assert ratio == 0.2  # no copy-time estimate yet: still the floor
-    c.observe({}, {}, compute_s=0.97 + 0.097024, token_layers=97_000, load_work_s=0.097024,
+    assert ratio == 0.2  # no placing-time estimate yet: still the floor
+    c.observe({}, {}, compute_s=0.97, token_layers=97_000, place_s=0.097024,
               cached_row_layers=97_024)
     assert c.token_s == pytest.approx(10e-6) and c.fixed_row_s == pytest.approx(1e-6)
+    # the reader reads 10 ms and places 3,032 rows (3.032 ms) a layer:
+    # (0.9 * 13.032 - 0.64) ms / 30 ms = 0.3696 -> 0.369
     ratio, info = c.decide({"disk": 1_000_000}, 3000, 64, 3032, floor=0.2)
-    assert ratio == 0.477 and info["load_layer_s"] == pytest.approx(0.02)
+    assert ratio == 0.369 and info["load_layer_s"] == pytest.approx(0.013032)
     assert info["compute_layer_s"] <= 0.9 * info["load_layer_s"]
 
 

@@ -99,10 +99,11 @@ def test_preview_attention_is_the_explicit_probabilities(engine_for):
     rope = runner.rope(n)
     with engine.cache.rows_for(layout, BlendConfig(mode="reuse")) as rows:
         scored, attention, trace = runner.buffer(n), KeyAttention(lo, hi), Trace()
-        out = runner.run(LoopPlan(ids, suffix, feed=runner.feed(rows.segments)), scored, rope,
-                         (attention, trace))
+        out = runner.run(LoopPlan(ids, suffix, feed=runner.feed(rows.segments, scored, rope)),
+                         scored, rope, (attention, trace))
         plain = runner.buffer(n)
-        ref = runner.run(LoopPlan(ids, suffix, feed=runner.feed(rows.segments)), plain, rope)
+        ref = runner.run(LoopPlan(ids, suffix, feed=runner.feed(rows.segments, plain, rope)),
+                         plain, rope)
     assert torch.allclose(out.hidden, ref.hidden, atol=1e-5)
     for i, step in enumerate(trace.layers):
         probs = attention_probs(step["q"], scored.k[i, :, :n], step["pos"], engine.adapter.scaling)

@@ -1,0 +1,288 @@
+"""Attention of a layer's computed tokens over the request's KV, planned once per set of tokens.
+
+Which tokens a layer computes changes only at a selector's check layers, and everything the
+attention needs besides q, k and v (the kernel, the blocks of query rows, their masks, the keys
+attended) depends only on their positions and the layer's sliding window. So it is planned
+once (``plan_attention``) and every layer that computes those tokens reuses the plan: no layer
+builds a mask or reads a position back from the device.
+
+The mask is always exact: a query at position p sees the keys at positions <= p (and > p -
+window). The kernel follows the shape of the queries:
+
+- every position [0, n): one causal call (``is_causal``);
+- one query at the last position (a one-token suffix): no mask at all;
+- contiguous queries [s, n) (prefix mode, a prefix-cache tail, reuse's suffix) on CUDA: SDPA
+  with a lower-right causal bias, which the flash kernel runs as its own causal mask;
+- scattered queries (blend's selected tokens), and windows, with the ``flex`` kernel:
+  FlexAttention with a block mask built on the device from the sorted positions (key blocks
+  wholly visible to a tile of 128 queries are "full", those after its last query skipped,
+  the mask evaluated only in between), compiled once per process;
+- otherwise (the CPU, soft-capped attention): the queries cut into position-sorted blocks of
+  64 rows that see only the keys up to their own last position, each with its additive mask
+  built once. CPU kernels cannot skip masked blocks, so this removes most of the masked work;
+  a dense mask handed to SDPA on CUDA takes a masked kernel about ten times slower per FLOP
+  than the causal one, which is why CUDA takes the two paths above.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from blendrag.engine.softcap import capped_attention
+
+log = logging.getLogger(__name__)
+
+ATTENTION_KERNELS = ("auto", "sdpa", "flex")
+"""``sdpa``: PyTorch's SDPA kernels (row blocks with masks for scattered queries); ``flex``:
+FlexAttention for scattered queries and windows (compiled: a C++ compiler on the CPU, Triton on
+CUDA); ``auto``: ``flex`` on CUDA, ``sdpa`` elsewhere (the compile costs more than it saves on
+a CPU, where the row blocks are as fast)."""
+
+ROW_BLOCK = 64  # query rows per masked block: the fastest measured on the CPU
+FLEX_BLOCK = 128  # FlexAttention's tile, queries and keys
+
+
+def kernel_for(attention: str, device: torch.device) -> str:
+    """The kernel an engine set to ``attention`` runs on ``device``: ``sdpa`` or ``flex``."""
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"attention must be one of {ATTENTION_KERNELS}, got {attention!r}")
+    if attention == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    return attention
+
+
+class AttentionPlan:
+    """How the queries at one set of positions attend over keys [0, n); ``attended_keys``: the
+    keys they see, summed over queries (the attention work, for the stats)."""
+
+    n: int
+    attended_keys: int
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        """q: [H, A, D] over the layer's KV k, v: [Hkv, >= n, D] -> o: [H, A, D]."""
+        raise NotImplementedError
+
+
+class CausalPlan(AttentionPlan):
+    """Every position [0, n): the plain causal kernel."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.attended_keys = n, n * (n + 1) // 2
+
+    def attend(self, q, k, v, scale):
+        n = self.n
+        return F.scaled_dot_product_attention(q[None], k[None, :, :n], v[None, :, :n],
+                                              is_causal=True, scale=scale, enable_gqa=True)[0]
+
+
+class LastPlan(AttentionPlan):
+    """One query at n - 1, which sees every key: no mask."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.attended_keys = n, n
+
+    def attend(self, q, k, v, scale):
+        n = self.n
+        return F.scaled_dot_product_attention(q[None], k[None, :, :n], v[None, :, :n],
+                                              scale=scale, enable_gqa=True)[0]
+
+
+class LowerRightPlan(AttentionPlan):
+    """Contiguous queries [n - A, n): a causal mask aligned to the bottom-right corner, which
+    CUDA's flash kernel runs without a mask tensor (elsewhere torch builds the mask per call)."""
+
+    def __init__(self, a: int, n: int) -> None:
+        from torch.nn.attention.bias import causal_lower_right
+
+        self.n, self.attended_keys = n, a * (2 * n - a + 1) // 2
+        self.bias = causal_lower_right(a, n)
+
+    def attend(self, q, k, v, scale):
+        n = self.n
+        return F.scaled_dot_product_attention(q[None], k[None, :, :n], v[None, :, :n],
+                                              attn_mask=self.bias, scale=scale,
+                                              enable_gqa=True)[0]
+
+
+class BlockPlan(AttentionPlan):
+    """Query rows in position-sorted blocks of ``ROW_BLOCK``, each over the keys up to its last
+    position with its mask built here, once: additive (0 / -inf, in ``dtype``) for SDPA, or
+    boolean for soft-capped attention (``softcap``)."""
+
+    def __init__(self, pos: torch.Tensor, bounds: list[int], n: int, window: int | None,
+                 dtype: torch.dtype, softcap: float | None = None) -> None:
+        self.n, self.softcap = n, softcap
+        self.attended_keys = _attended(bounds, window)
+        self.blocks: list[tuple[slice, slice, torch.Tensor]] = []
+        a = len(bounds)
+        for start in range(0, a, ROW_BLOCK):
+            stop = min(a, start + ROW_BLOCK)
+            lo = 0 if window is None else max(0, bounds[start] - window + 1)
+            hi = bounds[stop - 1] + 1
+            keys = torch.arange(lo, hi, device=pos.device)
+            p = pos[start:stop, None]
+            visible = keys[None] <= p  # [rows, keys]
+            if window is not None:
+                visible &= keys[None] > p - window
+            mask = visible if softcap is not None else torch.zeros(
+                visible.shape, dtype=dtype, device=pos.device).masked_fill_(~visible,
+                                                                            float("-inf"))
+            self.blocks.append((slice(start, stop), slice(lo, hi), mask))
+
+    def attend(self, q, k, v, scale):
+        if self.softcap is not None:
+            outs = [capped_attention(q[:, rows], k[:, keys], v[:, keys], mask, scale,
+                                     self.softcap) for rows, keys, mask in self.blocks]
+            return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [H, A, D]
+        if len(self.blocks) == 1:  # every row: q whole
+            _, keys, mask = self.blocks[0]
+            return F.scaled_dot_product_attention(q[None], k[None, :, keys], v[None, :, keys],
+                                                  attn_mask=mask, scale=scale,
+                                                  enable_gqa=True)[0]
+        q4, k4, v4 = q[None], k[None], v[None]
+        outs = [F.scaled_dot_product_attention(
+            q4[:, :, rows], k4[:, :, keys], v4[:, :, keys], attn_mask=mask, scale=scale,
+            enable_gqa=True) for rows, keys, mask in self.blocks]
+        return torch.cat(outs, dim=2)[0]  # [H, A, D]
+
+
+class FlexPlan(AttentionPlan):
+    """FlexAttention with a block mask built on the device from the sorted positions ``pos``:
+    per tile of ``FLEX_BLOCK`` queries, the key blocks every query of the tile sees whole are
+    full (no mask evaluated), those no query of it sees are skipped, and the mask ``kv <= p``
+    (and ``kv > p - window``) is evaluated on the rest. No host sync."""
+
+    def __init__(self, pos: torch.Tensor, n: int, window: int | None,
+                 attended_keys: int) -> None:
+        self.n, self.attended_keys, self.window = n, attended_keys, window
+        self._pos = pos
+        self.block_mask = _block_mask(pos, n, window)
+        self._fallback: BlockPlan | None = None
+
+    def attend(self, q, k, v, scale):
+        flex = _flex()
+        if flex is not None:
+            try:
+                n = self.n
+                return flex(q[None], k[None, :, :n], v[None, :, :n], block_mask=self.block_mask,
+                            scale=scale, enable_gqa=True)[0]
+            except Exception as exc:  # no compiler, an unsupported shape: exact, but slower
+                _disable_flex(exc)
+        if self._fallback is None:
+            bounds = self._pos.tolist()
+            self._fallback = BlockPlan(self._pos, bounds, self.n, self.window, q.dtype)
+        return self._fallback.attend(q, k, v, scale)
+
+
+def plan_attention(pos: torch.Tensor, n: int, window: int | None, kernel: str = "sdpa",
+                   dtype: torch.dtype = torch.float32,
+                   softcap: float | None = None) -> AttentionPlan:
+    """The plan of queries at ``pos`` ([A], sorted, unique, the last one < n) over keys [0, n)
+    with the layer's ``window`` (None: causal); ``kernel``: ``sdpa`` or ``flex``
+    (``kernel_for``); ``dtype``: the queries' (additive masks are built in it); ``softcap``:
+    the family's attention soft cap (explicit attention, boolean masks). Reads the positions
+    back from the device once (on the CPU, free)."""
+    a = pos.shape[0]
+    if a == 0:
+        raise ValueError("attention needs at least one query")
+    windowed = window is not None and window < n
+    if softcap is not None:
+        return BlockPlan(pos, pos.tolist(), n, window, dtype, softcap)
+    if kernel == "sdpa" and (pos.device.type != "cuda" or windowed):
+        bounds = pos.tolist()
+        first, last = bounds[0], bounds[-1]
+        if not windowed and a == n:
+            return CausalPlan(n)
+        if not windowed and a == 1 and first == n - 1:
+            return LastPlan(n)
+        return BlockPlan(pos, bounds, n, window, dtype)
+    w = window if windowed else n + 1
+    first, last, attended = torch.stack(
+        [pos[0], pos[-1], (pos + 1).clamp(max=w).sum()]).tolist()
+    if not windowed and last - first + 1 == a and last == n - 1:  # contiguous, to the end
+        if a == n:
+            return CausalPlan(n)
+        if a == 1:
+            return LastPlan(n)
+        if pos.device.type == "cuda":
+            return LowerRightPlan(a, n)
+    if kernel == "flex":
+        return FlexPlan(pos, n, window if windowed else None, attended)
+    return BlockPlan(pos, pos.tolist(), n, window, dtype)
+
+
+def score_bias(pos: torch.Tensor, n: int, window: int | None, groups: int = 1) -> torch.Tensor:
+    """The exact mask of queries at ``pos`` [S] over keys [0, n) as an additive float32 bias
+    (0: visible, -inf: hidden), [groups * S, n]: its rows repeated for each of the ``groups``
+    query heads that read one KV head (``attention_probs`` folds them into one matmul). Built
+    once for every layer of a pass."""
+    keys = torch.arange(n, device=pos.device)
+    hidden = keys[None] > pos[:, None]  # [S, n]
+    if window is not None:
+        hidden |= keys[None] <= pos[:, None] - window
+    bias = torch.zeros(hidden.shape, dtype=torch.float32, device=pos.device)
+    bias.masked_fill_(hidden, float("-inf"))
+    return bias.repeat(groups, 1) if groups > 1 else bias
+
+
+def _attended(bounds: list[int], window: int | None) -> int:
+    return sum(min(p + 1, window) for p in bounds) if window else sum(bounds) + len(bounds)
+
+
+def _block_mask(pos: torch.Tensor, n: int, window: int | None):
+    """FlexAttention's ``BlockMask`` of queries at ``pos`` (see ``FlexPlan``)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    a, dev, b = pos.shape[0], pos.device, FLEX_BLOCK
+    tiles, kv_blocks = -(-a // b), -(-n // b)
+    # every query of a tile gets a position: the last tile's padding repeats the last one
+    qpos = torch.cat([pos, pos[-1:].expand(tiles * b - a)])  # [tiles * b]
+    first, last = qpos[::b], qpos[b - 1::b]  # [tiles] each
+    w = window if window is not None else n + 1
+    # keys seen by every query of a tile: [last - w + 1, first]; by some query: [first - w + 1,
+    # last]
+    starts = torch.arange(kv_blocks, device=dev) * b  # [KB]
+    ends = starts + b - 1
+    full = (starts[None] >= (last - w + 1)[:, None]) & (ends[None] <= first[:, None])
+    seen = (ends[None] >= (first - w + 1)[:, None]) & (starts[None] <= last[:, None])
+    partial = seen & ~full  # [tiles, KB]
+
+    def packed(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # the blocks of each tile in ascending order, those in the set first
+        count = m.sum(-1, dtype=torch.int32)[None, None]  # [1, 1, tiles]
+        order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
+        return count, order.to(torch.int32)[None, None]  # [1, 1, tiles, KB]
+
+    def visible(b_, h_, q_idx, kv_idx):
+        p = qpos[q_idx]
+        return (kv_idx <= p) & (kv_idx > p - w)
+
+    kv_num, kv_idx = packed(partial)
+    full_num, full_idx = packed(full)
+    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=b,
+                                    mask_mod=visible, seq_lengths=(a, n),
+                                    compute_q_blocks=False)
+
+
+_FLEX: list[Callable | None] = []  # the compiled FlexAttention, once per process (None: off)
+
+
+def _flex() -> Callable | None:
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        # dynamic: one compile serves every request's query and key counts
+        _FLEX.append(torch.compile(flex_attention, dynamic=True))
+    return _FLEX[0]
+
+
+def _disable_flex(exc: Exception) -> None:
+    log.warning("FlexAttention is not usable here (%s: %s); scattered queries take the row "
+                "blocks of the sdpa kernel instead (exact, slower on a GPU)",
+                type(exc).__name__, exc)
+    _FLEX[:] = [None]
