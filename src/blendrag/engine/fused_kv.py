@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blendrag.engine.attention import pad_rows
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.model.rope import RopeTable
 from blendrag.store.layered import LayeredEntry
@@ -31,19 +32,26 @@ class CachedSegment:
 
 
 class FusedKV:
-    """k, v: [layers, kv_heads, capacity, head_dim]; rows [0, length) are valid after prefill."""
+    """k, v: [layers, kv_heads, capacity, head_dim]; rows [0, length) are valid after prefill.
+    ``base``: the whole tensors k and v are views of (the pooled buffer: a decoding step of
+    fixed shape runs over all of it, engine/decode.py); ``tail_zeroed``: rows from ``length``
+    on have been zeroed for that step."""
 
     def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         self.k = torch.empty(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
+        self.base = self.k, self.v
         self.length = 0
+        self.tail_zeroed = False
 
     @classmethod
-    def over(cls, k: torch.Tensor, v: torch.Tensor) -> FusedKV:
-        """A request KV over existing storage (views of a pooled buffer)."""
+    def over(cls, k: torch.Tensor, v: torch.Tensor,
+             base: tuple[torch.Tensor, torch.Tensor] | None = None) -> FusedKV:
+        """A request KV over existing storage (views of ``base``, a pooled buffer)."""
         fused = cls.__new__(cls)
-        fused.k, fused.v, fused.length = k, v, 0
+        fused.k, fused.v, fused.length, fused.tail_zeroed = k, v, 0, False
+        fused.base = base if base is not None else (k, v)
         return fused
 
     @property
@@ -65,6 +73,13 @@ class FusedKV:
             k = k.to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
             rope.at(span).rotate_into(self.k[layer, :, span], k)
         clock.lap("rotate")
+
+    def zero_rows(self, start: int, stop: int) -> None:
+        """Zero rows [start, stop) of every layer of the whole buffer (``base``): rows a kernel
+        reads but masks must hold no NaN (0 x NaN is NaN)."""
+        k, v = self.base
+        k[:, :, start:stop].zero_()
+        v[:, :, start:stop].zero_()
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """pos: [A] positions; k, v: [Hkv, A, D] (k rotated)."""
@@ -102,12 +117,15 @@ class BufferPool:
                     and (kv[0].shape[0], kv[0].shape[1], kv[0].shape[3])
                     == (layers, kv_heads, head_dim))
             if kv is not None and fits and _unused(kv[0]) and _unused(kv[1]):
-                return FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity])
-            fused = FusedKV(layers, kv_heads, capacity, head_dim, dtype, device)
+                return FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity], kv)
+            # whole FlexAttention key blocks: shapes that repeat (engine/attention.py)
+            fused = FusedKV(layers, kv_heads, pad_rows(capacity), head_dim, dtype, device)
             if kv is None or not fits:
                 self._kv = fused.k, fused.v
-                return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity])
-            return fused
+                return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity],
+                                    self._kv)
+            return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity],
+                                (fused.k, fused.v))
 
     def clear(self) -> None:
         with self._lock:

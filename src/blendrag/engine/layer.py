@@ -28,8 +28,10 @@ def project(adapter: LlamaAdapter, layer: HFModule, h: torch.Tensor,
 def attend(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedKV,
            plan: AttentionPlan) -> torch.Tensor:
     """Attention of q: [H, A, D] over the fused KV of ``layer_idx`` -> o: [H, A, D], as
-    ``plan`` says (engine/attention.py: built once for the positions of q)."""
-    return plan.attend(q, fused.k[layer_idx], fused.v[layer_idx], adapter.scaling)
+    ``plan`` says (engine/attention.py: built once for the positions of q). The plan gets
+    the layer's whole buffer (its keys past the prompt are never visible)."""
+    k, v = fused.base
+    return plan.attend(q, k[layer_idx], v[layer_idx], adapter.scaling)
 
 
 def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedKV,

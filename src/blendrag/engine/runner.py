@@ -6,10 +6,12 @@ the store: the chunk cache and the request path hand it plans and cached rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from blendrag.engine.attention import kernel_for
+from blendrag.engine.decode import StaticDecoder, static_rope
 from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.layer import attend, finish, project
 from blendrag.engine.layer_feed import LayerFeed
@@ -22,20 +24,42 @@ from blendrag.model.adapters import adapter_for
 from blendrag.model.rope import RopeTables
 from blendrag.store.layered import MemoryLayeredEntry
 
+DECODE_MODES = ("auto", "graph", "eager")
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """How the engine computes; every choice runs the same exact arithmetic.
+
+    attention: the layer loop's attention kernel (engine/attention.py): ``auto`` (FlexAttention
+      on CUDA for scattered queries and windows, PyTorch's SDPA elsewhere), ``sdpa`` or ``flex``.
+    decode: how each token is decoded (engine/decode.py): ``auto`` (a CUDA graph of the step on
+      CUDA when the model's RoPE allows it, eager elsewhere), ``graph`` (the fixed-shape step,
+      replayed from a CUDA graph on CUDA, run eagerly elsewhere) or ``eager``.
+    """
+
+    attention: str = "auto"
+    decode: str = "auto"
+
+    def __post_init__(self) -> None:
+        kernel_for(self.attention, torch.device("cpu"))  # raises for an unknown kernel
+        if self.decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+
 
 class ModelRunner:
-    """Runs ``model`` (eval mode) on the device its weights are on, in their dtype."""
+    """Runs ``model`` (eval mode) on the device its weights are on, in their dtype, as
+    ``compute`` says."""
 
-    def __init__(self, model: torch.nn.Module, attention: str = "auto") -> None:
-        """``attention``: the attention kernel of the layer loop (``engine/attention.py``:
-        ``auto``, ``sdpa`` or ``flex``)."""
+    def __init__(self, model: torch.nn.Module, compute: ComputeConfig | None = None) -> None:
         self.model = model.eval()
         self.adapter = adapter_for(model)
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.attention = attention
-        self.kernel = kernel_for(attention, self.device)
+        self.compute = compute or ComputeConfig()
+        self.kernel = kernel_for(self.compute.attention, self.device)
         self._pool = BufferPool()  # the request KV buffer, lent again once free
+        self._decoder = self._static_decoder()
 
     @property
     def max_positions(self) -> int:
@@ -49,9 +73,25 @@ class ModelRunner:
         return self._pool.take(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype,
                                self.device)
 
+    @property
+    def static_decoder(self) -> StaticDecoder | None:
+        """The fixed-shape decoding step (engine/decode.py), when this runner decodes with it."""
+        return self._decoder
+
     def release_buffers(self) -> None:
-        """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)."""
+        """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)
+        and the decoding steps made over it."""
         self._pool.clear()
+        if self._decoder is not None:
+            self._decoder.clear()
+
+    def _static_decoder(self) -> StaticDecoder | None:
+        mode, cuda = self.compute.decode, self.device.type == "cuda"
+        if mode == "eager" or (mode == "auto" and not cuda):
+            return None
+        if not static_rope(self.adapter):  # frequencies that change with the length
+            return None
+        return StaticDecoder(self.adapter, graphs=cuda)
 
     def rope(self, n: int) -> RopeTables:
         """cos/sin of positions [0, n) for every layer, from the model's own rotary embedding."""
@@ -78,10 +118,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, token: int, fused: FusedKV) -> torch.Tensor:
-        """Append ``token`` at position ``fused.length``; its next-token logits [vocab] float32.
+        """Append ``token`` at position ``fused.length``; its next-token logits [vocab] float32:
+        a step of fixed shape (engine/decode.py) when ``compute.decode`` asks for one, else
+        eagerly.
 
-        cos/sin come from ``rotary_emb`` at this one position, as HF's generate does (it
-        matters for dynamic NTK, whose frequencies depend on the current length)."""
+        Eagerly, cos/sin come from ``rotary_emb`` at this one position, as HF's generate does
+        (it matters for dynamic NTK, whose frequencies depend on the current length)."""
+        if self._decoder is not None:
+            return self._decoder.decode(token, fused)
         p, a = fused.length, self.adapter
         if p >= fused.capacity:
             raise ValueError(f"the KV buffer is full ({fused.capacity} rows)")

@@ -1,16 +1,18 @@
 """The exactness rules (docs/architecture.md): the exact modes equal a full prefill, on
-identical ids."""
+identical ids, with the CPU's attention kernels and with the GPU's (FlexAttention, compiled
+here too)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from blendrag import BlendConfig, CacheBlendOptions
+from blendrag import BlendConfig, CacheBlendOptions, ComputeConfig
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3"]
 TOL = 1e-4
+KERNELS = {"sdpa": ComputeConfig(attention="sdpa"), "flex": ComputeConfig(attention="flex")}
 
 
 def hf_last_logits(engine, layout) -> torch.Tensor:
@@ -23,8 +25,9 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_blend_ratio_one_equals_full_and_hf(engine_for, family):
-    engine = engine_for(family)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_blend_ratio_one_equals_full_and_hf(engine_for, family, kernel):
+    engine = engine_for(family, compute=KERNELS[kernel])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
@@ -51,8 +54,9 @@ def test_blend_ratio_one_with_chat_template(engine_for):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_prefix_mode_equals_full(engine_for, family):
-    engine = engine_for(family)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_prefix_mode_equals_full(engine_for, family, kernel):
+    engine = engine_for(family, compute=KERNELS[kernel])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full"))
     pre = engine.prefill(layout, BlendConfig(mode="prefix"))
@@ -63,8 +67,9 @@ def test_prefix_mode_equals_full(engine_for, family):
     assert max_diff(pre.fused.k[:, :, :n], full.fused.k[:, :, :n]) < TOL
 
 
-def test_reuse_single_chunk_after_prefix_equals_full(engine_for):
-    engine = engine_for("llama")
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_reuse_single_chunk_after_prefix_equals_full(engine_for, kernel):
+    engine = engine_for("llama", compute=KERNELS[kernel])
     layout = engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     reuse = engine.prefill(layout, BlendConfig(mode="reuse"))
@@ -74,13 +79,14 @@ def test_reuse_single_chunk_after_prefix_equals_full(engine_for):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_reuse_several_chunks_equals_dynamic_cache_reference(engine_for, family):
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_reuse_several_chunks_equals_dynamic_cache_reference(engine_for, family, kernel):
     """Independent reference: HF's own forward of the suffix on a DynamicCache built from the
     per-chunk KVs rotated (with HF's apply_rotary_pos_emb) to their positions."""
     from transformers import DynamicCache
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    engine = engine_for(family)
+    engine = engine_for(family, compute=KERNELS[kernel])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     reuse = engine.prefill(layout, BlendConfig(mode="reuse")).logits
 
@@ -113,8 +119,9 @@ def test_static_selector_at_ratio_zero_equals_reuse(engine_for):
     assert max_diff(epic0, reuse) < TOL
 
 
-def test_sliding_window_full_equals_hf(engine_for):
-    engine = engine_for("mistral", sliding_window=16)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_sliding_window_full_equals_hf(engine_for, kernel):
+    engine = engine_for("mistral", sliding_window=16, compute=KERNELS[kernel])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     assert layout.num_tokens > 16
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
@@ -124,8 +131,9 @@ def test_sliding_window_full_equals_hf(engine_for):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_blend_one_close_to_full(engine_for, dtype):
-    engine = engine_for("llama", dtype=dtype)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_half_precision_blend_one_close_to_full(engine_for, dtype, kernel):
+    engine = engine_for("llama", dtype=dtype, compute=KERNELS[kernel])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     blend = engine.prefill(layout, BlendConfig(ratio=1.0)).logits
@@ -136,10 +144,11 @@ def test_half_precision_blend_one_close_to_full(engine_for, dtype):
     assert int(blend.argmax()) == int(full.argmax())
 
 
-def test_tied_embeddings_and_rope_scaling_equal_full(engine_for):
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_tied_embeddings_and_rope_scaling_equal_full(engine_for, kernel):
     rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
-    engine = engine_for("llama", tie=True, rope=rope)
+    engine = engine_for("llama", tie=True, rope=rope, compute=KERNELS[kernel])
     assert (
         engine.model.lm_head.weight.data_ptr() == engine.model.model.embed_tokens.weight.data_ptr()
     )

@@ -58,8 +58,13 @@ def test_pool_lends_a_buffer_again_only_when_no_view_of_it_lives():
         assert pool.take(2, 2, 8, 4, torch.float32, CPU).k.data_ptr() != base  # a view lives
         del kept
         assert pool.take(2, 2, 8, 4, torch.float32, CPU).k.data_ptr() == base
-        bigger = pool.take(2, 2, 20, 4, torch.float32, CPU)  # too small: replaced
-        assert bigger.k.data_ptr() != base and bigger.capacity == 20
+        # buffers hold whole key blocks of FlexAttention, at least two: 256 rows for 10
+        whole = pool.take(2, 2, 256, 4, torch.float32, CPU)
+        assert whole.k.data_ptr() == base and whole.base[0].shape[2] == 256
+        del whole
+        bigger = pool.take(2, 2, 300, 4, torch.float32, CPU)  # too small: replaced
+        assert bigger.k.data_ptr() != base and bigger.capacity == 300
+        assert bigger.base[0].shape[2] == 384
         assert pool.take(2, 2, 8, 4, torch.bfloat16, CPU).k.dtype == torch.bfloat16
 
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from blendrag import BlendConfig, GenerationConfig
+from blendrag import BlendConfig, ComputeConfig, GenerationConfig
+from blendrag.engine.decode import StaticDecoder
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")
+# eager decoding, and the fixed-shape step a CUDA graph replays on a GPU (run eagerly here)
+DECODES = {"eager": ComputeConfig(decode="eager"), "graph": ComputeConfig(decode="graph")}
 
 
-def test_greedy_after_full_equals_hf_generate(engine_for):
-    engine = engine_for("llama")
+@pytest.mark.parametrize("decode", list(DECODES))
+def test_greedy_after_full_equals_hf_generate(engine_for, decode):
+    engine = engine_for("llama", compute=DECODES[decode])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     # never stop early: compare 24 tokens
     gen = GenerationConfig(max_new_tokens=24, eos_token_ids=())
@@ -23,8 +28,11 @@ def test_greedy_after_full_equals_hf_generate(engine_for):
     assert ours.finish_reason == "length" and ours.stats.decode.new_tokens == 24
 
 
-def test_greedy_with_sliding_window_and_qk_norm_equals_hf_generate(engine_for):
-    for engine in (engine_for("mistral", sliding_window=24), engine_for("qwen3")):
+@pytest.mark.parametrize("decode", list(DECODES))
+def test_greedy_with_sliding_window_and_qk_norm_equals_hf_generate(engine_for, decode):
+    compute = DECODES[decode]
+    for engine in (engine_for("mistral", sliding_window=24, compute=compute),
+                   engine_for("qwen3", compute=compute)):
         layout = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX)
         ours = engine.generate(layout, FULL, GenerationConfig(max_new_tokens=12, eos_token_ids=()))
         with torch.no_grad():
@@ -100,3 +108,24 @@ def test_stats_report_reuse_and_recompute(engine_for):
     assert recomputed == [s.prompt.chunk_tokens] + [expected] * (layers - 1)
     assert s.compute.computed_per_layer[-1] == expected + len(layout.suffix_ids)
     assert s.timing.ttft_s > 0 and s.decode.new_tokens == 6 and s.decode.decode_tokens_per_s > 0
+
+
+def test_the_fixed_shape_step_equals_eager_decoding_and_reuses_its_buffer(engine_for):
+    """Step by step, the logits of the fixed-shape step (over the whole buffer, masked) equal
+    the eager step's; a later request in the same pooled buffer reuses the step (on a GPU: its
+    captured graph) and still decodes from its own rows."""
+    eager = engine_for("llama", compute=DECODES["eager"])
+    static = engine_for("llama", compute=DECODES["graph"])
+    assert isinstance(static.runner.static_decoder, StaticDecoder)
+    assert eager.runner.static_decoder is None
+    for passages in (PASSAGES, PASSAGES[:2]):
+        layout = eager.build_prompt(PREFIX, passages, SUFFIX)
+        a = eager.prefill(layout, FULL, extra_capacity=8)
+        b = static.prefill(layout, FULL, extra_capacity=8)
+        token = int(a.logits.argmax())
+        for _ in range(8):
+            la, lb = eager.runner.decode(token, a.fused), static.runner.decode(token, b.fused)
+            assert (la - lb).abs().max() < 1e-5
+            token = int(la.argmax())
+        del a, b
+    assert static.runner.static_decoder.buffers == 1

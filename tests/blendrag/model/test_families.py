@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from blendrag import BlendConfig, BlendEngine, GenerationConfig
+from blendrag import BlendConfig, BlendEngine, ComputeConfig, GenerationConfig
 from blendrag.engine.context import NO_CONTEXT
 from blendrag.prompt import PromptLayout
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -53,12 +53,19 @@ def hf_last_logits(engine, ids) -> torch.Tensor:
         return engine.model(torch.tensor([ids])).logits[0, -1].float()
 
 
-@pytest.fixture(params=[(f, d) for f in FAMILIES for d in DTYPES],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+# the CPU's kernels (SDPA row blocks, eager decoding) and the GPU's (FlexAttention, compiled
+# here too, and the fixed-shape decoding step a CUDA graph replays there)
+COMPUTES = {"sdpa": ComputeConfig(attention="sdpa", decode="eager"),
+            "flex": ComputeConfig(attention="flex", decode="graph")}
+
+
+@pytest.fixture(params=[(f, d, c) for f in FAMILIES for d in DTYPES for c in COMPUTES],
+                ids=lambda p: f"{p[0]}-{p[1]}-{p[2]}")
 def case(request, engine_for):
-    """(engine, dtype, layout): every family in every dtype, on the four-passage prompt."""
-    family, dtype = request.param
-    engine = engine_for(family, dtype=dtype, **FAMILIES[family])
+    """(engine, dtype, layout): every family in every dtype with each kernel set, on the
+    four-passage prompt."""
+    family, dtype, compute = request.param
+    engine = engine_for(family, dtype=dtype, compute=COMPUTES[compute], **FAMILIES[family])
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     windows = {engine.adapter.sliding_window(i) for i in range(engine.adapter.num_layers)}
     assert all(w is None or w < layout.num_tokens for w in windows)  # past the window

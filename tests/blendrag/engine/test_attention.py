@@ -1,0 +1,155 @@
+"""Attention plans (engine/attention.py): every kernel computes the exact mask, on the CPU,
+FlexAttention compiled here too; its block mask marks exactly the key blocks that a tile of
+queries sees whole, in part or not at all."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blendrag.engine.attention import (
+    FLEX_BLOCK,
+    BlockPlan,
+    CausalPlan,
+    FlexPlan,
+    LastPlan,
+    LowerRightPlan,
+    kernel_for,
+    plan_attention,
+    score_bias,
+)
+from blendrag.engine.layer import attention_probs
+
+H, HKV, D = 4, 2, 16
+SCALE = D**-0.5
+
+
+def reference(q, k, v, pos, n, window=None, softcap=None):
+    """Attention in float64 with the dense exact mask: key j visible to a query at p iff
+    j <= p (and p - j < window). q: [H, A, D]; k, v: [Hkv, >= n, D] -> [H, A, D]."""
+    q, k, v = q.double(), k[:, :n].double(), v[:, :n].double()
+    k, v = k.repeat_interleave(H // HKV, 0), v.repeat_interleave(H // HKV, 0)
+    logits = q @ k.transpose(1, 2) * SCALE  # [H, A, n]
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    keys = torch.arange(n)
+    visible = keys[None] <= pos[:, None]
+    if window is not None:
+        visible &= keys[None] > pos[:, None] - window
+    return logits.masked_fill(~visible, float("-inf")).softmax(-1) @ v
+
+
+def positions(kind: str, n: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(n)
+    if kind == "all":
+        return torch.arange(n)
+    if kind == "last":
+        return torch.tensor([n - 1])
+    if kind == "tail":
+        return torch.arange(n - 70, n)
+    # scattered: a random fifth of the tokens, then a suffix of 9 (what blend computes)
+    chosen = torch.randperm(n - 9, generator=g)[: n // 5].sort().values
+    return torch.cat([chosen, torch.arange(n - 9, n)])
+
+
+def tensors(a: int, n: int, extra: int = 8):
+    """q for ``a`` queries; k, v of a buffer longer than n whose rows past n are NaN: a plan
+    that read a key beyond the prompt would show it."""
+    g = torch.Generator().manual_seed(a * 1000 + n)
+    q = torch.randn(H, a, D, generator=g)
+    k, v = (torch.randn(HKV, n + extra, D, generator=g) for _ in range(2))
+    k[:, n:], v[:, n:] = float("nan"), float("nan")
+    return q, k, v
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flex"])
+@pytest.mark.parametrize("window", [None, 48])
+@pytest.mark.parametrize("kind", ["all", "last", "tail", "scattered"])
+@pytest.mark.parametrize("n", [300, 129])
+def test_every_plan_computes_the_exact_mask(kernel, window, kind, n):
+    pos = positions(kind, n)
+    q, k, v = tensors(pos.shape[0], n)
+    plan = plan_attention(pos, n, window, kernel)
+    out = plan.attend(q, k, v, SCALE)
+    assert (out.double() - reference(q, k, v, pos, n, window)).abs().max() < 2e-6
+    ref_keys = sum(min(p + 1, window or n) for p in pos.tolist())
+    assert plan.attended_keys == ref_keys
+
+
+def test_each_shape_of_queries_takes_its_kernel():
+    n = 300
+    assert isinstance(plan_attention(torch.arange(n), n, None), CausalPlan)
+    assert isinstance(plan_attention(torch.tensor([n - 1]), n, None), LastPlan)
+    for kind in ("tail", "scattered"):  # the CPU's row blocks
+        assert isinstance(plan_attention(positions(kind, n), n, None), BlockPlan)
+    assert isinstance(plan_attention(positions("scattered", n), n, None, "flex"), FlexPlan)
+    # a window the prompt does not reach is no window
+    assert isinstance(plan_attention(torch.arange(n), n, n + 5), CausalPlan)
+    assert isinstance(plan_attention(torch.arange(n), n, 48, "flex"), FlexPlan)
+    assert kernel_for("auto", torch.device("cpu")) == "sdpa"
+    assert kernel_for("auto", torch.device("cuda")) == "flex"
+    with pytest.raises(ValueError, match="attention must be one of"):
+        kernel_for("triton", torch.device("cpu"))
+
+
+def test_the_lower_right_causal_bias_is_the_exact_mask_of_contiguous_queries():
+    """CUDA's path for contiguous queries (on the CPU torch builds the same mask per call)."""
+    n, a = 300, 70
+    pos = torch.arange(n - a, n)
+    q, k, v = tensors(a, n)
+    plan = LowerRightPlan(a, n)
+    assert (plan.attend(q, k, v, SCALE).double() - reference(q, k, v, pos, n)).abs().max() < 2e-6
+    assert plan.attended_keys == sum(p + 1 for p in pos.tolist())
+
+
+def test_soft_capped_plans_cap_before_the_mask():
+    n = 200
+    pos = positions("scattered", n)
+    q, k, v = tensors(pos.shape[0], n)
+    q = q * 4  # logits large enough to reach the cap
+    plan = plan_attention(pos, n, 32, softcap=2.0)
+    assert isinstance(plan, BlockPlan)
+    ref = reference(q, k, v, pos, n, 32, softcap=2.0)
+    assert (plan.attend(q, k, v, SCALE).double() - ref).abs().max() < 2e-6
+
+
+@pytest.mark.parametrize("window", [None, 200])
+def test_the_block_mask_marks_whole_partial_and_skipped_key_blocks(window):
+    """For each tile of 128 queries: a key block is "full" iff every query of the tile sees all
+    its keys, listed (partial) iff some query sees some of them, else skipped."""
+    n = 1000
+    g = torch.Generator().manual_seed(7)
+    pos = torch.cat([torch.randperm(n - 40, generator=g)[:300].sort().values,
+                     torch.arange(n - 40, n)])
+    mask = FlexPlan(pos, n, window, 0).block_mask(1024)  # a buffer of 1,024 rows
+    keys = torch.arange(n)
+    visible = keys[None] <= pos[:, None]
+    if window is not None:
+        visible &= keys[None] > pos[:, None] - window
+    kv_num, kv_idx = mask.kv_num_blocks[0, 0], mask.kv_indices[0, 0]
+    full_num, full_idx = mask.full_kv_num_blocks[0, 0], mask.full_kv_indices[0, 0]
+    b = FLEX_BLOCK
+    for t in range(-(-pos.shape[0] // b)):
+        rows = visible[t * b:(t + 1) * b]
+        full = {j for j in range(-(-n // b)) if rows[:, j * b:(j + 1) * b].all()
+                and (j + 1) * b <= n}
+        seen = {j for j in range(-(-n // b)) if rows[:, j * b:(j + 1) * b].any()}
+        assert set(full_idx[t, :full_num[t]].tolist()) == full
+        assert set(kv_idx[t, :kv_num[t]].tolist()) == seen - full
+        # the mask is evaluated only across the span of the tile's own positions (and window)
+        tile = pos[t * b:(t + 1) * b]
+        assert int(kv_num[t]) <= (int(tile[-1]) - int(tile[0]) + (window or 0)) // b + 2
+
+
+def test_the_score_bias_is_the_exact_mask_repeated_per_query_group():
+    n = 60
+    pos = torch.arange(n - 7, n)
+    bias = score_bias(pos, n, None, groups=2)
+    assert bias.shape == (14, n)
+    assert torch.equal(bias[:7], bias[7:])
+    visible = torch.arange(n)[None] <= pos[:, None]
+    assert torch.equal(bias[:7] == 0, visible)
+    q, k, _ = tensors(7, n)
+    probs = attention_probs(q, k[:, :n], pos, SCALE)
+    ref = reference(q, k, torch.eye(n)[None].expand(HKV, n, n), pos, n)  # values = one-hot keys
+    assert (probs.double() - ref[:, :, :n]).abs().max() < 2e-6
