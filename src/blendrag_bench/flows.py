@@ -97,8 +97,6 @@ class EngineFlow:
     ``engine.build_prompt(prefix, chunks, suffix)``. ``profile``: measure context profiles
     at ingestion (for the profile selector)."""
 
-    name = "engine"
-
     def __init__(self, engine: BlendEngine, profile: bool = False) -> None:
         self.engine, self.profile = engine, profile
 
@@ -120,8 +118,6 @@ class IntegrationFlow:
     prompt ``prefix + separator.join(chunks) + suffix`` laid out by ``BlendClient.layout`` with
     the chunks as the request's documents. The engine needs a ``chunk_prefix``, as the
     frameworks' do (ValueError naming the fix otherwise)."""
-
-    name = "integration"
 
     def __init__(self, engine: BlendEngine, profile: bool = False) -> None:
         from blendrag.integration.client import BlendClient
