@@ -7,7 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo lint typecheck test test-fast bench-ttft bench-store bench-quality
+.PHONY: setup demo lint typecheck test test-fast bench-ttft bench-store bench-quality \
+	gpu-check gpu-wheels
 
 # Each step says what it does before it starts: the whole set-up takes a few minutes.
 $(STAMP): pyproject.toml
@@ -53,3 +54,17 @@ bench-store: $(STAMP)
 
 bench-quality: $(STAMP)
 	$(BIN)/blendrag bench quality --json runs/quality.json
+
+# The GPU check, on a GPU machine (CUDA torch, transformers, safetensors, xxhash; no network):
+# exactness on CUDA and every mode's speed at Mistral-7B's shape, at most 8 files in OUT, in
+# under 6 minutes (docs/gpu.md). It runs from the tree with that machine's python3, no venv;
+# diskcache, when missing there, comes from the wheels of `make gpu-wheels` (carry .whl/).
+OUT ?= gpu-check
+gpu-check:
+	@python3 -c "import diskcache" 2>/dev/null || python3 -m pip install -q --no-index \
+		--no-deps --target .gpu-site .whl/*.whl
+	PYTHONPATH=src:.gpu-site:$$PYTHONPATH python3 -m blendrag_bench.gpu.check --out $(OUT)
+
+# the wheels the GPU check needs there and cannot download: run here, carry .whl/ there
+gpu-wheels: $(STAMP)
+	$(BIN)/pip download -q --no-deps --only-binary=:all: -d .whl diskcache==5.6.3

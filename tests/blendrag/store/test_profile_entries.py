@@ -237,6 +237,7 @@ def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_serve
     assert plain.get("p").profile is None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_profile_is_stored_on_the_cpu(make_store):
     kv = make_kv(17, profile=True)

@@ -77,6 +77,7 @@ def test_precompute_api_missing_and_bulk_puts_bypass_ram(make_store):
     assert s.tier("ram").entries == 1 and s.tier("disk").entries == 3
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_tensors_are_stored_as_cpu_copies(make_store):
     store = make_store()

@@ -1,0 +1,184 @@
+"""The project's GPU check: exactness on CUDA and every mode's speed at Mistral-7B's shape.
+
+    make gpu-check OUT=dir        # on a GPU machine, from the project's tree, no network
+    python -m blendrag_bench.gpu.check --out DIR [--small] [--budget SECONDS] [--only PHASE ...]
+
+Each phase runs in a process of its own under a time budget (the whole check ends within
+``--budget``, default 330 s), so that a phase that fails, hangs or runs out of time is reported
+and the next one still runs; partial output is kept. ``--small``: tiny shapes, to check the
+script on a CPU. Files in DIR (eight at most):
+
+- ``summary.md``: the device, the date, the command, every headline figure against its target;
+- ``exactness.txt``: tiny random models of eight families on the device against HF (every
+  compute path), a disk tier to the device, then the CUDA-marked tests;
+- ``ttft-3k.txt``, ``ttft-16k.txt``: ``bench ttft`` at 6 x 512 and 8 x 2,048 chunk tokens;
+- ``chat.txt``: ``bench chat`` (random workload, 4 turns) at the same shape;
+- ``loading.txt``: the disk tier (page cache) to the device, and pipelined TTFT from it;
+- ``decode.txt``: tokens per second of eager decoding, the CUDA-graph step and HF generate;
+- ``profile.txt``: one request of each mode under ``torch.profiler``: top ops, launches, syncs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# phase -> (its file, the most seconds it may take); in the order they run
+PHASES = {
+    "ttft-3k": ("ttft-3k.txt", 80),
+    "exactness": ("exactness.txt", 110),
+    "ttft-16k": ("ttft-16k.txt", 90),
+    "decode": ("decode.txt", 50),
+    "chat": ("chat.txt", 50),
+    "loading": ("loading.txt", 50),
+    "profile": ("profile.txt", 40),
+}
+MIN_PHASE_S = 15  # a phase is started only with at least this much of the budget left
+ROOT = Path(__file__).resolve().parents[3]  # the project's tree (src/blendrag_bench/gpu/..)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for the result files")
+    parser.add_argument("--small", action="store_true",
+                        help="tiny shapes: checks the script itself, on a CPU too")
+    parser.add_argument("--budget", type=float, default=330.0,
+                        help="seconds for the whole check (default: 330)")
+    parser.add_argument("--only", nargs="+", choices=list(PHASES), default=None,
+                        help="run only these phases (default: all)")
+    parser.add_argument("--phase", choices=list(PHASES), help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.phase:  # one phase, in this process
+        return _phase(args.phase, args.out, args.scratch, args.small)
+    return _check(args)
+
+
+def _check(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
+    scratch = Path(tempfile.mkdtemp(prefix="blendrag-gpu-check-"))
+    status: dict[str, str] = {}
+    for name in args.only or PHASES:
+        file, cap = PHASES[name]
+        left = args.budget - (time.perf_counter() - start)
+        if left < MIN_PHASE_S:
+            status[name] = "not run: out of time"
+            continue
+        command = [sys.executable, "-m", "blendrag_bench.gpu.check", "--phase", name,
+                   "--out", str(args.out), "--scratch", str(scratch)] + (
+            ["--small"] if args.small else [])
+        t0 = time.perf_counter()
+        print(f"[gpu-check] {name} (at most {min(cap, left):.0f} s)", flush=True)
+        # a session of its own: a phase out of time is stopped with whatever it started
+        proc = subprocess.Popen(command, start_new_session=True)
+        try:
+            code = proc.wait(timeout=min(cap, left))
+            status[name] = "ok" if code == 0 else f"failed (exit {code})"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            status[name] = f"stopped after {min(cap, left):.0f} s (partial output kept)"
+        status[name] += f", {time.perf_counter() - t0:.0f} s"
+        print(f"[gpu-check] {name}: {status[name]}", flush=True)
+    summary = _summary(args, status, scratch, time.perf_counter() - start)
+    (args.out / "summary.md").write_text(summary)
+    print(summary)
+    return 0
+
+
+def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
+    from blendrag_bench.gpu import exactness, profile, shapes, speed
+
+    path = out / PHASES[name][0]
+    with path.open("w") as f:
+        def emit(line: str) -> None:
+            f.write(line + "\n")
+            f.flush()  # what a stopped phase wrote stays
+
+        emit(f"# {name}: {_device()}")
+        if name == "exactness":
+            counts = exactness.run(emit, shapes.device())
+            tests = _cuda_tests(emit)
+            heads = {"exactness checks failed": (counts["failed"], "0", counts["failed"] == 0),
+                     "exactness checks passed": (counts["passed"], "", None),
+                     "CUDA-marked tests": (tests, "", None)}
+        elif name.startswith("ttft-"):
+            heads = speed.ttft(emit, small, name.split("-")[1])
+        elif name == "profile":
+            heads = profile.run(emit, small)
+        else:
+            heads = {"chat": speed.chat, "loading": speed.loading,
+                     "decode": speed.decode}[name](emit, small)
+    if scratch is not None:
+        (scratch / f"{name}.json").write_text(json.dumps(heads))
+    return 0
+
+
+def _cuda_tests(emit) -> str:
+    """Run the tests marked ``cuda`` (their files found by the mark), output into the file."""
+    if not torch.cuda.is_available():
+        emit("\nCUDA-marked tests: not run (no CUDA device)")
+        return "not run (no CUDA device)"
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
+                   if "mark.cuda" in p.read_text())
+    emit("\nCUDA-marked tests: " + " ".join(files))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda",
+                           "-p", "no:cacheprovider", *files], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
+    emit(done.stdout[-6000:] + done.stderr[-2000:])
+    lines = [x for x in done.stdout.splitlines() if " passed" in x or " failed" in x]
+    return lines[-1].strip() if lines else f"pytest exit {done.returncode}"
+
+
+def _device() -> str:
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
+    import transformers
+
+    return (f"{'cuda' if torch.cuda.is_available() else 'cpu'} {name}, torch {torch.__version__},"
+            f" transformers {transformers.__version__}, Python {platform.python_version()}")
+
+
+def _summary(args: argparse.Namespace, status: dict[str, str], scratch: Path,
+             took: float) -> str:
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"# blendrag GPU check{' (--small)' if args.small else ''}", "",
+             f"- device: {_device()}", f"- date: {when}; {took:.0f} s in all",
+             f"- command: `python -m blendrag_bench.gpu.check {' '.join(sys.argv[1:])}`", "",
+             "| phase | status |", "|---|---|"]
+    lines += [f"| {name} | {s} |" for name, s in status.items()]
+    lines += ["", "| figure | value | target | met |", "|---|---|---|---|"]
+    for name in status:
+        path = scratch / f"{name}.json"
+        if not path.exists():
+            continue
+        for figure, (value, target, met) in json.loads(path.read_text()).items():
+            shown = value if isinstance(value, str) else _value(figure, value)
+            verdict = "" if met is None else ("PASS" if met else "MISS")
+            lines.append(f"| {figure} | {shown} | {target} | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def _value(figure: str, value: float) -> str:
+    if "vs HF forward" in figure:
+        return f"{value:+.1%}"
+    if "GB/s" in figure or "->" in figure:
+        return f"{value:.2f} GB/s"
+    if "launches" in figure or "syncs" in figure or "checks" in figure:
+        return f"{value:.0f}"
+    return f"{value:.2f}x" if "/ max" not in figure else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Exactness on the device: tiny random models of every family, each compute path, against HF.
+
+Per family (prompts past every sliding window), with the device's own kernels (``auto``: on
+CUDA FlexAttention and the CUDA-graph decoding step) and with the plain ones (SDPA, eager):
+float32 full prefill vs HF's forward; blend at ratio 1.0 (three selectors), prefix mode and
+single-chunk reuse vs full; 12 greedy tokens vs HF ``generate``; pipelined loading (rows
+placed on the reader's stream) bit for bit equal to sequential; bfloat16 full vs HF within
+2^-5 of the largest logit, same argmax. Then a disk tier read to the device vs RAM. One line
+per case, ``[PASS]`` or ``[FAIL]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import traceback
+from collections.abc import Callable
+
+import torch
+import transformers as T
+
+from blendrag import BlendConfig, BlendEngine, ComputeConfig
+from blendrag.engine.controller import LoadingConfig
+from blendrag.prompt import PromptLayout
+
+TOL = 1e-4
+COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+GEMMA = dict(head_dim=16, sliding_window=32, query_pre_attn_scalar=16)
+FAMILIES: dict[str, Callable[[], T.PreTrainedModel]] = {
+    "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(**COMMON)),
+    "mistral-window32": lambda: T.MistralForCausalLM(T.MistralConfig(**COMMON, sliding_window=32)),
+    "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**COMMON)),
+    "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**COMMON, head_dim=16)),
+    "gemma2": lambda: T.Gemma2ForCausalLM(T.Gemma2Config(**COMMON, **GEMMA)),
+    "gemma3": lambda: T.Gemma3ForCausalLM(T.Gemma3TextConfig(
+        **COMMON, **GEMMA, layer_types=["sliding_attention"] * 3 + ["full_attention"])),
+    "phi3": lambda: T.Phi3ForCausalLM(T.Phi3Config(**COMMON, pad_token_id=0)),
+    "olmo2": lambda: T.Olmo2ForCausalLM(T.Olmo2Config(**COMMON)),
+}
+COMPUTES = {"auto": ComputeConfig(), "sdpa+eager": ComputeConfig(attention="sdpa",
+                                                                  decode="eager")}
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    return torch.randint(3, 300, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+LAYOUT = PromptLayout(_ids(8, 1), [_ids(48, s) for s in (2, 3, 4, 5)], _ids(10, 6))
+
+
+class Report:
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit, self.passed, self.failed = emit, 0, 0
+
+    def row(self, case: str, ok: bool, figure: str) -> None:
+        self.passed += ok
+        self.failed += not ok
+        self.emit(f"[{'PASS' if ok else 'FAIL'}] {case}: {figure}")
+
+
+def _diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.float().cpu() - b.float().cpu()).abs().max().item()
+
+
+def _model(name: str, dtype: torch.dtype, device: str) -> T.PreTrainedModel:
+    torch.manual_seed(0)
+    model = FAMILIES[name]()
+    with torch.no_grad():  # larger weights: cross-chunk effects visible in the logits
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(2.0)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def _greedy(engine: BlendEngine, steps: int) -> list[int]:
+    pre = engine.prefill(LAYOUT, BlendConfig(mode="full"), extra_capacity=steps)
+    tokens = [int(pre.logits.argmax())]
+    for _ in range(steps - 1):
+        tokens.append(int(engine.runner.decode(tokens[-1], pre.fused).argmax()))
+    return tokens
+
+
+@torch.no_grad()
+def family(report: Report, name: str, device: str) -> None:
+    model = _model(name, torch.float32, device)
+    ids = torch.tensor([LAYOUT.ids], device=device)
+    hf = model(ids).logits[0, -1]
+    ref = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                         eos_token_id=None)[0, ids.shape[1]:].tolist()
+    for label, compute in COMPUTES.items():
+        engine = BlendEngine(model, None, compute=compute)
+        case = f"{name} fp32 {label}"
+        full = engine.prefill(LAYOUT, BlendConfig(mode="full")).logits
+        report.row(f"{case} full vs HF", _diff(full, hf) <= TOL, f"{_diff(full, hf):.1e}")
+        for config in (BlendConfig(selector="cacheblend", ratio=1.0),
+                       BlendConfig(selector="preview", ratio=1.0),
+                       BlendConfig(selector="epic", ratio=1.0), BlendConfig(mode="prefix")):
+            got = engine.prefill(LAYOUT, config).logits
+            report.row(f"{case} {config.label} vs full", _diff(got, full) <= TOL,
+                       f"{_diff(got, full):.1e}")
+        one = PromptLayout(LAYOUT.prefix_ids, LAYOUT.chunk_ids[:1], LAYOUT.suffix_ids)
+        a = engine.prefill(one, BlendConfig(mode="reuse")).logits
+        b = engine.prefill(one, BlendConfig(mode="full")).logits
+        report.row(f"{case} one-chunk reuse vs full", _diff(a, b) <= TOL, f"{_diff(a, b):.1e}")
+        got_tokens = _greedy(engine, 12)
+        report.row(f"{case} 12 greedy tokens vs HF generate", got_tokens == ref,
+                   f"{got_tokens[:6]} vs {ref[:6]}")
+        _pipelined(report, case, engine)
+    _bf16(report, name, device)
+
+
+def _pipelined(report: Report, case: str, engine: BlendEngine) -> None:
+    configs = [BlendConfig(mode="reuse"), BlendConfig(selector="cacheblend", ratio=0.3),
+               BlendConfig()]
+    before = engine.loading
+    try:
+        engine.loading = dataclasses.replace(before, prefetch_layers=0)
+        sequential = [engine.prefill(LAYOUT, c).logits for c in configs]
+        engine.loading = dataclasses.replace(before, prefetch_layers=2)
+        same = all(torch.equal(engine.prefill(LAYOUT, c).logits, s)
+                   for c, s in zip(configs, sequential))
+    finally:
+        engine.loading = before
+    report.row(f"{case} pipelined == sequential (bit for bit)", same, "reuse, cacheblend, "
+               "default")
+
+
+def _bf16(report: Report, name: str, device: str) -> None:
+    model = _model(name, torch.bfloat16, device)
+    ids = torch.tensor([LAYOUT.ids], device=device)
+    hf = model(ids).logits[0, -1]
+    tol = hf.float().abs().max().item() / 32
+    for label, compute in COMPUTES.items():
+        full = BlendEngine(model, None, compute=compute).prefill(
+            LAYOUT, BlendConfig(mode="full")).logits
+        same = int(full.argmax()) == int(hf.argmax())
+        report.row(f"{name} bf16 {label} full vs HF", _diff(full, hf) <= tol and same,
+                   f"{_diff(full, hf):.1e} (tol {tol:.1e}), argmax "
+                   f"{int(full.argmax())}/{int(hf.argmax())}")
+
+
+@torch.no_grad()
+def disk_tier(report: Report, device: str) -> None:
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    model = _model("llama", torch.float32, device)
+    config = BlendConfig(selector="cacheblend", ratio=0.3)
+    want = BlendEngine(model, None).prefill(LAYOUT, config).logits
+    folder = tempfile.mkdtemp()
+    for prefetch in (4, 0):
+        store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=folder, kv_format="model"))
+        loading = LoadingConfig(prefetch_layers=prefetch)
+        BlendEngine(model, None, store=store, loading=loading).prefill(
+            LAYOUT, BlendConfig(mode="reuse"))  # computes and stores the chunks
+        store.close()
+        store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=folder, kv_format="model"))
+        got = BlendEngine(model, None, store=store, loading=loading).prefill(LAYOUT, config)
+        hits = got.stats.cache.chunk_hits == len(LAYOUT.chunk_ids)
+        report.row(f"disk tier -> {device}, prefetch {prefetch}, vs a RAM engine",
+                   _diff(got.logits, want) <= TOL and hits,
+                   f"{_diff(got.logits, want):.1e}, {got.stats.cache.chunk_hits} hits")
+        store.close()
+
+
+def run(emit: Callable[[str], None], device: str) -> dict:
+    """Every check; ``emit`` takes each line. Returns {"passed", "failed"}."""
+    report = Report(emit)
+    for name in FAMILIES:
+        try:
+            family(report, name, device)
+        except Exception as exc:  # one family's failure must not hide the others
+            emit(traceback.format_exc())
+            report.row(name, False, f"raised {type(exc).__name__}: {str(exc)[:200]}")
+    try:
+        disk_tier(report, device)
+    except Exception as exc:
+        emit(traceback.format_exc())
+        report.row("disk tier", False, f"raised {type(exc).__name__}: {str(exc)[:200]}")
+    return {"passed": report.passed, "failed": report.failed}

@@ -1,0 +1,46 @@
+"""Where one request's time goes on the device, per mode, at the 3k prompt: ``torch.profiler``
+of one warm request of each mode; the top ops by device time, the kernel launches and the host
+syncs counted (a request of this size is bound by them on a GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch.profiler import ProfilerActivity, profile
+
+from blendrag import BlendConfig
+from blendrag_bench.gpu.shapes import sync, workload
+from blendrag_bench.ttft import build_engine, random_layout
+
+MODES = (BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode="reuse"),
+         BlendConfig(selector="epic", ratio=0.15), BlendConfig())
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+         "aten::_local_scalar_dense")
+
+
+def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str, None]]:
+    w = workload(small, "3k")
+    engine = build_engine(w)
+    layout = random_layout(w, engine.model.config.vocab_size)
+    engine.precompute(layout.prefix_ids, layout.chunk_ids)
+    cuda = engine.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    out = {}
+    for config in MODES:
+        for _ in range(2):
+            engine.prefill(layout, config)
+        sync()
+        with profile(activities=activities) as prof:
+            engine.prefill(layout, config)
+            sync()
+        events = prof.key_averages()
+        launches = sum(e.count for e in events if e.key in LAUNCHES)
+        syncs = sum(e.count for e in events if e.key in SYNCS)
+        emit(f"\n### {config.label}: {layout.num_tokens} tokens, {launches} kernel launches, "
+             f"{syncs} host syncs")
+        emit(events.table(sort_by=key, row_limit=16, max_name_column_width=60))
+        out[f"{config.label} kernel launches"] = (float(launches), "", None)
+        out[f"{config.label} host syncs"] = (float(syncs), "", None)
+    return out

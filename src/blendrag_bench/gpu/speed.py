@@ -1,0 +1,191 @@
+"""The speed phases of the GPU check: TTFT of every mode, a multi-turn chat, loading from disk
+to the device, decoding. Each writes its report through ``emit`` and returns its headline
+figures with their targets: ``{name: (value, target text, met)}`` (met None: no target)."""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+
+from blendrag import BlendConfig
+from blendrag.engine.fused_kv import CachedSegment
+from blendrag.store import StoreConfig, TieredKVStore
+from blendrag_bench.gpu.shapes import sync, workload
+from blendrag_bench.ttft import build_engine, random_layout
+
+Emit = Callable[[str], None]
+Headlines = dict[str, tuple[float, str, bool | None]]
+
+# minimum speed-up over a full prefill, per prompt (the GPU targets)
+TTFT_TARGETS = {
+    "3k": {"default (preview@20%)": 2.5, "fastest blend@15%": 3.5, "reuse": 12.0,
+           "prefix": 1.0},
+    "16k": {"default (preview@20%)": 3.5, "fastest blend@15%": 5.0, "reuse": 40.0,
+            "prefix": 1.05},
+}
+
+
+def ttft(emit: Emit, small: bool, prompt: str) -> Headlines:
+    """``bench ttft`` at the prompt's size: every mode's TTFT against a full prefill."""
+    from blendrag_bench.ttft import format_breakdown, format_table, run
+
+    w = workload(small, prompt)
+    records = run(w)
+    emit(format_table(records, w))
+    emit("")
+    emit(format_breakdown(records))
+    by = {(r["mode"], r["selector"], r["ratio"]): r for r in records}
+    speed = {"default (preview@20%)": by[("blend", "preview", 0.20)]["speedup_vs_full"],
+             "fastest blend@15%": max(r["speedup_vs_full"] for r in records
+                                      if r["mode"] == "blend" and r["ratio"] == 0.15),
+             "reuse": by[("reuse", None, None)]["speedup_vs_full"],
+             "prefix": by[("prefix", None, None)]["speedup_vs_full"]}
+    out: Headlines = {f"{prompt} {k}": (v, f">= {TTFT_TARGETS[prompt][k]:g}x",
+                                        v >= TTFT_TARGETS[prompt][k]) for k, v in speed.items()}
+    full_vs_hf = by[("full", None, None)]["ttft_s"] / by[("hf", None, None)]["ttft_s"] - 1
+    out[f"{prompt} full vs HF forward"] = (full_vs_hf, "within 5 %", abs(full_vs_hf) <= 0.05)
+    slowest = min(r["speedup_vs_full"] for r in records if r["mode"] not in ("hf", "full"))
+    out[f"{prompt} slowest mode vs full"] = (slowest, ">= 0.95x", slowest >= 0.95)
+    return out
+
+
+def chat(emit: Emit, small: bool) -> Headlines:
+    """``bench chat`` on the random workload at the check's shape: 4 turns."""
+    from blendrag_bench.chat_bench import ChatBenchConfig, format_table, run
+
+    w = workload(small, "3k", suffix_tokens=32)
+    cfg = ChatBenchConfig(workloads=("random",), dtype=w.dtype, device=w.device, random=w,
+                          turns=4, answer_tokens=32)
+    records = run(cfg)
+    emit(format_table(records, cfg))
+    later = [r for r in records if r["turn"] >= 2]
+    exact = min(r["speedup_vs_full"] for r in later if r["config"] == "full+prefix-cache")
+    blend = min(r["speedup_vs_full"] for r in records if r["config"].startswith("blend"))
+    return {"chat turns >= 2, full+prefix-cache": (exact, ">= 10x", exact >= 10),
+            "chat, blend turns": (blend, ">= 1x", blend >= 1)}
+
+
+def loading(emit: Emit, small: bool) -> Headlines:
+    """Cached rows from the disk tier (page cache) to the device through the layer feed (read,
+    copied, placed), alone; then ``bench ttft --tier disk`` (pipelined against max(load,
+    compute))."""
+    from blendrag_bench.ttft_tiers import TierBenchConfig, format_table, run
+
+    w = workload(small, "3k")
+    engine = build_engine(w)
+    layout = random_layout(w, engine.model.config.vocab_size)
+    folder = tempfile.mkdtemp()
+    store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=folder, kv_format="model",
+                                      disk_bytes=64 << 30))
+    engine.store = store
+    engine.precompute(layout.prefix_ids, layout.chunk_ids)
+    keys = [engine.key(layout.prefix_ids, c) for c in layout.chunk_ids]
+    n = layout.num_tokens
+    times, nbytes = [], 0
+    for _ in range(4):
+        entries = [store.open_layers(k) for k in keys]
+        starts = [len(layout.prefix_ids) + sum(len(c) for c in layout.chunk_ids[:i])
+                  for i in range(len(keys))]
+        segments = [CachedSegment(s, e) for s, e in zip(starts, entries)]
+        fused, rope = engine.runner.buffer(n), engine.runner.rope(n)
+        sync()
+        t0 = time.perf_counter()
+        feed = engine.runner.feed(segments, fused, rope, depth=4)
+        for i in range(engine.adapter.num_layers):
+            feed.wait(i)
+        sync()
+        times.append(time.perf_counter() - t0)
+        feed.close()
+        nbytes = sum(e.layer_nbytes for e in entries) * engine.adapter.num_layers
+        for e in entries:
+            e.close()
+    load_s = statistics.median(times[1:])
+    gbps = nbytes / load_s / 1e9
+    emit(f"disk tier (page cache) -> {w.device} through the layer feed (read, copied, keys "
+         f"rotated), {nbytes / 2**20:.0f} MiB: median {load_s * 1e3:.1f} ms of 3 = "
+         f"{gbps:.2f} GB/s")
+    store.close()
+    del engine
+    cfg = TierBenchConfig(workload=w, tier="disk")
+    records = run(cfg)
+    emit("")
+    emit(format_table(records, cfg))
+    r = {x["mode"]: x for x in records}
+    load, compute = r["load-only"]["ttft_s"], r["compute-only"]["ttft_s"]
+    pipe = r["pipelined"]["ttft_s"] / max(load, compute)
+    # the target applies where load and compute are within 3x of each other
+    near = max(load, compute) <= 3 * min(load, compute)
+    return {"disk -> device": (gbps, ">= 10 GB/s", gbps >= 10),
+            "pipelined TTFT / max(load, compute), disk": (
+                pipe, "<= 1.1 (load and compute within 3x)", pipe <= 1.1 if near else None)}
+
+
+def decode(emit: Emit, small: bool) -> Headlines:
+    """Tokens per second after a 3k-token full prefill: the engine eager, the engine's
+    fixed-shape step (a CUDA graph on CUDA), HF ``generate``; the greedy tokens compared."""
+    from blendrag import BlendEngine, ComputeConfig
+
+    steps = 8 if small else 64
+    w = workload(small, "3k")
+    model = build_engine(w).model
+    layout = random_layout(w, model.config.vocab_size)
+    rates, tokens = {}, {}
+    for label, compute in (("engine eager", ComputeConfig(decode="eager")),
+                           ("engine graph", ComputeConfig(decode="graph"))):
+        engine = BlendEngine(model, None, compute=compute, threads=None)
+        rates[label], tokens[label] = _engine_decode(engine, layout, steps)
+        engine.runner.release_buffers()
+    ids = torch.tensor([layout.ids], device=model.device)
+    rates["HF generate"], tokens["HF generate"] = _hf_decode(model, ids, steps + 1)
+    for label, rate in rates.items():
+        emit(f"{label:<14} {rate:8.1f} tokens/s  first tokens {tokens[label][:8]}")
+    emit(f"greedy tokens ({steps + 1}): graph == HF generate: "
+         f"{tokens['engine graph'] == tokens['HF generate']}; eager == HF generate: "
+         f"{tokens['engine eager'] == tokens['HF generate']}")
+    hf = rates["HF generate"]
+    return {"decode eager vs HF generate": (rates["engine eager"] / hf, ">= 1x",
+                                            rates["engine eager"] >= hf),
+            "decode graph vs HF generate": (rates["engine graph"] / hf, ">= 2x",
+                                            rates["engine graph"] >= 2 * hf)}
+
+
+def _engine_decode(engine, layout, steps: int) -> tuple[float, list[int]]:
+    """Tokens per second over ``steps`` decoded tokens (best of 2 after a warm-up, which also
+    captures the graph), and the greedy tokens (the first from the prefill)."""
+    best, tokens = float("inf"), []
+    for _ in range(3):
+        pre = engine.prefill(layout, BlendConfig(mode="full"), extra_capacity=steps + 1)
+        tokens = [int(pre.logits.argmax())]
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tokens.append(int(engine.runner.decode(tokens[-1], pre.fused).argmax()))
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return steps / best, tokens
+
+
+def _hf_decode(model, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
+    """Tokens per second of HF ``generate`` past its first token (``new`` tokens less one),
+    and its ``new`` greedy tokens."""
+
+    def generate(n: int) -> tuple[float, list[int]]:
+        with torch.inference_mode():
+            sync()
+            t0 = time.perf_counter()
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 pad_token_id=0)
+            sync()
+        return time.perf_counter() - t0, out[0, ids.shape[1]:].tolist()
+
+    generate(2)
+    one = min(generate(1)[0] for _ in range(2))  # the prefill and the first token
+    times, tokens = [], []
+    for _ in range(2):
+        t, tokens = generate(new)
+        times.append(t)
+    return (new - 1) / max(min(times) - one, 1e-9), tokens

@@ -1,0 +1,91 @@
+"""The CUDA paths (skipped without a CUDA device; ``make gpu-check`` runs them): FlexAttention
+and the lower-right causal bias against SDPA row blocks, rows placed on the layer feed's own
+stream, the decoding step replayed from a CUDA graph."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from blendrag import BlendConfig, BlendEngine, ComputeConfig
+from blendrag.engine.attention import BlockPlan, LowerRightPlan, plan_attention
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+MODES = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode="reuse"),
+         BlendConfig(), BlendConfig(selector="cacheblend", ratio=0.3),
+         BlendConfig(selector="epic", ratio=0.3)]
+TOL = 1e-4
+
+
+def engine(model_dir, compute: ComputeConfig, dtype: str = "float32", **kw) -> BlendEngine:
+    return BlendEngine.from_pretrained(model_dir("llama", **kw), dtype=dtype, device="cuda",
+                                       chat=False, compute=compute)
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window):
+    kw = {} if window is None else {"sliding_window": window}
+    family = "llama" if window is None else "mistral"
+    gpu = BlendEngine.from_pretrained(model_dir(family, **kw), device="cuda", chat=False)
+    plain = BlendEngine.from_pretrained(model_dir(family, **kw), device="cuda", chat=False,
+                                        compute=ComputeConfig(attention="sdpa",
+                                                              decode="eager"))
+    layout = gpu.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    full = plain.prefill(layout, BlendConfig(mode="full")).logits
+    for config in MODES:
+        a, b = gpu.prefill(layout, config).logits, plain.prefill(layout, config).logits
+        assert (a - b).abs().max() < TOL, config.label
+    assert (gpu.prefill(layout, BlendConfig(ratio=1.0)).logits - full).abs().max() < TOL
+
+
+def test_the_lower_right_bias_is_the_exact_mask_on_cuda():
+    n, a = 700, 90
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(8, a, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(2, n, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+            for _ in range(2))
+    pos = torch.arange(n - a, n, device="cuda")
+    plan = plan_attention(pos, n, None, "flex", torch.bfloat16)
+    assert isinstance(plan, LowerRightPlan)
+    ref = BlockPlan(pos, pos.tolist(), n, None, torch.bfloat16)  # masked row blocks
+    got, want = plan.attend(q, k, v, 0.125), ref.attend(q, k, v, 0.125)
+    assert (got.float() - want.float()).abs().max() < 2e-2
+
+
+def test_rows_placed_on_the_feeds_stream_equal_sequential_loading(model_dir):
+    gpu = engine(model_dir, ComputeConfig())
+    layout = gpu.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    gpu.precompute(layout.prefix_ids, layout.chunk_ids)
+    before = gpu.loading
+    try:
+        gpu.loading = dataclasses.replace(before, prefetch_layers=0)
+        sequential = [gpu.prefill(layout, c).logits for c in MODES]
+        gpu.loading = dataclasses.replace(before, prefetch_layers=3)
+        for _ in range(3):  # the feed's stream ordered against the compute stream every time
+            for config, ref in zip(MODES, sequential):
+                assert torch.equal(gpu.prefill(layout, config).logits, ref), config.label
+    finally:
+        gpu.loading = before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decoding_from_a_cuda_graph_equals_eager_decoding(model_dir, dtype):
+    graph = engine(model_dir, ComputeConfig(decode="graph"), dtype)
+    eager = engine(model_dir, ComputeConfig(decode="eager"), dtype)
+    for passages in (PASSAGES, PASSAGES[:2], PASSAGES):  # one buffer, replayed
+        layout = graph.build_prompt(PREFIX, passages, SUFFIX)
+        a = graph.prefill(layout, BlendConfig(mode="full"), extra_capacity=16)
+        b = eager.prefill(layout, BlendConfig(mode="full"), extra_capacity=16)
+        token = int(b.logits.argmax())
+        for _ in range(16):
+            la, lb = graph.runner.decode(token, a.fused), eager.runner.decode(token, b.fused)
+            tol = TOL if dtype == "float32" else 2**-5 * lb.abs().max().item()
+            assert (la - lb).abs().max() < tol
+            token = int(lb.argmax())
+        del a, b
+    assert graph.runner.static_decoder is not None and graph.runner.static_decoder.buffers == 1

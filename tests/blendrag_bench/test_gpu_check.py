@@ -1,0 +1,32 @@
+"""The GPU check runs end to end (``--small``: tiny shapes, here on the CPU): every phase in a
+process of its own, at most eight files, a summary with every headline figure and target."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from blendrag_bench.gpu.check import PHASES
+
+
+@pytest.mark.processes
+def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
+    out = tmp_path / "gpu"
+    done = subprocess.run([sys.executable, "-m", "blendrag_bench.gpu.check", "--out", str(out),
+                           "--small", "--budget", "600"], capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert files == sorted(["summary.md", *(file for file, _ in PHASES.values())])
+    assert len(files) <= 8  # what comes back from a GPU machine
+    summary = (out / "summary.md").read_text()
+    for name in PHASES:
+        assert f"| {name} | ok," in summary, summary
+    for figure in ("3k default (preview@20%)", "16k reuse", "chat turns >= 2, full+prefix-cache",
+                   "decode graph vs HF generate", "disk -> device", "exactness checks failed"):
+        assert f"| {figure} |" in summary
+    assert "| exactness checks failed | 0 | 0 | PASS |" in summary
+    exactness = (out / "exactness.txt").read_text()
+    assert exactness.count("[PASS]") >= 140 and "[FAIL]" not in exactness
