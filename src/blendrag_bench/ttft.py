@@ -147,10 +147,11 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
     for c in configs(w):
         blend = c.mode == "blend"
         st = stats[c.label]
+        ran = ((st.controller or {}).get("mode") or {}).get("ran", c.label)
         records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
                                times[c.label], full_s, peaks[c.label], st.recompute_fraction)
                        | {"ideal_speedup": full_flops / flops.request(st),
-                          "phase_s": phases[c.label]})
+                          "phase_s": phases[c.label], "ran_full": ran != c.label})
     return records
 
 
@@ -207,7 +208,11 @@ def format_table(records: list[dict], w: TTFTWorkload) -> str:
         ideal_s = f"{ideal:>7.2f}x{r['speedup_vs_full'] / ideal:>7.2f}" if ideal else f"{'-':>15}"
         lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}"
                      f"{span:>16}{r['speedup_vs_full']:>8.2f}x{ideal_s}"
-                     f"{r['peak_extra_mib']:>10.1f}{rec:>8}")
+                     f"{r['peak_extra_mib']:>10.1f}{rec:>8}" + ("  ran full" if r.get("ran_full")
+                                                               else ""))
+    if any(r.get("ran_full") for r in records):
+        lines.append("ran full: this device's cost profile predicted the mode slower than a full "
+                     "prefill, which ran instead (LoadingConfig.full_when_faster)")
     return "\n".join(lines) + "\n\n" + format_breakdown(records)
 
 

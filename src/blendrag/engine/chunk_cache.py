@@ -264,6 +264,38 @@ class ChunkCache:
             raise
         return rows
 
+    def miss_passes(self, layout: PromptLayout, config: BlendConfig) -> list[int]:
+        """The prompt length of each pass that computing what the store does not hold of the
+        request (its prefix, its chunks) takes before ``rows_for`` returns: a chunk after the
+        ids it is computed after, and once more after each filler of its context. Looks keys
+        up; loads nothing."""
+        if config.mode == "full":
+            return []
+        pieces = [((), layout.prefix_ids, NO_CONTEXT)] if layout.prefix_ids else []
+        pieces += [(p, ids, context) for _, _, p, ids, context, _ in self._chunks(layout, config)]
+        keys = [self.key(p, ids, context) for p, ids, context in pieces]
+        absent = set(self.store.missing(keys))
+        passes = []
+        for (after, ids, context), key in zip(pieces, keys):
+            if key in absent:
+                n = len(after) + len(ids)
+                passes += [n] + [n + len(f) for f in self._fillers(context)]
+        return passes
+
+    def _chunks(self, layout: PromptLayout, config: BlendConfig, head: int = 0):
+        """Per chunk after row ``head``: (its index, its span, the ids it is computed after,
+        its ids, the context it is stored in, whether its rows are exact)."""
+        chunk_prefix_ids = _computed_after(layout, config)
+        chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
+        # the first passage follows this very prefix: its rows computed alone are exact
+        exact_first = chunk_prefix_ids == layout.prefix_ids and self.context.stores_alone
+        for i, (span, ids) in enumerate(zip(layout.chunk_spans, chunks)):
+            if span[1] <= head:
+                continue
+            exact = exact_first and i == 0 or config.mode == "prefix"
+            context = NO_CONTEXT if exact else self.context_for(chunk_prefix_ids, ids)
+            yield i, span, chunk_prefix_ids, ids, context, exact
+
     def _fill(self, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
               failed: dict[str, ChunkKV | None], head: int) -> None:
         prefix: LayeredEntry | None = None  # exact whatever follows it
@@ -271,27 +303,20 @@ class ChunkCache:
             prefix, rows.prefix_hit = self._open_or_compute(
                 rows, failed, (), layout.prefix_ids, NO_CONTEXT, lambda: None)
             rows.segments.append(CachedSegment(0, prefix))
-        # only a chunk computed after this very prefix is an exact prefix
-        chunk_prefix_ids, chunks = layout.chunk_prefix_ids, layout.chunk_ids
-        if config.mode == "prefix":
-            chunk_prefix_ids, chunks = layout.prefix_ids, layout.chunk_ids[:1]
-        same = chunk_prefix_ids == layout.prefix_ids
         whole: list[ChunkKV | None] = []  # the chunk prefix's KV, once a missing chunk needs it
+        after = _computed_after(layout, config)
 
         def chunk_prefix() -> ChunkKV | None:
             if not whole:
+                same = after == layout.prefix_ids
                 whole.append(_whole(prefix) if same and prefix is not None
-                             else self.prefix(chunk_prefix_ids))
+                             else self.prefix(after))
             return whole[0]
 
         profile = config.mode == "blend" and config.selector == "profile"
-        # the first passage follows this very prefix: its rows computed alone are exact
-        exact_first = same and self.context.stores_alone
-        for i, ((start, end), ids) in enumerate(zip(layout.chunk_spans, chunks)):
-            if end <= head:
-                continue
-            exact = exact_first and i == 0 or config.mode == "prefix"
-            context = NO_CONTEXT if exact else self.context_for(chunk_prefix_ids, ids)
+        chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
+        for i, (start, _), chunk_prefix_ids, ids, context, exact in self._chunks(layout, config,
+                                                                                 head):
             rows.chunks_without_context += context is NO_CONTEXT and not exact
             entry, hit = self._open_or_compute(rows, failed, chunk_prefix_ids, ids, context,
                                                chunk_prefix)
@@ -333,6 +358,12 @@ class ChunkCache:
         self.store.put(self.key(chunk_prefix_ids, kv.token_ids), kv)
         rows.profiles_computed += 1
         return kv
+
+
+def _computed_after(layout: PromptLayout, config: BlendConfig) -> tuple[int, ...]:
+    """The ids a request's chunks are computed after: the chunk prefix, or in prefix mode the
+    request's own prefix (only a chunk computed after this very prefix is an exact prefix)."""
+    return layout.prefix_ids if config.mode == "prefix" else layout.chunk_prefix_ids
 
 
 def _whole(kv: ChunkKV | LayeredEntry | None) -> ChunkKV | None:

@@ -49,6 +49,10 @@ class LoadingConfig:
       request at hand on a shared CPU: with load and compute level, a step of a point or two
       buys no measurable quality and risks the TTFT (docs/architecture.md, "The controller").
     ema: weight of a request's measurement in the moving averages.
+    full_when_faster: run a request as a full prefill (exact) when this device's cost profile
+      (engine/costs.py, measured at first use) predicts that its mode would be slower (short
+      prompts, many missing chunks); None: on CUDA devices only (on a CPU the profile costs
+      seconds and cached modes were faster at every size measured).
     """
 
     prefetch_layers: int = 4
@@ -56,6 +60,7 @@ class LoadingConfig:
     margin: float = 0.9
     min_step: float = 0.05
     ema: float = 0.5
+    full_when_faster: bool | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.prefetch_layers, bool) or not isinstance(self.prefetch_layers, int) \
@@ -67,6 +72,9 @@ class LoadingConfig:
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
         if not (_finite(self.min_step) and 0 <= self.min_step < 1):
             raise ValueError(f"min_step must be in [0, 1), got {self.min_step!r}")
+        if self.full_when_faster not in (None, True, False):
+            raise ValueError(f"full_when_faster must be None, True or False, got "
+                             f"{self.full_when_faster!r}")
 
 
 def _finite(value: object) -> bool:

@@ -33,6 +33,7 @@ import blendrag.engine.head as head
 from blendrag.config import BlendConfig
 from blendrag.engine.chunk_cache import ChunkCache, RequestRows
 from blendrag.engine.controller import LoadingController, decide, observe
+from blendrag.engine.costs import PromptShape
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.loop import LoopPlan
@@ -49,6 +50,7 @@ from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
 log = logging.getLogger(__name__)
+FULL = BlendConfig(mode="full")
 
 @dataclass(frozen=True)
 class Parts:
@@ -88,6 +90,7 @@ def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: i
     phase). See the module docstring for the attempts (``stats.cache.load_retries``)."""
     clock = next((o for o in observers if isinstance(o, PhaseClock)), OFF)
     watchers = tuple(o for o in observers if not isinstance(o, PhaseClock))
+    config, choice = _mode_for(parts, layout, config)
     failed: dict[str, ChunkKV | None] = {}
     attempts = 0
     while True:
@@ -103,7 +106,45 @@ def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: i
             failed.update(dict.fromkeys(new))
             continue
         pre.stats.cache.load_retries = attempts - 1
+        if choice is not None:
+            pre.stats.controller = {**(pre.stats.controller or {}), "mode": choice}
         return pre
+
+
+def _mode_for(parts: Parts, layout: PromptLayout,
+              config: BlendConfig) -> tuple[BlendConfig, dict | None]:
+    """``config``, or a full prefill when this device's cost profile (engine/costs.py) predicts
+    that ``config`` would be slower (``LoadingConfig.full_when_faster``); and the choice's
+    record (None: not asked). Not asked of a request that begins with prefix-cache rows
+    (every mode then computes little) or that is a full prefill already."""
+    wanted = parts.controller.config.full_when_faster
+    if wanted is None:
+        wanted = parts.runner.device.type == "cuda"
+    if not wanted or config.mode == "full" or _has_head(parts, layout, config):
+        return config, None
+    misses = tuple(parts.cache.miss_passes(layout, config))
+    costs = parts.runner.costs()
+    shape = PromptShape(layout.num_tokens, len(layout.prefix_ids),
+                        layout.suffix_start - len(layout.prefix_ids), len(layout.suffix_ids),
+                        layout.chunk_spans[0][1], misses)
+    mode_s, full_s = costs.predict(config, shape), costs.predict(FULL, shape)
+    record = {"asked": config.label, "ran": config.label, "predicted_s": mode_s,
+              "full_predicted_s": full_s, "miss_passes": len(misses)}
+    if mode_s <= full_s:
+        return config, record
+    record["ran"] = FULL.label
+    log.info("%s predicted slower than a full prefill here (%.1f ms vs %.1f ms): running a "
+             "full prefill", config.label, mode_s * 1e3, full_s * 1e3)
+    return FULL, record
+
+
+def _has_head(parts: Parts, layout: PromptLayout, config: BlendConfig) -> bool:
+    cache = parts.prefix_cache
+    if cache is None:
+        return False
+    found = head.match(cache, layout, config)
+    cache.release(found)
+    return found.tokens > 0
 
 
 def _attempt(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: int,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from blendrag.engine.attention import kernel_for
+from blendrag.engine.costs import DeviceCosts
 from blendrag.engine.decode import StaticDecoder, static_rope
 from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.layer import attend, finish, project
@@ -60,6 +61,7 @@ class ModelRunner:
         self.kernel = kernel_for(self.compute.attention, self.device)
         self._pool = BufferPool()  # the request KV buffer, lent again once free
         self._decoder = self._static_decoder()
+        self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
 
     @property
     def max_positions(self) -> int:
@@ -72,6 +74,13 @@ class ModelRunner:
         a = self.adapter
         return self._pool.take(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype,
                                self.device)
+
+    def costs(self) -> DeviceCosts:
+        """This runner's cost profile (engine/costs.py): ``cost_profile``, measured at the first
+        call when none was given."""
+        if self.cost_profile is None:
+            self.cost_profile = DeviceCosts.profile(self)
+        return self.cost_profile
 
     @property
     def static_decoder(self) -> StaticDecoder | None:

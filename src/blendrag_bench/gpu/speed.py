@@ -31,13 +31,11 @@ TTFT_TARGETS = {
 
 def ttft(emit: Emit, small: bool, prompt: str) -> Headlines:
     """``bench ttft`` at the prompt's size: every mode's TTFT against a full prefill."""
-    from blendrag_bench.ttft import format_breakdown, format_table, run
+    from blendrag_bench.ttft import format_table, run
 
     w = workload(small, prompt)
     records = run(w)
     emit(format_table(records, w))
-    emit("")
-    emit(format_breakdown(records))
     by = {(r["mode"], r["selector"], r["ratio"]): r for r in records}
     speed = {"default (preview@20%)": by[("blend", "preview", 0.20)]["speedup_vs_full"],
              "fastest blend@15%": max(r["speedup_vs_full"] for r in records

@@ -1,0 +1,174 @@
+"""What a prefill costs on this device, profiled once, and whether a request runs faster as a
+full prefill (CacheBlend §5 profiles the recompute offline; here the profile also answers
+which mode to run).
+
+On a GPU a prompt of a few thousand tokens is bound by kernel launches as much as by FLOPs: a
+cached request runs more kernels per layer than it saves FLOPs below some prompt size (the
+preview pass is a second pass; scattered rows run smaller kernels), and a request whose chunks
+miss computes them first. Such a request is slower than a plain full prefill, which is also
+exact. ``DeviceCosts`` times the layer loop on this runner once (random ids over a buffer of
+zeros: the values do not change the time) at a few prompt sizes, for three kinds of pass:
+
+- ``causal``: every token (a full prefill; a chunk computed after its prefix);
+- ``tail``: contiguous queries at the end (reuse's suffix, the preview pass, prefix mode);
+- ``scattered``: 15 % of the tokens scattered plus a suffix (blend's selected tokens);
+
+and fits each kind's time per layer as ``a + b x tokens + c x pairs`` (pairs: the query-key
+pairs attended) by least squares. A request's time in each mode is then a sum of such passes
+(``predict``), plus what it loads sequentially and the chunks it must compute first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from blendrag.config import BlendConfig, CheckLayerOptions
+
+if TYPE_CHECKING:
+    from blendrag.engine.runner import ModelRunner
+
+KINDS = ("causal", "tail", "scattered")
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """What a request's cost depends on: prompt tokens ``n``, prefix, chunk and suffix tokens,
+    the end of the first chunk (prefix mode's exact rows), the prompt length of each pass that
+    computes what the store misses first (``ChunkCache.miss_passes``), seconds of loading the
+    loop waits for (sequential loading: all of it)."""
+
+    n: int
+    prefix: int
+    chunks: int
+    suffix: int
+    first_chunk_end: int
+    miss_passes: tuple[int, ...] = ()
+    load_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds per layer of one kind of pass: ``a + b x tokens + c x pairs``."""
+
+    a: float
+    b: float
+    c: float
+
+    def seconds(self, tokens: float, pairs: float) -> float:
+        return max(self.a + self.b * tokens + self.c * pairs, 0.0)
+
+
+class DeviceCosts:
+    """The fitted cost of each kind of pass on one runner (``profile``), and each mode's
+    predicted time for a prompt shape (``predict``)."""
+
+    def __init__(self, layers: int, kinds: dict[str, PassCost]) -> None:
+        self.layers = layers
+        self.kinds = kinds
+
+    @classmethod
+    def profile(cls, runner: ModelRunner, sizes: tuple[int, ...] = (256, 1024, 2048),
+                repeats: int = 2) -> DeviceCosts:
+        """Time each kind of pass at each prompt size (clipped to the model's context) on
+        ``runner``, the fastest of ``repeats`` after a warm-up, and fit the costs."""
+        sizes = tuple(sorted({min(s, runner.max_positions) for s in sizes}))
+        rows: dict[str, list[tuple[float, float, float]]] = {k: [] for k in KINDS}
+        for n in sizes:
+            for kind, pos in _passes(n, runner.device).items():
+                seconds = _time_pass(runner, n, pos, repeats)
+                tokens, pairs = float(pos.numel()), float((pos + 1).sum())
+                rows[kind].append((tokens, pairs, seconds / runner.adapter.num_layers))
+        return cls(runner.adapter.num_layers, {k: _fit(v) for k, v in rows.items()})
+
+    def predict(self, config: BlendConfig, shape: PromptShape) -> float:
+        """Seconds of ``config`` on a prompt of ``shape`` (its layer loops, the chunks it
+        computes first and the loading it waits for)."""
+        s = shape
+        full = self.pass_s("causal", s.n, s.n * (s.n + 1) / 2)
+        if config.mode == "full":
+            return full
+        # what the store misses is computed first: causal passes (then stored)
+        missing = sum(self.pass_s("causal", m, m * (m + 1) / 2) for m in s.miss_passes)
+        if config.mode == "prefix":
+            tail = s.n - s.first_chunk_end
+            t = self.pass_s("tail", tail, tail * (s.n + s.first_chunk_end + 1) / 2)
+        elif config.mode == "reuse":
+            t = self._suffix(s)
+        else:
+            t = self._blend(config, s)
+        return t + missing + s.load_s
+
+    def pass_s(self, kind: str, tokens: float, pairs: float) -> float:
+        """Seconds of a pass of ``kind`` through every layer."""
+        return self.layers * self.kinds[kind].seconds(tokens, pairs)
+
+    def _suffix(self, s: PromptShape) -> float:
+        return self.pass_s("tail", s.suffix, s.suffix * (s.n - (s.suffix - 1) / 2))
+
+    def _blend(self, config: BlendConfig, s: PromptShape) -> float:
+        chosen = math.ceil(config.ratio * s.chunks)
+        # the chosen chunk tokens sit, on average, mid-way through the chunks
+        pairs = chosen * (s.prefix + s.chunks / 2) + s.suffix * (s.n - (s.suffix - 1) / 2)
+        per_layer = self.pass_s("scattered", chosen + s.suffix, pairs) / self.layers
+        t = self.layers * per_layer
+        if config.selector == "preview":
+            t += self._suffix(s)
+        options = config.options
+        if isinstance(options, CheckLayerOptions):  # every token up to the first check
+            first = options.check_layers[0] + 1
+            t += first * (self.pass_s("causal", s.n, s.n * (s.n + 1) / 2) / self.layers
+                          - per_layer)
+        return t
+
+
+def _passes(n: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The positions each kind of pass computes on a prompt of ``n`` tokens."""
+    suffix = min(64, max(n // 8, 1))
+    g = torch.Generator().manual_seed(n)
+    chosen = torch.randperm(n - suffix, generator=g)[:int(0.15 * (n - suffix))].sort().values
+    return {"causal": torch.arange(n, device=device),
+            "tail": torch.arange(n - suffix, n, device=device),
+            "scattered": torch.cat([chosen.to(device), torch.arange(n - suffix, n,
+                                                                    device=device)])}
+
+
+def _time_pass(runner: ModelRunner, n: int, pos: torch.Tensor, repeats: int) -> float:
+    from blendrag.engine.loop import LoopPlan
+
+    ids = torch.randint(3, 100, (n,), device=runner.device)
+    fused, rope = runner.buffer(n), runner.rope(n)
+    fused.zero_rows(0, n)  # the rows not computed are read: zeros, not garbage
+    best = float("inf")
+    for i in range(repeats + 1):
+        _sync(runner.device)
+        t0 = time.perf_counter()
+        runner.run(LoopPlan(ids, pos), fused, rope)
+        _sync(runner.device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _fit(rows: list[tuple[float, float, float]]) -> PassCost:
+    """Least squares of seconds against (1, tokens, pairs), no coefficient below zero."""
+    x = torch.tensor([[1.0, t, p] for t, p, _ in rows], dtype=torch.float64)
+    y = torch.tensor([s for _, _, s in rows], dtype=torch.float64)
+    scale = x.abs().amax(dim=0).clamp_min(1.0)  # columns of very different sizes
+    coef = torch.linalg.lstsq(x / scale, y[:, None]).solution[:, 0] / scale
+    if (coef < 0).any():  # too few sizes to tell the terms apart: drop the negative ones
+        keep = coef >= 0
+        sub = torch.linalg.lstsq((x / scale)[:, keep], y[:, None]).solution[:, 0]
+        coef = torch.zeros(3, dtype=torch.float64)
+        coef[keep] = (sub / scale[keep]).clamp_min(0.0)
+    a, b, c = coef.tolist()
+    return PassCost(a, b, c)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

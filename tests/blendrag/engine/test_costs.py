@@ -1,0 +1,120 @@
+"""The device's cost profile (engine/costs.py) and a request run as a full prefill when the
+profile predicts its mode slower (``LoadingConfig.full_when_faster``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blendrag import BlendConfig, BlendEngine
+from blendrag.engine.context import NO_CONTEXT
+from blendrag.engine.controller import LoadingConfig
+from blendrag.engine.costs import DeviceCosts, PassCost, PromptShape, _fit
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+FULL = BlendConfig(mode="full")
+
+
+def test_the_fit_recovers_a_pass_cost():
+    true = PassCost(2e-4, 3e-6, 5e-9)
+    rows = [(t, p, true.seconds(t, p)) for t, p in [(64, 20_000), (512, 1e5), (1024, 6e5),
+                                                      (2048, 2e6)]]
+    got = _fit(rows)
+    assert got.a == pytest.approx(true.a, rel=1e-6)
+    assert got.b == pytest.approx(true.b, rel=1e-6)
+    assert got.c == pytest.approx(true.c, rel=1e-6)
+
+
+def test_predictions_follow_the_work_of_each_mode():
+    costs = DeviceCosts(32, {k: PassCost(1e-4, 1e-6, 1e-9) for k in ("causal", "tail",
+                                                                      "scattered")})
+    shape = PromptShape(n=3168, prefix=32, chunks=3072, suffix=64, first_chunk_end=544)
+    full = costs.predict(FULL, shape)
+    reuse = costs.predict(BlendConfig(mode="reuse"), shape)
+    epic = costs.predict(BlendConfig(selector="epic", ratio=0.15), shape)
+    preview = costs.predict(BlendConfig(selector="preview", ratio=0.15), shape)
+    cacheblend = costs.predict(BlendConfig(selector="cacheblend", ratio=0.15), shape)
+    assert reuse < epic < preview < full and epic < cacheblend < full
+    # the preview pass is reuse's pass; a check layer costs what a full layer costs
+    assert preview - epic == pytest.approx(reuse)
+    assert cacheblend - epic == pytest.approx(2 * (full - epic) / 32)
+    # what the store misses is computed first: causal passes of the lengths given
+    missing = PromptShape(3168, 32, 3072, 64, 544, miss_passes=(544,) * 6)
+    extra = 6 * costs.pass_s("causal", 544, 544 * 545 / 2)
+    assert costs.predict(BlendConfig(mode="reuse"), missing) == pytest.approx(reuse + extra)
+
+
+def engine_with(model_dir, costs: DeviceCosts, enabled: bool | None) -> BlendEngine:
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         context=NO_CONTEXT,
+                                         loading=LoadingConfig(full_when_faster=enabled))
+    engine.runner.cost_profile = costs
+    return engine
+
+
+def test_a_mode_predicted_slower_runs_as_an_exact_full_prefill(model_dir):
+    # a device where every cached pass costs 50 ms a layer: no cached mode can win
+    slow = DeviceCosts(3, {"causal": PassCost(1e-3, 1e-6, 0), "tail": PassCost(5e-2, 0, 0),
+                           "scattered": PassCost(5e-2, 0, 0)})
+    engine = engine_with(model_dir, slow, True)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.ingest(PASSAGES, prefix=PREFIX)
+    full = engine.prefill(layout, FULL)
+    for config in (BlendConfig(), BlendConfig(mode="reuse"), BlendConfig(mode="prefix")):
+        pre = engine.prefill(layout, config)
+        assert torch.equal(pre.logits, full.logits), config.label
+        assert pre.stats.mode == "full"
+        choice = pre.stats.controller["mode"]
+        assert (choice["asked"], choice["ran"]) == (config.label, "full")
+        assert choice["predicted_s"] > choice["full_predicted_s"]
+    # where a cached mode is predicted faster, it runs
+    fast = DeviceCosts(3, {"causal": PassCost(5e-2, 1e-6, 0), "tail": PassCost(1e-3, 0, 0),
+                           "scattered": PassCost(1e-3, 0, 0)})
+    engine.runner.cost_profile = fast
+    pre = engine.prefill(layout, BlendConfig())
+    assert pre.stats.mode == "blend" and pre.stats.controller["mode"]["ran"] == "blend-preview@0.2"
+    assert not torch.equal(pre.logits, full.logits)
+
+
+def test_off_on_a_cpu_by_default_and_when_asked(model_dir):
+    slow = DeviceCosts(3, {"causal": PassCost(1e-3, 0, 0), "tail": PassCost(1.0, 0, 0),
+                           "scattered": PassCost(1.0, 0, 0)})
+    for enabled in (None, False):  # None: CUDA devices only
+        engine = engine_with(model_dir, slow, enabled)
+        layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+        pre = engine.prefill(layout, BlendConfig())
+        assert pre.stats.mode == "blend" and pre.stats.controller is None
+
+
+def test_missing_chunks_are_counted_before_any_is_computed(model_dir):
+    engine = engine_with(model_dir, DeviceCosts(3, {}), False)  # no ingestion context
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    config = BlendConfig(mode="reuse")
+    p = len(layout.prefix_ids)
+    every = [p] + [p + len(c) for c in layout.chunk_ids]
+    assert engine.cache.miss_passes(layout, config) == every
+    engine.ingest(PASSAGES[:2], prefix=PREFIX)  # the prefix and two chunks stored
+    assert engine.cache.miss_passes(layout, config) == every[3:]
+    assert engine.cache.miss_passes(layout, FULL) == []
+
+
+def test_a_chunk_in_an_ingestion_context_costs_a_pass_per_filler(engine_for):
+    from blendrag.engine.context import ChunkContext
+
+    engine = engine_for("llama", context=ChunkContext())
+    layout = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX)
+    passes = engine.cache.miss_passes(layout, BlendConfig(mode="reuse"))
+    p = len(layout.prefix_ids)
+    # the prefix; the first passage alone (exact after this very prefix); the second alone and
+    # after each of the context's three fillers
+    assert passes[:3] == [p, p + len(layout.chunk_ids[0]), p + len(layout.chunk_ids[1])]
+    assert len(passes) == 6 and all(n > p + len(layout.chunk_ids[1]) for n in passes[3:])
+
+
+def test_the_profile_measures_every_kind_of_pass(model_dir):
+    engine = engine_with(model_dir, None, False)
+    costs = engine.runner.costs()
+    assert set(costs.kinds) == {"causal", "tail", "scattered"} and costs.layers == 3
+    shape = PromptShape(800, 20, 700, 80, 200)
+    assert 0 < costs.predict(BlendConfig(mode="reuse"), shape) < costs.predict(FULL, shape)
+    assert engine.runner.costs() is costs  # measured once
