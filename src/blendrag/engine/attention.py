@@ -158,10 +158,11 @@ class FlexPlan(AttentionPlan):
     (and ``kv > p - window``) is evaluated on the rest. No host sync.
 
     Shapes repeat so that one compiled kernel serves every request: the keys are the layer's
-    whole buffer (``k``, ``v``: [Hkv, capacity, D], a multiple of ``FLEX_BLOCK`` rows; those
-    from ``pad_rows(n)`` on are never read, and rows [n, pad_rows(n)) must hold no NaN: the
-    loop zeroes them), the queries at least two tiles (padded with the last position, their
-    rows dropped): sizes of one tile or one block would each compile a kernel of their own."""
+    whole buffer (``k``, ``v``: [Hkv, capacity, D], a multiple of ``FLEX_BLOCK`` rows; blocks
+    past the prompt are skipped, and the rows past it in its last block are masked and hold no
+    NaN, engine/fused_kv.py), the queries at least two tiles (padded with the last position,
+    their rows dropped): sizes of one tile or one block would each compile a kernel of their
+    own."""
 
     def __init__(self, pos: torch.Tensor, n: int, window: int | None,
                  attended_keys: int) -> None:
@@ -195,8 +196,9 @@ class FlexPlan(AttentionPlan):
 
 
 def pad_rows(n: int) -> int:
-    """The rows a FlexAttention call over a prompt of ``n`` tokens may read: whole key blocks,
-    at least two (the request KV's buffer has at least as many)."""
+    """The rows of a request KV buffer made for ``n`` rows: whole FlexAttention key blocks, at
+    least two (``FlexPlan`` reads the whole buffer; fewer blocks would compile another
+    kernel)."""
     return max(2, -(-n // FLEX_BLOCK)) * FLEX_BLOCK
 
 

@@ -11,9 +11,9 @@ Nothing in the step reads a value back, so on CUDA it is captured once per buffe
 graph and each token is one replay; elsewhere the same step runs eagerly (the tests compare it
 with the eager decode on the CPU).
 
-Exactness: the rows beyond the current length are zeroed once per request (they are masked,
-and a masked key must not hold a NaN, since 0 x NaN is NaN); a masked key adds exactly zero to
-the softmax, so the step computes what the eager decode computes. cos/sin of one position do
+Exactness: a masked key adds exactly zero to the softmax (the buffer's rows past the current
+length hold zeros or rows an earlier request computed, never a NaN: engine/fused_kv.py), so the
+step computes what the eager decode computes. cos/sin of one position do
 not depend on the table's length for the static RoPE kinds (default, linear, llama3, yarn): a
 model whose frequencies change with the length (dynamic NTK, longrope) decodes eagerly.
 """
@@ -77,10 +77,6 @@ class StaticDecoder:
         if p >= fused.capacity:
             raise ValueError(f"the KV buffer is full ({fused.capacity} rows)")
         st = self._state(fused)
-        if not fused.tail_zeroed:  # masked rows must hold no NaN: zeroed once per request
-            st.k[:, :, p:].zero_()
-            st.v[:, :, p:].zero_()
-            fused.tail_zeroed = True
         st.token.fill_(token)
         st.pos.fill_(p)
         if self.graphs and st.k.device.type == "cuda":

@@ -33,24 +33,27 @@ class CachedSegment:
 
 class FusedKV:
     """k, v: [layers, kv_heads, capacity, head_dim]; rows [0, length) are valid after prefill.
-    ``base``: the whole tensors k and v are views of (the pooled buffer: a decoding step of
-    fixed shape runs over all of it, engine/decode.py); ``tail_zeroed``: rows from ``length``
-    on have been zeroed for that step."""
+    ``base``: the whole tensors k and v are views of (the pooled buffer): kernels that read
+    whole blocks of keys (FlexAttention, the fixed-shape decoding step of engine/decode.py) run
+    over it and mask what lies past the prompt.
+
+    A buffer is zeroed when it is made, and every row written later is a key or value the model
+    computed: a row that a kernel reads and masks never holds a NaN (a masked NaN is still NaN:
+    0 x NaN)."""
 
     def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        self.k = torch.empty(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
+        self.k = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
         self.base = self.k, self.v
         self.length = 0
-        self.tail_zeroed = False
 
     @classmethod
     def over(cls, k: torch.Tensor, v: torch.Tensor,
              base: tuple[torch.Tensor, torch.Tensor] | None = None) -> FusedKV:
         """A request KV over existing storage (views of ``base``, a pooled buffer)."""
         fused = cls.__new__(cls)
-        fused.k, fused.v, fused.length, fused.tail_zeroed = k, v, 0, False
+        fused.k, fused.v, fused.length = k, v, 0
         fused.base = base if base is not None else (k, v)
         return fused
 
@@ -62,24 +65,16 @@ class FusedKV:
               rows: list[tuple[torch.Tensor, torch.Tensor]], rope: RopeTable,
               clock: PhaseClock = OFF) -> None:
         """Write the cached rows of ``layer``: ``rows[j]`` = (pre-RoPE keys, values) of
-        ``segments[j]``, each [Hkv, T, D] (read by the layer feed); values copied, keys rotated
-        straight into their rows of this request (one pass, no temporary copy)."""
-        for seg, (_, v) in zip(segments, rows):
-            v = v.to(self.v.device, self.v.dtype, non_blocking=True)
-            self.v[layer, :, seg.start:seg.end] = v  # [Hkv, T, D]
+        ``segments[j]``, each [Hkv, T, D] (read by the layer feed); values and keys copied into
+        their rows of this request, then the keys of each run of adjacent segments rotated
+        where they lie, by one set of kernels (not one per segment)."""
+        for seg, (k, v) in zip(segments, rows):
+            self.v[layer, :, seg.start:seg.end] = v  # [Hkv, T, D], cast to the buffer's dtype
+            self.k[layer, :, seg.start:seg.end] = k
         clock.lap("load")
-        for seg, (k, _) in zip(segments, rows):
-            span = slice(seg.start, seg.end)
-            k = k.to(self.k.device, self.k.dtype, non_blocking=True)  # [Hkv, T, D]
-            rope.at(span).rotate_into(self.k[layer, :, span], k)
+        for start, end in _runs(segments):
+            rope.at(slice(start, end)).rotate_in_place(self.k[layer, :, start:end])
         clock.lap("rotate")
-
-    def zero_rows(self, start: int, stop: int) -> None:
-        """Zero rows [start, stop) of every layer of the whole buffer (``base``): rows a kernel
-        reads but masks must hold no NaN (0 x NaN is NaN)."""
-        k, v = self.base
-        k[:, :, start:stop].zero_()
-        v[:, :, start:stop].zero_()
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """pos: [A] positions; k, v: [Hkv, A, D] (k rotated)."""
@@ -130,6 +125,17 @@ class BufferPool:
     def clear(self) -> None:
         with self._lock:
             self._kv = None
+
+
+def _runs(segments: list[CachedSegment]) -> list[tuple[int, int]]:
+    """The [start, end) of each run of segments that lie side by side in the request."""
+    runs: list[tuple[int, int]] = []
+    for seg in sorted(segments, key=lambda s: s.start):
+        if runs and runs[-1][1] == seg.start:
+            runs[-1] = (runs[-1][0], seg.end)
+        else:
+            runs.append((seg.start, seg.end))
+    return runs
 
 
 def _unused(t: torch.Tensor) -> bool:

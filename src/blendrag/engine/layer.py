@@ -43,9 +43,8 @@ def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused:
     queries)."""
     k, v = fused.k[layer_idx, :, :n], fused.v[layer_idx, :, :n]  # [Hkv, n, D]
     heads, a, d = q.shape
-    probs = attention_probs(q, k, None, adapter.scaling, softcap=adapter.attn_softcap,
-                            bias=bias)  # [H, A, n]
-    o = _as(probs, v.dtype).view(k.shape[0], -1, n) @ v  # [Hkv, g*A, D]
+    probs = _grouped_probs(q, k, adapter.scaling, adapter.attn_softcap, bias)  # [Hkv, g*A, n]
+    o = _as(probs, v.dtype) @ v  # [Hkv, g*A, D]
     return o.view(heads, a, d), probs.sum(dim=(0, 1))
 
 
@@ -67,20 +66,28 @@ def attention_probs(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor | None
     ``bias``: the mask already built for these positions (``attention.score_bias``), in place
     of ``q_pos`` and ``window``.
     q: [H, S, D]; k: [Hkv, n, D]; q_pos: [S] -> [H, S, n]."""
-    heads, s, d = q.shape
+    heads, s, _ = q.shape
     hkv, n = k.shape[0], k.shape[1]
     if bias is None:
         if q_pos is None:
             raise ValueError("attention_probs needs the queries' positions or their bias")
         bias = score_bias(q_pos, n, window, heads // hkv)
-    # q head h reads kv head h // (heads / hkv): fold each group of q heads into one matmul
-    q32 = _as(q, torch.float32).reshape(hkv, -1, d)  # [Hkv, g*S, D]
+    return _grouped_probs(q, k, scaling, softcap, bias).view(heads, s, n)
+
+
+def _grouped_probs(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None,
+                   bias: torch.Tensor) -> torch.Tensor:
+    """``attention_probs`` with the q heads of each KV head folded into one matmul: q: [H, S,
+    D] over k: [Hkv, n, D] with ``bias`` [g*S, n] -> [Hkv, g*S, n] float32 (q head h reads KV
+    head h // g)."""
+    d = q.shape[2]
+    q32 = _as(q, torch.float32).reshape(k.shape[0], -1, d)  # [Hkv, g*S, D]
     k32 = _as(k, torch.float32).transpose(1, 2)  # [Hkv, D, n]
     if softcap is None:  # the mask added in the matmul: bias + scaling * q @ k^T
-        logits = torch.baddbmm(bias, q32, k32, alpha=scaling)  # [Hkv, g*S, n]
+        logits = torch.baddbmm(bias, q32, k32, alpha=scaling)
     else:
         logits = torch.tanh((q32 * scaling) @ k32 / softcap) * softcap + bias
-    return logits.softmax(-1).view(heads, s, n)
+    return logits.softmax(-1)
 
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.engine.attention import AttentionPlan, pad_rows, plan_attention, score_bias
+from blendrag.engine.attention import AttentionPlan, plan_attention, score_bias
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer import attend, attend_scored, finish, project
 from blendrag.engine.layer_feed import LayerFeed
@@ -98,8 +98,6 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
     if plan.active.numel() == 0 or int(plan.active[-1]) != n - 1:
         raise ValueError("the last prompt token must be computed (active)")
     active = ActiveTokens(plan.active, n, adapter, kernel, fused.k.dtype)
-    if kernel == "flex":  # FlexAttention reads whole key blocks: no NaN past the prompt
-        fused.zero_rows(n, pad_rows(n))
     h = adapter.embed(plan.ids[active.pos])  # h: [A, hidden]
     check_layers = plan.selector.check_layers if plan.selector else ()
     check = {layer: step for step, layer in enumerate(check_layers)}

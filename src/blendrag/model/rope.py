@@ -95,6 +95,26 @@ class Rotation:
         torch.mul(x2, c2, out=o2)
         o2.add_(x1 * s2)
 
+    def rotate_in_place(self, x: torch.Tensor) -> None:
+        """Rotate x: [heads, A, D] where it lies (rows of the request's KV that hold pre-RoPE
+        keys), with ``rotate_into``'s arithmetic (bit for bit): many segments' rows, copied in
+        side by side, rotated by one set of kernels."""
+        r = self.rotary_dim
+        x = x[..., :r]  # partial rotary: the rest passes unrotated
+        h = r // 2
+        x1, x2 = x[..., :h], x[..., h:]
+        c1, c2, s1, s2 = self.c1, self.c2, self.s1, self.s2
+        if self.dtype != x.dtype:  # float32 cos/sin: rotated in float32, rounded once
+            f1, f2 = x1.to(self.dtype), x2.to(self.dtype)
+            t1, t2 = f1 * c1 - f2 * s1, f2 * c2 + f1 * s2
+        else:
+            t1 = x1 * c1
+            t1.sub_(x2 * s1)
+            t2 = x2 * c2
+            t2.add_(x1 * s2)
+        x1.copy_(t1)
+        x2.copy_(t2)
+
 
 class RopeTables:
     """The RoPE table of every layer of a request (layers of one kind share one table)."""

@@ -43,6 +43,25 @@ def test_rotate_into_is_hf_rope_bit_for_bit(engine_for, dtype):
     assert torch.equal(table.rotate(x, torch.arange(40)), apply_rope(x, table.cos, table.sin))
 
 
+@pytest.mark.parametrize("family", ["llama", "olmo2", "phi3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotating_rows_in_place_is_rotate_into_bit_for_bit(engine_for, family, dtype):
+    """The feed copies several segments' pre-RoPE keys side by side and rotates them where
+    they lie: the same bits as rotating each into its rows (OLMo 2: cos/sin in float32; Phi-3
+    here: partial rotary)."""
+    kw = {"partial_rotary_factor": 0.75} if family == "phi3" else {}
+    rotary = engine_for(family, **kw).adapter.rotary
+    table = RopeTable(rotary, 60, dtype, CPU)
+    x = torch.randn(2, 50, 16).to(dtype)  # [heads, T, D]
+    ref = torch.empty_like(x)
+    table.rotate_into(ref, x, slice(7, 57))
+    rows = torch.full((2, 64, 16), float("nan"), dtype=dtype)
+    rows[:, 7:57] = x
+    table.at(slice(7, 57)).rotate_in_place(rows[:, 7:57])
+    assert torch.equal(rows[:, 7:57].contiguous().view(torch.uint8), ref.view(torch.uint8))
+    assert rows[:, :7].isnan().all() and rows[:, 57:].isnan().all()
+
+
 def test_pool_lends_a_buffer_again_only_when_no_view_of_it_lives():
     pool = BufferPool()
     with torch.inference_mode():
