@@ -19,8 +19,10 @@ from collections.abc import Callable
 import torch
 import transformers as T
 
-from blendrag import BlendConfig, BlendEngine, ComputeConfig
+from blendrag.config import BlendConfig
 from blendrag.engine.controller import LoadingConfig
+from blendrag.engine.engine import BlendEngine
+from blendrag.engine.runner import ComputeConfig
 from blendrag.prompt import PromptLayout
 
 TOL = 1e-4

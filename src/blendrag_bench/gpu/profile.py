@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from torch.profiler import ProfilerActivity, profile
 
-from blendrag import BlendConfig
+from blendrag.config import BlendConfig
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.ttft import build_engine, random_layout
 
