@@ -10,7 +10,7 @@ import torch
 from blendrag_bench.ttft import TTFTWorkload
 
 SEVEN_B = dict(layers=32, hidden=4096, heads=32, kv_heads=8, intermediate=14336)
-TINY = dict(layers=4, hidden=256, heads=4, kv_heads=2, intermediate=512)
+TINY = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256)
 RATIOS = (0.15, 0.20)  # the fastest blend at 15 % and the default (preview at 20 %)
 
 
@@ -24,8 +24,10 @@ def workload(small: bool, prompt: str, **kw) -> TTFTWorkload:
     if small:
         chunks, tokens = {"3k": (3, 128), "16k": (4, 256)}[prompt]
     dev = device()
+    # small: the default and the fastest static selector only (the script, not the figures)
+    selectors = ("preview", "epic") if small else ("preview", "cacheblend", "profile", "epic")
     base = TTFTWorkload(**(TINY if small else SEVEN_B), chunks=chunks, chunk_tokens=tokens,
-                        ratios=RATIOS, repeats=1 if small else 3,
+                        ratios=RATIOS, selectors=selectors, repeats=1 if small else 3,
                         dtype="bfloat16" if dev == "cuda" else "float32", device=dev)
     return replace(base, **kw)
 
