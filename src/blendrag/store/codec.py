@@ -285,6 +285,12 @@ class EntryReader:
     def num_layers(self) -> int:
         return self.shape[0]
 
+    @property
+    def concurrent_reads(self) -> bool:
+        """Whether layers may be read from several threads at once (positioned reads on an
+        entry file: ``layered.py`` reads them ahead)."""
+        return self._tensors.concurrent_reads
+
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer ``i``, each [kv_heads, T, head_dim], verified; only that
         layer's bytes are read."""
@@ -411,6 +417,11 @@ class _Tensors:
         return dtype, shape
 
     @property
+    def concurrent_reads(self) -> bool:
+        """Whether the reader takes positioned reads from several threads at once."""
+        return bool(getattr(self._reader, "concurrent_reads", False))
+
+    @property
     def reads_ahead(self) -> bool:
         """Whether the reader fetches announced spans ahead (``read_ahead``)."""
         return hasattr(self._reader, "read_ahead")
@@ -494,7 +505,10 @@ class _FileReader:
     A file that cannot be opened or read (no descriptor left, an I/O error, no permission)
     raises its ``OSError``: that says nothing about the entry's bytes, so it is not an
     ``EntryError`` (which would get a valid entry deleted). A short read is one: the file holds
-    fewer bytes than its header declares."""
+    fewer bytes than its header declares. ``pread`` keeps no file position: reads from several
+    threads at once are safe."""
+
+    concurrent_reads = True
 
     def __init__(self, source: str | Path | BinaryIO) -> None:
         self.handle: BinaryIO | None = None

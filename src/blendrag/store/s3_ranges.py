@@ -29,12 +29,13 @@ class ShortBody(Exception):
 
 
 class FetchPool:
-    """Threads that run ranged GETs in priority order (layer index, then arrival)."""
+    """Threads that run ranged GETs in priority order (layer index, then arrival); also the
+    disk tier's layer reads ahead (``layered.py``)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, name: str = "s3-get") -> None:
         self._jobs: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
-        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"s3-get-{i}")
+        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"{name}-{i}")
                          for i in range(workers)]
         for t in self._threads:
             t.start()
@@ -58,6 +59,11 @@ class FetchPool:
     def close(self) -> None:
         for _ in self._threads:
             self._jobs.put((-1, next(self._order), None, None))
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait for the threads to end after ``close`` (each up to ``timeout`` seconds)."""
+        for t in self._threads:
+            t.join(timeout)
 
 
 class S3Ranges:

@@ -3,14 +3,16 @@ reads only that layer, verifies it, and a throttled tier takes the modelled time
 
 from __future__ import annotations
 
+import errno
+import threading
 import time
 
 import pytest
 import torch
 
-from blendrag.store import MemoryKVStore
+from blendrag.store import MemoryKVStore, codec, layered
 from blendrag.store.codec import EntryError, encode, open_entry
-from blendrag.store.layered import LayerReadError
+from blendrag.store.layered import LayerReadError, pageable_buffer
 from blendrag.store.throttle import Throttle, ThrottledTier
 from helpers.kvgen import make_kv
 
@@ -97,3 +99,81 @@ def test_throttled_reads_take_the_modelled_time(make_store):
     for bad in (dict(bandwidth_gbps=0), dict(bandwidth_gbps=1, latency_us=-1)):
         with pytest.raises(ValueError):
             Throttle(**bad)
+
+
+def _layer_start(store, key: str, layer: int) -> int:
+    """Where layer ``layer``'s tensors start in the entry file of ``key``."""
+    path = store._slots[0].tier.tier.entry_path(key)
+    with open_entry(path, key) as reader:
+        specs = reader._tensors._specs
+        return 8 + reader._tensors._header_len + min(specs[f"{kind}.{layer}"][2]
+                                                    for kind in ("k", "v"))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monkeypatch,
+                                                               workers):
+    """Read ahead or not, a failed read of layer 2 is that layer's failure (a storage one:
+    nothing deleted), raised when layer 2 is asked for, after layers 0 and 1 are served."""
+    monkeypatch.setattr(layered, "READ_AHEAD_WORKERS", workers)
+    kv = make_kv(5, layers=4, tokens=64)
+    store = make_store(ram_bytes=0)
+    store.put("k", kv)
+    bad = _layer_start(store, "k", 2)
+    real = codec.os.preadv
+
+    def preadv(fd, buffers, offset):
+        end = offset + sum(len(b) for b in buffers)
+        if offset <= bad < end:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(codec.os, "preadv", preadv)
+    entry = store.open_layers("k")
+    for i in range(2):
+        k, v = entry.layer(i)
+        assert torch.equal(k, kv.keys[i]) and torch.equal(v, kv.values[i])
+    with pytest.raises(LayerReadError) as err:
+        entry.layer(2)
+    assert isinstance(err.value.__cause__, OSError)
+    entry.close()
+    assert store.contains("k") and store.stats().tier("disk").errors == 1
+
+
+def test_closing_an_entry_stops_its_reads_ahead_before_the_file_is_closed(make_store,
+                                                                          monkeypatch):
+    monkeypatch.setattr(layered, "READ_AHEAD_WORKERS", 2)
+    kv = make_kv(6, layers=8, tokens=64)
+    store = make_store(ram_bytes=0)
+    store.put("k", kv)
+    first = _layer_start(store, "k", 0)
+    real = codec.os.preadv
+    closed = threading.Event()
+    late: list[int] = []
+
+    def slow_preadv(fd, buffers, offset):
+        if offset >= first:  # a layer, not the header or the priors
+            time.sleep(0.02)
+            if closed.is_set():
+                late.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(codec.os, "preadv", slow_preadv)
+    entry = store.open_layers("k")
+    entry.close()  # while the pool reads its first layers
+    closed.set()
+    time.sleep(0.1)
+    assert late == []
+    monkeypatch.undo()
+    entry = store.open_layers("k")  # the entry is whole, and read ahead in full
+    assert all(torch.equal(entry.layer(i)[1], kv.values[i]) for i in range(kv.num_layers))
+    entry.close()
+
+
+def test_pageable_buffers_are_plain_tensors():
+    small, large = pageable_buffer((2, 3), torch.bfloat16), pageable_buffer((5, 1 << 20),
+                                                                           torch.float32)
+    assert (small.shape, small.dtype, large.shape, large.dtype) == (
+        (2, 3), torch.bfloat16, (5, 1 << 20), torch.float32)
+    large.fill_(1.5)  # the huge-page advice changes nothing of the memory's use
+    assert large.sum().item() == 5 * (1 << 20) * 1.5 and not large.is_pinned()
