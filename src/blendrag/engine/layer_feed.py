@@ -201,6 +201,9 @@ class _CudaStager:
                 if buf is None:  # already on the device (e.g. a chunk computed now)
                     out.append(t)
                     continue
+                if t.is_pinned():  # the disk tier reads into pinned rows: no staging copy
+                    out.append(t.to(self.device, non_blocking=True))  # (torch keeps the
+                    continue  # block from reuse until this copy is done)
                 buf.copy_(t)
                 out.append(buf.to(self.device, non_blocking=True))
             on_device = [(out[2 * j], out[2 * j + 1]) for j in range(len(rows))]
