@@ -36,7 +36,8 @@ COMMANDS = {path: p for path, p in _parsers(build_parser())}
 
 def test_every_command_is_listed() -> None:
     assert set(COMMANDS) == {
-        "blendrag", "blendrag precompute", "blendrag cache", "blendrag cache stats",
+        "blendrag", "blendrag precompute", "blendrag calibrate", "blendrag cache",
+        "blendrag cache stats",
         "blendrag cache clear", "blendrag cache plan", "blendrag bench", "blendrag bench ttft",
         "blendrag bench store", "blendrag bench chat", "blendrag bench precompute",
         "blendrag bench match", "blendrag bench quality", "blendrag bench fidelity",
