@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blendrag.calibration.flows import make_flow
+from blendrag.calibration.flows import Flow, make_flow
 from blendrag.calibration.prompts import CalibrationPrompt, make_prompts
 from blendrag.calibration.target import CalibrationTarget
 from blendrag.config import BlendConfig
@@ -65,7 +65,7 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
         raise ValueError("calibration needs at least one ratio and one selector")
     t0 = time.perf_counter()
     made = make_prompts(passages, prompts, per_prompt, seed,
-                        ask=_model_questions(engine) if questions == "model" else None)
+                        ask=model_questions(engine) if questions == "model" else None)
     points, runs = measure(engine, made, target, ratios, selectors, flow, on_prompt,
                            instruction)
     selector, ratio = choose(points, target)
@@ -78,6 +78,20 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
         seconds=time.perf_counter() - t0)
 
 
+@dataclass(frozen=True)
+class Answered:
+    """One config's answer to one prompt against full prefill's: whether the whole answers
+    are the same, whether their first sentences are, the answer KL and the TTFT (full prefill's
+    own row: same, KL 0)."""
+
+    selector: str | None
+    ratio: float | None
+    same_answer: bool
+    same_first_sentence: bool
+    answer_kl: float
+    ttft_s: float
+
+
 def measure(engine: BlendEngine, made: Sequence[CalibrationPrompt], target: CalibrationTarget,
             ratios: Sequence[float], selectors: Sequence[str], flow: str = "engine",
             on_prompt: Callable[[int, int], None] | None = None,
@@ -85,31 +99,47 @@ def measure(engine: BlendEngine, made: Sequence[CalibrationPrompt], target: Cali
     """The frontier of ``selectors`` x ``ratios`` over ``made`` (means over prompts), and the
     words of the flow that ran."""
     runs = make_flow(flow, engine, profile="profile" in selectors)
-    configs = [BlendConfig(selector=s, ratio=r) for s in selectors for r in ratios]
-    same: dict[str, list[float]] = {c.label: [] for c in configs}
-    kl: dict[str, list[float]] = {c.label: [] for c in configs}
-    ttft: dict[str, list[float]] = {c.label: [] for c in [FULL, *configs]}
-    for i, prompt in enumerate(made):
-        parts, layout = _fitted(engine, runs, parts_of(prompt, instruction),
-                                target.answer_tokens)
+    parts = [parts_of(p, instruction) for p in made]
+    rows = answer(engine, runs, parts, ratios, selectors, target.answer_tokens, on_prompt)
+    return frontier(rows, target.first_sentence), runs.describe()
+
+
+def answer(engine: BlendEngine, runs: Flow, prompts: Sequence[PromptParts],
+           ratios: Sequence[float], selectors: Sequence[str], answer_tokens: int,
+           on_prompt: Callable[[int, int], None] | None = None) -> list[list[Answered]]:
+    """Per prompt, full prefill's row then each selector's at each ratio (``Answered``), the
+    prompt laid out and its chunks stored by ``runs`` (the application's flow); a prompt too
+    long for the model loses its last passages."""
+    configs = [FULL] + [BlendConfig(selector=s, ratio=r) for s in selectors for r in ratios]
+    out = []
+    for i, parts in enumerate(prompts):
+        parts, layout = _fitted(engine, runs, parts, answer_tokens)
         runs.ingest(i, parts, layout)
-        results = compare_answers(engine, layout, [FULL, *configs], target.answer_tokens)
-        reference = results[0]
-        for r in results:
-            ttft[r.config.label].append(r.stats.timing.ttft_s)
-            if r is reference:
-                continue
-            agree = (_first_sentence(r.answer.text) == _first_sentence(reference.answer.text)
-                     if target.first_sentence else r.same_answer)
-            same[r.config.label].append(float(agree))
-            kl[r.config.label].append(r.answer_kl)
+        results = compare_answers(engine, layout, configs, answer_tokens)
+        first = _first_sentence(results[0].answer.text)
+        out.append([Answered(r.config.selector if r.config.mode == "blend" else None,
+                             r.config.ratio if r.config.mode == "blend" else None,
+                             r.same_answer, _first_sentence(r.answer.text) == first,
+                             r.answer_kl, r.stats.timing.ttft_s) for r in results])
         if on_prompt is not None:
-            on_prompt(i + 1, len(made))
-    full_s = statistics.mean(ttft[FULL.label])
-    points = [FrontierPoint(c.selector, c.ratio, statistics.mean(same[c.label]),
-                            statistics.mean(kl[c.label]),
-                            full_s / statistics.mean(ttft[c.label])) for c in configs]
-    return points, runs.describe()
+            on_prompt(i + 1, len(prompts))
+    return out
+
+
+def frontier(rows: Sequence[Sequence[Answered]], first_sentence: bool = False,
+             ) -> list[FrontierPoint]:
+    """The mean over prompts of each (selector, ratio): same answer (whole, or the first
+    sentences'), answer KL, and full prefill's mean TTFT over its mean TTFT."""
+    full_s = statistics.mean(r[0].ttft_s for r in rows)
+    points = []
+    for j, head in enumerate(rows[0][1:], start=1):
+        col = [r[j] for r in rows]
+        same = [a.same_first_sentence if first_sentence else a.same_answer for a in col]
+        points.append(FrontierPoint(str(head.selector), float(head.ratio or 0.0),
+                                    statistics.mean(map(float, same)),
+                                    statistics.mean(a.answer_kl for a in col),
+                                    full_s / statistics.mean(a.ttft_s for a in col)))
+    return points
 
 
 def _fitted(engine: BlendEngine, runs, parts: PromptParts, new_tokens: int):
@@ -164,7 +194,7 @@ def _first_sentence(text: str) -> str:
     return normalize_answer(text[:cut])
 
 
-def _model_questions(engine: BlendEngine) -> Callable[[str], str]:
+def model_questions(engine: BlendEngine) -> Callable[[str], str]:
     """A question about a passage, written by the model (greedy, its first line)."""
     from blendrag.config import GenerationConfig
 
