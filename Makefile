@@ -60,10 +60,11 @@ bench-quality: $(STAMP)
 # under 6 minutes (docs/gpu.md). It runs from the tree with that machine's python3, no venv;
 # diskcache, when missing there, comes from the wheels of `make gpu-wheels` (carry .whl/).
 OUT ?= gpu-check
+BUDGET ?= 350
 gpu-check:
 	@python3 -c "import diskcache" 2>/dev/null || python3 -m pip install -q --no-index \
 		--no-deps --target .gpu-site .whl/*.whl
-	PYTHONPATH=src:.gpu-site:$$PYTHONPATH python3 -m blendrag_bench.gpu.check --out $(OUT)
+	PYTHONPATH=src:.gpu-site:$$PYTHONPATH python3 -m blendrag_bench.gpu.check --out $(OUT) --budget $(BUDGET)
 
 # the wheels the GPU check needs there and cannot download: run here, carry .whl/ there
 gpu-wheels: $(STAMP)

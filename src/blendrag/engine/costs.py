@@ -16,6 +16,12 @@ zeros: the values do not change the time) at a few prompt sizes, for three kinds
 and fits each kind's time per layer as ``a + b x tokens + c x pairs`` (pairs: the query-key
 pairs attended) by least squares. A request's time in each mode is then a sum of such passes
 (``predict``), plus what it loads sequentially and the chunks it must compute first.
+
+What the passes leave out (placing and rotating cached rows, the selection, the host's time
+launching many small kernels: on an H200 the preview pass of a 3k-token prompt took 38 ms where
+its passes predict a few) is measured on the requests themselves: ``observe`` keeps, per mode,
+the least time a request of that mode took beyond its prediction, and ``overhead`` adds it to
+later predictions once ``TRIALS`` requests have run (the first may include compiling kernels).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
     from blendrag.engine.runner import ModelRunner
 
 KINDS = ("causal", "tail", "scattered")
+TRIALS = 2  # requests of a mode measured before its overhead counts
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,19 @@ class DeviceCosts:
     def __init__(self, layers: int, kinds: dict[str, PassCost]) -> None:
         self.layers = layers
         self.kinds = kinds
+        self._gaps: dict[str, tuple[int, float]] = {}  # mode label -> (requests, least gap)
+
+    def observe(self, label: str, predicted_s: float, took_s: float) -> None:
+        """A request of mode ``label`` took ``took_s`` where ``predicted_s`` was predicted:
+        the least such gap is the mode's overhead (a slow outlier never counts against it)."""
+        seen, gap = self._gaps.get(label, (0, math.inf))
+        self._gaps[label] = (seen + 1, min(gap, took_s - predicted_s))
+
+    def overhead(self, label: str) -> float:
+        """Seconds a request of mode ``label`` takes beyond its passes (0 until measured on
+        ``TRIALS`` requests; may be negative where the passes overestimate)."""
+        seen, gap = self._gaps.get(label, (0, 0.0))
+        return gap if seen >= TRIALS else 0.0
 
     @classmethod
     def profile(cls, runner: ModelRunner, sizes: tuple[int, ...] = (256, 1024, 2048),

@@ -150,7 +150,8 @@ class StaticDecoder:
         q = q.view(hkv, heads // hkv, d)  # [Hkv, g, D]
         o = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
                                            scale=a.scaling)  # [1, Hkv, g, D]
-        return o[0].view(heads, 1, d)
+        # CUDA's flash kernel returns [1, g, Hkv, D] memory order behind this shape: reshape
+        return o[0].reshape(heads, 1, d)
 
     def _replay(self, st: _Step) -> torch.Tensor:
         if st.graph is None or st.out is None:

@@ -108,6 +108,8 @@ def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: i
         pre.stats.cache.load_retries = attempts - 1
         if choice is not None:
             pre.stats.controller = {**(pre.stats.controller or {}), "mode": choice}
+            passes = choice["full_passes_s" if choice["ran"] != choice["asked"] else "passes_s"]
+            parts.runner.costs().observe(choice["ran"], passes, pre.stats.timing.ttft_s)
         return pre
 
 
@@ -127,9 +129,12 @@ def _mode_for(parts: Parts, layout: PromptLayout,
     shape = PromptShape(layout.num_tokens, len(layout.prefix_ids),
                         layout.suffix_start - len(layout.prefix_ids), len(layout.suffix_ids),
                         layout.chunk_spans[0][1], misses)
-    mode_s, full_s = costs.predict(config, shape), costs.predict(FULL, shape)
+    passes_s, full_passes_s = costs.predict(config, shape), costs.predict(FULL, shape)
+    mode_s = passes_s + costs.overhead(config.label)  # what its passes leave out, measured
+    full_s = full_passes_s + costs.overhead(FULL.label)
     record = {"asked": config.label, "ran": config.label, "predicted_s": mode_s,
-              "full_predicted_s": full_s, "miss_passes": len(misses)}
+              "full_predicted_s": full_s, "passes_s": passes_s, "full_passes_s": full_passes_s,
+              "miss_passes": len(misses)}
     if mode_s <= full_s:
         return config, record
     record["ran"] = FULL.label

@@ -76,6 +76,31 @@ def test_a_mode_predicted_slower_runs_as_an_exact_full_prefill(model_dir):
     assert not torch.equal(pre.logits, full.logits)
 
 
+def test_what_a_mode_takes_beyond_its_passes_is_measured_and_counts():
+    costs = DeviceCosts(2, {k: PassCost(1e-3, 0, 0) for k in ("causal", "tail", "scattered")})
+    costs.observe("reuse", 0.010, 0.500)  # the first request: kernels compiled
+    assert costs.overhead("reuse") == 0.0  # not before TRIALS requests
+    costs.observe("reuse", 0.010, 0.040)
+    costs.observe("reuse", 0.010, 0.090)  # a slow outlier never counts against the mode
+    assert costs.overhead("reuse") == pytest.approx(0.030)
+    assert costs.overhead("full") == 0.0
+
+
+def test_a_mode_measured_slower_than_its_passes_predict_then_runs_full(model_dir):
+    # passes that predict every mode nearly free: only the requests' own times tell
+    free = DeviceCosts(3, {"causal": PassCost(2e-6, 0, 0), "tail": PassCost(1e-6, 0, 0),
+                           "scattered": PassCost(1e-6, 0, 0)})
+    engine = engine_with(model_dir, free, True)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.ingest(PASSAGES, prefix=PREFIX)
+    full = engine.prefill(layout, FULL).logits
+    config = BlendConfig(mode="reuse")
+    ran = [engine.prefill(layout, config).stats.controller["mode"] for _ in range(3)]
+    assert [r["ran"] for r in ran] == ["reuse", "reuse", "full"]
+    assert ran[2]["predicted_s"] > ran[2]["passes_s"] + 1e-4  # the measured overhead counted
+    assert torch.equal(engine.prefill(layout, config).logits, full)  # exact, as full
+
+
 def test_off_on_a_cpu_by_default_and_when_asked(model_dir):
     slow = DeviceCosts(3, {"causal": PassCost(1e-3, 0, 0), "tail": PassCost(1.0, 0, 0),
                            "scattered": PassCost(1.0, 0, 0)})

@@ -11,6 +11,7 @@ import torch
 
 from blendrag import BlendConfig, BlendEngine, ComputeConfig
 from blendrag.engine.attention import BlockPlan, LowerRightPlan, plan_attention
+from blendrag.engine.controller import LoadingConfig
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = [pytest.mark.cuda,
@@ -20,26 +21,31 @@ MODES = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode=
          BlendConfig(), BlendConfig(selector="cacheblend", ratio=0.3),
          BlendConfig(selector="epic", ratio=0.3)]
 TOL = 1e-4
+# each mode as asked: the cost profile would run these tiny models' cached modes as full
+AS_ASKED = LoadingConfig(full_when_faster=False)
 
 
 def engine(model_dir, compute: ComputeConfig, dtype: str = "float32", **kw) -> BlendEngine:
     return BlendEngine.from_pretrained(model_dir("llama", **kw), dtype=dtype, device="cuda",
-                                       chat=False, compute=compute)
+                                       chat=False, compute=compute, loading=AS_ASKED)
 
 
 @pytest.mark.parametrize("window", [None, 24])
 def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window):
     kw = {} if window is None else {"sliding_window": window}
     family = "llama" if window is None else "mistral"
-    gpu = BlendEngine.from_pretrained(model_dir(family, **kw), device="cuda", chat=False)
+    gpu = BlendEngine.from_pretrained(model_dir(family, **kw), device="cuda", chat=False,
+                                      loading=AS_ASKED)
     plain = BlendEngine.from_pretrained(model_dir(family, **kw), device="cuda", chat=False,
                                         compute=ComputeConfig(attention="sdpa",
-                                                              decode="eager"))
+                                                              decode="eager"),
+                                        loading=AS_ASKED)
     layout = gpu.build_prompt(PREFIX, PASSAGES, SUFFIX)
     full = plain.prefill(layout, BlendConfig(mode="full")).logits
     for config in MODES:
-        a, b = gpu.prefill(layout, config).logits, plain.prefill(layout, config).logits
-        assert (a - b).abs().max() < TOL, config.label
+        a, b = gpu.prefill(layout, config), plain.prefill(layout, config)
+        assert a.stats.controller is None and b.stats.controller is None  # ran as asked
+        assert (a.logits - b.logits).abs().max() < TOL, config.label
     assert (gpu.prefill(layout, BlendConfig(ratio=1.0)).logits - full).abs().max() < TOL
 
 

@@ -42,6 +42,23 @@ def test_greedy_with_sliding_window_and_qk_norm_equals_hf_generate(engine_for, d
         assert ours.token_ids == ref[0, layout.num_tokens:].tolist()
 
 
+@pytest.mark.parametrize("decode", list(DECODES))
+def test_decoding_takes_attention_output_in_any_memory_order(engine_for, decode, monkeypatch):
+    """CUDA's flash kernel returns SDPA's [B, H, L, D] output over [B, L, H, D] memory: the
+    decoding step must reshape, not view (found on an H200; reproduced here on the CPU)."""
+    engine = engine_for("llama", compute=DECODES[decode])
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    gen = GenerationConfig(max_new_tokens=8, eos_token_ids=())
+    want = engine.generate(layout, FULL, gen).token_ids
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def flash_layout(*args, **kwargs):  # same values, the flash kernel's strides
+        return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", flash_layout)
+    assert engine.generate(layout, FULL, gen).token_ids == want
+
+
 def test_stream_yields_the_text_of_generate(engine_for):
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
