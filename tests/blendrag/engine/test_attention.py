@@ -14,6 +14,7 @@ from blendrag.engine.attention import (
     FlexPlan,
     LastPlan,
     LowerRightPlan,
+    PaddedCausalPlan,
     kernel_for,
     plan_attention,
     score_bias,
@@ -99,6 +100,22 @@ def test_the_lower_right_causal_bias_is_the_exact_mask_of_contiguous_queries():
     q, k, v = tensors(a, n)
     plan = LowerRightPlan(a, n)
     assert (plan.attend(q, k, v, SCALE).double() - reference(q, k, v, pos, n)).abs().max() < 2e-6
+    assert plan.attended_keys == sum(p + 1 for p in pos.tolist())
+
+
+def test_a_long_tail_runs_as_the_full_prefills_causal_call_with_its_rows_kept():
+    """CUDA's path for contiguous queries that are most of the prompt (prefix mode): the
+    tail's rows of a causal call over all n rows, bit for bit those a full prefill computes."""
+    n, a = 300, 200
+    pos = torch.arange(n - a, n)
+    q, k, v = tensors(n, n)  # the full prefill's queries; the plan sees their tail
+    plan = PaddedCausalPlan(a, n)
+    got = plan.attend(q[:, n - a:], k, v, SCALE)
+    assert (got.double() - reference(q[:, n - a:], k, v, pos, n)).abs().max() < 2e-6
+    full = CausalPlan(n).attend(q, k, v, SCALE)
+    assert torch.equal(got, full[:, n - a:])
+    again = plan.attend(q[:, n - a:] * 2, k, v, SCALE)  # its padded queries reused, refilled
+    assert torch.equal(again, CausalPlan(n).attend(q * 2, k, v, SCALE)[:, n - a:])
     assert plan.attended_keys == sum(p + 1 for p in pos.tolist())
 
 
