@@ -10,6 +10,7 @@ from typing import TypeVar
 MODES = ("full", "prefix", "reuse", "blend")
 DEVIATIONS = ("value", "key")
 DEFAULT_RATIO = 0.20  # the knee of the fidelity frontier (docs/benchmarks.md); auto's floor
+DEFAULT_SELECTOR = "preview"
 AUTO = "auto"
 MAX_TEMPERATURE = 100.0
 
@@ -172,10 +173,15 @@ class BlendConfig:
     ratio: float
     options: SelectorOptions
     auto_ratio: bool = field(default=False, init=False)
+    calibrated: bool = field(default=False, init=False)
 
-    def __init__(self, mode: str = "blend", selector: str = "preview",
-                 ratio: float | str = DEFAULT_RATIO,
+    def __init__(self, mode: str = "blend", selector: str | None = None,
+                 ratio: float | str | None = None,
                  options: SelectorOptions | None = None) -> None:
+        # neither selector, ratio nor options given: the engine's calibration may choose them
+        calibrated = selector is None and ratio is None and options is None
+        selector = DEFAULT_SELECTOR if selector is None else selector
+        ratio = DEFAULT_RATIO if ratio is None else ratio
         auto = isinstance(ratio, str)
         value = _auto_floor(ratio) if isinstance(ratio, str) else ratio
         if mode not in MODES:
@@ -192,7 +198,8 @@ class BlendConfig:
                              f"{type(chosen).__name__}")
         chosen.check(float(value))
         for name, v in (("mode", mode), ("selector", selector), ("ratio", value),
-                        ("options", chosen), ("auto_ratio", auto)):
+                        ("options", chosen), ("auto_ratio", auto),
+                        ("calibrated", calibrated and mode == "blend")):
             object.__setattr__(self, name, v)
 
     def typed_options(self, kind: type[OptionsT]) -> OptionsT:

@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "made, with the commands.")
     bench = group.add_subparsers(dest="bench", required=True,
                                  metavar="{ttft,chat,store,precompute,match,quality,"
-                                         "fidelity}")
+                                         "fidelity,calibration}")
     _register_ttft(bench)
     _register_chat(bench)
     _register_store(bench)
@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _register_match(bench)
     quality_cli.register(bench)
     quality_cli.register_fidelity(bench)
+    _register_calibration(bench)
 
 
 def _register_ttft(bench: argparse._SubParsersAction) -> None:
@@ -129,6 +130,64 @@ def _register_chat(bench: argparse._SubParsersAction) -> None:
     add_json_option(chat, "the records (turn, config, exact, prefix_tokens, ttft_s, "
                           "speedup_vs_full, ...)")
     chat.set_defaults(func=_chat)
+
+
+def _register_calibration(bench: argparse._SubParsersAction) -> None:
+    cal = bench.add_parser(
+        "calibration", help="does a calibration generalise: calibrate on half a dataset's "
+                            "passages, check the ratio on the other half's questions",
+        description="Calibrate (as `blendrag calibrate` does, generic questions, no labels) on "
+                    "the passages of half a dataset's items, then measure the chosen ratio and "
+                    "the default on the other half's own questions; two targets (whole answers, "
+                    "first sentences) read off the same answers.")
+    add_model_options(cal)
+    cal.add_argument("--dataset", default="synthetic",
+                     help="synthetic, longfacts, musique or a file (default: synthetic)")
+    cal.add_argument("--items", type=int, default=40,
+                     help="dataset items, half for calibrating, half held out (default: 40)")
+    cal.add_argument("--prompts", type=int, default=24,
+                     help="calibration prompts (default: 24)")
+    cal.add_argument("--per-prompt", type=int, default=4,
+                     help="passages in each calibration prompt (default: 4)")
+    cal.add_argument("--same-answer", type=float, default=0.9,
+                     help="the target's share of answers equal to full's (default: 0.9)")
+    cal.add_argument("--answer-kl", type=float, default=0.02,
+                     help="the target's mean answer KL (default: 0.02)")
+    cal.add_argument("--answer-tokens", type=int, default=32,
+                     help="tokens of each answer (default: 32)")
+    cal.add_argument("--questions", choices=("generic", "model"), default="generic",
+                     help="the calibration's questions: generic, or written by the model "
+                          "(default: generic)")
+    add_progress_option(cal)
+    add_json_option(cal, "the result")
+    cal.set_defaults(func=_calibration)
+
+
+def _calibration(args: argparse.Namespace) -> int:
+    from blendrag.cli.options import apply_threads, emit, model_kwargs
+    from blendrag.cli.progress import Progress
+    from blendrag.engine.engine import BlendEngine
+    from blendrag_bench.calibration_bench import CalibrationBenchConfig, format_report, run
+
+    try:
+        cfg = CalibrationBenchConfig(args.dataset, args.items, args.prompts, args.per_prompt,
+                                     same_answer=args.same_answer, answer_kl=args.answer_kl,
+                                     answer_tokens=args.answer_tokens, questions=args.questions)
+    except ValueError as exc:
+        print(f"blendrag bench calibration: error: {exc}", file=sys.stderr)
+        return 2
+    apply_threads(args)
+    engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args))
+    bars: dict[str, Progress] = {}
+
+    def step(phase: str, done: int, total: int) -> None:
+        bar = bars.setdefault(phase, Progress(phase, unit="prompts",
+                                              enabled=not args.no_progress))
+        bar(done, total)
+
+    result = run(engine, cfg, step)
+    emit(args, result, format_report(result))
+    return 0
 
 
 def _chat_configs() -> tuple[str, ...]:

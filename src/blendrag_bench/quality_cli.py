@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from blendrag.calibration import FLOWS
 from blendrag.cli.options import (
     add_chat_option,
     add_json_option,
@@ -25,7 +26,6 @@ DEFAULT_DATASETS = ("synthetic", "musique")
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 6, "longfacts": 40}
 DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
 DEFAULT_FIDELITY_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7)  # bench fidelity
-FLOWS = ("integration", "engine")  # bench fidelity --flow: blendrag_bench.flows.FLOWS
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:

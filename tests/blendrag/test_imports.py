@@ -25,6 +25,9 @@ CORE = {
                         "blendrag.store",
                         "blendrag.ingest"},
     "blendrag.eval": {"blendrag.config", "blendrag.prompt", "blendrag.engine"},
+    "blendrag.calibration": {"blendrag.config", "blendrag.prompt", "blendrag.kv",
+                             "blendrag.store", "blendrag.engine", "blendrag.eval",
+                             "blendrag.integration"},
     "blendrag.integration": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
                              "blendrag.engine", "blendrag.ingest"},
     "blendrag.distributed": {"blendrag.config", "blendrag.prompt", "blendrag.model",
@@ -37,9 +40,9 @@ CORE = {
     "blendrag.cli": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
                      "blendrag.store",
                      "blendrag.ingest", "blendrag.engine", "blendrag.integration", "blendrag.eval",
-                     "blendrag.distributed"},
+                     "blendrag.distributed", "blendrag.calibration"},
     "blendrag": {"blendrag.config", "blendrag.engine", "blendrag.kv", "blendrag.prompt",
-                 "blendrag.store"},
+                 "blendrag.store", "blendrag.calibration"},
 }
 ALLOWED = {
     **CORE,
@@ -48,9 +51,10 @@ ALLOWED = {
     "blendrag_servers": set(),
 }
 # Finer rule inside one edge: the engine uses a store through its protocol, and RAM as the default.
-# the protocol, the RAM default, and layer-wise reads (what a store hands the layer loop)
+# the protocol, the RAM default, layer-wise reads (what a store hands the layer loop) and the
+# calibration records kept beside the entries
 ENGINE_STORE_MODULES = {"blendrag.store", "blendrag.store.protocol", "blendrag.store.ram",
-                        "blendrag.store.layered"}
+                        "blendrag.store.layered", "blendrag.store.calibration"}
 
 
 def unit(module: str) -> str | None:
@@ -127,7 +131,7 @@ def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_defa
     assert used <= ENGINE_STORE_MODULES | {
         f"{m}.{n}" for m in ENGINE_STORE_MODULES
         for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "MemoryLayeredEntry",
-                  "LayerReadError")
+                  "LayerReadError", "CalibrationBook", "CalibrationRecord")
     }
 
 

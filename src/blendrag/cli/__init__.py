@@ -13,7 +13,7 @@ import importlib
 from importlib.metadata import entry_points, version
 
 # Core modules that expose ``register(subparsers)``; each adds its own sub-commands.
-COMMAND_MODULES = ["blendrag.cli.precompute", "blendrag.cli.cache"]
+COMMAND_MODULES = ["blendrag.cli.precompute", "blendrag.cli.calibrate", "blendrag.cli.cache"]
 COMMAND_GROUP = "blendrag.commands"
 """Entry-point group of commands from other packages: ``name = "module:register"``."""
 

@@ -98,7 +98,9 @@ def _store_dir(directory: Path) -> Path:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    report: dict[str, object] = {"disk": _disk_stats(_store_dir(args.store_dir))}
+    directory = _store_dir(args.store_dir)
+    report: dict[str, object] = {"disk": _disk_stats(directory),
+                                 "calibrations": _calibrations(directory)}
     if args.redis_url:
         report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
                            "entries": _count(_redis_tier(args))}
@@ -125,6 +127,15 @@ def _disk_stats(directory: Path) -> dict[str, object]:
             "used_bytes": usage.used_bytes, "budget_bytes": usage.budget_bytes,
             "lifetime_hits": hits, "lifetime_misses": misses, **_kinds(directory, rows),
             "unreferenced": _unreferenced(directory, rows)}
+
+
+def _calibrations(directory: Path) -> list[dict]:
+    """The calibration records kept beside the store (``blendrag calibrate``), newest first."""
+    from blendrag.store.calibration import CalibrationBook
+
+    records = CalibrationBook.beside(directory).records()
+    return [{"model": r.model[:12], "tokenizer": r.tokenizer[:12], **r.summary()}
+            for r in sorted(records, key=lambda r: -r.created)]
 
 
 def _rows(directory: Path) -> list[tuple]:
@@ -236,6 +247,12 @@ def _format(report: dict) -> str:
                      f"{disk['lifetime_misses']:,} not found (disk tier only: reads served from "
                      "RAM, and precompute's checks that skip chunks already stored, are not "
                      "counted)")
+    for c in report.get("calibrations") or ():
+        chosen = ("a full prefill (no ratio met the target)" if c["ratio"] is None else
+                  f"{c['selector']} at {c['ratio']:g}: same answer {c['same_answer']:.2f}, "
+                  f"answer KL {c['answer_kl']:.4f}")
+        lines.append(f"  calibration of model {c['model']} ({c['created']}, {c['prompts']} "
+                     f"prompts of corpus {c['corpus']}): the default config runs {chosen}")
     if "redis" in report:
         r = report["redis"]
         lines.append(f"Redis tier at {r['url']} (keys {r['prefix']}*): {r['entries']} entries")

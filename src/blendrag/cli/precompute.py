@@ -48,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         what="also measure each new chunk's context-sensitivity profile after each of the K "
              "chunks before it in the source, for BlendConfig(selector='profile'); K more "
              "forwards per chunk; the source must be in document order; 0: no profiles")
+    p.add_argument("--calibrate", action="store_true",
+                   help="then calibrate on the ingested passages (blendrag calibrate's defaults: "
+                        "24 prompts, same answer >= 0.9 and answer KL <= 0.02 over 32 tokens) "
+                        "and keep the record in the store (default: no)")
     add_progress_option(p)
     add_json_option(p, "the summary")
     add_ray_options(p)
@@ -140,6 +144,9 @@ def _check(args: argparse.Namespace):
     if args.skip_bad_lines and args.jsonl is None:
         raise ValueError("--skip-bad-lines applies to --jsonl sources only")
     check_ray_args(args)
+    if args.calibrate and args.ray is not None:
+        raise ValueError("--calibrate runs in this process: leave out --ray, or calibrate "
+                         "afterwards with `blendrag calibrate`")
     config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
                          disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix,
@@ -159,9 +166,32 @@ def _run(args: argparse.Namespace, source, config):
                                              chat=args.chat,
                                              system=args.system, chunk_prefix=args.chunk_prefix)
         index = ChunkTextIndex(args.text_index) if args.text_index else None
-        return ingest_source(engine, source, prefix=args.prefix, progress=not args.no_progress,
-                             text_index=index, batch_size=args.batch_size,
-                             profile=args.profile_neighbours)
+        summary = ingest_source(engine, source, prefix=args.prefix,
+                                progress=not args.no_progress, text_index=index,
+                                batch_size=args.batch_size, profile=args.profile_neighbours)
+        if args.calibrate and summary.nothing is None:
+            _calibrate(args, engine, list(source))
+        return summary
+
+
+def _calibrate(args: argparse.Namespace, engine, texts: list[str]) -> None:
+    """``blendrag calibrate`` over the passages just ingested, as the prompts were described:
+    the integration's flow with --chunk-prefix, the engine's after --prefix."""
+    from blendrag.calibration.run import calibrate
+    from blendrag.cli.calibrate import report
+    from blendrag.cli.progress import Progress
+    from blendrag.store.calibration import CalibrationBook
+
+    flow = "integration" if args.chunk_prefix is not None else "engine"
+    extra = {"instruction": args.prefix} if args.prefix else {}
+    record = calibrate(engine, texts, flow=flow,
+                       on_prompt=Progress("calibrating", unit="prompts",
+                                          enabled=not args.no_progress), **extra)
+    path = CalibrationBook.beside(engine.store.disk_dir).put(record)
+    print(report(record, path, "the ingested passages", len(texts)), file=sys.stderr)
+    if path is None:
+        print("blendrag precompute: the calibration is not kept: the store has no disk tier "
+              "(--store-dir)", file=sys.stderr)
 
 
 def _source(args: argparse.Namespace):

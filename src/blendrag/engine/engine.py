@@ -17,6 +17,7 @@ import torch
 
 from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
 from blendrag.engine import request
+from blendrag.engine.calibrated import CalibratedDefault
 from blendrag.engine.chunk_cache import ChunkCache
 from blendrag.engine.context import NO_CONTEXT, ChunkContext
 from blendrag.engine.controller import LoadingConfig, LoadingController
@@ -32,6 +33,7 @@ from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
 from blendrag.prompt import PromptBuilder, PromptLayout
+from blendrag.store.calibration import CalibrationRecord
 from blendrag.store.protocol import KVStore
 from blendrag.store.ram import MemoryKVStore
 
@@ -85,6 +87,8 @@ class BlendEngine:
             prefix_cache_bytes, lambda: self.cache.identity.fingerprint,
             store=self.cache.store if prefix_cache_store else None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
+                                            lambda: self.store.disk_dir)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
@@ -136,6 +140,18 @@ class BlendEngine:
     @store.setter
     def store(self, store: KVStore) -> None:
         self.cache.store = store
+        self.calibrated.forget()
+
+    @property
+    def calibration(self) -> CalibrationRecord | None:
+        """The calibration the default ``BlendConfig()`` runs with (engine/calibrated.py): the
+        latest one the store keeps for this model, or the one given to ``use_calibration``."""
+        return self.calibrated.record
+
+    def use_calibration(self, record: CalibrationRecord | None) -> None:
+        """Run the default config with ``record`` (``blendrag.calibration.calibrate``'s; None:
+        the built-in default); ValueError for another model's."""
+        self.calibrated.use(record)
 
     @property
     def context(self) -> ChunkContext:
@@ -256,10 +272,13 @@ class BlendEngine:
                  observers: Sequence[LayerObserver] = (), started: float | None = None) -> Prefill:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
+        config, calibration = self.calibrated.resolve(config)
         parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache)
         with torch_threads(self.threads):
-            return request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
-                                   started, observers)
+            pre = request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
+                                  started, observers)
+        pre.stats.calibration = calibration
+        return pre
 
     def keep_rows(self, ids: Sequence[int], pre: Prefill) -> None:
         """Keep the rows of ``ids`` (the prompt, then the tokens decoded after it) from

@@ -119,7 +119,9 @@ class LoadingStats:
 class RequestStats:
     """What one request did: its config (``mode``, blend's ``selector`` and ``ratio``), then
     one group per part; ``controller``: the loading controller's choice and the estimates it
-    used (``ratio="auto"``, engine/controller.py)."""
+    used (``ratio="auto"``, engine/controller.py); ``calibration``: the calibration the default
+    config ran with (its selector and ratio, the target, the fidelity measured for it;
+    engine/calibrated.py), None when none was used."""
 
     mode: str
     selector: str | None = None
@@ -131,6 +133,7 @@ class RequestStats:
     decode: DecodeStats = field(default_factory=DecodeStats)
     loading: LoadingStats = field(default_factory=LoadingStats)
     controller: dict | None = None
+    calibration: dict | None = None
 
     @property
     def recompute_fraction(self) -> float:
@@ -160,6 +163,7 @@ class RequestStats:
             out.update(asdict(group))
         out["prompt_tokens"] = out.pop("tokens")
         out["controller"] = self.controller
+        out["calibration"] = self.calibration
         out["recompute_fraction"] = self.recompute_fraction
         out["compute_fraction"] = self.compute_fraction
         out["decode_tokens_per_s"] = self.decode.decode_tokens_per_s

@@ -43,7 +43,9 @@ class BlendSettings(BaseModel):
 
     Prefill (:class:`~blendrag.BlendConfig`): ``mode``, ``selector``, ``ratio`` (a fraction, or
     ``"auto"``/``"auto>=F"``), ``selector_options`` (the selector's options object, None: its
-    defaults). Decoding (:class:`~blendrag.GenerationConfig`): ``max_tokens`` (new tokens),
+    defaults); ``selector`` and ``ratio`` left None run the engine's calibration for its model
+    (``blendrag calibrate``), else ``preview`` at 0.20. Decoding
+    (:class:`~blendrag.GenerationConfig`): ``max_tokens`` (new tokens),
     ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``seed``, ``stop`` (added to the
     per-call stop strings), ``eos_token_ids`` (None: the model's), ``stream_holdback``.
 
@@ -76,8 +78,11 @@ class BlendSettings(BaseModel):
     # BlendConfig's own defaults: one place decides what an unconfigured request does
     mode: str = _BLEND.mode
     """``full`` | ``prefix`` | ``reuse`` | ``blend`` (see :class:`~blendrag.BlendConfig`)."""
-    selector: str = _BLEND.selector
-    ratio: float | str = _BLEND.ratio
+    selector: str | None = None
+    """None, with ``ratio`` None too: the engine's calibration for its model, else
+    ``preview``."""
+    ratio: float | str | None = None
+    """None: the engine's calibrated ratio, else 0.20."""
     selector_options: SelectorOptions | None = None
     max_tokens: int = 256
     """Maximum number of new tokens."""
@@ -97,7 +102,8 @@ class BlendSettings(BaseModel):
         """The fields' ``BlendConfig``, with any of ``BLEND_FIELDS`` in ``overrides`` instead."""
         values = {k: getattr(self, k) for k in BLEND_FIELDS}
         values.update({k: v for k, v in overrides.items() if k in BLEND_FIELDS})
-        return BlendConfig(**{BLEND_FIELDS[k]: v for k, v in values.items()})
+        # what is left None is left to BlendConfig (and to the engine's calibration)
+        return BlendConfig(**{BLEND_FIELDS[k]: v for k, v in values.items() if v is not None})
 
     def generation_config(self, stop: Sequence[str] | None = None,
                           **overrides: Any) -> GenerationConfig:
@@ -127,6 +133,8 @@ def fields_from_configs(blend: BlendConfig | None = None,
         out.update({k: getattr(blend, f) for k, f in BLEND_FIELDS.items()})
         if blend.auto_ratio:
             out["ratio"] = f"auto>={blend.ratio:g}"
+        if blend.calibrated:  # left to the engine's calibration, as the config was
+            out.update(selector=None, ratio=None, selector_options=None)
     if generation is not None:
         out.update({k: getattr(generation, f) for k, f in GENERATION_FIELDS.items()})
         out["stop"] = list(generation.stop) or None

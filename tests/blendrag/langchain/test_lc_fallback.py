@@ -93,3 +93,20 @@ def test_chat_metadata_says_whether_it_blended(engine):
     assert meta["blendrag"]["ttft_s"] > meta["blendrag"]["match_s"] > 0
     message = chat.invoke([HumanMessage("Nothing known here.")])
     assert message.response_metadata["blended"] is False and chat.fallbacks == 1
+
+
+def test_the_answers_metadata_carries_the_calibration_the_default_ran_with(engine):
+    from blendrag.langchain import BlendLLM
+    from blendrag.store.calibration import CalibrationRecord, FrontierPoint
+
+    engine.use_calibration(CalibrationRecord(
+        engine.model_fp, engine.tokenizer_fp, "c" * 64, "epic", 0.4,
+        {"same_answer": 0.9, "answer_kl": 0.02, "answer_tokens": 32, "first_sentence": False},
+        (FrontierPoint("epic", 0.4, 0.93, 0.008, 2.4),), "flow words", 24, 10.0))
+    llm = BlendLLM(engine=engine, max_tokens=4)  # selector and ratio left to the calibration
+    llm.text_index.record(PASSAGES[:3])
+    result = llm.generate([TEMPLATE.format(context="\n\n".join(PASSAGES[:3]), input=QUESTION)])
+    info = result.generations[0][0].generation_info["blendrag"]
+    assert (info["selector"], info["ratio"]) == ("epic", 0.4)
+    assert info["calibration"]["same_answer"] == 0.93
+    assert info["calibration"]["answer_kl"] == 0.008

@@ -1,0 +1,220 @@
+"""`blendrag calibrate`: the smallest recompute ratio whose whole answers stay full prefill's on
+your model and your passages, measured as your application runs it and kept beside the store,
+where the default ``BlendConfig()`` of every engine on that store finds it
+(``blendrag.calibration``). ``blendrag precompute --calibrate`` runs it after ingesting."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from blendrag.calibration import FLOWS
+from blendrag.cli.options import (
+    add_chat_option,
+    add_json_option,
+    add_model_options,
+    add_progress_option,
+    add_store_dir_option,
+    apply_threads,
+    emit,
+    model_kwargs,
+)
+
+RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``calibrate`` command."""
+    p = subparsers.add_parser(
+        "calibrate", help="the smallest ratio whose answers stay full prefill's, on your "
+                          "model and passages; kept in the store for the default config",
+        description="Build prompts from your own passages (a few in a random order, then a "
+                    "question), answer each with full prefill and with blend at every ratio, "
+                    "as your application runs them, and record in the store the smallest "
+                    "ratio meeting the target: the default BlendConfig() of an engine on "
+                    "that store then runs it. No labels needed.")
+    add_model_options(p)
+    add_store_dir_option(p)
+    p.add_argument("--corpus", type=Path, required=True,
+                   help="your passages: a folder (one passage per file matching --glob) or a "
+                        "JSON-lines file (one per line, under --field)")
+    p.add_argument("--glob", default="*.txt", help="file pattern under a --corpus folder "
+                                                   "(default: *.txt)")
+    p.add_argument("--field", default="text",
+                   help="JSONL field holding a passage (default: text)")
+    add_target_options(p)
+    add_calibration_options(p)
+    add_chat_option(p)
+    add_progress_option(p)
+    add_json_option(p, "the calibration record")
+    p.set_defaults(func=_calibrate)
+
+
+def add_target_options(p: argparse.ArgumentParser) -> None:
+    """The fidelity target's options (``CalibrationTarget``)."""
+    p.add_argument("--same-answer", type=float, default=0.9,
+                   help="share of answers that must equal full prefill's; -1: not asked "
+                        "(default: 0.9)")
+    p.add_argument("--answer-kl", type=float, default=0.02,
+                   help="mean answer KL against full prefill's answer at most; -1: not asked "
+                        "(default: 0.02)")
+    p.add_argument("--answer-tokens", type=int, default=32,
+                   help="tokens of each answer compared (default: 32)")
+    p.add_argument("--first-sentence", action="store_true",
+                   help="compare the answers' first sentences (default: the whole answers)")
+
+
+def add_calibration_options(p: argparse.ArgumentParser) -> None:
+    """How the calibration runs (prompts, ratios, selectors, flow)."""
+    p.add_argument("--prompts", type=int, default=24,
+                   help="prompts made from the passages (default: 24)")
+    p.add_argument("--per-prompt", type=int, default=4,
+                   help="passages in each prompt (default: 4)")
+    p.add_argument("--ratios", type=_floats, default=RATIOS,
+                   help="ratios tried, comma-separated (default: "
+                        + ",".join(f"{r:g}" for r in RATIOS) + ")")
+    p.add_argument("--selectors", type=lambda t: tuple(t.split(",")), default=("preview",),
+                   help="selectors tried, comma-separated (default: preview)")
+    p.add_argument("--flow", choices=FLOWS, default=FLOWS[0],
+                   help="how prompts are laid out and chunks stored: integration (LangChain's "
+                        "and LlamaIndex's BlendLLM) or engine (BlendEngine.ingest + "
+                        "build_prompt) (default: integration)")
+    p.add_argument("--chunk-prefix", default="",
+                   help="the engine's chunk prefix, as your application's BlendEngine(chunk_"
+                        "prefix=...) (default: \"\", the framework LLMs')")
+    p.add_argument("--questions", choices=("generic", "model"), default="generic",
+                   help="questions from a fixed generic set, or written by the model about one "
+                        "passage of each prompt (a chat model) (default: generic)")
+    p.add_argument("--seed", type=int, default=0, help="prompts' draw (default: 0)")
+
+
+def target_from(args: argparse.Namespace):
+    from blendrag.calibration.target import CalibrationTarget
+
+    return CalibrationTarget(None if args.same_answer < 0 else args.same_answer,
+                             None if args.answer_kl < 0 else args.answer_kl,
+                             args.answer_tokens, args.first_sentence)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """0: calibrated and recorded; 2: bad input, said in one ``error:`` line."""
+    try:
+        target = target_from(args)
+        texts = _passages(args.corpus, args.glob, args.field)
+        check_inputs(args, texts)
+        apply_threads(args)
+        record, path = run(args, texts, target)
+    except (ValueError, OSError, ImportError) as exc:
+        print(f"blendrag calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    emit(args, record_dict(record), report(record, path, str(args.corpus), len(texts)))
+    return 0
+
+
+def check_inputs(args: argparse.Namespace, texts: list[str]) -> None:
+    """ValueError before any model work: too few passages, a store folder that cannot be
+    written, a calibration that cannot run."""
+    from blendrag.calibration.prompts import make_prompts
+
+    if args.prompts < 1 or args.per_prompt < 1:
+        raise ValueError("--prompts and --per-prompt must be >= 1")
+    if not args.ratios or any(not 0 <= r <= 1 for r in args.ratios):
+        raise ValueError("--ratios must be fractions in [0, 1]")
+    make_prompts(texts, 1, args.per_prompt)  # too few passages: said here
+    if args.store_dir is None:
+        raise ValueError("calibration is kept beside the store's disk tier: give --store-dir")
+    folder = Path(args.store_dir) / "calibrations"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"the store folder {args.store_dir} cannot be written ({exc})") from None
+
+
+def run(args: argparse.Namespace, texts: list[str], target, engine=None):
+    """Calibrate (on ``engine``, or on one loaded from the arguments with a disk store at
+    ``--store-dir``) and keep the record; (the record, the file written)."""
+    from blendrag.calibration.run import calibrate
+    from blendrag.cli.progress import Progress
+    from blendrag.store.calibration import CalibrationBook
+
+    store = None
+    if engine is None:
+        from blendrag.engine.engine import BlendEngine
+        from blendrag.store import StoreConfig, TieredKVStore
+
+        store = TieredKVStore(StoreConfig(disk_dir=args.store_dir))
+        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store,
+                                             chat=args.chat, chunk_prefix=args.chunk_prefix)
+    try:
+        bar = Progress("calibrating", unit="prompts", enabled=not args.no_progress)
+        record = calibrate(engine, texts, target, prompts=args.prompts,
+                           per_prompt=args.per_prompt, ratios=args.ratios,
+                           selectors=args.selectors, flow=args.flow, seed=args.seed,
+                           questions=args.questions, on_prompt=bar)
+        path = CalibrationBook.beside(engine.store.disk_dir).put(record)
+        engine.use_calibration(record)
+        return record, path
+    finally:
+        if store is not None:
+            store.close()
+
+
+def record_dict(record) -> dict:
+    from dataclasses import asdict
+
+    return asdict(record)
+
+
+def report(record, path: Path | None, corpus: str, passages: int) -> str:
+    """The frontier and the choice, in words."""
+    lines = [f"Ran: {record.flow}",
+             f"corpus: {corpus} ({passages} passages, id {record.corpus[:12]}); "
+             f"{record.prompts} prompts; took {record.seconds:.0f} s",
+             f"{'selector':<12}{'ratio':>7}{'same answer':>13}{'answer KL':>11}"
+             f"{'TTFT vs full':>14}"]
+    for p in record.frontier:
+        lines.append(f"{p.selector:<12}{p.ratio:>7.2f}{p.same_answer:>13.2f}"
+                     f"{p.answer_kl:>11.4f}{p.speedup:>13.2f}x")
+    t = record.target
+    target = ", ".join([*([f"same answer >= {t['same_answer']:g}"] if t["same_answer"] is not None
+                          else []),
+                        *([f"answer KL <= {t['answer_kl']:g}"] if t["answer_kl"] is not None
+                          else []),
+                        "first sentences" if t["first_sentence"] else
+                        f"answers of {t['answer_tokens']} tokens"])
+    chosen = record.point()
+    if chosen is None:
+        lines.append(f"no ratio tried meets the target ({target}): the default config will run "
+                     "a full prefill (exact); try larger ratios or a looser target")
+    else:
+        lines.append(f"chosen: {chosen.selector} at {chosen.ratio:g} (same answer "
+                     f"{chosen.same_answer:.2f}, answer KL {chosen.answer_kl:.4f}, TTFT "
+                     f"{chosen.speedup:.2f}x faster than full prefill); target: {target}")
+    if path is not None:
+        lines.append(f"recorded in {path}: the default BlendConfig() of an engine on this store "
+                     "runs it")
+    return "\n".join(lines)
+
+
+def _passages(path: Path, glob: str, field: str) -> list[str]:
+    from blendrag.ingest.sources import chunks_from_folder, chunks_from_jsonl
+
+    if path.is_dir():
+        return list(chunks_from_folder(path, glob))
+    if path.suffix == ".jsonl":
+        return list(chunks_from_jsonl(path, field))
+    if not path.exists():
+        raise ValueError(f"--corpus {path} does not exist")
+    raise ValueError(f"--corpus {path}: give a folder of passages or a .jsonl file")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from None
