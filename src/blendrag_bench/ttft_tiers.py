@@ -159,7 +159,9 @@ def run(cfg: TierBenchConfig) -> list[dict]:
         for rep in range(w.repeats + 1):  # round-robin; the first round warms up
             for name, (where, config, prefetch) in calls.items():
                 engine.store = where
-                engine.loading = dataclasses.replace(engine.loading, prefetch_layers=prefetch)
+                # each row as asked: it measures how loading overlaps that mode's compute
+                engine.loading = dataclasses.replace(engine.loading, prefetch_layers=prefetch,
+                                                     full_when_faster=False)
                 pre = engine.prefill(layout, config)
                 if rep:
                     samples[name].append(pre)
