@@ -26,15 +26,20 @@ class SelectorOptions:
 @dataclass(frozen=True)
 class PreviewOptions(SelectorOptions):
     """``attention_floor``: added to each layer's normalized attention, so that tokens context
-    moves much stay in reach where the preview, made over stale keys, reads them little."""
+    moves much stay in reach where the preview, made over stale keys, reads them little.
+    ``span``: tokens recomputed in contiguous windows of this many around the best-scored ones
+    (CacheClip's spans), the same budget; 1: single tokens."""
 
     attention_floor: float = 4.0
+    span: int = 1
 
     def check(self, ratio: float) -> None:
         floor = self.attention_floor
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) \
                 or floor < 0:
             raise ValueError(f"attention_floor must be >= 0, got {floor!r}")
+        if isinstance(self.span, bool) or not isinstance(self.span, int) or self.span < 1:
+            raise ValueError(f"span must be an integer >= 1, got {self.span!r}")
 
 
 @dataclass(frozen=True)
@@ -214,7 +219,9 @@ class BlendConfig:
         if self.mode != "blend":
             return self.mode
         auto = "auto>=" if self.auto_ratio else ""
-        return f"blend-{self.selector}@{auto}{self.ratio:g}"
+        span = getattr(self.options, "span", 1)
+        selector = self.selector if span == 1 else f"{self.selector}/span{span}"
+        return f"blend-{selector}@{auto}{self.ratio:g}"
 
     @property
     def schedule(self) -> tuple[float, ...]:

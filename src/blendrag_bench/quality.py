@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig
+from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig, PreviewOptions
 from blendrag.engine.engine import BlendEngine
 from blendrag.eval.answer import compare_answers
 from blendrag.eval.metrics import exact_match, score
@@ -63,6 +63,7 @@ class QualityConfig:
     modes: tuple[str, ...] = MODES
     selectors: tuple[str, ...] = tuple(SELECTORS)
     ratios: tuple[float, ...] = DEFAULT_RATIOS
+    spans: tuple[int, ...] = (1,)  # the preview selector's windows (PreviewOptions.span)
     max_new_tokens: int = 16
     summary_max_new_tokens: int = 128
     warmup: bool = True
@@ -82,6 +83,10 @@ class QualityConfig:
         object.__setattr__(self, "modes", tuple(self.modes))
         object.__setattr__(self, "selectors", tuple(self.selectors))
         object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
+        object.__setattr__(self, "spans", tuple(self.spans))
+        if not self.spans or any(isinstance(w, bool) or not isinstance(w, int) or w < 1
+                                 for w in self.spans):
+            raise ValueError(f"spans must be integers >= 1, got {self.spans!r}")
         if not self.modes or any(m not in MODES for m in self.modes):
             raise ValueError(f"modes must be a non-empty subset of {MODES}, got {self.modes!r}")
         if "blend" in self.modes:
@@ -98,8 +103,11 @@ class QualityConfig:
         """Full first, then prefix / reuse, then blend for each selector over the ratios."""
         out = [FULL] + [BlendConfig(mode=m) for m in ("prefix", "reuse") if m in self.modes]
         if "blend" in self.modes:
-            out += [BlendConfig(mode="blend", selector=s,
-                                ratio=r) for s in self.selectors for r in self.ratios]
+            for s in self.selectors:
+                spans = self.spans if s == "preview" else (1,)
+                out += [BlendConfig(mode="blend", selector=s, ratio=r,
+                                    options=PreviewOptions(span=w) if w > 1 else None)
+                        for w in spans for r in self.ratios]
         return out
 
     @property
@@ -284,7 +292,9 @@ def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> C
         for k in dict.fromkeys(e.kind for e in rows)
     }
     return ConfigSummary(
-        mode=cfg.mode, selector=cfg.selector if blend else None, ratio=cfg.ratio if blend else None,
+        # the selector as its label names it (``preview/span4``: a variant is a series of its own)
+        mode=cfg.mode, selector=cfg.label.split("@")[0].removeprefix("blend-") if blend else None,
+        ratio=cfg.ratio if blend else None,
         same_answer=_mean([e.same_answer for e in rows]),
         answer_kl=_mean([e.answer_kl for e in rows]),
         quality=_mean([e.quality for e in rows]), exact_match=_mean([e.exact_match for e in rows]),

@@ -71,6 +71,9 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--ratios", type=_csv(float), default=DEFAULT_RATIOS,
                    help="comma-separated recompute ratios of blend (default: "
                         + ",".join(f"{r:g}" for r in DEFAULT_RATIOS) + ")")
+    q.add_argument("--spans", type=_csv(int), default=(1,),
+                   help="comma-separated windows the preview selector recomputes its tokens in "
+                        "(PreviewOptions.span; default: 1, single tokens)")
     q.add_argument("--max-new-tokens", type=int, default=16,
                    help="answer length limit in tokens: the answer compared with full "
                         "prefill's (default: 16)")
@@ -104,7 +107,7 @@ def _quality(args: argparse.Namespace) -> int:
         config = QualityConfig(model=args.model, gguf_file=args.gguf_file,
                                device=args.device or "cpu",
                                dtype=args.dtype, chat=args.chat, modes=args.modes,
-                               selectors=args.selectors,
+                               selectors=args.selectors, spans=args.spans,
                                ratios=args.ratios, max_new_tokens=args.max_new_tokens,
                                warmup=not args.no_warmup,
                                ingest_order=args.ingest_order,

@@ -111,11 +111,38 @@ class StaticTopSelector(Selector):
     all chunks, recomputed at every layer."""
 
     scores: torch.Tensor
+    span = 1  # windows of neighbouring tokens (``PreviewOptions.span``)
 
     def initial(self) -> torch.Tensor:
         count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
-        chosen = torch.topk(self.scores, count).indices.sort().values
+        if self.span > 1:
+            chosen = spans(self.scores, count, self.span)
+        else:
+            chosen = torch.topk(self.scores, count).indices.sort().values
         return self.chunk_positions[chosen.to(self.device)]
+
+
+def spans(scores: torch.Tensor, count: int, span: int) -> torch.Tensor:
+    """``count`` chunk-token indices (sorted) in windows of ``span`` neighbours around the
+    best-scored tokens (``scores``: [C] on the CPU), best first: a token inside a window taken
+    opens none of its own, a window overlapping taken ones adds only its new tokens, and the
+    last one is cut to the budget (its best-scored new tokens)."""
+    c = scores.shape[0]
+    before = (span - 1) // 2
+    taken = torch.zeros(c, dtype=torch.bool)
+    left = count
+    for t in torch.argsort(scores, descending=True, stable=True).tolist():  # [C]
+        if left <= 0:
+            break
+        if taken[t]:
+            continue
+        lo = max(0, min(t - before, c - span))
+        fresh = (~taken[lo:lo + span]).nonzero()[:, 0] + lo
+        if fresh.numel() > left:
+            fresh = fresh[torch.topk(scores[fresh], left).indices]
+        taken[fresh] = True
+        left -= fresh.numel()
+    return taken.nonzero()[:, 0]
 
 
 def _last_if_exact(scores: torch.Tensor, layout: PromptLayout,
@@ -189,7 +216,8 @@ class PreviewSelector(StaticTopSelector):
             prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)  # [L, C]
-        floor = config.typed_options(PreviewOptions).attention_floor
+        options = config.typed_options(PreviewOptions)
+        floor, self.span = options.attention_floor, options.span
         self.scores = _last_if_exact(((att + floor) * prior).sum(dim=0), layout, chunks)  # [C]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from blendrag import BlendConfig, CacheBlendOptions, RandomOptions
@@ -93,3 +94,35 @@ def test_attention_deviation_falls_as_ratio_rises(engine_for):
         assert all(b <= a + 1e-6 for a, b in zip(devs, devs[1:])), (sel, devs)
         assert devs[-1] < 1e-4 and devs[0] > 10 * max(devs[-1], 1e-5)
         assert devs[1] < reuse
+
+
+def test_spans_recompute_windows_of_neighbours_within_the_budget():
+    from blendrag.engine.selectors import spans
+
+    scores = torch.zeros(40)
+    scores[10], scores[30] = 5.0, 3.0
+    assert spans(scores, 4, 4).tolist() == [9, 10, 11, 12]  # around the best token, whole
+    got = spans(scores, 6, 4).tolist()  # a second window cut to the budget
+    assert got[:4] == [9, 10, 11, 12] and 30 in got[4:] and all(29 <= g <= 32 for g in got[4:])
+    g = torch.Generator().manual_seed(0)
+    noisy = torch.rand(100, generator=g)
+    assert spans(noisy, 17, 1).tolist() == torch.topk(noisy, 17).indices.sort().values.tolist()
+    for count in (1, 9, 50, 100):
+        got = spans(noisy, count, 5)
+        assert got.numel() == count and torch.equal(got, got.unique())  # sorted, no repeats
+
+
+def test_preview_spans_keep_the_ratio_and_say_so_in_the_label(engine_for):
+    from blendrag import PreviewOptions
+
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.ingest(PASSAGES, prefix=PREFIX)
+    plain = engine.prefill(layout, BlendConfig(selector="preview", ratio=0.3))
+    config = BlendConfig(selector="preview", ratio=0.3, options=PreviewOptions(span=4))
+    windows = engine.prefill(layout, config)
+    assert config.label == "blend-preview/span4@0.3"
+    assert windows.stats.recompute_fraction == plain.stats.recompute_fraction
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="span must be an integer >= 1"):
+            BlendConfig(selector="preview", ratio=0.3, options=PreviewOptions(span=bad))
