@@ -146,12 +146,14 @@ def _identity(settings: IngestSettings, template: str, separator: str) -> str:
 
 
 def _persistence(settings: IngestSettings) -> str:
+    """``BlendClient.persistence`` as the settings name it: the store's location by the same
+    recipe (every persistent tier, S3 included), volatile when nothing outlives the process."""
     store = settings.store
     folder = settings.text_index or (Path(store.disk_dir) / TEXT_INDEX_DIR if store.disk_dir
                                      else None)
     texts = str(folder) if folder is not None else f"volatile-{uuid.uuid4().hex}"
-    return f"kv: disk={store.disk_dir} redis={store.redis_url} prefix={store.redis_prefix}; " \
-           f"texts: {texts}"
+    kv = store.location() or f"volatile-{uuid.uuid4().hex}"
+    return f"kv: {kv}; texts: {texts}"
 
 
 _LOCK = threading.Lock()

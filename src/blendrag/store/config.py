@@ -99,6 +99,19 @@ class StoreConfig:
             raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir, redis_url or "
                              "s3_url")
 
+    def location(self) -> str | None:
+        """Where entries outlive the process: the disk folder, the Redis URL and prefix, the S3
+        URL and its server; None with none of them (RAM only). One recipe for every caller
+        (a store's ``location()``, LlamaIndex's ingestion-cache key)."""
+        if self.disk_dir is None and self.redis_url is None and self.s3_url is None:
+            return None
+        where = f"disk={self.disk_dir} redis={self.redis_url} prefix={self.redis_prefix}"
+        if self.s3_url is not None:
+            where += f" s3={self.s3_url}"
+            if self.s3_endpoint_url is not None:
+                where += f" at {self.s3_endpoint_url}"
+        return where
+
 
 def _check_s3_url(url: str) -> None:
     """``s3://bucket/prefix``, the prefix not empty (it scopes ``clear()``)."""

@@ -228,13 +228,9 @@ class TieredKVStore:
         return None if self.config.disk_dir is None else Path(self.config.disk_dir)
 
     def location(self) -> str | None:
-        """The disk folder, the Redis URL and prefix and the S3 URL; None with none of them (RAM
-        only)."""
-        c = self.config
-        if c.disk_dir is None and c.redis_url is None and c.s3_url is None:
-            return None
-        where = f"disk={c.disk_dir} redis={c.redis_url} prefix={c.redis_prefix}"
-        return where if c.s3_url is None else f"{where} s3={c.s3_url}"
+        """The disk folder, the Redis URL and prefix and the S3 URL (``StoreConfig.location``);
+        None with none of them (RAM only)."""
+        return self.config.location()
 
     def stats(self) -> StoreStats:
         """Snapshot of the counters since opening (or ``reset_stats``) and of each tier's usage."""

@@ -4,6 +4,7 @@ the querying LLM finds every chunk they stored."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 
 import pytest
@@ -93,6 +94,14 @@ def test_settings_transform_is_checked_and_keyed_without_loading_a_model(setting
     a, b = BlendKVTransform(settings=settings), BlendKVTransform(settings=settings)
     assert a.kv_identity == b.kv_identity and a.persistence == b.persistence
     assert str(settings.store.disk_dir) in a.persistence
+    # every persistent tier is part of the key: two buckets, two keys (the S3 tier was left out)
+    s3 = dataclasses.replace(settings, store=dataclasses.replace(
+        settings.store, s3_url="s3://one/kv", s3_endpoint_url="http://127.0.0.1:7480"))
+    bucket = dataclasses.replace(s3, store=dataclasses.replace(s3.store, s3_url="s3://two/kv"))
+    keys = {BlendKVTransform(settings=x).persistence for x in (settings, s3, bucket)}
+    assert len(keys) == 3 and all(x.store.location() in k for x, k in zip(
+        (settings, s3, bucket), [a.persistence, BlendKVTransform(settings=s3).persistence,
+                                 BlendKVTransform(settings=bucket).persistence]))
     other = BlendKVTransform(settings=settings, chunk_template="[{text}]")
     assert other.kv_identity != a.kv_identity and other.chunk_template == "[{text}]"
     again = pickle.loads(pickle.dumps(a))
