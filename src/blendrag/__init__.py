@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the same names, for type checkers and editors
     from blendrag.config import (
+        Ape,
         BlendConfig,
         CacheBlendOptions,
         EpicOptions,
@@ -35,7 +36,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from blendrag.store.ram import MemoryKVStore
 
 _EXPORTS = {
-    "BlendConfig": "blendrag.config", "GenerationConfig": "blendrag.config",
+    "Ape": "blendrag.config", "BlendConfig": "blendrag.config",
+    "GenerationConfig": "blendrag.config",
     "CacheBlendOptions": "blendrag.config", "EpicOptions": "blendrag.config",
     "PreviewOptions": "blendrag.config", "ProfileOptions": "blendrag.config",
     "QueryOptions": "blendrag.config", "RandomOptions": "blendrag.config",
@@ -49,8 +51,8 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "NO_CONTEXT", "BlendConfig", "BlendEngine", "CacheBlendOptions", "ChunkContext", "ChunkKV",
-    "ComputeConfig",
+    "NO_CONTEXT", "Ape", "BlendConfig", "BlendEngine", "CacheBlendOptions", "ChunkContext",
+    "ChunkKV", "ComputeConfig",
     "EpicOptions", "GenerationConfig", "GenerationResult", "KVStore", "MemoryKVStore", "Prefill",
     "PreviewOptions", "ProfileOptions", "PromptBuilder", "PromptLayout", "QueryOptions",
     "RandomOptions", "RequestStats",

@@ -125,6 +125,29 @@ class RandomOptions(SelectorOptions):
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class Ape:
+    """APE (Adaptive Parallel Encoding, ICLR 2025) on blend's reused rows: the question's and
+    every generated token's attention to the chunk rows not recomputed at a layer runs at
+    ``temperature`` (logits divided by it) and its weight is multiplied by ``scale``, the rest
+    of the prompt as it is, all in one softmax (engine/ape.py). Rows recomputed are exact and
+    left alone, so at ratio 1.0 nothing changes."""
+
+    temperature: float = 0.9
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise ValueError(f"Ape.{name} must be a finite number > 0, got {v!r}")
+
+    @property
+    def label(self) -> str:
+        return f"ape{self.temperature:g}x{self.scale:g}"
+
+
 SELECTORS: dict[str, type[SelectorOptions]] = {
     "preview": PreviewOptions, "cacheblend": CacheBlendOptions, "epic": EpicOptions,
     "profile": ProfileOptions, "query": QueryOptions, "random": RandomOptions,
@@ -177,14 +200,15 @@ class BlendConfig:
     selector: str
     ratio: float
     options: SelectorOptions
+    ape: Ape | None = None
     auto_ratio: bool = field(default=False, init=False)
     calibrated: bool = field(default=False, init=False)
 
     def __init__(self, mode: str = "blend", selector: str | None = None,
                  ratio: float | str | None = None,
-                 options: SelectorOptions | None = None) -> None:
+                 options: SelectorOptions | None = None, ape: Ape | None = None) -> None:
         # neither selector, ratio nor options given: the engine's calibration may choose them
-        calibrated = selector is None and ratio is None and options is None
+        calibrated = selector is None and ratio is None and options is None and ape is None
         selector = DEFAULT_SELECTOR if selector is None else selector
         ratio = DEFAULT_RATIO if ratio is None else ratio
         auto = isinstance(ratio, str)
@@ -202,8 +226,11 @@ class BlendConfig:
             raise ValueError(f"the {selector} selector takes {kind.__name__}, got "
                              f"{type(chosen).__name__}")
         chosen.check(float(value))
+        if ape is not None and (not isinstance(ape, Ape) or mode not in ("blend", "reuse")):
+            raise ValueError(f"ape must be an Ape, for blend or reuse (it acts on reused rows), "
+                             f"got {ape!r} with mode={mode!r}")
         for name, v in (("mode", mode), ("selector", selector), ("ratio", value),
-                        ("options", chosen), ("auto_ratio", auto),
+                        ("options", chosen), ("ape", ape), ("auto_ratio", auto),
                         ("calibrated", calibrated and mode == "blend")):
             object.__setattr__(self, name, v)
 
@@ -216,12 +243,13 @@ class BlendConfig:
 
     @property
     def label(self) -> str:
+        ape = "" if self.ape is None else f"+{self.ape.label}"
         if self.mode != "blend":
-            return self.mode
+            return self.mode + ape
         auto = "auto>=" if self.auto_ratio else ""
         span = getattr(self.options, "span", 1)
         selector = self.selector if span == 1 else f"{self.selector}/span{span}"
-        return f"blend-{selector}@{auto}{self.ratio:g}"
+        return f"blend-{selector}@{auto}{self.ratio:g}{ape}"
 
     @property
     def schedule(self) -> tuple[float, ...]:
@@ -236,7 +264,7 @@ class BlendConfig:
         options = self.options
         if isinstance(options, CheckLayerOptions):
             options = options.scaled(self.ratio, ratio)
-        return BlendConfig(self.mode, self.selector, ratio, options)
+        return BlendConfig(self.mode, self.selector, ratio, options, self.ape)
 
 
 def _auto_floor(text: str) -> float:

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from blendrag.config import MODES, SELECTORS, BlendConfig, GenerationConfig, PreviewOptions
+from blendrag.config import MODES, SELECTORS, Ape, BlendConfig, GenerationConfig, PreviewOptions
 from blendrag.engine.engine import BlendEngine
 from blendrag.eval.answer import compare_answers
 from blendrag.eval.metrics import exact_match, score
@@ -64,6 +64,7 @@ class QualityConfig:
     selectors: tuple[str, ...] = tuple(SELECTORS)
     ratios: tuple[float, ...] = DEFAULT_RATIOS
     spans: tuple[int, ...] = (1,)  # the preview selector's windows (PreviewOptions.span)
+    apes: tuple[Ape | None, ...] = (None,)  # each blend config with each (None: without APE)
     max_new_tokens: int = 16
     summary_max_new_tokens: int = 128
     warmup: bool = True
@@ -84,6 +85,9 @@ class QualityConfig:
         object.__setattr__(self, "selectors", tuple(self.selectors))
         object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
         object.__setattr__(self, "spans", tuple(self.spans))
+        object.__setattr__(self, "apes", tuple(self.apes))
+        if not self.apes or any(a is not None and not isinstance(a, Ape) for a in self.apes):
+            raise ValueError(f"apes must be Ape settings or None, got {self.apes!r}")
         if not self.spans or any(isinstance(w, bool) or not isinstance(w, int) or w < 1
                                  for w in self.spans):
             raise ValueError(f"spans must be integers >= 1, got {self.spans!r}")
@@ -106,8 +110,8 @@ class QualityConfig:
             for s in self.selectors:
                 spans = self.spans if s == "preview" else (1,)
                 out += [BlendConfig(mode="blend", selector=s, ratio=r,
-                                    options=PreviewOptions(span=w) if w > 1 else None)
-                        for w in spans for r in self.ratios]
+                                    options=PreviewOptions(span=w) if w > 1 else None, ape=a)
+                        for w in spans for a in self.apes for r in self.ratios]
         return out
 
     @property
@@ -284,6 +288,14 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
+def _series(cfg: BlendConfig) -> str:
+    """A blend config's selector as its label names it, variants included (``preview/span4``,
+    ``preview+ape0.9x1``): each variant is a series of its own in the tables and plots."""
+    head, _, tail = cfg.label.removeprefix("blend-").partition("@")
+    ape = tail.partition("+")[2]
+    return head + (f"+{ape}" if ape else "")
+
+
 def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> ConfigSummary:
     blend = cfg.mode == "blend"
     ttft = statistics.median(e.ttft_s for e in rows)
@@ -293,7 +305,7 @@ def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> C
     }
     return ConfigSummary(
         # the selector as its label names it (``preview/span4``: a variant is a series of its own)
-        mode=cfg.mode, selector=cfg.label.split("@")[0].removeprefix("blend-") if blend else None,
+        mode=cfg.mode, selector=_series(cfg) if blend else None,
         ratio=cfg.ratio if blend else None,
         same_answer=_mean([e.same_answer for e in rows]),
         answer_kl=_mean([e.answer_kl for e in rows]),

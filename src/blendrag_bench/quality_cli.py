@@ -19,7 +19,7 @@ from blendrag.cli.options import (
     add_progress_option,
 )
 from blendrag.cli.progress import Progress
-from blendrag.config import DEFAULT_BLEND, MODES, SELECTORS
+from blendrag.config import DEFAULT_BLEND, MODES, SELECTORS, Ape
 
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
@@ -36,6 +36,16 @@ def _csv(kind: type) -> Callable[[str], tuple]:
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from e
     return parse
+
+
+def _ape(text: str) -> Ape | None:
+    """``none``, or ``TxS``: APE's temperature and scale."""
+    if text.strip() == "none":
+        return None
+    t, sep, scale = text.strip().partition("x")
+    if not sep:
+        raise ValueError(f"an APE setting is TxS (e.g. 0.9x1.0) or none, got {text!r}")
+    return Ape(temperature=float(t), scale=float(scale))
 
 
 def register(bench: argparse._SubParsersAction) -> None:
@@ -74,6 +84,10 @@ def register(bench: argparse._SubParsersAction) -> None:
     q.add_argument("--spans", type=_csv(int), default=(1,),
                    help="comma-separated windows the preview selector recomputes its tokens in "
                         "(PreviewOptions.span; default: 1, single tokens)")
+    q.add_argument("--ape", type=_csv(_ape), default=(None,),
+                   help="comma-separated APE settings TxS (temperature x scale) each blend "
+                        "config also runs with, 'none' for without (BlendConfig.ape; default: "
+                        "none)")
     q.add_argument("--max-new-tokens", type=int, default=16,
                    help="answer length limit in tokens: the answer compared with full "
                         "prefill's (default: 16)")
@@ -107,7 +121,7 @@ def _quality(args: argparse.Namespace) -> int:
         config = QualityConfig(model=args.model, gguf_file=args.gguf_file,
                                device=args.device or "cpu",
                                dtype=args.dtype, chat=args.chat, modes=args.modes,
-                               selectors=args.selectors, spans=args.spans,
+                               selectors=args.selectors, spans=args.spans, apes=args.ape,
                                ratios=args.ratios, max_new_tokens=args.max_new_tokens,
                                warmup=not args.no_warmup,
                                ingest_order=args.ingest_order,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blendrag.config import Ape
 from blendrag.engine.attention import pad_rows
 from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.model.rope import RopeTable
@@ -47,6 +48,9 @@ class FusedKV:
         self.v = torch.zeros_like(self.k)
         self.base = self.k, self.v
         self.length = 0
+        # APE (engine/ape.py): its settings and, per layer, the rows reused: [layers, capacity]
+        self.ape: Ape | None = None
+        self.ape_stale: torch.Tensor | None = None
 
     @classmethod
     def over(cls, k: torch.Tensor, v: torch.Tensor,
@@ -55,6 +59,7 @@ class FusedKV:
         fused = cls.__new__(cls)
         fused.k, fused.v, fused.length = k, v, 0
         fused.base = base if base is not None else (k, v)
+        fused.ape, fused.ape_stale = None, None
         return fused
 
     @property

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blendrag.engine.ape import ApePlan, ApeSpan
 from blendrag.engine.attention import AttentionPlan, plan_attention, score_bias
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.layer import attend, attend_scored, finish, project
@@ -48,6 +49,7 @@ class LoopPlan:
     active: torch.Tensor
     feed: LayerFeed | None = None
     selector: Selector | None = None
+    ape: ApeSpan | None = None  # the suffix reads reused rows with APE (engine/ape.py)
 
 
 @dataclass
@@ -62,8 +64,10 @@ class ActiveTokens:
     only at a selector's check layers."""
 
     def __init__(self, pos: torch.Tensor, n: int, adapter: LlamaAdapter, kernel: str,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, ape: ApeSpan | None = None) -> None:
         self.pos, self.n, self.adapter, self.kernel, self.dtype = pos, n, adapter, kernel, dtype
+        self.ape = ape
+        self.stale = None if ape is None else ape.stale(pos, n)  # [n]: the rows APE reads
         self._rotations: dict[int, Rotation] = {}
         self._plans: dict[int | None, AttentionPlan] = {}
         self._bias: dict[int | None, torch.Tensor] = {}
@@ -76,8 +80,12 @@ class ActiveTokens:
 
     def plan(self, window: int | None) -> AttentionPlan:
         if window not in self._plans:
-            self._plans[window] = plan_attention(self.pos, self.n, window, self.kernel,
-                                                 self.dtype, self.adapter.attn_softcap)
+            if self.ape is not None and self.stale is not None:
+                self._plans[window] = ApePlan(self.pos, self.n, window, self.kernel, self.dtype,
+                                              self.ape, self.stale)
+            else:
+                self._plans[window] = plan_attention(self.pos, self.n, window, self.kernel,
+                                                     self.dtype, self.adapter.attn_softcap)
         return self._plans[window]
 
     def bias(self, window: int | None) -> torch.Tensor:
@@ -97,7 +105,11 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
     n = plan.ids.shape[0]
     if plan.active.numel() == 0 or int(plan.active[-1]) != n - 1:
         raise ValueError("the last prompt token must be computed (active)")
-    active = ActiveTokens(plan.active, n, adapter, kernel, fused.k.dtype)
+    active = ActiveTokens(plan.active, n, adapter, kernel, fused.k.dtype, plan.ape)
+    if plan.ape is not None:  # what each layer reused, for the decoded tokens
+        fused.ape = plan.ape.ape
+        fused.ape_stale = torch.zeros(fused.k.shape[0], fused.capacity, dtype=torch.bool,
+                                      device=fused.k.device)  # [layers, capacity]
     h = adapter.embed(plan.ids[active.pos])  # h: [A, hidden]
     check_layers = plan.selector.check_layers if plan.selector else ()
     check = {layer: step for step, layer in enumerate(check_layers)}
@@ -120,7 +132,7 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
             fused.write(i, pos, k, v)
             clock.lap("write")
         if keep is not None:
-            active = ActiveTokens(pos[keep], n, adapter, kernel, fused.k.dtype)
+            active = ActiveTokens(pos[keep], n, adapter, kernel, fused.k.dtype, plan.ape)
             h, q = h[keep], q[:, keep]
         window = adapter.sliding_window(i)
         attention = active.plan(window)
@@ -130,6 +142,8 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
         else:
             o = attend(adapter, i, q, fused, attention)  # [H, A, D]
         clock.lap("attention")
+        if fused.ape_stale is not None and active.stale is not None:
+            fused.ape_stale[i, :n] = active.stale
         h = finish(adapter, layer, h, o)
         clock.lap("mlp")
         if observers:

@@ -31,6 +31,7 @@ import torch
 
 import blendrag.engine.head as head
 from blendrag.config import BlendConfig
+from blendrag.engine.ape import ApeSpan
 from blendrag.engine.chunk_cache import ChunkCache, RequestRows
 from blendrag.engine.controller import LoadingController, decide, observe
 from blendrag.engine.costs import PromptShape
@@ -270,9 +271,12 @@ def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, ro
     dev, n = runner.device, layout.num_tokens
     ids = torch.tensor(layout.ids, device=dev)
     first_computed = rows.segments[-1].end if rows.segments else 0
-    if config.mode != "blend":
-        return LoopPlan(ids, torch.arange(first_computed, n, device=dev), feed=feed)
     chunk_start, suffix_start = len(layout.prefix_ids), layout.suffix_start
+    ape = None if config.ape is None else ApeSpan(config.ape, chunk_start, suffix_start)
+    if ape is not None and runner.adapter.attn_softcap is not None:
+        raise ValueError("APE (BlendConfig.ape) does not run on soft-capped attention (Gemma 2)")
+    if config.mode != "blend":
+        return LoopPlan(ids, torch.arange(first_computed, n, device=dev), feed=feed, ape=ape)
     chunk_kvs = [s.kv for s in rows.segments if s.start >= chunk_start]
     attention = None
     if config.selector == "preview":  # where the question looks, over the cached rows
@@ -287,7 +291,8 @@ def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, ro
                              runner.adapter.attn_softcap)
     clock.lap("plan")
     suffix = torch.arange(suffix_start, n, device=dev)
-    return LoopPlan(ids, torch.cat([selector.initial(), suffix]), feed=feed, selector=selector)
+    return LoopPlan(ids, torch.cat([selector.initial(), suffix]), feed=feed, selector=selector,
+                    ape=ape)
 
 
 def _sync(device: torch.device) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from blendrag.engine.ape import ape_attention
 from blendrag.engine.attention import kernel_for
 from blendrag.engine.costs import DeviceCosts
 from blendrag.engine.decode import StaticDecoder, static_rope
@@ -133,7 +134,7 @@ class ModelRunner:
 
         Eagerly, cos/sin come from ``rotary_emb`` at this one position, as HF's generate does
         (it matters for dynamic NTK, whose frequencies depend on the current length)."""
-        if self._decoder is not None:
+        if self._decoder is not None and fused.ape is None:
             return self._decoder.decode(token, fused)
         p, a = fused.length, self.adapter
         if p >= fused.capacity:
@@ -145,7 +146,12 @@ class ModelRunner:
         for i, layer in enumerate(a.layers):
             q, k, _, v = project(a, layer, h, active.rotation(rope.layer(i)))
             fused.write(i, pos, k, v)
-            o = attend(a, i, q, fused, active.plan(a.sliding_window(i)))
+            if fused.ape is not None and fused.ape_stale is not None:  # engine/ape.py
+                o = ape_attention(q, fused.k[i, :, :p + 1], fused.v[i, :, :p + 1], pos,
+                                  fused.ape_stale[i, :p + 1], fused.ape, a.scaling,
+                                  a.sliding_window(i))
+            else:
+                o = attend(a, i, q, fused, active.plan(a.sliding_window(i)))
             h = finish(a, layer, h, o)
         fused.length = p + 1
         return self.logits(a.norm(h)[0])
