@@ -138,7 +138,8 @@ def frontier(rows: Sequence[Sequence[Answered]], first_sentence: bool = False,
         points.append(FrontierPoint(str(head.selector), float(head.ratio or 0.0),
                                     statistics.mean(map(float, same)),
                                     statistics.mean(a.answer_kl for a in col),
-                                    full_s / statistics.mean(a.ttft_s for a in col)))
+                                    full_s / statistics.mean(a.ttft_s for a in col),
+                                    len(col)))
     return points
 
 
@@ -159,12 +160,14 @@ def _fitted(engine: BlendEngine, runs, parts: PromptParts, new_tokens: int):
 
 def choose(points: Sequence[FrontierPoint],
            target: CalibrationTarget) -> tuple[str, float | None]:
-    """Per selector the smallest ratio that meets ``target``; of those, the fastest (then the
-    smaller ratio). (the first selector, None) when no point meets it."""
+    """Per selector the smallest ratio that meets ``target`` (its same-answer share judged at
+    its lower confidence bound over the point's prompts: ``CalibrationTarget.met``); of those,
+    the fastest (then the smaller ratio). (the first selector, None) when no point meets it."""
     best: FrontierPoint | None = None
     for selector in dict.fromkeys(p.selector for p in points):
         met = [p for p in points if p.selector == selector
-               and target.met(p.same_answer, p.answer_kl)]
+               # ratio 1.0 is a full prefill, exact by construction: its shares need no bound
+               and target.met(p.same_answer, p.answer_kl, p.prompts if p.ratio < 1 else 0)]
         if not met:
             continue
         smallest = min(met, key=lambda p: p.ratio)

@@ -32,8 +32,13 @@ class CalibrationTarget:
             raise ValueError(f"answer_tokens must be an int in [1, 512], got "
                              f"{self.answer_tokens!r}")
 
-    def met(self, same_answer: float, answer_kl: float) -> bool:
-        return ((self.same_answer is None or same_answer >= self.same_answer)
+    def met(self, same_answer: float, answer_kl: float, prompts: int = 0) -> bool:
+        """Whether a ratio measured over ``prompts`` prompts meets the target. With ``prompts``
+        given, the share of same answers must hold at its lower confidence bound
+        (``lower_bound``): on 24 prompts one answer is 4 points, and a share of 0.96 chosen on
+        generic calibration questions held out at 0.75 on longfacts' real ones."""
+        share = same_answer if prompts <= 0 else lower_bound(same_answer, prompts)
+        return ((self.same_answer is None or share >= self.same_answer)
                 and (self.answer_kl is None or answer_kl <= self.answer_kl))
 
     @property
@@ -45,6 +50,19 @@ class CalibrationTarget:
             parts.append(f"answer KL <= {self.answer_kl:g}")
         span = "first sentence" if self.first_sentence else f"{self.answer_tokens} tokens"
         return " and ".join(parts) + f" (answers of {span})"
+
+
+Z_90 = 1.2816  # one-sided 90 % normal quantile
+
+
+def lower_bound(share: float, n: int, z: float = Z_90) -> float:
+    """The lower end of the one-sided 90 % Wilson interval of a share measured on ``n``
+    items: the share the calibration can claim for prompts it has not seen."""
+    if n <= 0:
+        raise ValueError(f"a share needs at least one item, got n={n}")
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half)
 
 
 def _number(value: object) -> bool:

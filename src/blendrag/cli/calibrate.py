@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from blendrag.calibration import FLOWS
+from blendrag.calibration.target import lower_bound
 from blendrag.cli.options import (
     add_chat_option,
     add_json_option,
@@ -174,10 +175,11 @@ def report(record, path: Path | None, corpus: str, passages: int) -> str:
     lines = [f"Ran: {record.flow}",
              f"corpus: {corpus} ({passages} passages, id {record.corpus[:12]}); "
              f"{record.prompts} prompts; took {record.seconds:.0f} s",
-             f"{'selector':<12}{'ratio':>7}{'same answer':>13}{'answer KL':>11}"
-             f"{'TTFT vs full':>14}"]
+             f"{'selector':<12}{'ratio':>7}{'same answer':>13}{'(90 % bound)':>14}"
+             f"{'answer KL':>11}{'TTFT vs full':>14}"]
     for p in record.frontier:
-        lines.append(f"{p.selector:<12}{p.ratio:>7.2f}{p.same_answer:>13.2f}"
+        bound = f"{lower_bound(p.same_answer, p.prompts):.2f}" if p.prompts else "-"
+        lines.append(f"{p.selector:<12}{p.ratio:>7.2f}{p.same_answer:>13.2f}{bound:>14}"
                      f"{p.answer_kl:>11.4f}{p.speedup:>13.2f}x")
     t = record.target
     target = ", ".join([*([f"same answer >= {t['same_answer']:g}"] if t["same_answer"] is not None

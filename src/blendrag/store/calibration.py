@@ -28,13 +28,15 @@ FORMAT = 1
 @dataclass(frozen=True)
 class FrontierPoint:
     """One selector at one ratio over the calibration prompts: the share of whole answers equal
-    to full prefill's, the mean answer KL, and TTFT against full prefill's (speed-up)."""
+    to full prefill's, the mean answer KL, TTFT against full prefill's (speed-up), and the
+    number of prompts."""
 
     selector: str
     ratio: float
     same_answer: float
     answer_kl: float
     speedup: float
+    prompts: int = 0  # how many prompts the shares are over (0: not recorded)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 from blendrag import BlendEngine
 from blendrag.calibration.prompts import GENERIC, make_prompts, split_half
 from blendrag.calibration.run import calibrate, choose, holdout
-from blendrag.calibration.target import CalibrationTarget
+from blendrag.calibration.target import CalibrationTarget, lower_bound
 from blendrag.store.calibration import FrontierPoint, corpus_id
 from helpers.tiny import PASSAGES
 
@@ -47,6 +47,25 @@ def test_the_cheapest_ratio_meeting_the_target_is_chosen():
     assert choose(points, CalibrationTarget(same_answer=1.0, answer_kl=0.0)) == ("preview", None)
     with pytest.raises(ValueError, match="same_answer, answer_kl or both"):
         CalibrationTarget(None, None)
+
+
+def test_a_share_over_few_prompts_counts_at_its_lower_bound():
+    """23 of 24 answers the same (0.96) is not a claim of 0.9 on unseen prompts: its one-sided
+    90 % Wilson bound is 0.87 (longfacts: chosen at 0.96, held out at 0.75); 24 of 24 is
+    (0.94), and a full recompute is exact whatever the count."""
+    assert lower_bound(23 / 24, 24) == pytest.approx(0.870, abs=1e-3)
+    assert lower_bound(1.0, 24) == pytest.approx(0.936, abs=1e-3)
+    assert lower_bound(0.96, 400) > 0.94  # more prompts, a tighter bound
+    target = CalibrationTarget(same_answer=0.9, answer_kl=0.02)
+    points = [FrontierPoint("preview", 0.7, 23 / 24, 0.0001, 1.3, prompts=24),
+              FrontierPoint("preview", 1.0, 1.0, 0.0, 0.97, prompts=24)]
+    assert choose(points, target) == ("preview", 1.0)
+    unknown = [FrontierPoint("preview", 0.7, 23 / 24, 0.0001, 1.3)]  # count not recorded
+    assert choose(unknown, target) == ("preview", 0.7)
+    few = [FrontierPoint("preview", 1.0, 1.0, 0.0, 0.97, prompts=3)]
+    assert choose(few, target) == ("preview", 1.0)  # exact by construction
+    with pytest.raises(ValueError, match="at least one item"):
+        lower_bound(1.0, 0)
 
 
 @pytest.mark.parametrize("flow", ["integration", "engine"])
