@@ -222,7 +222,8 @@ class BlendClient:
 
     def finish(self, request: BlendRequest) -> dict[str, Any]:
         """Record a finished request as the last one; its info (finish reason, stats, layout)."""
-        request.prompt = request.prompt.after(request.result.stats.cache.hit_chunks)
+        cache = request.result.stats.cache
+        request.prompt = request.prompt.after(cache.hit_chunks, cache.prefix_cache_tokens)
         if request.blended:
             self._ingestion.check(request.prompt, self.name, self.fixes)
         self.last_stats, self.last_prompt = request.result.stats, request.prompt

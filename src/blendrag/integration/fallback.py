@@ -84,10 +84,12 @@ class IngestionMonitor:
         self._warned = False
 
     def check(self, flat: FlatLayout, llm: str, fixes: FallbackFixes) -> None:
-        if flat.full_only or not flat.matched or flat.passage_hits != 0 or self._warned:
+        # passages an earlier turn left in the prefix cache were not computed: not a miss
+        computed = flat.matched - (flat.passage_head or 0)
+        if flat.full_only or computed <= 0 or flat.passage_hits != 0 or self._warned:
             return
         self._warned = True
-        log.warning("%s: none of the %d passages in the prompt had a stored KV; each was "
-                    "computed at query time, as slow as a full prefill of it (stored now, so "
-                    "later requests reuse it). Fix: %s (said once per LLM)", llm, flat.matched,
-                    fixes.not_ingested.format(llm=llm))
+        log.warning("%s: none of the %d passages computed in this request had a stored KV; "
+                    "each was computed at query time, as slow as a full prefill of it (stored "
+                    "now, so later requests reuse it). Fix: %s (said once per LLM)", llm,
+                    computed, fixes.not_ingested.format(llm=llm))

@@ -32,7 +32,8 @@ class FlatLayout:
     ``known``: per chunk, whether it is a known text. ``fallback``: with source "none", why no
     chunk was found (``fallback.FALLBACK_CAUSES``). ``match_s``: seconds spent finding the
     chunks and tokenizing the pieces. ``passage_hits``: once the request ran, the passages
-    whose KV was read from the store (separators not counted); None before.
+    whose KV was read from the store (separators not counted); ``passage_head``: those whose
+    rows came whole from the prefix cache (an earlier turn's); None before.
     """
 
     layout: PromptLayout
@@ -43,6 +44,7 @@ class FlatLayout:
     match_s: float = 0.0
     known: tuple[bool, ...] = ()
     passage_hits: int | None = None
+    passage_head: int | None = None
 
     @property
     def full_only(self) -> bool:
@@ -50,13 +52,18 @@ class FlatLayout:
 
     def info(self) -> dict:
         return {"source": self.source, "matched_chunks": self.matched, "chunks": self.chunks,
-                "passage_hits": self.passage_hits, "fallback": self.fallback,
+                "passage_hits": self.passage_hits, "passage_head": self.passage_head,
+                "fallback": self.fallback,
                 "match_s": self.match_s}
 
-    def after(self, hit_chunks: Sequence[int]) -> FlatLayout:
-        """This layout once its request ran: ``passage_hits`` from the engine's ``hit_chunks``."""
+    def after(self, hit_chunks: Sequence[int], head_tokens: int = 0) -> FlatLayout:
+        """This layout once its request ran: ``passage_hits`` from the engine's ``hit_chunks``,
+        ``passage_head`` the passages inside the first ``head_tokens`` rows (the prefix
+        cache's)."""
         hits = sum(1 for i in hit_chunks if i < len(self.known) and self.known[i])
-        return dataclasses.replace(self, passage_hits=hits)
+        head = sum(1 for i, (_, end) in enumerate(self.layout.chunk_spans)
+                   if i < len(self.known) and self.known[i] and end <= head_tokens)
+        return dataclasses.replace(self, passage_hits=hits, passage_head=head)
 
 
 def split_at(prompt: str, texts: Sequence[str]) -> PromptSplit:

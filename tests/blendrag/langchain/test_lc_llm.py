@@ -65,7 +65,7 @@ def test_generation_info_carries_stats(llm):
     assert info["blended"] is True and prompt_info.pop("match_s") > 0
     # nothing was ingested: the 3 passages were computed now, none read from the store
     assert prompt_info == {"source": "documents", "matched_chunks": 3, "chunks": 5,
-                           "passage_hits": 0, "fallback": None}
+                           "passage_hits": 0, "passage_head": 0, "fallback": None}
     assert 0 < stats["match_s"] < stats["ttft_s"]  # the layout counts in TTFT
     assert result.llm_output["model_name"] == llm.engine.name
 
