@@ -242,13 +242,20 @@ class BlendConfig:
         return self.options
 
     @property
+    def variant(self) -> str:
+        """The selector with what changes its choice or its reading: ``preview``,
+        ``preview/span4``, ``preview+ape0.9x1`` (a series of its own in the benchmarks)."""
+        span = getattr(self.options, "span", 1)
+        selector = self.selector if span == 1 else f"{self.selector}/span{span}"
+        return selector + ("" if self.ape is None else f"+{self.ape.label}")
+
+    @property
     def label(self) -> str:
         ape = "" if self.ape is None else f"+{self.ape.label}"
         if self.mode != "blend":
             return self.mode + ape
         auto = "auto>=" if self.auto_ratio else ""
-        span = getattr(self.options, "span", 1)
-        selector = self.selector if span == 1 else f"{self.selector}/span{span}"
+        selector = self.variant.removesuffix(ape)
         return f"blend-{selector}@{auto}{self.ratio:g}{ape}"
 
     @property

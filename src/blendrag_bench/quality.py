@@ -288,14 +288,6 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values)
 
 
-def _series(cfg: BlendConfig) -> str:
-    """A blend config's selector as its label names it, variants included (``preview/span4``,
-    ``preview+ape0.9x1``): each variant is a series of its own in the tables and plots."""
-    head, _, tail = cfg.label.removeprefix("blend-").partition("@")
-    ape = tail.partition("+")[2]
-    return head + (f"+{ape}" if ape else "")
-
-
 def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> ConfigSummary:
     blend = cfg.mode == "blend"
     ttft = statistics.median(e.ttft_s for e in rows)
@@ -305,7 +297,8 @@ def _summary(cfg: BlendConfig, rows: list[ExampleResult], full_ttft: float) -> C
     }
     return ConfigSummary(
         # the selector as its label names it (``preview/span4``: a variant is a series of its own)
-        mode=cfg.mode, selector=_series(cfg) if blend else None,
+        # a variant (``preview/span4``, ``preview+ape0.9x1``) is a series of its own
+        mode=cfg.mode, selector=cfg.variant if blend else None,
         ratio=cfg.ratio if blend else None,
         same_answer=_mean([e.same_answer for e in rows]),
         answer_kl=_mean([e.answer_kl for e in rows]),

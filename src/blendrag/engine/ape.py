@@ -40,22 +40,27 @@ class ApeSpan:
         return out
 
 
-def ape_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
-                  stale: torch.Tensor, ape: Ape, scaling: float,
-                  window: int | None) -> torch.Tensor:
-    """q: [H, S, D] at positions ``q_pos`` [S] over k, v: [Hkv, n, D] (keys [0, n)) with the
-    reused keys ``stale`` [n] at APE's temperature and scale, under the causal (and sliding
-    window) mask -> o: [H, S, D] in q's dtype."""
-    heads, s, d = q.shape
-    hkv, n = k.shape[0], k.shape[1]
-    keys = torch.arange(n, device=q.device)
+def ape_bias(q_pos: torch.Tensor, stale: torch.Tensor, ape: Ape,
+             window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What APE does to the logits of queries at ``q_pos`` [S] over keys [0, n) whose reused
+    rows are ``stale`` [n]: a multiplier [n] (1/T on reused keys, else 1) and an additive term
+    [S, n] (log S on reused keys, -inf where the causal or sliding-window mask hides a key)."""
+    n = stale.shape[0]
+    keys = torch.arange(n, device=q_pos.device)
     hidden = keys[None] > q_pos[:, None]  # [S, n]
     if window is not None:
         hidden |= keys[None] <= q_pos[:, None] - window
-    t = ape.temperature
-    mult = torch.where(stale, 1.0 / t, 1.0).to(torch.float32)  # [n]
+    mult = torch.where(stale, 1.0 / ape.temperature, 1.0).to(torch.float32)  # [n]
     add = torch.where(stale, math.log(ape.scale), 0.0).to(torch.float32)
-    add = add[None].masked_fill(hidden, float("-inf"))  # [S, n]
+    return mult, add[None].masked_fill(hidden, float("-inf"))
+
+
+def ape_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mult: torch.Tensor,
+                  add: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q: [H, S, D] over k, v: [Hkv, n, D] with ``ape_bias``'s ``mult`` [n] and ``add``
+    [S, n], in one float32 softmax -> o: [H, S, D] in q's dtype."""
+    heads, s, d = q.shape
+    hkv, n = k.shape[0], k.shape[1]
     q32 = q.float().reshape(hkv, -1, d)  # [Hkv, g*S, D]: the q heads of one KV head
     logits = (q32 @ k.float().transpose(1, 2)) * scaling * mult  # [Hkv, g*S, n]
     logits = logits.view(hkv, -1, s, n) + add  # [Hkv, g, S, n]
@@ -70,19 +75,19 @@ class ApePlan(AttentionPlan):
 
     def __init__(self, pos: torch.Tensor, n: int, window: int | None, kernel: str,
                  dtype: torch.dtype, span: ApeSpan, stale: torch.Tensor) -> None:
-        self.window, self.span, self.stale, self.n = window, span, stale, n
+        self.n = n
         self.head = int((pos < span.suffix_start).sum())
         self.inner = (plan_attention(pos[:self.head], n, window, kernel, dtype)
                       if self.head else None)
-        self.tail_pos = pos[self.head:]
+        tail_pos = pos[self.head:]
+        self.mult, self.add = ape_bias(tail_pos, stale, span.ape, window)  # once, every layer
         w = n + 1 if window is None else window
-        tail = int((self.tail_pos + 1).clamp(max=w).sum())
+        tail = int((tail_pos + 1).clamp(max=w).sum())
         self.attended_keys = tail + (self.inner.attended_keys if self.inner else 0)
 
     def attend(self, q, k, v, scale):
         n, h = self.n, self.head
-        tail = ape_attention(q[:, h:], k[:, :n], v[:, :n], self.tail_pos, self.stale,
-                             self.span.ape, scale, self.window)
+        tail = ape_attention(q[:, h:], k[:, :n], v[:, :n], self.mult, self.add, scale)
         if self.inner is None:
             return tail
         return torch.cat([self.inner.attend(q[:, :h], k, v, scale), tail], dim=1)

@@ -192,18 +192,19 @@ class _CudaStager:
         if done is not None:
             done.synchronize()  # the slot's previous copy has left the pinned buffers
         host = [t for pair in rows for t in pair]
-        if [_spec(b) for b in buffers] != [_spec(t) for t in host]:
-            buffers = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                       if t.device.type == "cpu" else None for t in host]
+        held = [None if b is None else (tuple(b.shape), b.dtype) for b in buffers]
+        if held != [_spec(t) for t in host]:
+            buffers = [None if _spec(t) is None else
+                       torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in host]
         out = []
         with torch.cuda.stream(self.stream):
             for buf, t in zip(buffers, host):
-                if buf is None:  # already on the device (e.g. a chunk computed now)
-                    out.append(t)
+                if buf is None:  # on the device already (a chunk computed now), or pinned
+                    # (the disk tier's reads): torch keeps a pinned block from reuse until
+                    # its copy is done
+                    out.append(t if t.device.type != "cpu"
+                               else t.to(self.device, non_blocking=True))
                     continue
-                if t.is_pinned():  # the disk tier reads into pinned rows: no staging copy
-                    out.append(t.to(self.device, non_blocking=True))  # (torch keeps the
-                    continue  # block from reuse until this copy is done)
                 buf.copy_(t)
                 out.append(buf.to(self.device, non_blocking=True))
             on_device = [(out[2 * j], out[2 * j + 1]) for j in range(len(rows))]
@@ -228,5 +229,8 @@ class _CudaStager:
 
 
 def _spec(t: torch.Tensor | None) -> tuple | None:
-    """What a staging buffer must match: a host tensor's shape and dtype (None: on the device)."""
-    return None if t is None or t.device.type != "cpu" else (tuple(t.shape), t.dtype)
+    """What a staging buffer must match: a host tensor's shape and dtype (None: no staging, on
+    the device or pinned already)."""
+    if t is None or t.device.type != "cpu" or t.is_pinned():
+        return None
+    return tuple(t.shape), t.dtype

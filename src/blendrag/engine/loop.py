@@ -80,7 +80,7 @@ class ActiveTokens:
 
     def plan(self, window: int | None) -> AttentionPlan:
         if window not in self._plans:
-            if self.ape is not None and self.stale is not None:
+            if self.ape is not None and self.stale is not None:  # stale is set with ape
                 self._plans[window] = ApePlan(self.pos, self.n, window, self.kernel, self.dtype,
                                               self.ape, self.stale)
             else:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.engine.ape import ape_attention
+from blendrag.engine.ape import ape_attention, ape_bias
 from blendrag.engine.attention import kernel_for
 from blendrag.engine.costs import DeviceCosts
 from blendrag.engine.decode import StaticDecoder, static_rope
@@ -147,9 +147,10 @@ class ModelRunner:
             q, k, _, v = project(a, layer, h, active.rotation(rope.layer(i)))
             fused.write(i, pos, k, v)
             if fused.ape is not None and fused.ape_stale is not None:  # engine/ape.py
-                o = ape_attention(q, fused.k[i, :, :p + 1], fused.v[i, :, :p + 1], pos,
-                                  fused.ape_stale[i, :p + 1], fused.ape, a.scaling,
-                                  a.sliding_window(i))
+                mult, add = ape_bias(pos, fused.ape_stale[i, :p + 1], fused.ape,
+                                     a.sliding_window(i))  # the rows layer i reused
+                o = ape_attention(q, fused.k[i, :, :p + 1], fused.v[i, :, :p + 1], mult, add,
+                                  a.scaling)
             else:
                 o = attend(a, i, q, fused, active.plan(a.sliding_window(i)))
             h = finish(a, layer, h, o)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from blendrag import Ape, BlendConfig, GenerationConfig
-from blendrag.engine.ape import ApeSpan, ape_attention
+from blendrag.engine.ape import ApeSpan, ape_attention, ape_bias
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")
@@ -23,14 +23,14 @@ def test_ape_attention_is_the_papers_formula():
     stale = torch.zeros(20, dtype=torch.bool)
     stale[4:15] = True
     ape = Ape(temperature=0.8, scale=1.3)
-    got = ape_attention(q, k, v, pos, stale, ape, 0.35, None)
+    got = ape_attention(q, k, v, *ape_bias(pos, stale, ape, None), 0.35)
     for h in range(4):  # q head h reads KV head h // 2
         logits = q[h] @ k[h // 2].T * 0.35  # [3, 20]
         logits[:, stale] = logits[:, stale] / 0.8 + math.log(1.3)
         logits = logits.masked_fill(torch.arange(20)[None] > pos[:, None], float("-inf"))
         assert torch.allclose(got[h], logits.softmax(-1) @ v[h // 2], atol=1e-6)
     # T = S = 1 is plain causal attention
-    plain = ape_attention(q, k, v, pos, stale, Ape(1.0, 1.0), 0.35, None)
+    plain = ape_attention(q, k, v, *ape_bias(pos, stale, Ape(1.0, 1.0), None), 0.35)
     ref = torch.nn.functional.scaled_dot_product_attention(
         q, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0),
         attn_mask=torch.arange(20)[None] <= pos[:, None], scale=0.35)
