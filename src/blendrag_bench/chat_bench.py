@@ -7,7 +7,7 @@ conversation runs on its own engine (its own prefix cache, the chunk store share
 precomputed before anything is timed), and each turn's prompt is also prefilled in full by an
 engine without a prefix cache: that is the turn's baseline.
 
-Two workloads:
+Three workloads:
 
 - ``text``: a real model and tokenizer (default: the default model), 6 MuSiQue passages
   (~3,300 tokens with its tokenizer) in the CacheBlend prompt as the first user message of the
@@ -16,6 +16,10 @@ Two workloads:
 - ``random``: random weights of the ``bench ttft`` shape (32 layers), token ids only: a 32-token
   prefix, 6 x 512 chunk tokens, 32-token questions; each answer is fixed random ids decoded
   after the prefill (teacher-forced), so its rows are the ones a generated answer leaves.
+- ``history``: new passages every turn ahead of the conversation (LlamaIndex's
+  ``ContextChatEngine``): with history reuse against without it and against full prefill,
+  TTFT and whole answers (``chat_history.py``); ``random-history``: the same on the random
+  workload's shape (new random chunks every turn), TTFT only.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from blendrag.integration.flat_prompt import find_layout
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
+from blendrag_bench.chat_history import format_history, run_history, run_random_history
 from blendrag_bench.datasets import load_musique
 from blendrag_bench.quality import fit_item
 from blendrag_bench.ttft import TTFTWorkload, build_engine
@@ -43,6 +48,7 @@ CONFIGS: dict[str, tuple[BlendConfig, bool]] = {
     "blend+prefix-cache": (BlendConfig(), True),
     "blend": (BlendConfig(), False),
 }
+WORKLOADS = ("text", "random", "history", "random-history")
 FOLLOW_UPS = ("Which passage says so?", "Who else is named in that passage?",
               "What is the first passage about?", "Answer the first question again, briefly.")
 
@@ -55,7 +61,8 @@ class ChatBenchConfig:
     stops earlier at the model's end of turn);
     ``cache_bytes``: each prefix cache's budget; ``runs``: conversations per configuration (the
     median TTFT per turn is reported); ``passages``, ``passage_tokens``: the text workload's
-    passages and their length cap (None: whole)."""
+    passages and their length cap (None: whole; the cap holds for the history workload too);
+    ``turn_passages``: the history workload's passages per turn."""
 
     workloads: tuple[str, ...] = ("text", "random")
     model: str | None = None
@@ -70,15 +77,19 @@ class ChatBenchConfig:
     configs: tuple[str, ...] = tuple(CONFIGS)
     passages: int = 6
     passage_tokens: int | None = None
+    turn_passages: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("turns", "answer_tokens", "cache_bytes", "runs", "passages"):
+        for name in ("turns", "answer_tokens", "cache_bytes", "runs", "passages",
+                     "turn_passages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        unknown = set(self.workloads) - {"text", "random"} or set(self.configs) - set(CONFIGS)
+        if self.passage_tokens is not None and self.passage_tokens < 1:
+            raise ValueError(f"passage_tokens must be >= 1, got {self.passage_tokens}")
+        unknown = set(self.workloads) - set(WORKLOADS) or set(self.configs) - set(CONFIGS)
         if unknown or not self.workloads or not self.configs:
             raise ValueError(f"unknown or no workloads/configs: {sorted(unknown)}; workloads "
-                             f"are text, random; configs are {', '.join(CONFIGS)}")
+                             f"are {', '.join(WORKLOADS)}; configs are {', '.join(CONFIGS)}")
 
 
 Turn = Callable[[BlendEngine, BlendConfig, int], tuple[PromptLayout, dict]]
@@ -91,6 +102,9 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
     """One record per (workload, config, turn); ``on_turn(workload, done, total)``: progress."""
     records = []
     for name in cfg.workloads:
+        if name in ("history", "random-history"):  # a conversation of its own (chat_history.py)
+            records += (run_history if name == "history" else run_random_history)(cfg, on_turn)
+            continue
         base, new_conversation = _text(cfg) if name == "text" else _random(cfg)
         plain = _sibling(base, 0)  # the full prefill every turn is measured against
         total, done = len(cfg.configs) * cfg.runs * cfg.turns, 0
@@ -223,6 +237,9 @@ def _random(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
 def format_table(records: list[dict], cfg: ChatBenchConfig) -> str:
     lines = []
     for workload in cfg.workloads:
+        if workload in ("history", "random-history"):
+            lines += [format_history(records, cfg, workload), ""]
+            continue
         rows = [r for r in records if r["workload"] == workload]
         lines += [f"workload: {workload}; {cfg.turns} turns, answers of up to "
                   f"{cfg.answer_tokens} tokens; median of {cfg.runs} conversation(s) per config",
@@ -244,7 +261,7 @@ def verdicts(records: list[dict], target: float = 10.0) -> list[str]:
     out = []
     for workload in dict.fromkeys(r["workload"] for r in records):
         later = [r["speedup_vs_full"] for r in records if r["workload"] == workload
-                 and r["config"] == "full+prefix-cache" and r["turn"] >= 2]
+                 and r.get("config") == "full+prefix-cache" and r["turn"] >= 2]
         if later:
             worst = min(later)
             out.append(f"{workload}: full+prefix-cache, turns >= 2: {worst:.1f}x lowest, "

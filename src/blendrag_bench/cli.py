@@ -107,9 +107,12 @@ def _register_chat(bench: argparse._SubParsersAction) -> None:
                     "conversation of --turns turns, each turn's TTFT against a full prefill of "
                     "the same prompt, the tokens taken from the cache and the bytes it holds.")
     add_model_options(chat, default_help="the default model (the text workload)")
-    chat.add_argument("--workloads", default="text,random",
-                      help="text (a real model and MuSiQue passages) and/or random (random "
-                           "weights, token ids), comma-separated (default: text,random)")
+    chat.add_argument("--workloads", default="text,random,history",
+                      help="text (a real model and MuSiQue passages), random (random weights, "
+                           "token ids), history (new passages every turn ahead of the "
+                           "conversation, as LlamaIndex's ContextChatEngine sends them), "
+                           "random-history (the same on the random workload), "
+                           "comma-separated (default: text,random,history)")
     chat.add_argument("--configs", default=",".join(_chat_configs()),
                       help=f"comma-separated (default: {','.join(_chat_configs())})")
     chat.add_argument("--turns", type=int, default=5, help="turns per conversation (default: 5)")
@@ -120,6 +123,11 @@ def _register_chat(bench: argparse._SubParsersAction) -> None:
     chat.add_argument("--runs", type=int, default=1,
                       help="conversations per configuration; the median TTFT per turn is "
                            "reported (default: 1)")
+    chat.add_argument("--turn-passages", type=int, default=2,
+                      help="passages retrieved per turn in the history workload (default: 2)")
+    chat.add_argument("--passage-tokens", type=int, default=None,
+                      help="cut each passage of the text and history workloads to this many "
+                           "tokens (default: whole)")
     chat.add_argument("--layers", type=int, default=32,
                       help="layers of the random workload's model (default: 32)")
     chat.add_argument("--chunks", type=int, default=6,
@@ -211,7 +219,8 @@ def _chat(args: argparse.Namespace) -> int:
                               gguf_file=args.gguf_file, dtype=args.dtype, device=device,
                               random=random, turns=args.turns, answer_tokens=args.answer_tokens,
                               cache_bytes=args.cache_mib << 20, runs=args.runs,
-                              configs=_names(args.configs))
+                              configs=_names(args.configs), turn_passages=args.turn_passages,
+                              passage_tokens=args.passage_tokens)
     except ValueError as e:
         print(f"blendrag bench chat: error: {e}", file=sys.stderr)
         return 2

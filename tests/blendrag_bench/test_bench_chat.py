@@ -1,6 +1,7 @@
 """bench chat on tiny models: records with the promised keys for every turn and config, turns
 from 2 on taking the earlier turns' rows (exact for the full config, none without a cache), a
-growing cache, and the command's JSON."""
+growing cache, the history workloads (new passages every turn: the history's rows reused, less
+computed than without them, whole answers compared), and the command's JSON."""
 
 from __future__ import annotations
 
@@ -19,8 +20,16 @@ KEYS = {"turn", "config", "exact", "prefix_tokens", "ttft_s", "speedup_vs_full",
 
 @pytest.fixture(scope="module")
 def records(model_dir):
-    cfg = ChatBenchConfig(model=str(model_dir("qwen2")), random=TINY, turns=3, answer_tokens=8,
-                          passages=2, passage_tokens=60)
+    cfg = ChatBenchConfig(workloads=("text", "random"), model=str(model_dir("qwen2")),
+                          random=TINY, turns=3, answer_tokens=8, passages=2, passage_tokens=60)
+    return cfg, run(cfg)
+
+
+@pytest.fixture(scope="module")
+def history_records(model_dir):
+    cfg = ChatBenchConfig(workloads=("history", "random-history"), model=str(model_dir("qwen2")),
+                          random=TINY, turns=3, answer_tokens=16, passage_tokens=40,
+                          turn_passages=2)
     return cfg, run(cfg)
 
 
@@ -74,3 +83,26 @@ def test_bad_settings_are_refused(capsys):
     assert "turns must be >= 1" in capsys.readouterr().err
     with pytest.raises(ValueError, match="unknown or no workloads"):
         ChatBenchConfig(configs=("nope",))
+
+
+@pytest.mark.parametrize("workload", ["history", "random-history"])
+def test_new_passages_every_turn_reuse_the_history(history_records, workload):
+    _, rows = history_records
+    rows = [r for r in rows if r["workload"] == workload]
+    assert [r["turn"] for r in rows] == [1, 2, 3]
+    assert rows[0]["history_tokens"] == rows[0]["history_reused"] == 0
+    for r in rows[1:]:
+        assert r["history_tokens"] > 0 and r["history_reused"] >= 0.8 * r["history_tokens"]
+        assert r["computed_tokens"] < r["computed_without"]
+        assert r["ttft_s"] > 0 and r["without_ttft_s"] > 0 and r["full_ttft_s"] > 0
+    if workload == "history":
+        for r in rows:
+            assert isinstance(r["same_answer"], bool) and r["answer_kl"] >= 0
+            assert r["answer"] and r["answer_without"] and r["answer_full"]
+
+
+def test_the_history_table_states_the_targets(history_records):
+    cfg, rows = history_records
+    text = format_table(rows, cfg)
+    assert "workload: history" in text and "workload: random-history" in text
+    assert text.count("(target >= 2x") == 2 and "whole answers" in text

@@ -25,6 +25,7 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     for name in PHASES:
         assert f"| {name} | ok," in summary, summary
     for figure in ("3k default (preview@20%)", "16k reuse", "chat turns >= 2, full+prefix-cache",
+                   "chat, new passages, turns >= 2 vs full",
                    "decode graph vs HF generate", "disk -> device", "exactness checks failed"):
         assert f"| {figure} |" in summary
     assert "| exactness checks failed | 0 | 0 | PASS |" in summary

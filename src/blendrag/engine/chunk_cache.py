@@ -20,6 +20,7 @@ import torch
 from blendrag.config import BlendConfig, profile_depth
 from blendrag.engine.context import NO_CONTEXT, ChunkContext, in_context
 from blendrag.engine.fused_kv import CachedSegment
+from blendrag.engine.history import HISTORY_TAG, HistoryRows
 from blendrag.engine.profile import neighbours, profiled
 from blendrag.engine.runner import ModelRunner
 from blendrag.kv.chunk_kv import ChunkKV
@@ -247,32 +248,37 @@ class ChunkCache:
     # ---- a request's rows ------------------------------------------------------------------
 
     def rows_for(self, layout: PromptLayout, config: BlendConfig,
-                 failed: dict[str, ChunkKV | None] | None = None, head: int = 0) -> RequestRows:
+                 failed: dict[str, ChunkKV | None] | None = None, head: int = 0,
+                 history: HistoryRows | None = None) -> RequestRows:
         """The cached rows of a request: stored entries opened for layer-wise reads (their
         layers are read by the loop's feed), chunks missing from the store computed and stored
         now. ``failed``: keys whose entry failed to load in an earlier attempt, never opened
         again, with the KV computed for each (filled in here: a chunk is computed once whatever
         the attempts). ``head``: rows [0, head) are in the request's KV already (the prefix
-        cache's, at a chunk boundary): the prefix and the chunks before it get no row here."""
+        cache's, at a chunk boundary): the prefix and the chunks before it get no row here.
+        ``history``: the chunk of an earlier turn's rows (engine/history.py), taken as they are:
+        not looked up, not stored."""
         rows = RequestRows()
         if config.mode == "full":
             return rows
         try:
-            self._fill(rows, layout, config, {} if failed is None else failed, head)
+            self._fill(rows, layout, config, {} if failed is None else failed, head, history)
         except BaseException:
             rows.close()
             raise
         return rows
 
-    def miss_passes(self, layout: PromptLayout, config: BlendConfig) -> list[int]:
+    def miss_passes(self, layout: PromptLayout, config: BlendConfig,
+                    history: HistoryRows | None = None) -> list[int]:
         """The prompt length of each pass that computing what the store does not hold of the
         request (its prefix, its chunks) takes before ``rows_for`` returns: a chunk after the
         ids it is computed after, and once more after each filler of its context. Looks keys
-        up; loads nothing."""
+        up; loads nothing. ``history``: as for ``rows_for`` (never computed)."""
         if config.mode == "full":
             return []
         pieces = [((), layout.prefix_ids, NO_CONTEXT)] if layout.prefix_ids else []
-        pieces += [(p, ids, context) for _, _, p, ids, context, _ in self._chunks(layout, config)]
+        pieces += [(p, ids, context) for _, span, p, ids, context, _ in self._chunks(layout, config)
+                   if history is None or span[0] != history.start]
         keys = [self.key(p, ids, context) for p, ids, context in pieces]
         absent = set(self.store.missing(keys))
         passes = []
@@ -297,7 +303,7 @@ class ChunkCache:
             yield i, span, chunk_prefix_ids, ids, context, exact
 
     def _fill(self, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
-              failed: dict[str, ChunkKV | None], head: int) -> None:
+              failed: dict[str, ChunkKV | None], head: int, history: HistoryRows | None) -> None:
         prefix: LayeredEntry | None = None  # exact whatever follows it
         if layout.prefix_ids and not head:
             prefix, rows.prefix_hit = self._open_or_compute(
@@ -317,6 +323,10 @@ class ChunkCache:
         chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
         for i, (start, _), chunk_prefix_ids, ids, context, exact in self._chunks(layout, config,
                                                                                  head):
+            if history is not None and start == history.start:
+                rows.segments.append(CachedSegment(start, MemoryLayeredEntry(history.kv,
+                                                                             tier=HISTORY_TAG)))
+                continue
             rows.chunks_without_context += context is NO_CONTEXT and not exact
             entry, hit = self._open_or_compute(rows, failed, chunk_prefix_ids, ids, context,
                                                chunk_prefix)

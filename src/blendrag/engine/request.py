@@ -36,6 +36,7 @@ from blendrag.engine.chunk_cache import ChunkCache, RequestRows
 from blendrag.engine.controller import LoadingController, decide, observe
 from blendrag.engine.costs import PromptShape
 from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.history import HISTORY_TAG, HistoryCache, HistoryRows
 from blendrag.engine.layer_feed import LayerFeed
 from blendrag.engine.loop import LoopPlan
 from blendrag.engine.observers import LayerCounts, LayerObserver
@@ -61,18 +62,21 @@ class Parts:
     runner: ModelRunner
     controller: LoadingController
     prefix_cache: PrefixCache | None = None
+    history: HistoryCache | None = None
 
 
 @dataclass
 class Prefill:
     """A finished prefill: first-token logits [vocab] (float32), the request's KV and stats;
     ``exact_rows``: its first rows computed as a full prefill computes them (the rest were
-    blended or reused)."""
+    blended or reused); ``conversation_start``: where the rows after the prompt's last chunk
+    begin (what the history cache keeps of it)."""
 
     logits: torch.Tensor
     fused: FusedKV
     stats: RequestStats
     exact_rows: int = 0
+    conversation_start: int = 0
 
 
 class _LoadFailed(Exception):
@@ -91,13 +95,16 @@ def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: i
     phase). See the module docstring for the attempts (``stats.cache.load_retries``)."""
     clock = next((o for o in observers if isinstance(o, PhaseClock)), OFF)
     watchers = tuple(o for o in observers if not isinstance(o, PhaseClock))
-    config, choice = _mode_for(parts, layout, config)
+    conversation_start = layout.suffix_start
+    layout, history = _history(parts, layout, config)
+    config, choice = _mode_for(parts, layout, config, history)
     failed: dict[str, ChunkKV | None] = {}
     attempts = 0
     while True:
         attempts += 1
         try:
-            pre = _attempt(parts, layout, config, capacity, started, failed, watchers, clock)
+            pre = _attempt(parts, (layout, history), config, capacity, started, failed, watchers,
+                           clock)
         except _LoadFailed as exc:
             new = [k for k in exc.keys if k not in failed]
             if not new:  # never opened again: a bug, not a storage failure
@@ -107,6 +114,7 @@ def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: i
             failed.update(dict.fromkeys(new))
             continue
         pre.stats.cache.load_retries = attempts - 1
+        pre.conversation_start = conversation_start
         if choice is not None:
             pre.stats.controller = {**(pre.stats.controller or {}), "mode": choice}
             passes = choice["full_passes_s" if choice["ran"] != choice["asked"] else "passes_s"]
@@ -114,8 +122,17 @@ def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: i
         return pre
 
 
-def _mode_for(parts: Parts, layout: PromptLayout,
-              config: BlendConfig) -> tuple[BlendConfig, dict | None]:
+def _history(parts: Parts, layout: PromptLayout,
+             config: BlendConfig) -> tuple[PromptLayout, HistoryRows | None]:
+    """``layout`` with the rows of an earlier turn its suffix begins with as one more chunk
+    (engine/history.py), for the modes that reuse rows in a new context; else as it is."""
+    if parts.history is None or config.mode not in ("blend", "reuse"):
+        return layout, None
+    return parts.history.split(layout)
+
+
+def _mode_for(parts: Parts, layout: PromptLayout, config: BlendConfig,
+              history: HistoryRows | None = None) -> tuple[BlendConfig, dict | None]:
     """``config``, or a full prefill when this device's cost profile (engine/costs.py) predicts
     that ``config`` would be slower (``LoadingConfig.full_when_faster``); and the choice's
     record (None: not asked). Not asked of a request that begins with prefix-cache rows
@@ -125,7 +142,7 @@ def _mode_for(parts: Parts, layout: PromptLayout,
         wanted = parts.runner.device.type == "cuda"
     if not wanted or config.mode == "full" or _has_head(parts, layout, config):
         return config, None
-    misses = tuple(parts.cache.miss_passes(layout, config))
+    misses = tuple(parts.cache.miss_passes(layout, config, history))
     costs = parts.runner.costs()
     shape = PromptShape(layout.num_tokens, len(layout.prefix_ids),
                         layout.suffix_start - len(layout.prefix_ids), len(layout.suffix_ids),
@@ -153,10 +170,12 @@ def _has_head(parts: Parts, layout: PromptLayout, config: BlendConfig) -> bool:
     return found.tokens > 0
 
 
-def _attempt(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: int,
-             started: float, failed: dict[str, ChunkKV | None],
+def _attempt(parts: Parts, prompt: tuple[PromptLayout, HistoryRows | None], config: BlendConfig,
+             capacity: int, started: float, failed: dict[str, ChunkKV | None],
              observers: tuple[LayerObserver, ...], clock: PhaseClock) -> Prefill:
-    """One attempt; raises ``_LoadFailed`` when cached layers fail to load."""
+    """One attempt over ``prompt`` (the layout, the history rows of its last chunk if any);
+    raises ``_LoadFailed`` when cached layers fail to load."""
+    layout, history = prompt
     clock.restart()
     stats = new_stats(layout, config)
     stats.compute.layers = parts.runner.adapter.num_layers
@@ -168,7 +187,8 @@ def _attempt(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: 
         start = head.NO_HEAD if cache is None else head.head_for(layout, config, found)
         tail = bool(start.rows) and head.tail_only(layout, config, start)
         rest = layout if not start.rows or tail else head.after(layout, start)
-        rows = RequestRows() if tail else parts.cache.rows_for(rest, config, failed, start.rows)
+        rows = RequestRows() if tail else parts.cache.rows_for(rest, config, failed, start.rows,
+                                                               history)
         with rows:  # 1. open
             pre = _run(parts, layout, rest, config, capacity, started, rows, (start, found, tail),
                        stats, observers, clock, t_open)
@@ -248,6 +268,7 @@ def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head, skippe
     c.prefix_cache_exact = first.exact >= first.rows if first.rows else None
     stats.compute.bridged_tokens = first.bridge
     c.tokens_reused = first.taken + sum(s.kv.num_tokens for s in rows.segments)
+    c.history_tokens = sum(s.kv.num_tokens for s in rows.segments if s.kv.tier == HISTORY_TAG)
 
 
 # ---- plan -------------------------------------------------------------------------------------

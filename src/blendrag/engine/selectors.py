@@ -26,6 +26,7 @@ from blendrag.config import (
     SelectorOptions,
 )
 from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.history import HISTORY_TAG
 from blendrag.engine.layer import attention_probs
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.prompt import PromptLayout
@@ -173,8 +174,25 @@ def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Seq
     if values and values[0] is None and _exact(layout, chunks):
         start, end = layout.chunk_spans[0]
         values = [zeros(end - start), *values[1:]]
+    values = _history_filled(values, chunks)
     present = [v for v in values if v is not None]
     return present if len(present) == len(values) else None
+
+
+def _history_filled(values: list[torch.Tensor | None],
+                    chunks: Sequence[Cached]) -> list[torch.Tensor | None]:
+    """A history chunk (engine/history.py) has no stored prior: its rows were computed in an
+    earlier turn, not in an ingestion context. It gets the other chunks' mean (per layer for a
+    context shift [L, T], one value for a profile [T]), so that its tokens compete on the
+    attention they get rather than on a prior they lack."""
+    known = [v.float() for v, c in zip(values, chunks)
+             if v is not None and c.context_tag != HISTORY_TAG]
+    if not known:
+        return values
+    mean = torch.stack([v.mean(dim=-1) for v in known]).mean(dim=0)  # [] or [L]
+    return [mean[..., None].expand(*mean.shape, c.num_tokens).contiguous()
+            if v is None and c.context_tag == HISTORY_TAG else v
+            for v, c in zip(values, chunks)]
 
 
 class ProfileSelector(StaticTopSelector):

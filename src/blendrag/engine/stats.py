@@ -30,7 +30,9 @@ class CacheStats:
     prefix's rows found; exact_first: the first passage's rows were its exact ones
     (``ChunkContext.exact_first``); prefix_cache_tokens: rows taken from the prefix cache (an
     earlier request that began the same way), prefix_cache_exact: whether all of them were
-    exact (None: none taken); tokens_reused: rows taken from any cache; profiles_computed:
+    exact (None: none taken); history_tokens: rows of earlier turns taken from the history
+    cache, wherever they landed in this prompt (engine/history.py; the layout's last chunk);
+    tokens_reused: rows taken from any cache; profiles_computed:
     chunk profiles measured by this request (``profile`` selector, first use);
     chunks_without_context: chunks too long for the ingestion context, whose rows were
     computed after the chunk prefix alone; load_retries: attempts redone because cached entries
@@ -44,6 +46,7 @@ class CacheStats:
     exact_first: bool = False
     prefix_cache_tokens: int = 0
     prefix_cache_exact: bool | None = None
+    history_tokens: int = 0
     tokens_reused: int = 0
     profiles_computed: int = 0
     chunks_without_context: int = 0

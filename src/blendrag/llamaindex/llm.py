@@ -140,12 +140,15 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
     def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str | None = None,
                         store: Any = None, chat: bool | None = None, system: str | None = None,
                         chunk_prefix: str = "", text_index: ChunkTextIndex | None = None,
-                        threads: int | None = DEFAULT_THREADS, **kwargs: Any) -> BlendLLM:
+                        threads: int | None = DEFAULT_THREADS, prefix_cache_bytes: int = 0,
+                        **kwargs: Any) -> BlendLLM:
         """Load a model (a short name, a folder, a GGUF file or a hub id) into a new engine
-        (``chunk_prefix`` defaults to ``""``; ``threads``: see ``BlendEngine``)."""
+        (``chunk_prefix`` defaults to ``""``; ``threads``, ``prefix_cache_bytes``: see
+        ``BlendEngine``: a chat engine's turns reuse the earlier turns' rows)."""
         engine = BlendEngine.from_pretrained(path, dtype=dtype, device=device, store=store,
                                              chat=chat, system=system, chunk_prefix=chunk_prefix,
-                                             threads=threads)
+                                             threads=threads,
+                                             prefix_cache_bytes=prefix_cache_bytes)
         return cls(engine, text_index=text_index, **kwargs)
 
     @classmethod

@@ -95,6 +95,21 @@ class Rotation:
         torch.mul(x2, c2, out=o2)
         o2.add_(x1 * s2)
 
+    def unrotate(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [heads, A, D] rotated at these positions -> x before RoPE (the inverse rotation,
+        computed in float32 and rounded once to x's dtype): rows kept from a request, moved
+        to other positions later (engine/history.py)."""
+        r = self.rotary_dim
+        h = r // 2
+        f = x.float()
+        out = f.clone()
+        o1, o2 = f[..., :h], f[..., h:r]
+        c1, c2, s1, s2 = (t.float() for t in (self.c1, self.c2, self.s1, self.s2))
+        # o1 = x1*c - x2*s, o2 = x2*c + x1*s (c1 == c2, s1 == s2: HF repeats the frequencies)
+        out[..., :h] = o1 * c1 + o2 * s2
+        out[..., h:r] = o2 * c2 - o1 * s1
+        return out.to(x.dtype)
+
     def rotate_in_place(self, x: torch.Tensor) -> None:
         """Rotate x: [heads, A, D] where it lies (rows of the request's KV that hold pre-RoPE
         keys), with ``rotate_into``'s arithmetic (bit for bit): many segments' rows, copied in

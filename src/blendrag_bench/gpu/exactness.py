@@ -4,9 +4,10 @@ Per family (prompts past every sliding window), with the device's own kernels (`
 CUDA FlexAttention and the CUDA-graph decoding step) and with the plain ones (SDPA, eager):
 float32 full prefill vs HF's forward; blend at ratio 1.0 (three selectors), prefix mode and
 single-chunk reuse vs full; 12 greedy tokens vs HF ``generate``; pipelined loading (rows
-placed on the reader's stream) bit for bit equal to sequential; bfloat16 full vs HF within
-2^-5 of the largest logit, same argmax. Then a disk tier read to the device vs RAM. One line
-per case, ``[PASS]`` or ``[FAIL]``.
+placed on the reader's stream) bit for bit equal to sequential; a later turn with the history
+cache's rows moved to new positions at ratio 1.0 vs full, and a full turn that takes none;
+bfloat16 full vs HF within 2^-5 of the largest logit, same argmax. Then a disk tier read to
+the device vs RAM. One line per case, ``[PASS]`` or ``[FAIL]``.
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ def family(report: Report, name: str, device: str) -> None:
         report.row(f"{case} 12 greedy tokens vs HF generate", got_tokens == ref,
                    f"{got_tokens[:6]} vs {ref[:6]}")
         _pipelined(report, case, engine)
+        _history(report, case, model, compute)
     _bf16(report, name, device)
 
 
@@ -138,6 +140,32 @@ def _pipelined(report: Report, case: str, engine: BlendEngine) -> None:
         engine.loading = before
     report.row(f"{case} pipelined == sequential (bit for bit)", same, "reuse, cacheblend, "
                "default")
+
+
+def _history(report: Report, case: str, model: T.PreTrainedModel,
+             compute: ComputeConfig) -> None:
+    """A second turn over new chunks with the first turn's suffix and 8 decoded tokens after
+    them (the history cache's rows, moved to new positions): blend at ratio 1.0 equals a full
+    prefill; a full-mode turn takes no history row."""
+    engine = BlendEngine(model, None, compute=compute, loading=AS_ASKED, history_bytes=1 << 28)
+    plain = BlendEngine(model, None, compute=compute, loading=AS_ASKED)
+    answer = _ids(8, seed=7)
+    pre = engine.prefill(LAYOUT, BlendConfig(selector="cacheblend", ratio=0.3),
+                         extra_capacity=len(answer))
+    for token in answer[:-1]:
+        engine.runner.decode(token, pre.fused)
+    engine.keep_rows([*LAYOUT.ids, *answer], pre)
+    chunks = [_ids(len(c), seed=20 + i) for i, c in enumerate(LAYOUT.chunk_ids)]
+    turn = PromptLayout(LAYOUT.prefix_ids, chunks, [*LAYOUT.suffix_ids, *answer, *_ids(6, 9)])
+    full = plain.prefill(turn, BlendConfig(mode="full")).logits
+    got = _prefill(engine, turn, BlendConfig(selector="cacheblend", ratio=1.0))
+    reused = got.stats.cache.history_tokens
+    report.row(f"{case} history @1.0 vs full", _diff(got.logits, full) <= TOL and reused > 0,
+               f"{_diff(got.logits, full):.1e}, {reused} history rows")
+    as_full = engine.prefill(turn, BlendConfig(mode="full"))
+    report.row(f"{case} full turn takes no history row",
+               _diff(as_full.logits, full) <= TOL and as_full.stats.cache.history_tokens == 0,
+               f"{_diff(as_full.logits, full):.1e}")
 
 
 def _bf16(report: Report, name: str, device: str) -> None:

@@ -1,0 +1,186 @@
+"""The history cache: the rows of earlier turns, found wherever they land in a later prompt.
+
+Conversational RAG sends ``[system][passages retrieved for this turn][the conversation so
+far][the new question]`` (LlamaIndex's chat engines, LangChain's history-aware chains). The
+passages change at every turn, so the prefix cache (engine/prefix_cache.py) stops at the
+system prompt, yet the conversation's rows exist from the turn before, only at other
+positions. This cache keeps them as a *history segment* per finished request: the rows after
+its last chunk (the end of the system prompt, the messages, the question, the answer the
+engine generated), keys un-rotated to pre-RoPE as a stored chunk's are. A later request whose
+suffix begins with a run of a kept segment's ids (found by their token content: a segment
+indexed by every run of ``ANCHOR`` ids) takes that run as one more chunk of its layout, its
+rows placed at their new positions and blended like any chunk (``split``): the same selection,
+the same exactness rules. A ``full`` or ``prefix`` request never takes them; with ratio 1.0 every
+one of them is computed again.
+
+The run starts where the suffix starts, so that a layout stays ``[prefix][chunks][suffix]`` with
+no gap to compute as a chunk (conversation text never goes to the shared chunk store). A
+segment whose ids begin another's (the same conversation, one turn later) replaces it.
+Segments live on the model's device within ``max_bytes``, the least recently used evicted
+first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from blendrag.engine.fused_kv import FusedKV
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.model.rope import RopeTables
+from blendrag.prompt import PromptLayout
+
+HISTORY_TAG = "history"
+"""Context tag of a history segment's rows (they were computed in an earlier turn's context)."""
+
+ANCHOR = 8
+"""Ids that locate a run: a suffix is looked up by its first ``ANCHOR`` ids."""
+
+MIN_TOKENS = 16
+"""The shortest run taken (a shorter one saves less than its lookup and copy cost)."""
+
+CANDIDATES = 16
+"""At most this many places a run may start in the kept segments, the most recent first."""
+
+
+@dataclass(eq=False)
+class Segment:
+    """One finished request's rows after its last chunk: ``ids`` and their pre-RoPE keys and
+    values, k, v: [layers, kv_heads, T, head_dim]."""
+
+    ids: tuple[int, ...]
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+
+@dataclass(frozen=True)
+class HistoryRows:
+    """Rows of an earlier turn a request takes: the chunk that starts at row ``start`` of its
+    layout, ``kv`` its rows (pre-RoPE keys, tagged ``HISTORY_TAG``)."""
+
+    start: int
+    kv: ChunkKV
+
+    @property
+    def tokens(self) -> int:
+        return self.kv.num_tokens
+
+
+class HistoryCache:
+    """History segments of finished requests, at most ``max_bytes`` on the model's device.
+    ``min_tokens``: the shortest run a request takes."""
+
+    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"history cache bytes must be an integer >= 0, got {max_bytes!r}")
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) \
+                or min_tokens < ANCHOR:
+            raise ValueError(f"min_tokens must be an integer >= {ANCHOR}, got {min_tokens!r}")
+        self.max_bytes, self.min_tokens = max_bytes, min_tokens
+        self._segments: OrderedDict[int, Segment] = OrderedDict()  # by id(), oldest first
+        self._anchors: dict[tuple[int, ...], list[tuple[Segment, int]]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.nbytes for s in self._segments.values())
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    # ---- keep ------------------------------------------------------------------------------
+
+    def keep(self, ids: Sequence[int], start: int, fused: FusedKV, rope: RopeTables) -> None:
+        """Keep rows [start, len(ids)) of ``fused`` (the rows of ``ids``, keys rotated at their
+        positions; ``rope`` covers them) as a segment; a kept segment whose ids begin the new
+        one's is dropped (the new one holds it)."""
+        end = min(len(ids), fused.length)
+        if end - start < self.min_tokens:
+            return
+        k = _unrotate(fused.k[:, :, start:end], rope, start)  # [L, Hkv, T, D] pre-RoPE
+        segment = Segment(tuple(int(t) for t in ids[start:end]), k,
+                          fused.v[:, :, start:end].clone())
+        if segment.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            for old in list(self._segments.values()):
+                if segment.ids[:len(old.ids)] == old.ids:
+                    self._drop(old)
+            self._segments[id(segment)] = segment
+            for pos in range(len(segment.ids) - ANCHOR + 1):
+                self._anchors.setdefault(segment.ids[pos:pos + ANCHOR], []).append((segment, pos))
+            while self.bytes > self.max_bytes:
+                self._drop(next(iter(self._segments.values())))
+
+    def _drop(self, segment: Segment) -> None:
+        del self._segments[id(segment)]
+        for pos in range(len(segment.ids) - ANCHOR + 1):
+            anchor = segment.ids[pos:pos + ANCHOR]
+            places = [p for p in self._anchors.get(anchor, ()) if p[0] is not segment]
+            if places:
+                self._anchors[anchor] = places
+            else:
+                self._anchors.pop(anchor, None)
+
+    # ---- find ------------------------------------------------------------------------------
+
+    def find(self, ids: Sequence[int], limit: int) -> tuple[Segment, int, int] | None:
+        """The longest run of a kept segment that ``ids`` begin with, at most ``limit`` ids:
+        (segment, where the run starts in it, its length); None when shorter than
+        ``min_tokens``."""
+        if limit < self.min_tokens:
+            return None
+        ids = tuple(ids[:limit])
+        best: tuple[Segment, int, int] | None = None
+        with self._lock:
+            places = self._anchors.get(ids[:ANCHOR], [])[-CANDIDATES:]
+            for segment, pos in reversed(places):
+                n = _common(ids, segment.ids, pos)
+                if n >= self.min_tokens and (best is None or n > best[2]):
+                    best = (segment, pos, n)
+            if best is not None:
+                self._segments.move_to_end(id(best[0]))
+        return best
+
+    def split(self, layout: PromptLayout) -> tuple[PromptLayout, HistoryRows | None]:
+        """``layout`` with the run of history its suffix begins with as one more chunk (the
+        same ids at the same positions; the last suffix token stays computed), and that
+        chunk's rows; ``layout`` itself and None when no run is kept."""
+        suffix = layout.suffix_ids
+        found = self.find(suffix, len(suffix) - 1)
+        if found is None:
+            return layout, None
+        segment, pos, n = found
+        kv = ChunkKV(segment.k[:, :, pos:pos + n], segment.v[:, :, pos:pos + n], suffix[:n],
+                     context_tag=HISTORY_TAG)
+        split = PromptLayout(layout.prefix_ids, [*layout.chunk_ids, suffix[:n]], suffix[n:],
+                             layout.chunk_prefix_ids)
+        return split, HistoryRows(layout.suffix_start, kv)
+
+
+def _common(ids: tuple[int, ...], other: tuple[int, ...], pos: int) -> int:
+    """How many of ``ids`` equal ``other[pos:]``'s, from the first."""
+    n = 0
+    for a, b in zip(ids, other[pos:]):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def _unrotate(k: torch.Tensor, rope: RopeTables, start: int) -> torch.Tensor:
+    """k: [layers, kv_heads, T, D] rotated at positions [start, start + T) -> pre-RoPE keys (in
+    float32, rounded once to k's dtype)."""
+    out = torch.empty_like(k)
+    span = slice(start, start + k.shape[2])
+    for layer in range(k.shape[0]):
+        out[layer] = rope.layer(layer).at(span).unrotate(k[layer])
+    return out
