@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
+from blendrag.checks import check_at_least
+
 MODES = ("full", "prefix", "reuse", "blend")
 DEVIATIONS = ("value", "key")
 DEFAULT_RATIO = 0.20  # the knee of the fidelity frontier (docs/benchmarks.md); auto's floor
@@ -138,10 +140,7 @@ class Ape:
 
     def __post_init__(self) -> None:
         for name in ("temperature", "scale"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or v <= 0:
-                raise ValueError(f"Ape.{name} must be a finite number > 0, got {v!r}")
+            check_at_least(f"Ape.{name}", getattr(self, name), strict=True)
 
     @property
     def label(self) -> str:
@@ -154,6 +153,12 @@ SELECTORS: dict[str, type[SelectorOptions]] = {
 }
 """The one registry of blend selectors: each name and the type of its options (the engine's
 implementation of each is ``engine/selectors.py``'s, keyed by the same options type)."""
+
+
+def token_budget(fraction: float, tokens: int) -> int:
+    """Tokens that recomputing ``fraction`` of ``tokens`` takes: ceil(fraction x tokens), less
+    a 1e-9 slack so that float error never rounds an exact product up (0.3 x 10 is 3)."""
+    return math.ceil(fraction * tokens - 1e-9)
 
 
 OptionsT = TypeVar("OptionsT", bound=SelectorOptions)

@@ -30,7 +30,7 @@ from blendrag.calibration.target import CalibrationTarget
 from blendrag.config import DEFAULT_RATIO, DEFAULT_SELECTOR
 from blendrag.engine.engine import BlendEngine
 from blendrag.store.calibration import FrontierPoint
-from blendrag_bench.datasets import load_dataset
+from blendrag_bench.named_datasets import load_dataset
 
 MARGIN = 0.05  # held-out same answer may fall this far below the target's
 

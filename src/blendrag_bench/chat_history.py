@@ -30,6 +30,7 @@ from blendrag.integration.flat_prompt import find_layout
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
+from blendrag_bench.chat_config import FULL, ChatBenchConfig
 from blendrag_bench.datasets import MUSIQUE_PATH, fit_tokens
 from blendrag_bench.ttft import build_engine
 
@@ -37,9 +38,7 @@ if TYPE_CHECKING:
     from blendrag.engine.request import Prefill
     from blendrag.engine.stats import RequestStats
     from blendrag.eval.answer import Answer
-    from blendrag_bench.chat_bench import ChatBenchConfig
 
-FULL = BlendConfig(mode="full")
 CONTEXT_TEMPLATE = ("Use the context information below to assist the user.\n--------------------\n"
                     "{context_str}\n--------------------\n")
 """LlamaIndex's ``ContextChatEngine`` default context template (llama-index-core 0.12)."""
@@ -50,9 +49,18 @@ FOLLOW_UPS = ("When did that happen?", "Who else was involved?", "Where did it t
 
 def run_history(cfg: ChatBenchConfig,
                 on_turn: Callable[[str, int, int], None] | None = None) -> list[dict]:
-    """One record per turn of one conversation (``cfg.turns`` turns)."""
+    """One record per turn: ``cfg.runs`` conversations (the same greedy one each time, on new
+    engines), each turn's median TTFTs."""
     kw = {"dtype": cfg.dtype, "device": cfg.device, "gguf_file": cfg.gguf_file, "threads": None}
     base = BlendEngine.from_pretrained(cfg.model or DEFAULT_MODEL, chunk_prefix="", **kw)
+    runs = [_conversation(base, cfg, on_turn, r) for r in range(cfg.runs)]
+    return [_median(rows) for rows in zip(*runs)]
+
+
+def _conversation(base: BlendEngine, cfg: ChatBenchConfig,
+                  on_turn: Callable[[str, int, int], None] | None, run: int) -> list[dict]:
+    """One conversation of ``cfg.turns`` turns on new engines over ``base``'s model and
+    store."""
     with_history = _sibling(base, cfg.cache_bytes, None)
     without = _sibling(base, cfg.cache_bytes, 0)
     plain = _sibling(base, 0, 0)
@@ -77,8 +85,16 @@ def run_history(cfg: ChatBenchConfig,
         turns += [{"role": "user", "content": question},
                   {"role": "assistant", "content": ours[1].text}]
         if on_turn is not None:
-            on_turn("history", t + 1, cfg.turns)
+            on_turn("history", run * cfg.turns + t + 1, cfg.runs * cfg.turns)
     return records
+
+
+def _median(rows: tuple[dict, ...]) -> dict:
+    """One turn over the runs: median TTFTs, the first run's counts and answers."""
+    out = dict(rows[0])
+    for key in ("ttft_s", "without_ttft_s", "full_ttft_s"):
+        out[key] = statistics.median(r[key] for r in rows)
+    return out
 
 
 def run_random_history(cfg: ChatBenchConfig,
@@ -90,8 +106,6 @@ def run_random_history(cfg: ChatBenchConfig,
     random model's answers say nothing."""
     w = cfg.random
     base = build_engine(w)
-    engines = [_sibling(base, cfg.cache_bytes, None, chunk_prefix=None),
-               _sibling(base, cfg.cache_bytes, 0, chunk_prefix=None)]
     plain = _sibling(base, 0, 0, chunk_prefix=None)
     g = torch.Generator().manual_seed(w.seed)
     vocab = base.model.config.vocab_size
@@ -104,16 +118,22 @@ def run_random_history(cfg: ChatBenchConfig,
     questions = [ids(w.suffix_tokens) for _ in range(cfg.turns)]
     answers = [ids(cfg.answer_tokens) for _ in range(cfg.turns)]
     base.precompute(prefix, [c for turn in chunks for c in turn])  # ingestion, not timed
-    records = []
-    for t in range(cfg.turns):
-        history = [x for i in range(t) for x in (*questions[i], *answers[i])]
-        layout = PromptLayout(prefix, chunks[t], [*history, *questions[t]])
-        runs = [_teacher_forced(e, layout, answers[t]) for e in engines]
-        full = plain.prefill(layout, FULL).stats
-        records.append(_ttft_record("random-history", t + 1, layout, len(history), *runs, full))
-        if on_turn is not None:
-            on_turn("random-history", t + 1, cfg.turns)
-    return records
+    samples = []
+    for run in range(cfg.runs):
+        engines = [_sibling(base, cfg.cache_bytes, None, chunk_prefix=None),
+                   _sibling(base, cfg.cache_bytes, 0, chunk_prefix=None)]
+        records = []
+        for t in range(cfg.turns):
+            history = [x for i in range(t) for x in (*questions[i], *answers[i])]
+            layout = PromptLayout(prefix, chunks[t], [*history, *questions[t]])
+            stats = [_teacher_forced(e, layout, answers[t]) for e in engines]
+            full = plain.prefill(layout, FULL).stats
+            records.append(_ttft_record("random-history", t + 1, layout, len(history), *stats,
+                                        full))
+            if on_turn is not None:
+                on_turn("random-history", run * cfg.turns + t + 1, cfg.runs * cfg.turns)
+        samples.append(records)
+    return [_median(rows) for rows in zip(*samples)]
 
 
 def _teacher_forced(engine: BlendEngine, layout: PromptLayout, answer: list[int]):

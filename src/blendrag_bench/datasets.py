@@ -265,41 +265,6 @@ def load_longbench_jsonl(path: str | Path, limit: int | None = None, offset: int
     return items
 
 
-# --------------------------------------------------------------------------- dispatch
-
-
-NAMED = ("synthetic", "musique", "longfacts")
-"""The datasets known by name (the others are files)."""
-
-
-def load_dataset(spec: str | Path, limit: int | None = None, offset: int = 0) -> list[EvalItem]:
-    """``"synthetic"``, ``"musique"``, ``"longfacts"`` (``blendrag_bench.longfacts``), a
-    ``.json`` file (CacheBlend format) or a ``.jsonl`` file (LongBench)."""
-    if str(spec) == "synthetic":
-        return load_synthetic(limit, offset)
-    if str(spec) == "longfacts":
-        from blendrag_bench.longfacts import load_longfacts  # it builds on this module
-
-        return load_longfacts(limit, offset)
-    if str(spec) == "musique":
-        return load_musique(limit, offset)
-    path = Path(spec)
-    if not path.is_file():
-        raise FileNotFoundError(f"dataset {spec!r} is neither 'synthetic', 'musique', "
-                                "'longfacts' nor a file")
-    if path.suffix == ".jsonl":
-        return load_longbench_jsonl(path, limit, offset)
-    if path.suffix == ".json":
-        return load_cacheblend_json(path, limit, offset)
-    raise ValueError(f"{path}: unknown dataset format (expected .json CacheBlend or .jsonl "
-                     "LongBench)")
-
-
-def dataset_name(spec: str | Path) -> str:
-    """A short name for reports: ``synthetic``, ``musique``, ``longfacts`` or the file's stem."""
-    return str(spec) if str(spec) in NAMED else Path(spec).stem
-
-
 def kinds(items: Sequence[EvalItem]) -> list[str]:
     """The items' kinds in first-seen order."""
     return list(dict.fromkeys(item.kind for item in items))

@@ -35,7 +35,7 @@ from blendrag.engine.engine import BlendEngine
 from blendrag_bench.datasets import EvalItem
 from blendrag_bench.flows import make_flow
 from blendrag_bench.quality import ConfigSummary, QualityConfig, QualityReport, run_quality
-from blendrag_bench.quality_cli import DEFAULT_FIDELITY_RATIOS
+from blendrag_bench.ratios import DEFAULT_FIDELITY_RATIOS
 
 
 @dataclass(frozen=True)

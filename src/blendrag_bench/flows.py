@@ -24,7 +24,7 @@ from blendrag.prompt import PromptLayout
 from blendrag_bench.datasets import EvalItem
 
 if TYPE_CHECKING:
-    from blendrag_bench.quality import QualityConfig
+    from blendrag_bench.quality_config import QualityConfig
 
 __all__ = ["FLOWS", "BenchFlow", "EngineFlow", "Flow", "IntegrationFlow", "context_words",
            "make_flow"]

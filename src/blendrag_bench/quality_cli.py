@@ -20,12 +20,11 @@ from blendrag.cli.options import (
 )
 from blendrag.cli.progress import Progress
 from blendrag.config import DEFAULT_BLEND, MODES, SELECTORS, Ape
+from blendrag_bench.ratios import DEFAULT_FIDELITY_RATIOS, DEFAULT_RATIOS
 
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 6, "longfacts": 40}
-DEFAULT_RATIOS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.30, 0.50)
-DEFAULT_FIDELITY_RATIOS: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5, 0.7)  # bench fidelity
 
 
 def _csv(kind: type) -> Callable[[str], tuple]:
@@ -113,7 +112,7 @@ def _quality(args: argparse.Namespace) -> int:
     import json
 
     from blendrag.cli.options import apply_threads
-    from blendrag_bench.datasets import dataset_name, load_dataset
+    from blendrag_bench.named_datasets import dataset_name, load_dataset
     from blendrag_bench.quality import QualityConfig, load_engine, run_quality
     from blendrag_bench.report import format_markdown, records, write_report
 

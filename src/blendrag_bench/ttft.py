@@ -147,7 +147,7 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
     for c in configs(w):
         blend = c.mode == "blend"
         st = stats[c.label]
-        ran = ((st.controller or {}).get("mode") or {}).get("ran", c.label)
+        ran = st.controller.mode.ran if st.controller.mode is not None else c.label
         records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
                                times[c.label], full_s, peaks[c.label], st.recompute_fraction)
                        | {"ideal_speedup": full_flops / flops.request(st),

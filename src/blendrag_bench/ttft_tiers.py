@@ -184,7 +184,8 @@ def _records(cfg: TierBenchConfig, samples: dict[str, list], keys: list[str]) ->
         s = st[mid]
         rec = _record(cfg, name, s.selector, s.ratio, s.loading.pipelined, s.timing.ttft_s,
                       s.loading.load_s, s.loading.compute_s)
-        rec.update(recompute_fraction=s.recompute_fraction, controller=s.controller,
+        rec.update(recompute_fraction=s.recompute_fraction,
+                   controller=dataclasses.asdict(s.controller),
                    kl_vs_full=_kl(pres[mid].logits, full_logits),
                    ratios=[x.ratio for x in st])
         if name in ("full", "compute-only"):

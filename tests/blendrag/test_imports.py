@@ -15,24 +15,25 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 CORE = {
     # unit: the units it may import (besides itself)
-    "blendrag.config": set(),
+    "blendrag.checks": set(),
+    "blendrag.config": {"blendrag.checks"},
     "blendrag.prompt": set(),
     "blendrag.kv": set(),
     "blendrag.model": set(),
-    "blendrag.store": {"blendrag.kv"},
+    "blendrag.store": {"blendrag.kv", "blendrag.checks"},
     "blendrag.ingest": {"blendrag.config", "blendrag.prompt", "blendrag.store"},
-    "blendrag.engine": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
-                        "blendrag.store",
+    "blendrag.engine": {"blendrag.checks", "blendrag.config", "blendrag.prompt", "blendrag.kv",
+                        "blendrag.model", "blendrag.store",
                         "blendrag.ingest"},
     "blendrag.eval": {"blendrag.config", "blendrag.prompt", "blendrag.engine"},
-    "blendrag.calibration": {"blendrag.config", "blendrag.prompt", "blendrag.kv",
+    "blendrag.calibration": {"blendrag.checks", "blendrag.config", "blendrag.prompt", "blendrag.kv",
                              "blendrag.store", "blendrag.engine", "blendrag.eval",
                              "blendrag.integration"},
     "blendrag.integration": {"blendrag.config", "blendrag.prompt", "blendrag.kv", "blendrag.model",
                              "blendrag.engine", "blendrag.ingest"},
-    "blendrag.distributed": {"blendrag.config", "blendrag.prompt", "blendrag.model",
-                             "blendrag.store", "blendrag.ingest", "blendrag.engine",
-                             "blendrag.integration"},
+    "blendrag.distributed": {"blendrag.checks", "blendrag.config", "blendrag.prompt",
+                             "blendrag.model", "blendrag.store", "blendrag.ingest",
+                             "blendrag.engine", "blendrag.integration"},
     "blendrag.langchain": {"blendrag.config", "blendrag.engine", "blendrag.ingest",
                            "blendrag.integration"},
     "blendrag.llamaindex": {"blendrag.config", "blendrag.engine", "blendrag.ingest",
@@ -144,6 +145,28 @@ def test_no_cycle_between_packages():
     def visit(node: str, path: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path, node, nxt]))
+            if nxt not in state:
+                visit(nxt, [*path, node])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+
+
+def test_no_cycle_between_benchmark_modules():
+    """blendrag_bench module by module (lazy imports included): a reader follows each benchmark
+    down, never round."""
+    bench = SRC / "blendrag_bench"
+    modules = {module_name(p): p for p in bench.rglob("*.py")}
+    graph = {m: {n for n in imports(p) if n in modules and n != m} for m, p in modules.items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
                 raise AssertionError("import cycle: " + " -> ".join([*path, node, nxt]))
             if nxt not in state:

@@ -12,15 +12,14 @@ from blendrag_bench.datasets import (  # noqa: E402
     LONGBENCH_PREFIX,
     MUSIQUE_PATH,
     EvalItem,
-    dataset_name,
     fit_tokens,
     load_cacheblend_json,
-    load_dataset,
     load_longbench_jsonl,
     load_musique,
     load_synthetic,
     split_context,
 )
+from blendrag_bench.named_datasets import dataset_name, load_dataset  # noqa: E402
 from blendrag_demo.corpus import KINDS, PREFIX, format_chunk, format_suffix
 
 MUSIQUE = MUSIQUE_PATH

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from blendrag_bench.datasets import MUSIQUE_PATH, dataset_name, load_dataset
+from blendrag_bench.datasets import MUSIQUE_PATH
 from blendrag_bench.longfacts import load_longfacts
+from blendrag_bench.named_datasets import dataset_name, load_dataset
 
 
 def test_items_are_deterministic_and_offsets_slice_one_sequence() -> None:

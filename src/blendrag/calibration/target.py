@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from blendrag.checks import check_at_least, is_finite_number
+
 
 @dataclass(frozen=True)
 class CalibrationTarget:
@@ -23,10 +25,10 @@ class CalibrationTarget:
         if self.same_answer is None and self.answer_kl is None:
             raise ValueError("a calibration target needs same_answer, answer_kl or both")
         if self.same_answer is not None and not (
-                _number(self.same_answer) and 0.0 <= self.same_answer <= 1.0):
+                is_finite_number(self.same_answer) and 0.0 <= self.same_answer <= 1.0):
             raise ValueError(f"same_answer must be in [0, 1], got {self.same_answer!r}")
-        if self.answer_kl is not None and not (_number(self.answer_kl) and self.answer_kl >= 0):
-            raise ValueError(f"answer_kl must be a number >= 0, got {self.answer_kl!r}")
+        if self.answer_kl is not None:
+            check_at_least("answer_kl", self.answer_kl)
         if isinstance(self.answer_tokens, bool) or not isinstance(self.answer_tokens, int) \
                 or not 1 <= self.answer_tokens <= 512:
             raise ValueError(f"answer_tokens must be an int in [1, 512], got "
@@ -65,6 +67,3 @@ def lower_bound(share: float, n: int, z: float = Z_90) -> float:
     return max(0.0, centre - half)
 
 
-def _number(value: object) -> bool:
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value))

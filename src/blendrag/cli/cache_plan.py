@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     plan.add_argument("--ratio", type=float, default=0.20, help="recompute ratio (default: 0.20)")
     plan.add_argument("--token-layer-us", type=float, required=True, metavar="US",
                       help="compute of one token through one layer, in microseconds: the "
-                           "engine measures it (RequestStats.controller['token_layer_s'], "
+                           "engine measures it (RequestStats.controller.ratio.token_layer_s, "
                            "or compute_s over the token-layers of `bench ttft --tier`)")
     plan.add_argument("--tier", action="append", default=None, metavar="NAME=GBPS[:US]",
                       help="a tier on offer, cheapest first, with its read bandwidth and "

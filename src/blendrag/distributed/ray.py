@@ -35,6 +35,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from blendrag.checks import check_at_least
 from blendrag.distributed.settings import IngestSettings, shared_engine
 from blendrag.distributed.shard import ROW_FIELDS, ingest_rows, summarize, text_of
 from blendrag.ingest.job import IngestSummary
@@ -69,10 +70,7 @@ class RayJob:
         if isinstance(self.actors, bool) or not isinstance(self.actors, int) or self.actors < 1:
             raise ValueError(f"RayJob.actors must be a count >= 1, got {self.actors!r}")
         for name in ("gpus_per_actor", "cpus_per_actor"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise ValueError(f"RayJob.{name} must be a number >= 0, got {value!r}")
+            check_at_least(f"RayJob.{name}", getattr(self, name))
 
 
 @dataclass(frozen=True)

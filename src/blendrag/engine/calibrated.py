@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blendrag.config import BlendConfig
+from blendrag.engine.stats import CalibrationStats
 from blendrag.store.calibration import CalibrationBook, CalibrationRecord
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class CalibratedDefault:
         """Read the store's book again at the next request (the store was replaced)."""
         self._record = _UNREAD
 
-    def resolve(self, config: BlendConfig) -> tuple[BlendConfig, dict | None]:
+    def resolve(self, config: BlendConfig) -> tuple[BlendConfig, CalibrationStats | None]:
         """The config a request runs, and what the calibration says of it (None: none used)."""
         if not config.calibrated:
             return config, None
@@ -69,7 +70,7 @@ class CalibratedDefault:
                             "with `blendrag calibrate --model ... --corpus ...` (or precompute "
                             "--calibrate)", config.label)
             return config, None
-        summary = record.summary()
+        summary = CalibrationStats(**record.summary())
         if record.ratio is None:  # no ratio kept full prefill's answers: full prefill does
             return FULL, summary
         return BlendConfig(selector=record.selector, ratio=record.ratio), summary

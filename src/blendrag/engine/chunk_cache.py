@@ -26,7 +26,7 @@ from blendrag.engine.runner import ModelRunner
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids
 from blendrag.prompt import PromptLayout
-from blendrag.store.layered import LayeredEntry, MemoryLayeredEntry
+from blendrag.store.layered import LayeredEntry, LayerReadError, MemoryLayeredEntry
 from blendrag.store.protocol import KVStore
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,19 @@ class RequestRows:
     def close(self) -> None:
         for entry in self.opened:
             entry.close()
+
+    def failing_at(self, layer: int, known: str) -> list[str]:
+        """The keys of the other opened entries whose ``layer`` fails to load too (besides
+        ``known``'s): found at once, so that one retry computes them all."""
+        bad = []
+        for seg in self.segments:
+            if seg.kv.tier in ("computed", HISTORY_TAG) or seg.kv.key == known:
+                continue
+            try:
+                seg.kv.layer(layer)
+            except LayerReadError as exc:
+                bad.append(exc.key)
+        return bad
 
     def __enter__(self) -> RequestRows:
         return self

@@ -28,6 +28,10 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from blendrag.checks import check_at_least, is_finite_number
+from blendrag.engine.history import HISTORY_TAG
+from blendrag.engine.stats import RatioDecision
+
 if TYPE_CHECKING:
     from blendrag.config import BlendConfig
     from blendrag.engine.fused_kv import CachedSegment
@@ -68,19 +72,13 @@ class LoadingConfig:
             raise ValueError(f"prefetch_layers must be an int >= 0, got {self.prefetch_layers!r}")
         for name in ("auto_cap", "margin", "ema"):
             value = getattr(self, name)
-            if not (_finite(value) and 0 < value <= 1):
+            if not (is_finite_number(value) and 0 < value <= 1):
                 raise ValueError(f"{name} must be in (0, 1], got {value!r}")
-        if not (_finite(self.min_step) and 0 <= self.min_step < 1):
+        if not (is_finite_number(self.min_step) and 0 <= self.min_step < 1):
             raise ValueError(f"min_step must be in [0, 1), got {self.min_step!r}")
         if self.full_when_faster not in (None, True, False):
             raise ValueError(f"full_when_faster must be None, True or False, got "
                              f"{self.full_when_faster!r}")
-
-
-def _finite(value: object) -> bool:
-    """A finite int or float (not a bool)."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and math.isfinite(value))
 
 
 @dataclass(frozen=True)
@@ -128,11 +126,8 @@ class TierModel:
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a tier needs a name")
-        if not (math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
-            raise ValueError(f"tier {self.name}: bandwidth must be > 0 GB/s, got "
-                             f"{self.bandwidth_gbps!r}")
-        if not (math.isfinite(self.latency_us) and self.latency_us >= 0):
-            raise ValueError(f"tier {self.name}: latency must be >= 0 us, got {self.latency_us!r}")
+        check_at_least(f"tier {self.name}: bandwidth (GB/s)", self.bandwidth_gbps, strict=True)
+        check_at_least(f"tier {self.name}: latency (us)", self.latency_us)
 
     def layer_load_s(self, layer_bytes: int, requests: int) -> float:
         """One layer of a prompt: ``requests`` reads (one per cached entry) of ``layer_bytes``
@@ -192,7 +187,7 @@ class LoadingController:
         return new if old is None else (1 - a) * old + a * new
 
     def decide(self, layer_bytes_per_tier: dict[str, int], chunk_tokens: int, other_tokens: int,
-               cached_rows: int, floor: float) -> tuple[float, dict]:
+               cached_rows: int, floor: float) -> tuple[float, RatioDecision]:
         """The ratio for a pipelined request whose cached rows come from the tiers in
         ``layer_bytes_per_tier`` (bytes of one layer from each), and the decision's record."""
         c = self.config
@@ -200,26 +195,25 @@ class LoadingController:
             unknown = [t for t in layer_bytes_per_tier if t not in self.s_per_byte]
             load = sum(self.s_per_byte.get(t, 0.0) * b for t, b in layer_bytes_per_tier.items())
             token_s, fixed = self.token_s, self.fixed_row_s
-        info: dict[str, object] = {
-            "floor": floor, "cap": c.auto_cap, "load_layer_s": load, "token_layer_s": token_s,
-            "fixed_row_layer_s": fixed, "tiers": sorted(layer_bytes_per_tier)}
+        info = RatioDecision(floor, "", floor, c.auto_cap, load, token_s, fixed,
+                             tiers=sorted(layer_bytes_per_tier))
         if unknown or token_s is None or fixed is None:
             missing = ", ".join(unknown) or "compute"
             choice = RatioChoice(floor, f"no estimate yet ({missing}): floor")
         else:
             load += fixed * cached_rows  # the reader places each layer's rows too
-            info["load_layer_s"] = load
+            info.load_layer_s = load
             choice = choose_ratio(load, chunk_tokens, other_tokens, token_s, floor, c.auto_cap,
                                   c.margin, c.min_step)
-            info["compute_layer_s"] = layer_compute_s(choice.ratio, chunk_tokens, other_tokens,
-                                                      token_s)
-        info.update(ratio=choice.ratio, reason=choice.reason)
+            info.compute_layer_s = layer_compute_s(choice.ratio, chunk_tokens, other_tokens,
+                                                   token_s)
+        info.ratio, info.reason = choice.ratio, choice.reason
         return choice.ratio, info
 
 
 def decide(controller: LoadingController, config: BlendConfig, cached: list[CachedSegment],
-           feed: LayerFeed, stats: RequestStats) -> tuple[float, dict]:
-    """The ratio of an auto-ratio request, and its record for ``RequestStats.controller``.
+           feed: LayerFeed, stats: RequestStats) -> tuple[float, RatioDecision]:
+    """The ratio of an auto-ratio request, and its record (``stats.controller.ratio``).
 
     Only a pipelined request whose blend pass reads the layers can hide recompute under
     loading: with sequential loading nothing overlaps, and the ``preview`` selector's preview
@@ -229,11 +223,11 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
     if not feed.pipelined or config.selector == "preview":
         why = ("sequential loading: nothing to hide recompute under" if not feed.pipelined
                else "preview: its preview pass reads every layer before the blend pass")
-        return floor, {"floor": floor, "ratio": floor, "reason": why}
+        return floor, RatioDecision(floor, why, floor)
     per_tier: dict[str, int] = {}
     for seg in cached:
         tier = seg.kv.tier
-        if tier != "computed":  # computed by this request: nothing to load
+        if tier not in ("computed", HISTORY_TAG):  # in memory already: nothing to load
             per_tier[tier] = per_tier.get(tier, 0) + seg.kv.layer_nbytes
     return controller.decide(per_tier, stats.prompt.chunk_tokens, stats.prompt.suffix_tokens,
                              sum(s.kv.num_tokens for s in cached), floor)

@@ -26,6 +26,7 @@ later predictions once ``TRIALS`` requests have run (the first may include compi
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -33,10 +34,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from blendrag.config import BlendConfig, CheckLayerOptions
+from blendrag.config import BlendConfig, CheckLayerOptions, token_budget
+from blendrag.engine.stats import ModeChoice
 
 if TYPE_CHECKING:
     from blendrag.engine.runner import ModelRunner
+
+log = logging.getLogger(__name__)
 
 KINDS = ("causal", "tail", "scattered")
 TRIALS = 2  # requests of a mode measured before its overhead counts
@@ -131,7 +135,7 @@ class DeviceCosts:
         return self.pass_s("tail", s.suffix, s.suffix * (s.n - (s.suffix - 1) / 2))
 
     def _blend(self, config: BlendConfig, s: PromptShape) -> float:
-        chosen = math.ceil(config.ratio * s.chunks)
+        chosen = token_budget(config.ratio, s.chunks)
         # the chosen chunk tokens sit, on average, mid-way through the chunks
         pairs = chosen * (s.prefix + s.chunks / 2) + s.suffix * (s.n - (s.suffix - 1) / 2)
         per_layer = self.pass_s("scattered", chosen + s.suffix, pairs) / self.layers
@@ -191,3 +195,30 @@ def _fit(rows: list[tuple[float, float, float]]) -> PassCost:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+FULL = BlendConfig(mode="full")
+
+
+def choose_mode(costs: DeviceCosts, config: BlendConfig,
+                shape: PromptShape) -> tuple[BlendConfig, ModeChoice]:
+    """``config``, or a full prefill when ``costs`` predict that ``config`` would be slower on a
+    prompt of ``shape``, each mode's prediction with the overhead measured on its requests;
+    and the choice's record (``asked``, ``ran``, the predictions)."""
+    passes_s, full_passes_s = costs.predict(config, shape), costs.predict(FULL, shape)
+    mode_s = passes_s + costs.overhead(config.label)  # what its passes leave out, measured
+    full_s = full_passes_s + costs.overhead(FULL.label)
+    record = ModeChoice(config.label, config.label, mode_s, full_s, passes_s, full_passes_s,
+                        len(shape.miss_passes))
+    if mode_s <= full_s:
+        return config, record
+    record.ran = FULL.label
+    log.info("%s predicted slower than a full prefill here (%.1f ms vs %.1f ms): running a "
+             "full prefill", config.label, mode_s * 1e3, full_s * 1e3)
+    return FULL, record
+
+
+def observe_choice(costs: DeviceCosts, choice: ModeChoice, ttft_s: float) -> None:
+    """Fold what a request whose mode was chosen took (``ttft_s``) into ``costs``."""
+    passes = choice.full_passes_s if choice.ran != choice.asked else choice.passes_s
+    costs.observe(choice.ran, passes, ttft_s)

@@ -285,8 +285,8 @@ class BlendEngine:
         parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache,
                               self.history)
         with torch_threads(self.threads):
-            pre = request.prefill(parts, layout, config, layout.num_tokens + extra_capacity,
-                                  started, observers)
+            pre = request.prefill(parts, request.Request(
+                layout, config, layout.num_tokens + extra_capacity, started, observers))
         pre.stats.calibration = calibration
         return pre
 

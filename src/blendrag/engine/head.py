@@ -12,21 +12,17 @@ mode:
   they are cut back to the piece's start (the piece comes from the store like any other).
   Either way the chunks after the head are opened and planned as usual (``after``).
 - ``prefix`` whose exact rows stop before the end of its one reused chunk: no head at all.
+
+Decisions only: the request path (engine/request.py) writes the head's rows and runs the
+bridge.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from blendrag.config import BlendConfig
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.loop import LoopPlan
-from blendrag.engine.phases import OFF, PhaseClock
 from blendrag.engine.prefix_cache import PrefixCache, PrefixMatch
-from blendrag.engine.runner import ModelRunner
-from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 
 EXACT_MODES = ("full", "prefix")  # they take exact prefix-cache rows only
@@ -83,23 +79,6 @@ def after(layout: PromptLayout, head: Head) -> PromptLayout:
     ids = layout.ids
     chunks = [c for (_, end), c in zip(layout.chunk_spans, layout.chunk_ids) if end > head.rows]
     return PromptLayout(ids[:head.rows], chunks, layout.suffix_ids, layout.chunk_prefix_ids)
-
-
-def tail_plan(runner: ModelRunner, layout: PromptLayout, head: Head, feed) -> LoopPlan:
-    """Every token after the head computed."""
-    n, dev = layout.num_tokens, runner.device
-    return LoopPlan(torch.tensor(layout.ids, device=dev),
-                    torch.arange(head.rows, n, device=dev), feed=feed)
-
-
-def fill(runner: ModelRunner, layout: PromptLayout, head: Head, found: PrefixMatch,
-         fused: FusedKV, rope: RopeTables, clock: PhaseClock = OFF) -> None:
-    """Write the head's rows into the request's KV: the cached ones, then the bridge's."""
-    PrefixCache.copy_into(found, fused, head.taken)
-    if head.bridge:
-        ids = torch.tensor(layout.ids[:head.rows], device=runner.device)
-        runner.run(LoopPlan(ids, torch.arange(head.taken, head.rows, device=runner.device)),
-                   fused, rope, (), clock)
 
 
 def exact_rows(layout: PromptLayout, config: BlendConfig, head: Head) -> int:

@@ -1,17 +1,22 @@
 """One prefill request, from the store to the first-token logits: open, plan, run, logits.
 
-``prefill`` runs attempts until one completes. An attempt
+A ``Request`` carries what was asked (layout, config, capacity, arrival time, observers) and
+what lasts across attempts; before the first, the history cache's rows are split off as one
+more chunk (engine/history.py) and the cost profile may choose a full prefill instead
+(engine/costs.py). ``prefill`` runs attempts until one completes. An attempt
 
-1. **opens** the request's cached rows: its head, the longest run of prefix-cache blocks its
-   ids begin with (an earlier turn of the same chat; engine/head.py says how far a request
-   takes them), then the chunks after it (``ChunkCache.rows_for``: stored entries opened for
-   layer-wise reads; chunks the store misses computed and stored now, before the request takes
-   the pooled buffer); the loading controller chooses the ratio (``ratio="auto"``);
-2. **plans** the layer loop: which tokens are computed (every one after the head when only a
-   tail is left; else the selector's choice over the chunks after it, after the
-   preview pass for ``preview``: a loop over the suffix alone that also loads every cached row
-   into the request's buffer, so the blend pass after it has none to load);
-3. **runs** the loop with a ``LayerFeed`` that reads the cached rows, pipelined or not;
+1. **opens** the request's cached rows (``Opened``): its head, how far it takes the longest
+   run of prefix-cache blocks its ids begin with (an earlier turn of the same chat;
+   engine/head.py), then the chunks after it (``ChunkCache.rows_for``: stored entries opened
+   for layer-wise reads; chunks the store misses computed and stored now, before the request
+   takes the pooled buffer);
+2. takes the buffer, RoPE tables and layer feed (``Running``), the controller's ratio
+   (``ratio="auto"``), writes the head's rows, and **plans** the layer loop: which tokens are
+   computed (every one after the head when only a tail is left; else the selector's choice
+   over the chunks after it, after the preview pass for ``preview``: a loop over the suffix
+   alone that also loads every cached row into the request's buffer, so the blend pass after
+   it has none to load);
+3. **runs** the loop with the feed, pipelined or not;
 4. takes the **logits** of the last token: the time from the request's start to here is its
    TTFT, measured here only.
 
@@ -25,16 +30,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-import blendrag.engine.head as head
+import blendrag.engine.head as head_rules
 from blendrag.config import BlendConfig
 from blendrag.engine.ape import ApeSpan
 from blendrag.engine.chunk_cache import ChunkCache, RequestRows
 from blendrag.engine.controller import LoadingController, decide, observe
-from blendrag.engine.costs import PromptShape
+from blendrag.engine.costs import PromptShape, choose_mode, observe_choice
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.history import HISTORY_TAG, HistoryCache, HistoryRows
 from blendrag.engine.layer_feed import LayerFeed
@@ -45,14 +50,13 @@ from blendrag.engine.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.preview import suffix_attention
 from blendrag.engine.runner import ModelRunner
 from blendrag.engine.selectors import make_selector
-from blendrag.engine.stats import RequestStats, new_stats
+from blendrag.engine.stats import ModeChoice, RequestStats, new_stats
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
 log = logging.getLogger(__name__)
-FULL = BlendConfig(mode="full")
 
 @dataclass(frozen=True)
 class Parts:
@@ -79,6 +83,62 @@ class Prefill:
     conversation_start: int = 0
 
 
+@dataclass
+class Request:
+    """One request from open to logits: what it was asked, what it keeps across attempts.
+
+    ``layout`` (length-checked; once opened, with the history cache's chunk when one was
+    found), ``config`` (once chosen: the mode and ratio it runs), ``capacity`` rows of KV,
+    ``started`` (``time.perf_counter()`` when it arrived: its TTFT starts there), ``observers``
+    of the main pass (a ``PhaseClock`` among them times every phase). Across attempts:
+    ``history`` (the earlier turn's rows of its history chunk), ``failed`` (keys whose entry
+    failed to load, with the KV computed for each), ``choice`` (the cost profile's record; None
+    when not asked); ``stats``: the current attempt's."""
+
+    layout: PromptLayout
+    config: BlendConfig
+    capacity: int
+    started: float
+    observers: Sequence[LayerObserver] = ()
+    history: HistoryRows | None = None
+    failed: dict[str, ChunkKV | None] = field(default_factory=dict)
+    choice: ModeChoice | None = None
+    stats: RequestStats = field(default_factory=lambda: RequestStats(mode="full"))
+
+    @property
+    def clock(self) -> PhaseClock:
+        return next((o for o in self.observers if isinstance(o, PhaseClock)), OFF)
+
+    @property
+    def watchers(self) -> tuple[LayerObserver, ...]:
+        """The observers besides the clock."""
+        return tuple(o for o in self.observers if not isinstance(o, PhaseClock))
+
+
+@dataclass
+class Opened:
+    """What an attempt opened: ``found``, the prefix cache's blocks it holds; ``head``, how far
+    it takes them (engine/head.py); ``tail``, every token after the head computed; ``rest``,
+    the layout its plan sees (the request's, or its part after the head); ``rows``, the cached
+    rows of the chunks after the head."""
+
+    found: PrefixMatch
+    head: head_rules.Head
+    tail: bool
+    rest: PromptLayout
+    rows: RequestRows
+
+
+@dataclass
+class Running:
+    """What a running attempt holds: its KV (``fused``), RoPE tables, and the feed that places
+    the cached rows layer by layer."""
+
+    fused: FusedKV
+    rope: RopeTables
+    feed: LayerFeed
+
+
 class _LoadFailed(Exception):
     """Entries whose layer failed to load in an attempt (``keys``; ``cause``: the first)."""
 
@@ -87,38 +147,30 @@ class _LoadFailed(Exception):
         self.keys, self.cause = keys, cause
 
 
-def prefill(parts: Parts, layout: PromptLayout, config: BlendConfig, capacity: int,
-            started: float, observers: Sequence[LayerObserver] = ()) -> Prefill:
-    """Prefill ``layout`` (already length-checked) into a buffer of ``capacity`` rows;
-    ``started``: when the request arrived (``time.perf_counter()``), where its TTFT starts.
-    ``observers``: the main pass's layer observers (a ``PhaseClock`` among them times every
-    phase). See the module docstring for the attempts (``stats.cache.load_retries``)."""
-    clock = next((o for o in observers if isinstance(o, PhaseClock)), OFF)
-    watchers = tuple(o for o in observers if not isinstance(o, PhaseClock))
-    conversation_start = layout.suffix_start
-    layout, history = _history(parts, layout, config)
-    config, choice = _mode_for(parts, layout, config, history)
-    failed: dict[str, ChunkKV | None] = {}
+def prefill(parts: Parts, req: Request) -> Prefill:
+    """Prefill ``req`` into a buffer of ``req.capacity`` rows: attempts until one completes
+    (the module docstring; ``stats.cache.load_retries``)."""
+    conversation_start = req.layout.suffix_start
+    req.layout, req.history = _history(parts, req.layout, req.config)
+    req.config, req.choice = _mode_for(parts, req)
     attempts = 0
     while True:
         attempts += 1
         try:
-            pre = _attempt(parts, (layout, history), config, capacity, started, failed, watchers,
-                           clock)
+            pre = _attempt(parts, req)
         except _LoadFailed as exc:
-            new = [k for k in exc.keys if k not in failed]
+            new = [k for k in exc.keys if k not in req.failed]
             if not new:  # never opened again: a bug, not a storage failure
                 raise exc.cause from exc
             log.warning("cached rows of %d entries failed to load (%s); computing those "
                         "chunks instead", len(new), exc.cause)
-            failed.update(dict.fromkeys(new))
+            req.failed.update(dict.fromkeys(new))
             continue
         pre.stats.cache.load_retries = attempts - 1
         pre.conversation_start = conversation_start
-        if choice is not None:
-            pre.stats.controller = {**(pre.stats.controller or {}), "mode": choice}
-            passes = choice["full_passes_s" if choice["ran"] != choice["asked"] else "passes_s"]
-            parts.runner.costs().observe(choice["ran"], passes, pre.stats.timing.ttft_s)
+        if req.choice is not None:
+            pre.stats.controller.mode = req.choice
+            observe_choice(parts.runner.costs(), req.choice, pre.stats.timing.ttft_s)
         return pre
 
 
@@ -131,134 +183,74 @@ def _history(parts: Parts, layout: PromptLayout,
     return parts.history.split(layout)
 
 
-def _mode_for(parts: Parts, layout: PromptLayout, config: BlendConfig,
-              history: HistoryRows | None = None) -> tuple[BlendConfig, dict | None]:
-    """``config``, or a full prefill when this device's cost profile (engine/costs.py) predicts
-    that ``config`` would be slower (``LoadingConfig.full_when_faster``); and the choice's
-    record (None: not asked). Not asked of a request that begins with prefix-cache rows
-    (every mode then computes little) or that is a full prefill already."""
+def _mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | None]:
+    """``req.config``, or a full prefill when this device's cost profile predicts that it would
+    be slower (``LoadingConfig.full_when_faster``; engine/costs.py ``choose_mode``); and the
+    choice's record (None: not asked). Not asked of a request that begins with prefix-cache
+    rows (every mode then computes little) or that is a full prefill already."""
+    layout, config = req.layout, req.config
     wanted = parts.controller.config.full_when_faster
     if wanted is None:
         wanted = parts.runner.device.type == "cuda"
     if not wanted or config.mode == "full" or _has_head(parts, layout, config):
         return config, None
-    misses = tuple(parts.cache.miss_passes(layout, config, history))
-    costs = parts.runner.costs()
+    misses = tuple(parts.cache.miss_passes(layout, config, req.history))
     shape = PromptShape(layout.num_tokens, len(layout.prefix_ids),
                         layout.suffix_start - len(layout.prefix_ids), len(layout.suffix_ids),
                         layout.chunk_spans[0][1], misses)
-    passes_s, full_passes_s = costs.predict(config, shape), costs.predict(FULL, shape)
-    mode_s = passes_s + costs.overhead(config.label)  # what its passes leave out, measured
-    full_s = full_passes_s + costs.overhead(FULL.label)
-    record = {"asked": config.label, "ran": config.label, "predicted_s": mode_s,
-              "full_predicted_s": full_s, "passes_s": passes_s, "full_passes_s": full_passes_s,
-              "miss_passes": len(misses)}
-    if mode_s <= full_s:
-        return config, record
-    record["ran"] = FULL.label
-    log.info("%s predicted slower than a full prefill here (%.1f ms vs %.1f ms): running a "
-             "full prefill", config.label, mode_s * 1e3, full_s * 1e3)
-    return FULL, record
+    return choose_mode(parts.runner.costs(), config, shape)
 
 
 def _has_head(parts: Parts, layout: PromptLayout, config: BlendConfig) -> bool:
     cache = parts.prefix_cache
     if cache is None:
         return False
-    found = head.match(cache, layout, config)
+    found = head_rules.match(cache, layout, config)
     cache.release(found)
     return found.tokens > 0
 
 
-def _attempt(parts: Parts, prompt: tuple[PromptLayout, HistoryRows | None], config: BlendConfig,
-             capacity: int, started: float, failed: dict[str, ChunkKV | None],
-             observers: tuple[LayerObserver, ...], clock: PhaseClock) -> Prefill:
-    """One attempt over ``prompt`` (the layout, the history rows of its last chunk if any);
-    raises ``_LoadFailed`` when cached layers fail to load."""
-    layout, history = prompt
-    clock.restart()
-    stats = new_stats(layout, config)
-    stats.compute.layers = parts.runner.adapter.num_layers
+# ---- 1. open ----------------------------------------------------------------------------------
+
+
+def _attempt(parts: Parts, req: Request) -> Prefill:
+    """One attempt; raises ``_LoadFailed`` when cached layers fail to load."""
+    req.clock.restart()
+    req.stats = new_stats(req.layout, req.config)
+    req.stats.compute.layers = parts.runner.adapter.num_layers
     before = parts.cache.store.stats()
     t_open = time.perf_counter()
     cache = parts.prefix_cache
-    found = PrefixMatch() if cache is None else head.match(cache, layout, config)
+    found = PrefixMatch() if cache is None else head_rules.match(cache, req.layout, req.config)
     try:
-        start = head.NO_HEAD if cache is None else head.head_for(layout, config, found)
-        tail = bool(start.rows) and head.tail_only(layout, config, start)
-        rest = layout if not start.rows or tail else head.after(layout, start)
-        rows = RequestRows() if tail else parts.cache.rows_for(rest, config, failed, start.rows,
-                                                               history)
-        with rows:  # 1. open
-            pre = _run(parts, layout, rest, config, capacity, started, rows, (start, found, tail),
-                       stats, observers, clock, t_open)
+        opened = _open(parts, req, found)
+        with opened.rows:
+            pre = _run(parts, req, opened, t_open)
     finally:
         if cache is not None:
             cache.release(found)
-    stats.cache.store = parts.cache.store.stats().since(before).to_dict()  # this request's share
+    req.stats.cache.store = parts.cache.store.stats().since(before).to_dict()  # its share
     return pre
 
 
-def _run(parts: Parts, layout: PromptLayout, rest: PromptLayout, config: BlendConfig,
-         capacity: int, started: float, rows: RequestRows,
-         start: tuple[head.Head, PrefixMatch, bool], stats: RequestStats,
-         observers: tuple[LayerObserver, ...], clock: PhaseClock, t_open: float) -> Prefill:
-    """Steps 1 (the rest) to 4 of an attempt over open ``rows``; ``rest``: the layout the plan
-    sees (``layout`` itself, or its part after the head); ``start``: the head, the prefix
-    cache's match it comes from, whether only a tail is computed after it."""
-    runner, (first, found, tail) = parts.runner, start
+def _open(parts: Parts, req: Request, found: PrefixMatch) -> Opened:
+    """The request's head (how far it takes the prefix cache's ``found`` rows), then the cached
+    rows of the chunks after it."""
+    layout, config = req.layout, req.config
+    first = (head_rules.NO_HEAD if parts.prefix_cache is None
+             else head_rules.head_for(layout, config, found))
+    tail = bool(first.rows) and head_rules.tail_only(layout, config, first)
+    rest = layout if not first.rows or tail else head_rules.after(layout, first)
+    rows = (RequestRows() if tail else
+            parts.cache.rows_for(rest, config, req.failed, first.rows, req.history))
+    return Opened(found, first, tail, rest, rows)
+
+
+def _count_rows(stats: RequestStats, layout: PromptLayout, opened: Opened) -> None:
+    """Where the request's rows came from."""
+    c, rows, first = stats.cache, opened.rows, opened.head
     # rows_for numbered the chunks of ``rest``: those before the head are not in it
-    _count_rows(stats, rows, first, len(layout.chunk_ids) - len(rest.chunk_ids))
-    stats.timing.fetch_s = time.perf_counter() - t_open
-    clock.lap("fetch")
-    t_run = time.perf_counter()
-    fused, rope = runner.buffer(capacity), runner.rope(layout.num_tokens)
-    # a timed request places the rows on the loop's thread, where its clock sees them
-    feed = runner.feed(rows.segments, fused, rope, parts.controller.config.prefetch_layers,
-                       place_ahead=clock is OFF)
-    try:
-        config = _auto_ratio(parts.controller, config, rows, feed, stats)
-        if first.rows:
-            head.fill(runner, layout, first, found, fused, rope, clock)
-        clock.lap("setup")
-        plan = (head.tail_plan(runner, layout, first, feed) if tail
-                else make_plan(runner, rest, config, rows, fused, rope, stats, feed, clock))  # 2
-        counts = LayerCounts((len(layout.prefix_ids), layout.suffix_start))
-        out = runner.run(plan, fused, rope, (counts, *observers), clock)  # 3. run
-        logits = runner.logits(out.hidden)  # 4. logits
-        clock.lap("logits")
-        _sync(runner.device)
-        stats.timing.prefill_s = time.perf_counter() - t_run
-        stats.timing.ttft_s = time.perf_counter() - started
-    except LayerReadError as exc:
-        feed.close()  # the reader stopped: the entries may be read here
-        raise _LoadFailed([exc.key, *_failing_at(rows, exc.layer, exc.key)], exc) from exc
-    finally:
-        feed.close()
-    stats.compute.computed_per_layer = counts.computed
-    stats.compute.recomputed_chunk_tokens_per_layer = counts.chunk_computed
-    stats.compute.attended_keys_per_layer = counts.attended_keys
-    observe(parts.controller, feed, stats)
-    return Prefill(logits, fused, stats, head.exact_rows(layout, config, first))
-
-
-def _failing_at(rows: RequestRows, layer: int, known: str) -> list[str]:
-    """The other opened entries whose ``layer`` fails to load too: found now, so that one
-    retry computes them all (not one attempt per bad entry)."""
-    bad = []
-    for seg in rows.segments:
-        if seg.kv.tier == "computed" or seg.kv.key == known:
-            continue
-        try:
-            seg.kv.layer(layer)
-        except LayerReadError as exc:
-            bad.append(exc.key)
-    return bad
-
-
-def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head, skipped: int) -> None:
-    """``skipped``: chunks of the layout before ``rows``' first (taken whole by the head)."""
-    c = stats.cache
+    skipped = len(layout.chunk_ids) - len(opened.rest.chunk_ids)
     c.chunk_hits, c.chunk_misses = rows.chunk_hits, rows.chunk_misses
     c.hit_chunks = [skipped + i for i in rows.hit_chunks]
     c.prefix_hit, c.exact_first = rows.prefix_hit or bool(first.rows), rows.exact_first
@@ -271,25 +263,89 @@ def _count_rows(stats: RequestStats, rows: RequestRows, first: head.Head, skippe
     c.history_tokens = sum(s.kv.num_tokens for s in rows.segments if s.kv.tier == HISTORY_TAG)
 
 
-# ---- plan -------------------------------------------------------------------------------------
+# ---- 2. plan, 3. run, 4. logits ---------------------------------------------------------------
 
 
-def _auto_ratio(controller: LoadingController, config: BlendConfig, rows: RequestRows,
-                feed: LayerFeed, stats: RequestStats) -> BlendConfig:
-    """``config`` at the controller's ratio when it asks for one (``ratio="auto"``)."""
+def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Prefill:
+    """Steps 2 to 4 over the opened rows: the buffer and the feed, the ratio, the head's rows,
+    the plan, the loop, the logits."""
+    runner, clock, stats = parts.runner, req.clock, req.stats
+    _count_rows(stats, req.layout, opened)
+    stats.timing.fetch_s = time.perf_counter() - t_open
+    clock.lap("fetch")
+    t_run = time.perf_counter()
+    fused, rope = runner.buffer(req.capacity), runner.rope(req.layout.num_tokens)
+    # a timed request places the rows on the loop's thread, where its clock sees them
+    feed = runner.feed(opened.rows.segments, fused, rope,
+                       parts.controller.config.prefetch_layers, place_ahead=clock is OFF)
+    running = Running(fused, rope, feed)
+    try:
+        _auto_ratio(parts.controller, req, opened, running)
+        _fill_head(parts, req, opened, running)
+        clock.lap("setup")
+        plan = (_tail_plan(parts, req, opened, running) if opened.tail
+                else make_plan(parts, req, opened, running))  # 2. plan
+        counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
+        out = runner.run(plan, fused, rope, (counts, *req.watchers), clock)  # 3. run
+        logits = runner.logits(out.hidden)  # 4. logits
+        clock.lap("logits")
+        _sync(runner.device)
+        stats.timing.prefill_s = time.perf_counter() - t_run
+        stats.timing.ttft_s = time.perf_counter() - req.started
+    except LayerReadError as exc:
+        feed.close()  # the reader stopped: the entries may be read here
+        failing = opened.rows.failing_at(exc.layer, exc.key)
+        raise _LoadFailed([exc.key, *failing], exc) from exc
+    finally:
+        feed.close()
+    stats.compute.computed_per_layer = counts.computed
+    stats.compute.recomputed_chunk_tokens_per_layer = counts.chunk_computed
+    stats.compute.attended_keys_per_layer = counts.attended_keys
+    observe(parts.controller, feed, stats)
+    return Prefill(logits, fused, stats, head_rules.exact_rows(req.layout, req.config,
+                                                               opened.head))
+
+
+def _auto_ratio(controller: LoadingController, req: Request, opened: Opened,
+                running: Running) -> None:
+    """``req.config`` at the controller's ratio when it asks for one (``ratio="auto"``)."""
+    config, stats = req.config, req.stats
     if config.mode != "blend" or not config.auto_ratio:
-        return config
-    ratio, stats.controller = decide(controller, config, rows.segments, feed, stats)
+        return
+    ratio, stats.controller.ratio = decide(controller, config, opened.rows.segments,
+                                           running.feed, stats)
     stats.ratio = ratio
-    return config.at_ratio(ratio)
+    req.config = config.at_ratio(ratio)
 
 
-def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, rows: RequestRows,
-              fused: FusedKV, rope: RopeTables, stats: RequestStats, feed: LayerFeed | None,
-              clock: PhaseClock = OFF) -> LoopPlan:
-    """The layer loop's plan for ``config``: which rows are cached, which tokens computed (the
-    blend selector's choice, after the preview pass for ``preview``)."""
+def _fill_head(parts: Parts, req: Request, opened: Opened, running: Running) -> None:
+    """Write the head's rows into the request's KV: the prefix cache's, then the bridge's (the
+    rest of the piece they stop in, computed after them)."""
+    first = opened.head
+    if not first.rows:
+        return
+    PrefixCache.copy_into(opened.found, running.fused, first.taken)
+    if first.bridge:
+        dev = parts.runner.device
+        ids = torch.tensor(req.layout.ids[:first.rows], device=dev)
+        parts.runner.run(LoopPlan(ids, torch.arange(first.taken, first.rows, device=dev)),
+                         running.fused, running.rope, (), req.clock)
+
+
+def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:
+    """Every token after the head computed."""
+    n, dev = req.layout.num_tokens, parts.runner.device
+    return LoopPlan(torch.tensor(req.layout.ids, device=dev),
+                    torch.arange(opened.head.rows, n, device=dev), feed=running.feed)
+
+
+def make_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:
+    """The layer loop's plan for ``req.config`` over ``opened.rest``: which rows are cached,
+    which tokens computed (the blend selector's choice, after the preview pass for
+    ``preview``)."""
+    runner, config, rows, layout = parts.runner, req.config, opened.rows, opened.rest
     dev, n = runner.device, layout.num_tokens
+    feed: LayerFeed | None = running.feed
     ids = torch.tensor(layout.ids, device=dev)
     first_computed = rows.segments[-1].end if rows.segments else 0
     chunk_start, suffix_start = len(layout.prefix_ids), layout.suffix_start
@@ -301,16 +357,16 @@ def make_plan(runner: ModelRunner, layout: PromptLayout, config: BlendConfig, ro
     chunk_kvs = [s.kv for s in rows.segments if s.start >= chunk_start]
     attention = None
     if config.selector == "preview":  # where the question looks, over the cached rows
-        clock.lap("plan")
-        attention, stats.compute.preview_attended_keys = suffix_attention(runner, layout, fused,
-                                                                          rope, feed)
-        stats.compute.preview_tokens = len(layout.suffix_ids)
+        req.clock.lap("plan")
+        attention, keys = suffix_attention(runner, layout, running.fused, running.rope, feed)
+        req.stats.compute.preview_attended_keys = keys
+        req.stats.compute.preview_tokens = len(layout.suffix_ids)
         feed = None  # the preview pass loaded every cached row into the buffer
-        clock.lap("preview")
+        req.clock.lap("preview")
     selector = make_selector(config, layout, runner.adapter.num_layers, dev,
                              runner.adapter.scaling, chunk_kvs, attention,
                              runner.adapter.attn_softcap)
-    clock.lap("plan")
+    req.clock.lap("plan")
     suffix = torch.arange(suffix_start, n, device=dev)
     return LoopPlan(ids, torch.cat([selector.initial(), suffix]), feed=feed, selector=selector,
                     ape=ape)

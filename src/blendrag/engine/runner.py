@@ -1,6 +1,8 @@
 """The model runner: one HF decoder-only model and what running it takes (its family adapter,
 the request KV buffers, RoPE tables, the layer loop, decoding and logits). It knows nothing of
-the store: the chunk cache and the request path hand it plans and cached rows.
+the store's tiers or keys: the chunk cache and the request path hand it plans and cached rows,
+read through the one layer-wise interface (``store.layered``), which a chunk it computes is
+wrapped in too.
 """
 
 from __future__ import annotations

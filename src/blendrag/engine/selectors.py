@@ -8,13 +8,14 @@ tokens at ``check_layers[i]`` (gradual filtering). Suffix tokens are always kept
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from blendrag.config import (
+    SELECTORS,
     BlendConfig,
     CacheBlendOptions,
     CheckLayerOptions,
@@ -24,6 +25,7 @@ from blendrag.config import (
     QueryOptions,
     RandomOptions,
     SelectorOptions,
+    token_budget,
 )
 from blendrag.engine.fused_kv import FusedKV
 from blendrag.engine.history import HISTORY_TAG
@@ -60,23 +62,54 @@ class CheckView:
     n: int
 
 
+@dataclass(frozen=True)
+class SelectorInputs:
+    """What every selector is made from: the request's ``layout``, the ``device``, the model's
+    attention ``scaling`` and ``softcap`` (Gemma 2's attention-logit soft cap), the chunks'
+    cached rows in prompt order (``chunks``: their priors) and the preview pass's ``attention``
+    [layers, C] (the preview selector's)."""
+
+    layout: PromptLayout
+    device: torch.device
+    scaling: float
+    chunks: Sequence[Cached] = ()
+    attention: torch.Tensor | None = None
+    softcap: float | None = None
+
+
+REGISTRY: dict[type[SelectorOptions], type[Selector]] = {}
+"""The selector class of each options type, filled by ``@implements``: with
+``blendrag.config.SELECTORS`` (name -> options type) the one registry of selectors."""
+
+SelectorT = TypeVar("SelectorT", bound="type[Selector]")
+
+
+def implements(options: type[SelectorOptions]) -> Callable[[SelectorT], SelectorT]:
+    """Class decorator: the decorated selector runs configs with ``options``."""
+    def register(cls: SelectorT) -> SelectorT:
+        REGISTRY[options] = cls
+        return cls
+    return register
+
+
 class Selector:
     """Base: chunk positions to compute from layer 0, and (optionally) filtering at check layers."""
 
     check_layers: tuple[int, ...] = ()
-    softcap: float | None = None
-    """The family's attention-logit soft cap (Gemma 2), for selectors that score by attention;
-    set by ``make_selector``."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float) -> None:
+    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
         self.config = config
-        self.scaling = scaling
-        self.layout = layout
-        self.device = device
+        self.inputs = inputs
+        self.scaling, self.softcap = inputs.scaling, inputs.softcap
+        self.layout = layout = inputs.layout
+        self.device = inputs.device
         start, end = len(layout.prefix_ids), layout.suffix_start
-        self.chunk_positions = torch.arange(start, end, device=device)  # [C]
+        self.chunk_positions = torch.arange(start, end, device=self.device)  # [C]
         self.num_chunk_tokens = end - start
+
+    def budget_of(self, fraction: float, tokens: int | None = None) -> int:
+        """Tokens recomputed for ``fraction`` of ``tokens`` (default: the chunk tokens)."""
+        return token_budget(fraction, self.num_chunk_tokens if tokens is None else tokens)
 
     def initial(self) -> torch.Tensor:
         """Chunk positions computed from layer 0 on (sorted)."""
@@ -87,22 +120,24 @@ class Selector:
         raise NotImplementedError
 
 
+@implements(EpicOptions)
 class EpicSelector(Selector):
     """First ceil(ratio * len) tokens of every chunk (EPIC / LegoLink attention-sink repair)."""
 
     def initial(self) -> torch.Tensor:
-        picks = [torch.arange(s, s + math.ceil(self.config.ratio * (e - s) - 1e-9),
+        picks = [torch.arange(s, s + self.budget_of(self.config.ratio, e - s),
                               device=self.device)
                  for s, e in self.layout.chunk_spans]
         return torch.cat(picks)
 
 
+@implements(RandomOptions)
 class RandomSelector(Selector):
     """ceil(ratio * C) uniformly random chunk tokens, seeded (ablation)."""
 
     def initial(self) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.config.typed_options(RandomOptions).seed)
-        count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
+        count = self.budget_of(self.config.ratio)
         chosen = torch.randperm(self.num_chunk_tokens, generator=g)[:count].sort().values
         return self.chunk_positions[chosen.to(self.device)]
 
@@ -115,7 +150,7 @@ class StaticTopSelector(Selector):
     span = 1  # windows of neighbouring tokens (``PreviewOptions.span``)
 
     def initial(self) -> torch.Tensor:
-        count = math.ceil(self.config.ratio * self.num_chunk_tokens - 1e-9)
+        count = self.budget_of(self.config.ratio)
         if self.span > 1:
             chosen = spans(self.scores, count, self.span)
         else:
@@ -195,14 +230,15 @@ def _history_filled(values: list[torch.Tensor | None],
             for v, c in zip(values, chunks)]
 
 
+@implements(ProfileOptions)
 class ProfileSelector(StaticTopSelector):
     """The top ceil(ratio * C) chunk tokens by their stored context-sensitivity profile, ranked
     across all chunks (engine/profile.py). The first chunk is left out when its cached rows
     are exact."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float, chunks: Sequence[Cached] = ()) -> None:
-        super().__init__(config, layout, device, scaling)
+    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
+        super().__init__(config, inputs)
+        layout, chunks = inputs.layout, inputs.chunks
         profiles = _stored([kv.profile for kv in chunks], layout, chunks, torch.zeros)
         if profiles is None:
             raise ValueError("the profile selector needs a context-sensitivity profile for every "
@@ -212,6 +248,7 @@ class ProfileSelector(StaticTopSelector):
                                      chunks)  # [C] on the CPU
 
 
+@implements(PreviewOptions)
 class PreviewSelector(StaticTopSelector):
     """blendrag's default. Tokens the question reads whose rows context moves most: the score
     of chunk token t is sum over layers l of (a_l(t) / mean_t a_l + floor) * sqrt(shift_l(t)),
@@ -220,10 +257,9 @@ class PreviewSelector(StaticTopSelector):
     chunks stored without one). ``attention_floor`` keeps tokens that context moves much in
     reach where the preview, made over stale keys, pays them little attention."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float, chunks: Sequence[Cached] = (),
-                 attention: torch.Tensor | None = None) -> None:
-        super().__init__(config, layout, device, scaling)
+    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
+        super().__init__(config, inputs)
+        layout, chunks, attention = inputs.layout, inputs.chunks, inputs.attention
         if attention is None or tuple(attention.shape[1:]) != (self.num_chunk_tokens,):
             raise ValueError("the preview selector needs the preview pass's attention [layers, C]")
         att = attention.float()
@@ -242,9 +278,8 @@ class PreviewSelector(StaticTopSelector):
 class ScoringSelector(Selector):
     """Keeps the top-scoring chunk tokens at each check layer; subclasses define the score."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float) -> None:
-        super().__init__(config, layout, device, scaling)
+    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
+        super().__init__(config, inputs)
         self.check_layers = config.typed_options(CheckLayerOptions).check_layers
         self.schedule = config.schedule
         self._chunk_tokens = self.num_chunk_tokens  # chunk tokens computed until the next check
@@ -257,7 +292,7 @@ class ScoringSelector(Selector):
 
     def budget(self, step: int) -> int:
         """Chunk tokens kept at check ``step``: ceil(ratio_schedule[step] x chunk tokens)."""
-        return math.ceil(self.schedule[step] * self.num_chunk_tokens - 1e-9)
+        return self.budget_of(self.schedule[step])
 
     def keep(self, view: CheckView) -> torch.Tensor:
         # Nothing is read back from the device: the count of chunk tokens still computed is
@@ -277,15 +312,15 @@ class ScoringSelector(Selector):
         raise NotImplementedError
 
 
+@implements(CacheBlendOptions)
 class CacheBlendSelector(ScoringSelector):
     """KV deviation: squared L2 between fresh and cached V (or rotated K), summed over heads."""
 
-    def __init__(self, config: BlendConfig, layout: PromptLayout, device: torch.device,
-                 scaling: float) -> None:
+    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
         if config.typed_options(CacheBlendOptions).check_layers[0] < 1:
             raise ValueError("cacheblend check layers must be >= 1: at layer 0 K/V depend only on "
                              "the token and its position, so fresh and cached rows are equal there")
-        super().__init__(config, layout, device, scaling)
+        super().__init__(config, inputs)
 
     def score(self, view: CheckView) -> torch.Tensor:
         value = self.config.typed_options(CacheBlendOptions).deviation == "value"
@@ -293,6 +328,7 @@ class CacheBlendSelector(ScoringSelector):
         return (new.float() - old.float()).pow(2).sum(dim=(0, 2))  # [A]
 
 
+@implements(QueryOptions)
 class QuerySelector(ScoringSelector):
     """Attention the suffix (question) tokens pay each chunk token, summed over heads and
     suffix queries (A³ / ProphetKV style)."""
@@ -308,12 +344,9 @@ class QuerySelector(ScoringSelector):
         return per_key[pos]  # [A]
 
 
-IMPLEMENTATIONS: dict[type[SelectorOptions], type[Selector]] = {
-    CacheBlendOptions: CacheBlendSelector, EpicOptions: EpicSelector,
-    PreviewOptions: PreviewSelector, ProfileOptions: ProfileSelector,
-    QueryOptions: QuerySelector, RandomOptions: RandomSelector,
-}
-"""The selector of each options type of ``blendrag.config.SELECTORS`` (the one registry)."""
+_MISSING = set(SELECTORS.values()) - set(REGISTRY)
+if _MISSING:  # a selector named in blendrag.config without an implementation: fail at import
+    raise ImportError(f"no selector implements {sorted(t.__name__ for t in _MISSING)}")
 
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
@@ -328,13 +361,5 @@ def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, de
     if isinstance(options, CheckLayerOptions) and options.check_layers[-1] >= num_layers:
         raise ValueError(f"check_layers {options.check_layers} exceed the model's {num_layers} "
                          "layers")
-    kind = IMPLEMENTATIONS[type(options)]
-    selector: Selector
-    if kind is ProfileSelector:
-        selector = ProfileSelector(config, layout, device, scaling, chunks)
-    elif kind is PreviewSelector:
-        selector = PreviewSelector(config, layout, device, scaling, chunks, attention)
-    else:
-        selector = kind(config, layout, device, scaling)
-    selector.softcap = softcap
-    return selector
+    inputs = SelectorInputs(layout, device, scaling, chunks, attention, softcap)
+    return REGISTRY[type(options)](config, inputs)

@@ -119,12 +119,72 @@ class LoadingStats:
 
 
 @dataclass
+class RatioDecision:
+    """How ``ratio="auto"`` chose (engine/controller.py): the ``ratio`` and why (``reason``),
+    the ``floor`` asked for and the ``cap``; with estimates, seconds per layer of loading the
+    cached rows (``load_layer_s``, placing them included), of computing one token
+    (``token_layer_s``) and of placing one row (``fixed_row_layer_s``), the compute at the
+    ratio chosen (``compute_layer_s``) and the ``tiers`` read."""
+
+    ratio: float
+    reason: str
+    floor: float
+    cap: float | None = None
+    load_layer_s: float | None = None
+    token_layer_s: float | None = None
+    fixed_row_layer_s: float | None = None
+    compute_layer_s: float | None = None
+    tiers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ModeChoice:
+    """Whether the device's cost profile ran the mode ``asked`` or a full prefill (``ran``;
+    engine/costs.py): each one's predicted seconds (``predicted_s``, ``full_predicted_s``, the
+    measured overhead included; ``passes_s``, ``full_passes_s``, the profiled passes alone) and
+    the passes computing what the store missed (``miss_passes``)."""
+
+    asked: str
+    ran: str
+    predicted_s: float
+    full_predicted_s: float
+    passes_s: float
+    full_passes_s: float
+    miss_passes: int
+
+
+@dataclass
+class ControllerStats:
+    """The choices made for the request: the ratio (``ratio="auto"``) and the mode (a full
+    prefill where faster); None where not asked."""
+
+    ratio: RatioDecision | None = None
+    mode: ModeChoice | None = None
+
+
+@dataclass
+class CalibrationStats:
+    """The calibration the default config ran with (engine/calibrated.py): its ``selector`` and
+    ``ratio`` (None: no ratio met the ``target``, a full prefill ran), the fidelity measured
+    there (``same_answer``, ``answer_kl``; None when not recorded), over how many ``prompts``,
+    of which ``corpus`` (its hash's start) and when it was ``created`` (UTC)."""
+
+    selector: str
+    ratio: float | None
+    target: dict
+    same_answer: float | None
+    answer_kl: float | None
+    prompts: int
+    corpus: str
+    created: str
+
+
+@dataclass
 class RequestStats:
     """What one request did: its config (``mode``, blend's ``selector`` and ``ratio``), then
-    one group per part; ``controller``: the loading controller's choice and the estimates it
-    used (``ratio="auto"``, engine/controller.py); ``calibration``: the calibration the default
-    config ran with (its selector and ratio, the target, the fidelity measured for it;
-    engine/calibrated.py), None when none was used."""
+    one group per part; ``controller``: the choices made for it (``ControllerStats``);
+    ``calibration``: the calibration the default config ran with, None when none was
+    used."""
 
     mode: str
     selector: str | None = None
@@ -135,8 +195,8 @@ class RequestStats:
     timing: TimingStats = field(default_factory=TimingStats)
     decode: DecodeStats = field(default_factory=DecodeStats)
     loading: LoadingStats = field(default_factory=LoadingStats)
-    controller: dict | None = None
-    calibration: dict | None = None
+    controller: ControllerStats = field(default_factory=ControllerStats)
+    calibration: CalibrationStats | None = None
 
     @property
     def recompute_fraction(self) -> float:
@@ -165,8 +225,8 @@ class RequestStats:
                       self.loading):
             out.update(asdict(group))
         out["prompt_tokens"] = out.pop("tokens")
-        out["controller"] = self.controller
-        out["calibration"] = self.calibration
+        out["controller"] = asdict(self.controller)
+        out["calibration"] = None if self.calibration is None else asdict(self.calibration)
         out["recompute_fraction"] = self.recompute_fraction
         out["compute_fraction"] = self.compute_fraction
         out["decode_tokens_per_s"] = self.decode.decode_tokens_per_s

@@ -4,8 +4,8 @@ Texts are *ingested*: tokenized with the engine's ``PromptBuilder`` exactly as p
 them, then their token ids are *precomputed*: ``BlendEngine.precompute`` stores each chunk's KV
 computed after the chunk prefix. Every entry point goes through ``Ingestion``:
 ``BlendEngine.ingest``, the bulk job (``ingest_source``, ``blendrag precompute``), LangChain's
-``BlendChroma`` and LlamaIndex's ``BlendKVTransform`` / ``BlendLLM.ingest`` (the last two through
-``blendrag.integration``).
+``BlendChroma`` and LlamaIndex's ``BlendKVTransform`` (the last two through
+``blendrag.integration``'s client).
 
 A chunk that cannot have a KV is refused before anything is computed: a text that is not valid
 Unicode (a lone surrogate) and a chunk longer than the model's context leaves after the chunk

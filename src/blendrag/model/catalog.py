@@ -102,13 +102,19 @@ def converted_model(name: str, cache_dir: Path | None = None,
     return final
 
 
-def _convert(gguf: Path, out: Path) -> None:
-    """Dequantize ``gguf`` with transformers and save plain float32 safetensors + tokenizer."""
+def require_gguf() -> None:
+    """ImportError with the install line unless the gguf package (transformers reads GGUF
+    files with it) is installed."""
     try:
-        import gguf as _gguf  # noqa: F401  (transformers needs it; fail here with the install line)
+        import gguf  # noqa: F401
     except ImportError as e:
         raise ImportError("loading GGUF models needs the gguf package: "
                           "pip install 'blendrag[gguf]'") from e
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Dequantize ``gguf`` with transformers and save plain float32 safetensors + tokenizer."""
+    require_gguf()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -15,7 +15,12 @@ from typing import Any
 
 import torch
 
-from blendrag.model.catalog import CATALOG, converted_model, strip_gguf_quantizer
+from blendrag.model.catalog import (
+    CATALOG,
+    converted_model,
+    require_gguf,
+    strip_gguf_quantizer,
+)
 
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -139,7 +144,7 @@ def load_model_and_tokenizer(name_or_path: str | Path, dtype: str | torch.dtype 
 
     extra: dict[str, Any] = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     if source.gguf_file:
-        _require_gguf()
+        require_gguf()
     if not Path(source.path).exists():
         # a hub id: its local cache first; the hub only when it answers
         extra["local_files_only"] = hub_cached(source.path) or not hub_reachable()
@@ -185,14 +190,6 @@ def hub_reachable(timeout_s: float = 2.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def _require_gguf() -> None:
-    try:
-        import gguf  # noqa: F401
-    except ImportError as e:
-        raise ImportError("loading GGUF models needs the gguf package: "
-                          "pip install 'blendrag[gguf]'") from e
 
 
 @contextlib.contextmanager

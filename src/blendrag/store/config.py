@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from blendrag.checks import check_at_least
 
 # A per-user directory, shared by every process of that user (diskcache is process-safe).
 DEFAULT_DISK_DIR = Path.home() / ".cache" / "blendrag" / "kv"
@@ -90,10 +91,7 @@ class StoreConfig:
             value = getattr(self, name)
             # NaN compares false with everything: a NaN bench would never end, a NaN timeout
             # never fire; an infinite one is as bad.
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0):
-                raise ValueError(f"StoreConfig.{name} must be a finite number >= 0, got "
-                                 f"{value!r}")
+            check_at_least(f"StoreConfig.{name}", value)
         if (self.ram_bytes == 0 and self.disk_dir is None and self.redis_url is None
                 and self.s3_url is None):
             raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir, redis_url or "

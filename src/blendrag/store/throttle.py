@@ -12,12 +12,12 @@ does, which is what the pipelined-loading benchmark measures (NVMe ~3 GB/s, a ne
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
 import torch
 
+from blendrag.checks import check_at_least
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.layered import LayeredEntry
@@ -32,10 +32,7 @@ class Throttle:
 
     def __post_init__(self) -> None:
         for name in ("bandwidth_gbps", "latency_us"):
-            value = getattr(self, name)
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0):
-                raise ValueError(f"Throttle.{name} must be a finite number >= 0, got {value!r}")
+            check_at_least(f"Throttle.{name}", getattr(self, name))
         if self.bandwidth_gbps == 0:
             raise ValueError("Throttle.bandwidth_gbps must be > 0")
 

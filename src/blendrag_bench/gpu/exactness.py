@@ -120,7 +120,8 @@ def family(report: Report, name: str, device: str) -> None:
 def _prefill(engine: BlendEngine, layout: PromptLayout, config: BlendConfig):
     """``engine.prefill``, raising when the request ran another mode than ``config``'s."""
     pre = engine.prefill(layout, config)
-    ran = (pre.stats.controller or {}).get("ran", config.label)
+    mode = pre.stats.controller.mode
+    ran = config.label if mode is None else mode.ran
     if ran != config.label:
         raise RuntimeError(f"{config.label} ran as {ran}: the check would not test it")
     return pre

@@ -4,6 +4,7 @@ built-in default runs, said once."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -47,8 +48,8 @@ def test_the_default_config_runs_the_stores_calibration(on_store):
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     stats = engine.prefill(layout, BlendConfig()).stats
     assert (stats.mode, stats.selector, stats.ratio) == ("blend", "epic", 0.5)
-    assert stats.calibration["same_answer"] == 0.95 and stats.calibration["ratio"] == 0.5
-    assert stats.to_dict()["calibration"] == stats.calibration
+    assert stats.calibration.same_answer == 0.95 and stats.calibration.ratio == 0.5
+    assert stats.to_dict()["calibration"] == dataclasses.asdict(stats.calibration)
     same = engine.prefill(layout, BlendConfig(selector="epic", ratio=0.5)).logits
     assert (engine.prefill(layout, BlendConfig(mode="blend")).logits == same).all()
     # an explicit config runs as given, even the built-in default's values
@@ -62,7 +63,7 @@ def test_a_calibration_where_no_ratio_met_the_target_runs_a_full_prefill(on_stor
     engine.use_calibration(record(engine, ratio=None))
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     pre = engine.prefill(layout, BlendConfig())
-    assert pre.stats.mode == "full" and pre.stats.calibration["ratio"] is None
+    assert pre.stats.mode == "full" and pre.stats.calibration.ratio is None
     assert (pre.logits == engine.prefill(layout, BlendConfig(mode="full")).logits).all()
 
 

@@ -19,7 +19,7 @@ import torch
 
 from blendrag import BlendConfig, RandomOptions
 from blendrag.engine.observers import Trace
-from blendrag.engine.selectors import RandomSelector
+from blendrag.engine.selectors import RandomSelector, SelectorInputs
 from blendrag.eval.answer import greedy_answer
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -90,7 +90,7 @@ def test_partial_blend_and_its_decoding_equal_the_naive_reference(engine_for, ra
     engine = engine_for("llama")
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     config = BlendConfig(selector="random", ratio=ratio, options=RandomOptions(seed=3))
-    selected = RandomSelector(config, layout, torch.device("cpu"), 1.0).initial()
+    selected = RandomSelector(config, SelectorInputs(layout, torch.device("cpu"), 1.0)).initial()
     computed = torch.cat([selected, torch.arange(layout.suffix_start, layout.num_tokens)])
     keys, values = _cached_rows(engine, layout)
     with torch.no_grad():

@@ -10,7 +10,7 @@ import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, ChunkContext, MemoryKVStore, PreviewOptions
 from blendrag.engine.observers import Trace
-from blendrag.engine.selectors import PreviewSelector
+from blendrag.engine.selectors import PreviewSelector, SelectorInputs
 from blendrag.store.codec import decode, encode
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -169,7 +169,8 @@ def test_preview_ranks_by_attention_plus_floor_times_root_shift(engine):
     attention = torch.rand(layers, c, generator=torch.Generator().manual_seed(0))
     cfg = BlendConfig(selector="preview", ratio=0.25,
                       options=PreviewOptions(attention_floor=2.0))
-    sel = PreviewSelector(cfg, layout, engine.device, engine.adapter.scaling, chunks, attention)
+    sel = PreviewSelector(cfg, SelectorInputs(layout, engine.device, engine.adapter.scaling, chunks,
+                                              attention))
     shift = torch.cat([kv.context_shift for kv in chunks], dim=1)
     scores = ((attention / attention.mean(dim=1, keepdim=True) + 2.0) * shift.sqrt()).sum(dim=0)
     count = math.ceil(0.25 * c)
@@ -178,13 +179,14 @@ def test_preview_ranks_by_attention_plus_floor_times_root_shift(engine):
     # without stored shifts (chunks stored alone) it ranks by attention only
     alone = [engine.cache.kv(layout.chunk_prefix_ids, ids, NO_CONTEXT)
              for ids in layout.chunk_ids]
-    sel = PreviewSelector(cfg, layout, engine.device, engine.adapter.scaling, alone, attention)
+    sel = PreviewSelector(cfg, SelectorInputs(layout, engine.device, engine.adapter.scaling, alone,
+                                              attention))
     picked = sel.initial() - len(layout.prefix_ids)
     norm = (attention / attention.mean(dim=1, keepdim=True)).sum(dim=0)
     norm[: len(layout.chunk_ids[0])] = -1.0  # chunk 0 follows this very prefix: exact rows
     assert torch.equal(picked, torch.topk(norm, count).indices.sort().values)
     with pytest.raises(ValueError, match="preview pass"):
-        PreviewSelector(cfg, layout, engine.device, engine.adapter.scaling, chunks, None)
+        PreviewSelector(cfg, SelectorInputs(layout, engine.device, engine.adapter.scaling, chunks))
 
 
 def test_preview_pass_is_counted_in_the_compute(engine):

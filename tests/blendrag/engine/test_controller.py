@@ -55,7 +55,7 @@ def test_never_below_the_floor_nor_above_the_cap():
 def test_the_controller_learns_from_requests_and_records_its_choice():
     c = LoadingController(LoadingConfig(auto_cap=0.5, margin=0.9, ema=1.0))
     ratio, info = c.decide({"disk": 1000}, 3000, 64, 3032, floor=0.2)
-    assert ratio == 0.2 and info["reason"].startswith("no estimate yet (disk)")
+    assert ratio == 0.2 and info.reason.startswith("no estimate yet (disk)")
     # 32 layers of 1 MB read in 0.32 s: 10 ms a layer, 10 ns a byte
     c.observe({"disk": 0.32}, {"disk": 32_000_000}, compute_s=1.0, token_layers=96_000,
               place_s=0.0, cached_row_layers=0)
@@ -67,8 +67,8 @@ def test_the_controller_learns_from_requests_and_records_its_choice():
     # the reader reads 10 ms and places 3,032 rows (3.032 ms) a layer:
     # (0.9 * 13.032 - 0.64) ms / 30 ms = 0.3696 -> 0.369
     ratio, info = c.decide({"disk": 1_000_000}, 3000, 64, 3032, floor=0.2)
-    assert ratio == 0.369 and info["load_layer_s"] == pytest.approx(0.013032)
-    assert info["compute_layer_s"] <= 0.9 * info["load_layer_s"]
+    assert ratio == 0.369 and info.load_layer_s == pytest.approx(0.013032)
+    assert info.compute_layer_s <= 0.9 * info.load_layer_s
 
 
 def test_the_cheapest_tier_that_keeps_ttft_at_the_compute_bound():

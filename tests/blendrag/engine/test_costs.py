@@ -64,15 +64,15 @@ def test_a_mode_predicted_slower_runs_as_an_exact_full_prefill(model_dir):
         pre = engine.prefill(layout, config)
         assert torch.equal(pre.logits, full.logits), config.label
         assert pre.stats.mode == "full"
-        choice = pre.stats.controller["mode"]
-        assert (choice["asked"], choice["ran"]) == (config.label, "full")
-        assert choice["predicted_s"] > choice["full_predicted_s"]
+        choice = pre.stats.controller.mode
+        assert (choice.asked, choice.ran) == (config.label, "full")
+        assert choice.predicted_s > choice.full_predicted_s
     # where a cached mode is predicted faster, it runs
     fast = DeviceCosts(3, {"causal": PassCost(5e-2, 1e-6, 0), "tail": PassCost(1e-3, 0, 0),
                            "scattered": PassCost(1e-3, 0, 0)})
     engine.runner.cost_profile = fast
     pre = engine.prefill(layout, BlendConfig())
-    assert pre.stats.mode == "blend" and pre.stats.controller["mode"]["ran"] == "blend-preview@0.2"
+    assert pre.stats.mode == "blend" and pre.stats.controller.mode.ran == "blend-preview@0.2"
     assert not torch.equal(pre.logits, full.logits)
 
 
@@ -95,9 +95,9 @@ def test_a_mode_measured_slower_than_its_passes_predict_then_runs_full(model_dir
     engine.ingest(PASSAGES, prefix=PREFIX)
     full = engine.prefill(layout, FULL).logits
     config = BlendConfig(mode="reuse")
-    ran = [engine.prefill(layout, config).stats.controller["mode"] for _ in range(3)]
-    assert [r["ran"] for r in ran] == ["reuse", "reuse", "full"]
-    assert ran[2]["predicted_s"] > ran[2]["passes_s"] + 1e-4  # the measured overhead counted
+    ran = [engine.prefill(layout, config).stats.controller.mode for _ in range(3)]
+    assert [r.ran for r in ran] == ["reuse", "reuse", "full"]
+    assert ran[2].predicted_s > ran[2].passes_s + 1e-4  # the measured overhead counted
     assert torch.equal(engine.prefill(layout, config).logits, full)  # exact, as full
 
 
@@ -108,7 +108,7 @@ def test_off_on_a_cpu_by_default_and_when_asked(model_dir):
         engine = engine_with(model_dir, slow, enabled)
         layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
         pre = engine.prefill(layout, BlendConfig())
-        assert pre.stats.mode == "blend" and pre.stats.controller is None
+        assert pre.stats.mode == "blend" and pre.stats.controller.mode is None
 
 
 def test_missing_chunks_are_counted_before_any_is_computed(model_dir):

@@ -162,12 +162,13 @@ def test_auto_ratio_recomputes_more_when_loading_is_slow(tier_store, engine_on, 
     engine, layout = engine_on(tier_store("disk", wrap=lambda t: ThrottledTier(t, slow)))
     auto = BlendConfig(selector="cacheblend", ratio="auto")
     first = engine.prefill(layout, auto)  # no estimate yet: the floor
-    assert first.stats.ratio == 0.2 and first.stats.controller["reason"].startswith("no estimate")
+    assert first.stats.ratio == 0.2
+    assert first.stats.controller.ratio.reason.startswith("no estimate")
     second = engine.prefill(layout, auto)
-    assert second.stats.controller["reason"] == "load-bound: capped"
+    assert second.stats.controller.ratio.reason == "load-bound: capped"
     assert second.stats.ratio == engine.loading.auto_cap
     floor = engine.prefill(layout, BlendConfig(selector="cacheblend", ratio=0.2))
     assert second.stats.recompute_fraction > floor.stats.recompute_fraction
     # sequential loading has nothing to hide recompute under: the floor
     seq = prefill_at(engine, layout, auto, 0)
-    assert seq.stats.ratio == 0.2 and seq.stats.controller["reason"].startswith("sequential")
+    assert seq.stats.ratio == 0.2 and seq.stats.controller.ratio.reason.startswith("sequential")
