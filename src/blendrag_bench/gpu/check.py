@@ -13,7 +13,7 @@ script on a CPU. Files in DIR (eight at most):
 - ``exactness.txt``: tiny random models of eight families on the device against HF (every
   compute path), a disk tier to the device, then the CUDA-marked tests;
 - ``ttft-3k.txt``, ``ttft-16k.txt``: ``bench ttft`` at 6 x 512 and 8 x 2,048 chunk tokens;
-- ``chat.txt``: ``bench chat`` (random workload, 4 turns) at the same shape;
+- ``chat.txt``: ``bench chat`` (random and random-history workloads, 4 turns) at the same shape;
 - ``loading.txt``: the disk tier (page cache) to the device, and pipelined TTFT from it;
 - ``decode.txt``: tokens per second of eager decoding, the CUDA-graph step and HF generate;
 - ``profile.txt``: one request of each mode under ``torch.profiler``: top ops, launches, syncs.
@@ -41,7 +41,7 @@ PHASES = {
     "exactness": ("exactness.txt", 110),
     "ttft-16k": ("ttft-16k.txt", 60),
     "decode": ("decode.txt", 65),  # building the 7B-shaped model alone takes ~15 s
-    "chat": ("chat.txt", 90),
+    "chat": ("chat.txt", 120),  # two workloads: the same passages, new ones every turn
     "loading": ("loading.txt", 60),
     "profile": ("profile.txt", 40),
 }
