@@ -36,7 +36,13 @@ from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.prompt import PromptLayout
 from blendrag_bench.chat_config import CONFIGS, FULL, ChatBenchConfig
-from blendrag_bench.chat_history import format_history, run_history, run_random_history
+from blendrag_bench.chat_history import (
+    format_history,
+    run_history,
+    run_random_history,
+    sibling,
+    teacher_forced,
+)
 from blendrag_bench.datasets import load_musique
 from blendrag_bench.quality import fit_item
 from blendrag_bench.ttft import build_engine
@@ -59,13 +65,13 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
             records += (run_history if name == "history" else run_random_history)(cfg, on_turn)
             continue
         base, new_conversation = _text(cfg) if name == "text" else _random(cfg)
-        plain = _sibling(base, 0)  # the full prefill every turn is measured against
+        plain = sibling(base, 0)  # the full prefill every turn is measured against
         total, done = len(cfg.configs) * cfg.runs * cfg.turns, 0
         for label in cfg.configs:
             config, cached = CONFIGS[label]
             samples: list[list[dict]] = []
             for _ in range(cfg.runs):
-                engine = _sibling(base, cfg.cache_bytes if cached else 0)
+                engine = sibling(base, cfg.cache_bytes if cached else 0)
                 conversation, turns = new_conversation(), []
                 for turn in range(1, cfg.turns + 1):
                     layout, stats = conversation(engine, config, turn)
@@ -77,13 +83,6 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
                 samples.append(turns)
             records += [_median(rows) for rows in zip(*samples)]
     return records
-
-
-def _sibling(base: BlendEngine, cache_bytes: int) -> BlendEngine:
-    """An engine over ``base``'s model and store with a prefix cache of its own (0: none)."""
-    return BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
-                       chat=base.prompts.chat if base.prompts else None,
-                       prefix_cache_bytes=cache_bytes, threads=None)
 
 
 def _record(workload: str, label: str, config: BlendConfig, turn: int, layout: PromptLayout,
@@ -174,11 +173,7 @@ def _random(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
     def next_turn(engine: BlendEngine, config: BlendConfig, turn: int):
         history = [t for i in range(turn - 1) for t in (*questions[i], *answers[i])]
         layout = PromptLayout(prefix, chunks, [*history, *questions[turn - 1]])
-        answer = answers[turn - 1]
-        pre = engine.prefill(layout, config, extra_capacity=len(answer))
-        for token in answer[:-1]:  # the rows a generated answer leaves (the last one has none)
-            engine.runner.decode(token, pre.fused)
-        engine.keep_rows([*layout.ids, *answer], pre)
+        pre = teacher_forced(engine, layout, config, answers[turn - 1])
         return layout, pre.stats.to_dict()
 
     return base, lambda: next_turn

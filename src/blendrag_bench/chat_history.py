@@ -61,9 +61,9 @@ def _conversation(base: BlendEngine, cfg: ChatBenchConfig,
                   on_turn: Callable[[str, int, int], None] | None, run: int) -> list[dict]:
     """One conversation of ``cfg.turns`` turns on new engines over ``base``'s model and
     store."""
-    with_history = _sibling(base, cfg.cache_bytes, None)
-    without = _sibling(base, cfg.cache_bytes, 0)
-    plain = _sibling(base, 0, 0)
+    with_history = sibling(base, cfg.cache_bytes)
+    without = sibling(base, cfg.cache_bytes, 0)
+    plain = sibling(base, 0, 0)
     record = json.loads(MUSIQUE_PATH.read_text(encoding="utf-8"))[0]
     passages = _passages(base, record, cfg)
     index, config = ChunkTextIndex(), BlendConfig()
@@ -106,7 +106,7 @@ def run_random_history(cfg: ChatBenchConfig,
     random model's answers say nothing."""
     w = cfg.random
     base = build_engine(w)
-    plain = _sibling(base, 0, 0, chunk_prefix=None)
+    plain = sibling(base, 0, 0)
     g = torch.Generator().manual_seed(w.seed)
     vocab = base.model.config.vocab_size
 
@@ -120,13 +120,14 @@ def run_random_history(cfg: ChatBenchConfig,
     base.precompute(prefix, [c for turn in chunks for c in turn])  # ingestion, not timed
     samples = []
     for run in range(cfg.runs):
-        engines = [_sibling(base, cfg.cache_bytes, None, chunk_prefix=None),
-                   _sibling(base, cfg.cache_bytes, 0, chunk_prefix=None)]
+        engines = [sibling(base, cfg.cache_bytes),
+                   sibling(base, cfg.cache_bytes, 0)]
         records = []
         for t in range(cfg.turns):
             history = [x for i in range(t) for x in (*questions[i], *answers[i])]
             layout = PromptLayout(prefix, chunks[t], [*history, *questions[t]])
-            stats = [_teacher_forced(e, layout, answers[t]) for e in engines]
+            stats = [teacher_forced(e, layout, BlendConfig(), answers[t]).stats
+                     for e in engines]
             full = plain.prefill(layout, FULL).stats
             records.append(_ttft_record("random-history", t + 1, layout, len(history), *stats,
                                         full))
@@ -136,21 +137,27 @@ def run_random_history(cfg: ChatBenchConfig,
     return [_median(rows) for rows in zip(*samples)]
 
 
-def _teacher_forced(engine: BlendEngine, layout: PromptLayout, answer: list[int]):
-    """A turn's prefill, then ``answer`` decoded after it and its rows kept; the stats."""
-    pre = engine.prefill(layout, BlendConfig(), extra_capacity=len(answer))
-    for token in answer[:-1]:  # the last token of an answer has no row
+def teacher_forced(engine: BlendEngine, layout: PromptLayout, config: BlendConfig,
+                   answer: list[int]) -> Prefill:
+    """A turn's prefill, then ``answer`` decoded after it (teacher-forced) and the rows kept, as
+    a generated answer leaves them (its last token has no row)."""
+    pre = engine.prefill(layout, config, extra_capacity=len(answer))
+    for token in answer[:-1]:
         engine.runner.decode(token, pre.fused)
     engine.keep_rows([*layout.ids, *answer], pre)
-    return pre.stats
+    return pre
 
 
-def _sibling(base: BlendEngine, cache_bytes: int, history_bytes: int | None,
-             chunk_prefix: str | None = "") -> BlendEngine:
+def sibling(base: BlendEngine, cache_bytes: int, history_bytes: int | None = None) -> BlendEngine:
+    """An engine over ``base``'s model, store, context and prompt settings with caches of its
+    own: a prefix cache of ``cache_bytes`` (0: none), a history cache of ``history_bytes``
+    (None: the prefix cache's budget; 0: none)."""
+    prompts = base.prompts
     return BlendEngine(base.model, base.tokenizer, store=base.store, context=base.context,
-                       chunk_prefix=chunk_prefix if base.tokenizer is not None else None,
-                       prefix_cache_bytes=cache_bytes,
-                       history_bytes=history_bytes, threads=None)
+                       chat=prompts.chat if prompts else None,
+                       chunk_prefix=prompts.chunk_prefix if prompts else None,
+                       prefix_cache_bytes=cache_bytes, history_bytes=history_bytes,
+                       threads=None)
 
 
 def _passages(engine: BlendEngine, record: dict, cfg: ChatBenchConfig) -> list[list[str]]:

@@ -24,11 +24,10 @@ from blendrag.eval.answer import compare_answers
 from blendrag.eval.metrics import exact_match, score
 from blendrag_bench.datasets import EvalItem, fit_tokens, kinds
 from blendrag_bench.flows import BenchFlow, Flow
-from blendrag_bench.quality_config import QualityConfig
+from blendrag_bench.quality_config import FULL, QualityConfig
 
 log = logging.getLogger(__name__)
 
-FULL = BlendConfig(mode="full")
 DEFAULT_QUALITY = QualityConfig()
 RECORD_KEYS = ("mode", "selector", "ratio", "same_answer", "answer_kl", "quality", "exact_match",
                "first_token_agreement", "kl", "ttft_s", "speedup_vs_full", "recompute_fraction",

@@ -136,10 +136,8 @@ def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_defa
     }
 
 
-def test_no_cycle_between_packages():
-    graph: dict[str, set[str]] = {}
-    for src, dst in EDGES:
-        graph.setdefault(src, set()).add(dst)
+def assert_acyclic(graph: dict[str, set[str]]) -> None:
+    """AssertionError naming the first import cycle of ``graph`` (node -> what it imports)."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(node: str, path: list[str]) -> None:
@@ -156,26 +154,20 @@ def test_no_cycle_between_packages():
             visit(node, [])
 
 
+def test_no_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for src, dst in EDGES:
+        graph.setdefault(src, set()).add(dst)
+    assert_acyclic(graph)
+
+
 def test_no_cycle_between_benchmark_modules():
     """blendrag_bench module by module (lazy imports included): a reader follows each benchmark
     down, never round."""
     bench = SRC / "blendrag_bench"
     modules = {module_name(p): p for p in bench.rglob("*.py")}
-    graph = {m: {n for n in imports(p) if n in modules and n != m} for m, p in modules.items()}
-    state: dict[str, int] = {}
-
-    def visit(node: str, path: list[str]) -> None:
-        state[node] = 1
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join([*path, node, nxt]))
-            if nxt not in state:
-                visit(nxt, [*path, node])
-        state[node] = 2
-
-    for node in sorted(graph):
-        if node not in state:
-            visit(node, [])
+    assert_acyclic({m: {n for n in imports(p) if n in modules and n != m}
+                    for m, p in modules.items()})
 
 
 FACADE = {"blendrag.engine", "blendrag.engine.engine"}  # the package's face and its module

@@ -60,7 +60,7 @@ class RequestRows:
         ``known``'s): found at once, so that one retry computes them all."""
         bad = []
         for seg in self.segments:
-            if seg.kv.tier in ("computed", HISTORY_TAG) or seg.kv.key == known:
+            if seg.kv.complete or seg.kv.key == known:  # every layer in memory: cannot fail
                 continue
             try:
                 seg.kv.layer(layer)

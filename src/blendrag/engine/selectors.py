@@ -99,7 +99,6 @@ class Selector:
 
     def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
         self.config = config
-        self.inputs = inputs
         self.scaling, self.softcap = inputs.scaling, inputs.softcap
         self.layout = layout = inputs.layout
         self.device = inputs.device

@@ -17,15 +17,6 @@ MIB = 1 << 20
 ANSWER = GenerationConfig(max_new_tokens=12, eos_token_ids=())
 
 
-@pytest.fixture
-def chat_engine(model_dir):
-    def make(**kw) -> BlendEngine:
-        kw.setdefault("prefix_cache_bytes", 64 * MIB)
-        return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, **kw)
-
-    return make
-
-
 def _rows(engine: BlendEngine, tokens: int, seed: int = 0) -> FusedKV:
     """A request KV of ``tokens`` random rows, keys rotated at their positions."""
     a = engine.adapter

@@ -109,15 +109,6 @@ def test_approximate_blocks_never_serve_exact_requests():
     assert cache.match(ids, exact_only=True).tokens == 40
 
 
-@pytest.fixture
-def chat_engine(model_dir):
-    def make(**kw) -> BlendEngine:
-        kw.setdefault("prefix_cache_bytes", 64 * MIB)
-        return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False, **kw)
-
-    return make
-
-
 def _turn(engine: BlendEngine, history: str, question: str):
     return engine.build_prompt(PREFIX, PASSAGES, history + question + SUFFIX)
 
