@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
     from blendrag.engine.context import NO_CONTEXT, ChunkContext
     from blendrag.kv.chunk_kv import ChunkKV
     from blendrag.prompt import PromptBuilder, PromptLayout
+    from blendrag.spec import EngineSpec
     from blendrag.store.protocol import KVStore
     from blendrag.store.ram import MemoryKVStore
 
@@ -47,12 +48,13 @@ _EXPORTS = {
     "NO_CONTEXT": "blendrag.engine.context", "ChunkContext": "blendrag.engine.context",
     "ChunkKV": "blendrag.kv.chunk_kv",
     "PromptBuilder": "blendrag.prompt", "PromptLayout": "blendrag.prompt",
+    "EngineSpec": "blendrag.spec",
     "KVStore": "blendrag.store.protocol", "MemoryKVStore": "blendrag.store.ram",
 }
 
 __all__ = [
     "NO_CONTEXT", "Ape", "BlendConfig", "BlendEngine", "CacheBlendOptions", "ChunkContext",
-    "ChunkKV", "ComputeConfig",
+    "ChunkKV", "ComputeConfig", "EngineSpec",
     "EpicOptions", "GenerationConfig", "GenerationResult", "KVStore", "MemoryKVStore", "Prefill",
     "PreviewOptions", "ProfileOptions", "PromptBuilder", "PromptLayout", "QueryOptions",
     "RandomOptions", "RequestStats",

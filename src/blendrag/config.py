@@ -15,6 +15,9 @@ DEFAULT_RATIO = 0.20  # the knee of the fidelity frontier (docs/benchmarks.md); 
 DEFAULT_SELECTOR = "preview"
 AUTO = "auto"
 MAX_TEMPERATURE = 100.0
+DEFAULT_THREADS = 1
+"""torch CPU threads of an engine's own calls: the fastest measured on a small shared CPU
+(engine/threads.py says why; docs/benchmarks.md, "CPU threads")."""
 
 
 @dataclass(frozen=True)

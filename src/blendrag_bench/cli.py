@@ -172,9 +172,8 @@ def _register_calibration(bench: argparse._SubParsersAction) -> None:
 
 
 def _calibration(args: argparse.Namespace) -> int:
-    from blendrag.cli.options import apply_threads, emit, model_kwargs
+    from blendrag.cli.options import apply_threads, emit, engine_spec
     from blendrag.cli.progress import Progress
-    from blendrag.engine.engine import BlendEngine
     from blendrag_bench.calibration_bench import CalibrationBenchConfig, format_report, run
 
     try:
@@ -185,7 +184,7 @@ def _calibration(args: argparse.Namespace) -> int:
         print(f"blendrag bench calibration: error: {exc}", file=sys.stderr)
         return 2
     apply_threads(args)
-    engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args))
+    engine = engine_spec(args).build()
     bars: dict[str, Progress] = {}
 
     def step(phase: str, done: int, total: int) -> None:

@@ -19,7 +19,7 @@ from blendrag.cli.options import (
     add_store_dir_option,
     apply_threads,
     emit,
-    model_kwargs,
+    engine_spec,
 )
 
 RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -144,12 +144,10 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
 
     store = None
     if engine is None:
-        from blendrag.engine.engine import BlendEngine
         from blendrag.store import StoreConfig, TieredKVStore
 
         store = TieredKVStore(StoreConfig(disk_dir=args.store_dir))
-        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store,
-                                             chat=args.chat, chunk_prefix=args.chunk_prefix)
+        engine = engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
     try:
         bar = Progress("calibrating", unit="prompts", enabled=not args.no_progress)
         record = calibrate(engine, texts, target, prompts=args.prompts,

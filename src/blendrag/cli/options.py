@@ -13,14 +13,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from blendrag.config import DEFAULT_THREADS
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import DEFAULT_DISK_DIR
 
-# The engine's default (blendrag.engine.threads.DEFAULT_THREADS, not imported here: building
-# the parser imports no torch), chosen by measurement (docs/benchmarks.md, "CPU threads").
-# 0 keeps torch's own choice, which can win on an idle machine with many cores.
-DEFAULT_THREADS = 1
+if TYPE_CHECKING:
+    from blendrag.spec import EngineSpec
+
+# --threads 0 keeps torch's own choice, which can win on an idle machine with many cores.
 
 
 def add_model_options(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL,
@@ -61,11 +63,14 @@ def apply_threads(args: argparse.Namespace) -> int:
     return torch.get_num_threads()
 
 
-def model_kwargs(args: argparse.Namespace) -> dict:
-    """``BlendEngine.from_pretrained`` keyword arguments of the options above."""
+def engine_spec(args: argparse.Namespace, **settings: Any) -> EngineSpec:
+    """The engine the options above describe (``--model``, ``--dtype``, ``--device``,
+    ``--gguf-file``), with ``settings`` (``chat``, ``chunk_prefix``, ...)."""
+    from blendrag.spec import EngineSpec
+
     # threads=None: the engine keeps the process's count, which ``apply_threads`` set
-    return {"dtype": args.dtype, "device": args.device, "gguf_file": args.gguf_file,
-            "threads": None}
+    return EngineSpec(model=str(args.model), dtype=args.dtype, device=args.device,
+                      gguf_file=args.gguf_file, threads=None, **settings)
 
 
 def add_chat_option(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from blendrag.cli.options import (
     add_store_dir_option,
     apply_threads,
     emit,
-    model_kwargs,
+    engine_spec,
 )
 from blendrag.cli.precompute_ray import add_ray_options, check_ray_args, run_ray
 from blendrag.store.config import KV_FORMATS, StoreConfig
@@ -156,15 +156,13 @@ def _check(args: argparse.Namespace):
 
 
 def _run(args: argparse.Namespace, source, config):
-    from blendrag.engine.engine import BlendEngine
     from blendrag.ingest import ingest_source
     from blendrag.integration.text_index import ChunkTextIndex
     from blendrag.store import TieredKVStore
 
     with TieredKVStore(config) as store:
-        engine = BlendEngine.from_pretrained(args.model, **model_kwargs(args), store=store,
-                                             chat=args.chat,
-                                             system=args.system, chunk_prefix=args.chunk_prefix)
+        engine = engine_spec(args, chat=args.chat, system=args.system,
+                             chunk_prefix=args.chunk_prefix).build(store)
         index = ChunkTextIndex(args.text_index) if args.text_index else None
         summary = ingest_source(engine, source, prefix=args.prefix,
                                 progress=not args.no_progress, text_index=index,

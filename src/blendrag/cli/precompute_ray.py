@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from blendrag.cli.options import engine_spec
+
 if TYPE_CHECKING:
     from blendrag.distributed.ray import RayResult
     from blendrag.ingest.sources import ChunkSource
@@ -72,12 +74,12 @@ def run_ray(args: argparse.Namespace, source: ChunkSource, config: StoreConfig) 
         if args.no_progress:
             ray.data.DataContext.get_current().enable_progress_bars = False
         store = shared_store(config, alive_nodes())
-        settings = IngestSettings(model=args.model, dtype=args.dtype, device=args.device,
-                                  gguf_file=args.gguf_file, threads=args.threads or None,
-                                  chat=args.chat, system=args.system,
-                                  chunk_prefix=args.chunk_prefix, prefix=args.prefix,
-                                  store=store, text_index=args.text_index,
-                                  batch_size=args.batch_size)
+        # each worker sets its own threads: the driver's ``apply_threads`` does not reach it
+        spec = replace(engine_spec(args, chat=args.chat, system=args.system),
+                       threads=args.threads or None)
+        settings = IngestSettings.of(spec, chunk_prefix=args.chunk_prefix, prefix=args.prefix,
+                                     store=store, text_index=args.text_index,
+                                     batch_size=args.batch_size)
         return precompute_texts(texts, settings, job, progress=not args.no_progress)
     finally:
         if connected:

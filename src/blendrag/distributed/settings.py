@@ -16,31 +16,22 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blendrag.model.catalog import DEFAULT_MODEL
+from blendrag.spec import EngineSpec
 from blendrag.store.config import StoreConfig
 
 if TYPE_CHECKING:
     from blendrag.engine.engine import BlendEngine
     from blendrag.integration.text_index import ChunkTextIndex
 
-DTYPES = ("float32", "bfloat16", "float16")
-# The engine's default (blendrag.engine.threads.DEFAULT_THREADS; not imported: it imports torch)
-DEFAULT_THREADS = 1
-
 
 @dataclass(frozen=True)
-class IngestSettings:
-    """How a worker builds its engine and where it stores what it computes.
+class IngestSettings(EngineSpec):
+    """How a worker builds its engine (every ``EngineSpec`` field) and where it stores what it
+    computes.
 
-    model:        a short name, a model folder, a .gguf file or a hub id, as every worker sees it
-    dtype:        weights and KV dtype ("float32", "bfloat16", "float16")
-    device:       "cpu", "cuda", "cuda:N" (None: cuda when the worker has one, else cpu)
-    gguf_file:    GGUF file inside the ``model`` folder (None: none)
-    threads:      torch CPU threads of each worker's engine (None: torch's own count)
-    chat, system: the chat template and system message, as ``BlendEngine.from_pretrained``
-    chunk_prefix: the engine's canonical chunk prefix (the framework integrations' ``""``)
+    chunk_prefix: the engine's canonical chunk prefix (default ``""``, the framework
+                  integrations')
     prefix:       instead of ``chunk_prefix``: the prompt prefix queries will use
-    context:      the ingestion context (a ``ChunkContext``; None: the engine's default)
     store:        the KV store each worker opens; it must outlive the worker: a shared tier
                   (Redis, S3) or a folder every worker writes to (a multi-node job needs a
                   shared tier)
@@ -48,33 +39,14 @@ class IngestSettings:
     batch_size:   texts looked up in the store and computed at once
     """
 
-    model: str = str(DEFAULT_MODEL)
-    dtype: str = "float32"
-    device: str | None = None
-    gguf_file: str | None = None
-    threads: int | None = DEFAULT_THREADS
-    chat: bool | None = None
-    system: str | None = None
     chunk_prefix: str | None = ""
-    prefix: str | None = None
-    context: Any = None
     store: StoreConfig = field(default_factory=lambda: StoreConfig(ram_bytes=0))
+    prefix: str | None = None
     text_index: str | Path | None = None
     batch_size: int = 32
 
     def __post_init__(self) -> None:
-        if not isinstance(self.model, (str, Path)) or not str(self.model):
-            raise ValueError(f"IngestSettings.model must be a model name or path, got "
-                             f"{self.model!r} (a worker loads the model itself: pass its name, "
-                             "not a loaded model)")
-        object.__setattr__(self, "model", str(self.model))
-        if self.dtype not in DTYPES:
-            raise ValueError(f"IngestSettings.dtype must be one of {', '.join(DTYPES)}, got "
-                             f"{self.dtype!r}")
-        if self.threads is not None and (isinstance(self.threads, bool)
-                                         or not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"IngestSettings.threads must be a count >= 1 or None, got "
-                             f"{self.threads!r}")
+        super().__post_init__()
         if self.prefix is not None and self.chunk_prefix is not None:
             raise ValueError("IngestSettings takes chunk_prefix or prefix, not both: with the "
                              "prompt prefix, set chunk_prefix=None")
@@ -89,9 +61,9 @@ class IngestSettings:
             raise ValueError(f"IngestSettings.batch_size must be >= 1, got {self.batch_size!r}")
 
     def _check_store(self) -> None:
-        if not isinstance(self.store, StoreConfig):
-            raise ValueError(f"IngestSettings.store must be a StoreConfig, got "
-                             f"{type(self.store).__name__}")
+        if self.store is None:
+            raise ValueError("IngestSettings.store must be a StoreConfig the workers write to, "
+                             "got None")
         if not shared_tiers(self.store) and self.store.disk_dir is None:
             # a RAM tier dies with the worker: the job would compute everything for nothing
             raise ValueError("IngestSettings.store must outlive the workers: give it a shared "
@@ -105,20 +77,19 @@ class IngestSettings:
             raise ValueError(f"IngestSettings.context must be a ChunkContext or None, got "
                              f"{type(self.context).__name__}")
 
+    @classmethod
+    def of(cls, spec: EngineSpec, **job: Any) -> IngestSettings:
+        """``spec``'s engine with this job's settings (``prefix``, ``text_index``,
+        ``batch_size``; a ``store`` or ``chunk_prefix`` given here wins)."""
+        return cls(**{**spec.field_values(), **job})
+
     def with_store(self, store: StoreConfig) -> IngestSettings:
         """The same settings writing into ``store``."""
         return replace(self, store=store)
 
     def build_engine(self) -> BlendEngine:
-        """A new engine: the model loaded here, the store opened here."""
-        from blendrag.engine.engine import BlendEngine
-        from blendrag.store import TieredKVStore
-
-        return BlendEngine.from_pretrained(self.model, dtype=self.dtype, device=self.device,
-                                           store=TieredKVStore(self.store), chat=self.chat,
-                                           system=self.system, chunk_prefix=self.chunk_prefix,
-                                           gguf_file=self.gguf_file, context=self.context,
-                                           threads=self.threads)
+        """A new engine: the model loaded here, the store opened here (``EngineSpec.build``)."""
+        return self.build()
 
     def build_text_index(self) -> ChunkTextIndex | None:
         """The text index the texts are recorded in, or None."""

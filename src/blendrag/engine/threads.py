@@ -20,8 +20,9 @@ from collections.abc import Iterator
 
 import torch
 
-# One thread: the fastest measured on a shared 2-core machine (see the module docstring).
-DEFAULT_THREADS = 1
+from blendrag.config import DEFAULT_THREADS
+
+__all__ = ["DEFAULT_THREADS", "check_threads", "torch_threads"]
 
 
 def check_threads(threads: int | None) -> int | None:

@@ -17,10 +17,7 @@ canonical ``chunk_prefix`` (docs/architecture.md, "Chunk prefix").
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
-import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,12 +30,13 @@ from blendrag.ingest import IngestCounts, Ingestion
 from blendrag.integration.chunks import ChunkFormat
 from blendrag.integration.fallback import FallbackFixes, FallbackMonitor, IngestionMonitor
 from blendrag.integration.flat_prompt import FlatLayout, find_layout
+from blendrag.integration.ingestion_key import (
+    TEXT_INDEX_DIR,
+    KVIdentity,
+    engine_persistence,
+)
 from blendrag.integration.text_index import ChunkTextIndex
-from blendrag.kv.keys import hash_ids
 from blendrag.prompt import PromptBuilder
-
-TEXT_INDEX_DIR = "text_index"
-"""Folder, inside a store's disk tier, of the chunk texts recorded by the framework hooks."""
 
 PROGRESS_MIN = 32
 """Batches of at least this many chunks get a progress bar unless told otherwise."""
@@ -168,24 +166,16 @@ class BlendClient:
     @property
     def kv_identity(self) -> str:
         """Hash of what a chunk's KV depends on besides its text (model, tokenizer, chunk prefix,
-        chunk format): the cache identity of an ingestion step."""
-        self.require_chunk_prefix()
-        engine, fmt = self.engine, self.chunk_format
-        parts = (engine.model_fp, engine.tokenizer_fp,
-                 hash_ids(self.prompts.chunk_prefix_ids()), fmt.template, fmt.separator)
-        return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+        ingestion context, chunk format): the cache identity of an ingestion step."""
+        return KVIdentity.of_engine(self.engine).key(self.chunk_format)
 
     @property
     def persistence(self) -> str:
         """Where the KVs and texts of an ingestion end up: the same string in a new process only
-        when both survive it (a disk or Redis KV tier, a persisted text index); otherwise
+        when both survive it (a disk, Redis or S3 KV tier, a persisted text index); otherwise
         unique to these objects. Part of the LlamaIndex transform's cache key, so that an
         ``IngestionCache`` skips the transform only when skipping loses nothing."""
-        kv = self.engine.store.location() or f"volatile-{_volatile_id(self.engine.store)}"
-        index = self.text_index
-        texts = (str(index.path.resolve()) if index.path is not None
-                 else f"volatile-{_volatile_id(index)}")
-        return f"kv: {kv}; texts: {texts}"
+        return engine_persistence(self.engine, self.text_index)
 
     # ---- requests --------------------------------------------------------------------------
 
@@ -247,16 +237,6 @@ def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
     chunk texts too), else in memory."""
     folder = engine.store.disk_dir
     return ChunkTextIndex(folder / TEXT_INDEX_DIR) if folder is not None else ChunkTextIndex()
-
-
-_VOLATILE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _volatile_id(obj: object) -> str:
-    if obj not in _VOLATILE:
-        _VOLATILE[obj] = uuid.uuid4().hex
-    return _VOLATILE[obj]
-
 
 
 class ClientViews:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
@@ -24,6 +25,7 @@ from langchain_core.outputs import (
 )
 from langchain_core.prompts import PromptTemplate, format_document
 from pydantic import Field, PrivateAttr, field_validator, model_validator
+from typing_extensions import Self
 
 from blendrag.engine import BlendEngine
 from blendrag.integration.client import BlendClient, BlendRequest, ClientViews
@@ -35,6 +37,8 @@ from blendrag.integration.settings import (
     warn_unknown,
 )
 from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.spec import EngineSpec, spec_fields
+from blendrag.store.protocol import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,25 @@ class BlendParams(ClientViews, BlendSettings):
         self._check_configs()
         self._new_client()
         return self
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, store: KVStore | None = None,
+                        **kwargs: Any) -> Self:
+        """Load a model (a short name, a folder, a GGUF file or a hub id) into a new engine.
+        ``kwargs``: the engine's (``EngineSpec`` fields: ``dtype``, ``device``, ``chat``,
+        ``prefix_cache_bytes``, ...; ``chunk_prefix`` defaults to ``""``) and this LLM's
+        (``ratio``, ``max_tokens``, ``text_index``, ...); ``store``: an open store (else the
+        spec's)."""
+        engine_kwargs, llm_kwargs = spec_fields(kwargs)
+        spec = EngineSpec(model=str(path), **{"chunk_prefix": "", **engine_kwargs})
+        return cls.from_spec(spec, store=store, **llm_kwargs)
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec, *, store: KVStore | None = None,
+                  **kwargs: Any) -> Self:
+        """A new engine built from ``spec`` (``store``: an open store instead of the spec's);
+        ``kwargs``: this LLM's settings."""
+        return cls(engine=spec.build(store), **kwargs)
 
     def _new_client(self) -> None:
         """A client of this LLM's engine and text index, with no request of its own yet."""

@@ -3,12 +3,9 @@ process or in worker processes (``num_workers=N``, ``RayIngestionPipeline``)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
-import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -16,8 +13,8 @@ from llama_index.core.schema import BaseNode, TransformComponent
 
 from blendrag.config import profile_depth
 from blendrag.distributed.settings import IngestSettings, shared_engine
-from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR
-from blendrag.integration.client import TEXT_INDEX_DIR
+from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR, ChunkFormat
+from blendrag.integration.ingestion_key import KVIdentity, spec_persistence
 from blendrag.llamaindex.llm import BlendLLM
 
 log = logging.getLogger(__name__)
@@ -88,8 +85,8 @@ class BlendKVTransform(TransformComponent):
             _check_settings(settings)
             fmt = (kwargs.get("chunk_template", DEFAULT_CHUNK_TEMPLATE),
                    kwargs.get("chunk_separator", DEFAULT_SEPARATOR))
-            kwargs.setdefault("kv_identity", _identity(settings, *fmt))
-            kwargs.setdefault("persistence", _persistence(settings))
+            kwargs.setdefault("kv_identity", KVIdentity.of_spec(settings).key(ChunkFormat(*fmt)))
+            kwargs.setdefault("persistence", spec_persistence(settings, settings.text_index))
             super().__init__(settings=settings, profile=profile, **kwargs)
         elif "kv_identity" in kwargs:  # unpickled in a worker: its LLM stayed behind
             super().__init__(profile=profile, **kwargs)
@@ -134,26 +131,6 @@ def _check_settings(settings: IngestSettings) -> None:
     if settings.chunk_prefix is None:
         raise ValueError("BlendKVTransform's settings need a chunk_prefix (e.g. ''): node KVs "
                          "are computed before any prompt exists")
-
-
-def _identity(settings: IngestSettings, template: str, separator: str) -> str:
-    """What the KVs depend on, as the settings name it (the model by name, not by its bytes:
-    the driver loads no model)."""
-    parts = (settings.model, str(settings.gguf_file), settings.dtype, str(settings.chat),
-             str(settings.system), str(settings.chunk_prefix), repr(settings.context), template,
-             separator)
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()
-
-
-def _persistence(settings: IngestSettings) -> str:
-    """``BlendClient.persistence`` as the settings name it: the store's location by the same
-    recipe (every persistent tier, S3 included), volatile when nothing outlives the process."""
-    store = settings.store
-    folder = settings.text_index or (Path(store.disk_dir) / TEXT_INDEX_DIR if store.disk_dir
-                                     else None)
-    texts = str(folder) if folder is not None else f"volatile-{uuid.uuid4().hex}"
-    kv = store.location() or f"volatile-{uuid.uuid4().hex}"
-    return f"kv: {kv}; texts: {texts}"
 
 
 _LOCK = threading.Lock()

@@ -37,7 +37,6 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore
 
 from blendrag.engine import BlendEngine
-from blendrag.engine.threads import DEFAULT_THREADS
 from blendrag.integration.chunks import DEFAULT_CHUNK_TEMPLATE, DEFAULT_SEPARATOR, ChunkFormat
 from blendrag.integration.client import BlendClient, BlendRequest, ClientViews
 from blendrag.integration.fallback import FallbackFixes
@@ -49,6 +48,8 @@ from blendrag.integration.settings import (
     warn_unknown,
 )
 from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.spec import EngineSpec, spec_fields
+from blendrag.store.protocol import KVStore
 
 log = logging.getLogger(__name__)
 
@@ -137,19 +138,22 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         return copy
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "float32", device: str | None = None,
-                        store: Any = None, chat: bool | None = None, system: str | None = None,
-                        chunk_prefix: str = "", text_index: ChunkTextIndex | None = None,
-                        threads: int | None = DEFAULT_THREADS, prefix_cache_bytes: int = 0,
-                        **kwargs: Any) -> BlendLLM:
-        """Load a model (a short name, a folder, a GGUF file or a hub id) into a new engine
-        (``chunk_prefix`` defaults to ``""``; ``threads``, ``prefix_cache_bytes``: see
-        ``BlendEngine``: a chat engine's turns reuse the earlier turns' rows)."""
-        engine = BlendEngine.from_pretrained(path, dtype=dtype, device=device, store=store,
-                                             chat=chat, system=system, chunk_prefix=chunk_prefix,
-                                             threads=threads,
-                                             prefix_cache_bytes=prefix_cache_bytes)
-        return cls(engine, text_index=text_index, **kwargs)
+    def from_pretrained(cls, path: str | Path, *, text_index: ChunkTextIndex | None = None,
+                        store: KVStore | None = None, **kwargs: Any) -> BlendLLM:
+        """Load a model (a short name, a folder, a GGUF file or a hub id) into a new engine.
+        ``kwargs``: the engine's (``EngineSpec`` fields: ``dtype``, ``device``, ``chat``,
+        ``prefix_cache_bytes``, ...; ``chunk_prefix`` defaults to ``""``) and this LLM's
+        (``ratio``, ``max_tokens``, ...); ``store``: an open store (else the spec's)."""
+        engine_kwargs, llm_kwargs = spec_fields(kwargs)
+        spec = EngineSpec(model=str(path), **{"chunk_prefix": "", **engine_kwargs})
+        return cls.from_spec(spec, text_index=text_index, store=store, **llm_kwargs)
+
+    @classmethod
+    def from_spec(cls, spec: EngineSpec, *, text_index: ChunkTextIndex | None = None,
+                  store: KVStore | None = None, **kwargs: Any) -> BlendLLM:
+        """A new engine built from ``spec`` (``store``: an open store instead of the spec's);
+        ``kwargs``: this LLM's settings."""
+        return cls(spec.build(store), text_index=text_index, **kwargs)
 
     @classmethod
     def class_name(cls) -> str:
