@@ -12,13 +12,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ByteTier": "protocol", "KVStore": "protocol", "StoreStats": "protocol",
+    "KVStore": "protocol", "StoreStats": "protocol",
     "TierStats": "protocol",
     "TierUsage": "protocol",
+    "ByteTier": "tier", "Tier": "tier",
     "MemoryKVStore": "ram", "RamTier": "ram", "held_bytes": "ram",
     "DiskTier": "disk",
     "RedisTier": "redis_tier",
-    "EncodedTier": "tiered", "TieredKVStore": "tiered",
+    "TieredKVStore": "tiered",
     "Entry": "codec", "EntryError": "codec", "EntryReader": "codec", "decode": "codec",
     "encode": "codec",
     "open_entry": "codec",

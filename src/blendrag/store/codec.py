@@ -20,17 +20,16 @@ each layer on its own. Anything that fails a check raises ``EntryError``, which 
 into a logged miss.
 
 Entries are written by ``safetensors.torch.save`` and read by the small strict reader below
-(positioned reads into the caller's tensors, see ``_Tensors``); any safetensors tool reads them.
+(positioned reads into the caller's tensors, see ``_Tensors``, through a ``RangeReader``:
+``readers.py``); any safetensors tool reads them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol, runtime_checkable
+from typing import Any, BinaryIO
 
 import safetensors.torch
 import torch
@@ -38,6 +37,8 @@ import xxhash
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.config import KV_FORMATS
+from blendrag.store.errors import EntryError, NewerFormatError
+from blendrag.store.readers import IOV_MAX, BufferReader, FileReader, RangeReader
 
 FORMAT_NAME = "blendrag-chunk-kv"
 FORMAT_VERSION = 4  # 4: "stored" (3: "profile", "context_tag"; 2: "sensitivity", "context")
@@ -54,27 +55,7 @@ _V2_NAMES = {"sensitivity": PROFILE}
 _V2_CONTEXT = "context"
 CONTEXT_SHIFT = "context_shift"
 
-
-def _iov_max() -> int:
-    """Buffers one ``preadv`` may take (IOV_MAX, 1024 on Linux)."""
-    try:
-        return max(1, min(1024, os.sysconf("SC_IOV_MAX")))
-    except (AttributeError, ValueError, OSError):
-        return 16
-
-
-_IOV_MAX = _iov_max()
-
 Source = bytes | bytearray | memoryview | str | Path | BinaryIO
-
-
-class EntryError(ValueError):
-    """A stored entry that is truncated, corrupt, foreign or of another format version."""
-
-
-class NewerFormatError(EntryError):
-    """An entry written by a newer build (a format version above this build's): unreadable
-    here, valid for that build, so a miss that is never deleted."""
 
 
 class Entry:
@@ -126,7 +107,7 @@ def encode(key: str, kv: ChunkKV, kv_format: str = "model") -> bytes:
         "token_ids": json.dumps(list(kv.token_ids)),
         "checksums": json.dumps({name: _digest(t) for name, t in tensors.items()}),
     }
-    meta["meta_checksum"] = _meta_digest(meta)
+    meta["meta_checksum"] = meta_digest(meta)
     return safetensors.torch.save(tensors, metadata=meta)
 
 
@@ -164,44 +145,10 @@ def open_entry(source: Source | RangeReader, key: str) -> EntryReader:
     """Open an entry for layer-by-layer reading (bytes, a path, an open binary file, or a
     ``RangeReader`` such as the Redis tier's GETRANGE reader)."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return EntryReader(_Tensors(_BufferReader(source)), key)
+        return EntryReader(_Tensors(BufferReader(source)), key)
     if isinstance(source, RangeReader):
         return EntryReader(_Tensors(source), key)
-    return EntryReader(_Tensors(_FileReader(source)), key)
-
-
-@runtime_checkable
-class RangeReader(Protocol):
-    """Positioned reads of one stored entry of ``size`` bytes (a tier's layer-wise source).
-    ``read_into_many`` fills the buffers in order from ``offset`` and returns the bytes read,
-    fewer only at the end of the entry."""
-
-    size: int
-
-    def read(self, offset: int, n: int) -> bytes: ...
-    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int: ...
-    def close(self) -> None: ...
-
-
-def scatter(data: bytes, bufs: list[memoryview]) -> int:
-    """Copy ``data`` into ``bufs`` in order (a ``RangeReader.read_into_many`` over a source
-    that returns bytes); the bytes copied, fewer when ``data`` ends early."""
-    done = 0
-    for buf in bufs:
-        part = data[done:done + len(buf)]
-        buf[:len(part)] = part
-        done += len(part)
-        if len(part) < len(buf):
-            break
-    return done
-
-
-def file_reader(handle: BinaryIO) -> RangeReader:
-    """Positioned reads on an open entry file (the disk tier's layer-wise source); closing the
-    reader closes ``handle``."""
-    reader = _FileReader(handle)
-    reader.handle = handle
-    return reader
+    return EntryReader(_Tensors(FileReader(source)), key)
 
 
 class EntryReader:
@@ -214,7 +161,7 @@ class EntryReader:
         except BaseException:
             tensors.close()
             raise
-        if tensors.reads_ahead:  # a source with a per-read latency (S3): every layer, in parallel
+        if tensors.reader.fetches_ahead:  # a per-read latency (S3): every layer, in parallel
             tensors.read_ahead([[self._stored[n] for n in self._layer_names(i)]
                                 for i in range(self.num_layers)])
 
@@ -228,7 +175,7 @@ class EntryReader:
             raise kind(f"format version {version!r}, this build reads "
                        f"{' and '.join(READ_VERSIONS)}")
         body = {k: v for k, v in meta.items() if k != "meta_checksum"}
-        if meta.get("meta_checksum") != _meta_digest(body):
+        if meta.get("meta_checksum") != meta_digest(body):
             raise EntryError("metadata checksum mismatch")
         if meta["key"] != key:
             raise EntryError(f"entry was written for key {str(meta['key'])[:16]}…, not {key[:16]}…")
@@ -289,7 +236,12 @@ class EntryReader:
     def concurrent_reads(self) -> bool:
         """Whether layers may be read from several threads at once (positioned reads on an
         entry file: ``layered.py`` reads them ahead)."""
-        return self._tensors.concurrent_reads
+        return self._tensors.reader.concurrent_reads
+
+    def span(self, name: str) -> tuple[int, int]:
+        """Absolute [start, end) byte range of tensor ``name`` (e.g. "v.1") in the stored entry:
+        where a tool finds one layer's bytes."""
+        return self._tensors.span(self._stored[name])
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of layer ``i``, each [kv_heads, T, head_dim], verified; only that
@@ -417,27 +369,19 @@ class _Tensors:
         return dtype, shape
 
     @property
-    def concurrent_reads(self) -> bool:
-        """Whether the reader takes positioned reads from several threads at once."""
-        return bool(getattr(self._reader, "concurrent_reads", False))
+    def reader(self) -> RangeReader:
+        """The reader under the header (what it can do: ``RangeReader``'s declared traits)."""
+        return self._reader
 
-    @property
-    def reads_ahead(self) -> bool:
-        """Whether the reader fetches announced spans ahead (``read_ahead``)."""
-        return hasattr(self._reader, "read_ahead")
+    def span(self, name: str) -> tuple[int, int]:
+        """Absolute [start, end) byte range of stored tensor ``name`` in the entry."""
+        _, _, start, end = self._specs[name]
+        return self._base + start, self._base + end
 
     def read_ahead(self, layers: list[list[str]]) -> None:
-        """Tell a reader that fetches ahead the byte spans of each layer's tensors
-        (``layers[i]``: stored names), in the order they will be read."""
-        base = self._base
-        spans = [[(base + self._specs[n][2], base + self._specs[n][3]) for n in names]
-                 for names in layers]
-        self._reader.read_ahead(spans)  # type: ignore[attr-defined]
-
-    def read_into(self, name: str, out: torch.Tensor) -> None:
-        start, end, buf = self._place(name, out)
-        if self._reader.read_into_many(self._base + start, [buf]) != end - start:
-            raise EntryError(f"truncated in {name}")
+        """Tell the reader the byte spans of each layer's tensors (``layers[i]``: stored
+        names), in the order they will be read."""
+        self._reader.read_ahead([[self.span(n) for n in names] for names in layers])
 
     def read_many(self, items: list[tuple[str, torch.Tensor]]) -> None:
         """Read several tensors with one positioned scatter read per run of tensors that are
@@ -446,7 +390,7 @@ class _Tensors:
                         key=lambda p: (p[0], p[1]))
         run: list[tuple[int, int, memoryview, str]] = []
         for item in placed:
-            if run and (item[0] != run[-1][1] or len(run) == _IOV_MAX):
+            if run and (item[0] != run[-1][1] or len(run) == IOV_MAX):
                 self._read_run(run)
                 run = []
             run.append(item)
@@ -469,100 +413,6 @@ class _Tensors:
 
     def close(self) -> None:
         self._reader.close()
-
-
-class _BufferReader:
-    """Positioned reads from an entry held in memory (Redis)."""
-
-    def __init__(self, data: bytes | bytearray | memoryview) -> None:
-        self._data = memoryview(data).cast("B")
-        self.size = len(self._data)
-
-    def read(self, offset: int, n: int) -> bytes:
-        return bytes(self._data[offset : offset + n])
-
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        chunk = self._data[offset : offset + len(buf)]
-        buf[: len(chunk)] = chunk
-        return len(chunk)
-
-    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
-        done = 0  # reads in place, without the copy scatter() starts from
-        for buf in bufs:
-            got = self.read_into(offset + done, buf)
-            done += got
-            if got < len(buf):
-                break
-        return done
-
-    def close(self) -> None:
-        self._data = memoryview(b"")
-
-
-class _FileReader:
-    """Positioned reads (pread) from an entry file, by path or on a caller's open handle.
-
-    A file that cannot be opened or read (no descriptor left, an I/O error, no permission)
-    raises its ``OSError``: that says nothing about the entry's bytes, so it is not an
-    ``EntryError`` (which would get a valid entry deleted). A short read is one: the file holds
-    fewer bytes than its header declares. ``pread`` keeps no file position: reads from several
-    threads at once are safe."""
-
-    concurrent_reads = True
-
-    def __init__(self, source: str | Path | BinaryIO) -> None:
-        self.handle: BinaryIO | None = None
-        self._owned = isinstance(source, (str, Path))
-        self._fd = -1
-        try:
-            # O_NONBLOCK: opening a FIFO planted in place of an entry must not block
-            self._fd = (os.open(source, os.O_RDONLY | os.O_NONBLOCK)
-                        if isinstance(source, (str, Path)) else source.fileno())
-            st = os.fstat(self._fd)
-        except BaseException:
-            self.close()
-            raise
-        if not stat.S_ISREG(st.st_mode):
-            self.close()
-            raise EntryError("entry is not a regular file")
-        self.size = st.st_size
-
-    def read(self, offset: int, n: int) -> bytes:
-        buf = bytearray(n)
-        return bytes(buf[: self.read_into(offset, memoryview(buf))])
-
-    def read_into(self, offset: int, buf: memoryview) -> int:
-        return self.read_into_many(offset, [buf])
-
-    def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
-        """Fill ``bufs`` in order from ``offset`` (scatter reads); returns the bytes read, fewer
-        only at the end of the file."""
-        done, pending = 0, [b for b in bufs if len(b)]
-        while pending:
-            got = os.preadv(self._fd, pending, offset + done)  # OSError: a storage failure
-            if got == 0:
-                break  # end of file: the caller sees a short read
-            done += got
-            pending = _advance(pending, got)
-        return done
-
-    def close(self) -> None:
-        if self._owned and self._fd >= 0:
-            os.close(self._fd)
-        self._fd = -1
-        if self.handle is not None:  # a handle handed over by ``file_reader``
-            self.handle.close()
-            self.handle = None
-
-
-def _advance(bufs: list[memoryview], n: int) -> list[memoryview]:
-    """``bufs`` less their first ``n`` bytes (after a partial scatter read)."""
-    while bufs and n >= len(bufs[0]):
-        n -= len(bufs[0])
-        bufs = bufs[1:]
-    if bufs and n:
-        bufs = [bufs[0][n:], *bufs[1:]]
-    return bufs
 
 
 def _spec(name: str, spec: Any, data_len: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
@@ -593,6 +443,8 @@ def _digest(t: torch.Tensor) -> str:
     return xxhash.xxh3_128_hexdigest(t.contiguous().view(torch.uint8).numpy())
 
 
-def _meta_digest(meta: dict[str, str]) -> str:
+def meta_digest(meta: dict[str, str]) -> str:
+    """The ``meta_checksum`` of the metadata fields ``meta`` (xxh3-128 over them as sorted JSON):
+    what a tool that rewrites an entry's metadata sets."""
     return xxhash.xxh3_128_hexdigest(json.dumps(meta, sort_keys=True,
                                                 separators=(",", ":")).encode())

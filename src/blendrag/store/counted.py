@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import Entry, EntryError
+from blendrag.store.codec import Entry
+from blendrag.store.errors import EntryError
 from blendrag.store.layered import LayeredEntry, LayerReadError, MemoryLayeredEntry
 from blendrag.store.slot import TierSlot
+from blendrag.store.wrappers import LayeredEntryWrapper
 
 
-class CountedLayeredEntry:
+class CountedLayeredEntry(LayeredEntryWrapper):
     """A tier's layered entry as the store hands it out: each layer read is counted in the
     tier's stats, a failing one turns into ``LayerReadError`` after the store has dealt with
     it (an entry whose stored bytes fail a check deleted from the tier, a storage failure
@@ -20,21 +24,19 @@ class CountedLayeredEntry:
     ``close``."""
 
     def __init__(self, slot: TierSlot, faster: list[TierSlot], entry: LayeredEntry) -> None:
-        self._slot, self._faster, self._entry = slot, faster, entry
+        super().__init__(entry)
+        self.slot, self.faster = slot, faster
         self._counted: set[int] = set()
 
-    def __getattr__(self, name: str):  # the header fields and shape properties
-        return getattr(self._entry, name)
-
-    def layer(self, i: int):
-        slot, key = self._slot, self._entry.key
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        slot, key = self.slot, self.key
         if i not in self._counted and not slot.health.available:
             # benched since the entry was opened: fail now rather than pay the tier's timeout
             # once per entry of the request (a layer read already is held: served)
             raise LayerReadError(key, i, f"{slot.tier.label} is benched")
         t0 = time.perf_counter()
         try:
-            rows = self._entry.layer(i)
+            rows = self.inner.layer(i)
         except EntryError as exc:
             slot.counters.add(corrupt=1, load_seconds=time.perf_counter() - t0)
             slot.judge(key, exc)  # deleted only when a fresh read fails a check too
@@ -43,22 +45,22 @@ class CountedLayeredEntry:
             slot.failed(f"read layer {i} of entry {key[:16]}", exc)
             raise LayerReadError(key, i, exc) from exc
         slot.health.succeeded()
-        if i not in self._counted and not isinstance(self._entry, MemoryLayeredEntry):
+        if i not in self._counted and not isinstance(self.inner, MemoryLayeredEntry):
             self._counted.add(i)
-            slot.counters.add(bytes_read=self._entry.stored_layer_nbytes,
+            slot.counters.add(bytes_read=self.inner.stored_layer_nbytes,
                               load_seconds=time.perf_counter() - t0)
         return rows
 
     def materialize(self) -> ChunkKV:
-        for i in range(self._entry.num_layers):
+        for i in range(self.inner.num_layers):
             self.layer(i)  # counted, failures handled
-        return self._entry.materialize()
+        return self.inner.materialize()
 
     def close(self) -> None:
-        entry = self._entry
-        if self._faster and entry.complete:
+        entry = self.inner
+        if self.faster and entry.complete:
             # rows stored exactly (a prefix, an exact prefix-cache block) stay exact when copied
             promoted = Entry(entry.key, entry.materialize(), exact=entry.exact)
-            for faster in self._faster:
+            for faster in self.faster:
                 faster.write(promoted)
         entry.close()

@@ -39,6 +39,7 @@ from blendrag.store.disk_files import (
 )
 from blendrag.store.health import TierUnavailable, transient_os_error
 from blendrag.store.protocol import TierUsage
+from blendrag.store.tier import ByteTier
 
 log = logging.getLogger("blendrag.store")
 
@@ -52,20 +53,23 @@ _TRANSIENT_SQLITE = ("database is locked", "unable to open database file", "disk
 _DISK_DOWN = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT})
 
 
-class DiskTier:
+class DiskTier(ByteTier):
     """Byte tier on a diskcache directory, shared by every process that opens it.
 
     ``budget_bytes`` bounds the index plus the entry files (``diskcache.Cache.volume()``);
     None keeps the budget stored in the directory (used by the CLI, which only inspects).
     ``tidy``: on open, remove the entry files no index row references and evict entries beyond
-    the budget (the CLI's inspection turns it off: it changes nothing).
+    the budget (the CLI's inspection turns it off: it changes nothing). ``kv_format``: how K and
+    V are stored (``ByteTier``). Layer-wise reads are positioned reads on the entry file
+    (``ByteTier.open_ranges``).
     """
 
     name = "disk"
     errors: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, diskcache.Timeout)
 
     def __init__(self, directory: str | Path, budget_bytes: int | None,
-                 timeout_s: float = 10.0, tidy: bool = True) -> None:
+                 timeout_s: float = 10.0, tidy: bool = True, *, kv_format: str = "model") -> None:
+        super().__init__(kv_format)
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"DiskTier budget_bytes must be positive, got {budget_bytes}")
         self.directory = Path(directory)
@@ -207,6 +211,10 @@ class DiskTier:
         cache = self.open()
         return TierUsage(entries=len(cache), used_bytes=cache.volume(),
                          budget_bytes=self._limit(cache))
+
+    def keys(self) -> list[str]:
+        """Every key stored (a walk of the index: for tools and tests, not the request path)."""
+        return [str(key) for key in self.open().iterkeys()]
 
     def lifetime_counts(self) -> tuple[int, int]:
         """(hits, misses) over every process that used this directory."""

@@ -33,7 +33,7 @@ from typing import BinaryIO
 import diskcache
 from diskcache.core import MODE_BINARY, MODE_RAW
 
-from blendrag.store.codec import EntryError
+from blendrag.store.errors import EntryError
 
 log = logging.getLogger("blendrag.store")
 

@@ -74,6 +74,12 @@ class TierHealth:
         """Consecutive failures since the last success."""
         return self._failures
 
+    def retry_now(self) -> None:
+        """End the bench now, as if ``retry_after_s`` had passed: the next use probes the tier,
+        and a failure of it benches the tier again at once (an operator who fixed the tier;
+        tests)."""
+        self._down_until = 0.0
+
     def succeeded(self) -> None:
         """An operation on the tier worked: its strikes are cleared."""
         self._failures = 0

@@ -3,8 +3,7 @@
 ``KVStore`` declares every method blendrag calls on a store, with content keys
 (``blendrag.kv.keys``); how and where the bytes live is the store's business. Two stores
 implement it: ``MemoryKVStore`` (``ram.py``, the engine's default) and ``TieredKVStore``
-(``tiered.py``: RAM, disk and Redis tiers). ``ByteTier`` is what a persistent tier implements
-(``disk.py``, ``redis_tier.py``); ``TieredKVStore`` encodes entries for it.
+(``tiered.py``: RAM, disk, Redis and S3 tiers, each a ``tier.Tier``).
 
 Every store reports a ``StoreStats`` snapshot: store-level gets, hits and misses, and one
 ``TierStats`` per tier (counters since the store was opened, plus what the tier holds now).
@@ -16,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -204,24 +203,3 @@ class KVStore(Protocol):
     def close(self) -> None:
         """Release files and connections."""
 
-
-class ByteTier(Protocol):
-    """A tier that stores encoded entries (disk, Redis). Failures raise one of ``errors``, which
-    count against the tier (``health.TierHealth``): ``unusable(exc)`` says whether ``exc``
-    means the tier as a whole cannot be used now (benched at once) rather than that one
-    operation failed (benched after repeated failures)."""
-
-    name: str
-    errors: tuple[type[BaseException], ...]
-
-    @property
-    def label(self) -> str: ...  # names the tier and where it is, for messages
-    def open(self) -> object: ...
-    def fetch(self, key: str) -> bytes | BinaryIO | None: ...
-    def put(self, key: str, data: bytes) -> bool: ...
-    def contains(self, key: str) -> bool: ...
-    def delete(self, key: str) -> None: ...
-    def clear(self) -> None: ...
-    def usage(self) -> TierUsage: ...
-    def unusable(self, exc: BaseException) -> bool: ...
-    def close(self) -> None: ...

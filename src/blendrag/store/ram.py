@@ -16,6 +16,7 @@ from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.layered import MemoryLayeredEntry
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
+from blendrag.store.tier import Tier
 
 
 def held_bytes(kv: ChunkKV) -> int:
@@ -155,22 +156,22 @@ class MemoryKVStore:
             self.bytes = 0
 
 
-class RamTier:
+class RamTier(Tier):
     """The fastest tier of a ``TieredKVStore``: a ``MemoryKVStore`` of ``max_bytes``.
 
     ``volatile``: it lives and dies with the process, so a bulk write (``put(..., ram=False)``)
-    skips it when a persistent tier takes the entry."""
+    skips it when a persistent tier takes the entry. Nothing here fails for storage reasons (no
+    ``errors``), and there is nothing to open or close."""
 
     name = "ram"
-    label = "RAM tier"
-    errors: tuple[type[BaseException], ...] = ()  # nothing here fails for storage reasons
     volatile = True
 
     def __init__(self, max_bytes: int) -> None:
         self.lru = MemoryKVStore(max_bytes)
 
-    def open(self) -> None:
-        return None
+    @property
+    def label(self) -> str:
+        return "RAM tier"
 
     def read(self, key: str) -> tuple[Entry, int] | None:
         """The entry and the bytes it holds, or None."""
@@ -197,9 +198,3 @@ class RamTier:
 
     def usage(self) -> TierUsage:
         return self.lru.usage()
-
-    def unusable(self, exc: BaseException) -> bool:
-        return False  # never asked: nothing here fails for storage reasons
-
-    def close(self) -> None:
-        return None

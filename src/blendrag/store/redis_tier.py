@@ -26,9 +26,10 @@ import re
 from collections.abc import Iterator
 from typing import cast
 
-from blendrag.store.codec import scatter
 from blendrag.store.health import transient_os_error
 from blendrag.store.protocol import TierUsage
+from blendrag.store.readers import RangeReader, scatter
+from blendrag.store.tier import ByteTier
 
 try:  # optional dependency: blendrag[redis]
     import redis
@@ -43,15 +44,17 @@ class ShortReply(Exception):
     cut the reply): a failed read, not a damaged entry."""
 
 
-class RedisTier:
-    """Byte tier on a Redis server, namespaced by ``prefix``."""
+class RedisTier(ByteTier):
+    """Byte tier on a Redis server or cluster, namespaced by ``prefix``; ``kv_format``: how K
+    and V are stored (``ByteTier``)."""
 
     name = "redis"
 
     def __init__(self, url: str, prefix: str = "blendrag:kv:", ttl_s: int | None = None,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, *, kv_format: str = "model") -> None:
         if redis is None:
             raise ImportError("the Redis tier needs redis-py: pip install 'blendrag[redis]'")
+        super().__init__(kv_format)
         self.url = url
         self.prefix = prefix
         self.namespace = prefix.rstrip(":")
@@ -130,6 +133,7 @@ class RedisTier:
         return RedisRanges.open(self._client, self._name(key))
 
     def put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` (with the tier's TTL); the server's own policy bounds its size."""
         self._client.set(self._name(key), data, ex=self.ttl_s)
         return True
 
@@ -179,8 +183,8 @@ class RedisTier:
                 yield name
 
 
-class RedisRanges:
-    """One Redis string read by byte ranges (a codec ``RangeReader``).
+class RedisRanges(RangeReader):
+    """One Redis string read by byte ranges.
 
     Opening costs one round trip: STRLEN and the first ``head`` bytes (the safetensors header
     of an entry, token ids and checksums included, fits in 64 KiB up to some 5,000 tokens) in

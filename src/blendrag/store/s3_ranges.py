@@ -20,7 +20,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any
 
-from blendrag.store.codec import EntryError, scatter
+from blendrag.store.errors import EntryError
+from blendrag.store.readers import RangeReader, scatter
 
 
 class ShortBody(Exception):
@@ -66,10 +67,12 @@ class FetchPool:
             t.join(timeout)
 
 
-class S3Ranges:
-    """One S3 object read by byte ranges (a codec ``RangeReader``). Opening costs one GET: the
-    first ``HEAD`` bytes (the entry's header) and, from Content-Range, the object's size."""
+class S3Ranges(RangeReader):
+    """One S3 object read by byte ranges. Opening costs one GET: the first ``HEAD`` bytes (the
+    entry's header) and, from Content-Range, the object's size. It ``fetches_ahead``: the
+    codec announces every layer's spans once the header is parsed (``read_ahead``)."""
 
+    fetches_ahead = True
     HEAD = 64 << 10
     GROUP = 4 << 20  # the most bytes one read-ahead GET fetches
 

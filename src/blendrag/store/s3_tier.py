@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from blendrag.store.protocol import TierUsage
 from blendrag.store.s3_ranges import FetchPool, S3Ranges, ShortBody
+from blendrag.store.tier import ByteTier
 
 try:  # optional dependency: blendrag[s3]
     import boto3
@@ -45,15 +46,18 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return parts.netloc, prefix
 
 
-class S3Tier:
-    """Byte tier on an S3 bucket, namespaced by the URL's prefix."""
+class S3Tier(ByteTier):
+    """Byte tier on an S3 bucket, namespaced by the URL's prefix; ``read_ahead``: threads that
+    fetch an open entry's layers ahead (0: each layer fetched when asked for); ``kv_format``:
+    how K and V are stored (``ByteTier``)."""
 
     name = "s3"
 
     def __init__(self, url: str, endpoint_url: str | None = None, timeout_s: float = 5.0,
-                 read_ahead: int = 8) -> None:
+                 read_ahead: int = 8, *, kv_format: str = "model") -> None:
         if boto3 is None:
             raise ImportError("the S3 tier needs boto3: pip install 'blendrag[s3]'")
+        super().__init__(kv_format)
         self.url, self.endpoint_url = url, endpoint_url
         self.bucket, self.prefix = parse_s3_url(url)
         config = botocore.config.Config(
@@ -103,6 +107,7 @@ class S3Tier:
         return S3Ranges.open(self._client, self.bucket, self._name(key), self._pool)
 
     def put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` as one object; the bucket's lifecycle rules bound its size."""
         self._client.put_object(Bucket=self.bucket, Key=self._name(key), Body=data)
         return True
 

@@ -16,48 +16,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from blendrag.store.codec import Entry, EntryError, NewerFormatError
+from blendrag.store.codec import Entry
+from blendrag.store.errors import EntryError, NewerFormatError
 from blendrag.store.health import TierHealth
 from blendrag.store.layered import LayeredEntry, MemoryLayeredEntry
-from blendrag.store.protocol import TierCounters, TierUsage
+from blendrag.store.protocol import TierCounters
 from blendrag.store.ram import held_bytes
+from blendrag.store.tier import Tier
 
 log = logging.getLogger("blendrag.store")
 
 T = TypeVar("T")
 
 
-class Tier(Protocol):
-    """One level of a ``TieredKVStore`` (``RamTier``, or a ``ByteTier`` behind ``EncodedTier``).
-
-    ``read`` returns the entry and the bytes it read, or None; it raises ``EntryError`` for an
-    entry whose bytes fail a check and one of ``errors`` for a storage failure; ``unusable``
-    says whether such a failure means the tier as a whole cannot be used now. ``write`` returns
-    the bytes stored, 0 when the entry does not fit. ``volatile``: lives in this process's
-    memory (bulk writes skip it when a persistent tier takes the entry)."""
-
-    name: str
-    errors: tuple[type[BaseException], ...]
-    volatile: bool
-
-    @property
-    def label(self) -> str: ...
-    def open(self) -> object: ...
-    def read(self, key: str) -> tuple[Entry, int] | None: ...
-    def open_layers(self, key: str) -> LayeredEntry | None: ...
-    def write(self, entry: Entry) -> int: ...
-    def contains(self, key: str) -> bool: ...
-    def delete(self, key: str) -> None: ...
-    def clear(self) -> None: ...
-    def usage(self) -> TierUsage: ...
-    def unusable(self, exc: BaseException) -> bool: ...
-    def close(self) -> None: ...
-
-
 class TierSlot:
-    """``tier`` with its health (benched after failures for ``retry_after_s``) and counters."""
+    """``tier`` with its health (benched after failures for ``retry_after_s``) and counters:
+    what ``TieredKVStore.tiers`` shows of each tier."""
 
     def __init__(self, tier: Tier, retry_after_s: float) -> None:
         self.tier = tier

@@ -21,6 +21,8 @@ from blendrag.checks import check_at_least
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.layered import LayeredEntry
+from blendrag.store.tier import Tier
+from blendrag.store.wrappers import LayeredEntryWrapper, TierWrapper
 
 
 @dataclass(frozen=True)
@@ -47,51 +49,44 @@ class Throttle:
             time.sleep(left)
 
 
-class ThrottledTier:
-    """``tier`` (a ``tiered.Tier``) read at the speed of ``throttle``; writes are not slowed.
-    Everything but the two reads (``read``, ``open_layers``) is the wrapped tier's own."""
+class ThrottledTier(TierWrapper):
+    """``tier`` read at the speed of ``throttle``; writes are not slowed. Everything but the two
+    reads (``read``, ``open_layers``) is the wrapped tier's own (``TierWrapper``)."""
 
-    def __init__(self, tier, throttle: Throttle) -> None:
-        self.tier, self.throttle = tier, throttle
-
-    def __getattr__(self, name: str):  # name, label, errors, volatile, write, contains, ...
-        return getattr(self.tier, name)
+    def __init__(self, tier: Tier, throttle: Throttle) -> None:
+        super().__init__(tier)
+        self.throttle = throttle
 
     def read(self, key: str) -> tuple[Entry, int] | None:
         t0 = time.perf_counter()
-        found = self.tier.read(key)
+        found = self.inner.read(key)
         self.throttle.wait(found[1] if found is not None else 0, t0)
         return found
 
     def open_layers(self, key: str) -> LayeredEntry | None:
         t0 = time.perf_counter()
-        entry = self.tier.open_layers(key)
+        entry = self.inner.open_layers(key)
         self.throttle.wait(0, t0)  # the header: one request
         return None if entry is None else ThrottledLayers(entry, self.throttle)
 
 
-class ThrottledLayers:
+class ThrottledLayers(LayeredEntryWrapper):
     """A layered entry whose first read of each layer lasts at least one throttled request."""
 
     def __init__(self, entry: LayeredEntry, throttle: Throttle) -> None:
-        self._entry, self._throttle = entry, throttle
+        super().__init__(entry)
+        self.throttle = throttle
         self._done: set[int] = set()
-
-    def __getattr__(self, name: str):  # header fields, shape properties, ``complete``
-        return getattr(self._entry, name)
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
-        rows = self._entry.layer(i)
+        rows = self.inner.layer(i)
         if i not in self._done:
             self._done.add(i)
-            self._throttle.wait(self._entry.stored_layer_nbytes, t0)
+            self.throttle.wait(self.inner.stored_layer_nbytes, t0)
         return rows
 
     def materialize(self) -> ChunkKV:
-        for i in range(self._entry.num_layers):
+        for i in range(self.num_layers):
             self.layer(i)
-        return self._entry.materialize()
-
-    def close(self) -> None:
-        self._entry.close()
+        return self.inner.materialize()

@@ -13,101 +13,32 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
-from typing import BinaryIO
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import Entry, RangeReader, decode, file_reader, open_entry
+from blendrag.store.codec import Entry
 from blendrag.store.config import StoreConfig
 from blendrag.store.counted import CountedLayeredEntry
 from blendrag.store.disk import DiskTier
-from blendrag.store.layered import EncodedLayeredEntry, LayeredEntry
-from blendrag.store.protocol import ByteTier, StoreStats, TierCounters, TierStats, TierUsage
+from blendrag.store.layered import LayeredEntry
+from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.ram import RamTier
 from blendrag.store.redis_tier import RedisTier
-from blendrag.store.slot import Tier, TierSlot
+from blendrag.store.slot import TierSlot
+from blendrag.store.tier import Tier
 
 log = logging.getLogger("blendrag.store")
-
-
-class EncodedTier:
-    """A ``ByteTier`` (disk, Redis) as a ``Tier``: entries encoded on the way in, decoded and
-    verified on the way out (whole, or layer by layer: ``open_layers``)."""
-
-    volatile = False
-
-    def __init__(self, tier: ByteTier, kv_format: str = "model") -> None:
-        self.tier = tier
-        self.kv_format = kv_format  # how K and V are stored (codec.KV_FORMATS)
-        self.name, self.label, self.errors = tier.name, tier.label, tier.errors
-
-    def open(self) -> object:
-        return self.tier.open()
-
-    def read(self, key: str) -> tuple[Entry, int] | None:
-        source = self.tier.fetch(key)
-        if source is None:
-            return None
-        try:
-            size = _size_of(source)
-            kv = decode(source, key)
-        finally:
-            if hasattr(source, "close"):
-                source.close()
-        return Entry(key, kv, source if isinstance(source, bytes) else None), size
-
-    def open_layers(self, key: str) -> EncodedLayeredEntry | None:
-        """The entry opened for layer-wise reads: header and priors read and verified now,
-        each layer when asked for (disk: positioned reads on the file; Redis: GETRANGE)."""
-        opener = getattr(self.tier, "open_ranges", None)
-        source = opener(key) if opener is not None else self.tier.fetch(key)
-        if source is None:
-            return None
-        if not isinstance(source, (bytes, RangeReader)):  # an open entry file
-            try:
-                source = file_reader(source)
-            except BaseException:
-                source.close()
-                raise
-        reader = open_entry(source, key)  # closes the source when the header is bad
-        try:
-            return EncodedLayeredEntry(reader, key, self.name)
-        except BaseException:
-            reader.close()
-            raise
-
-    def write(self, entry: Entry) -> int:
-        data = entry.encoded(self.kv_format)
-        return len(data) if self.tier.put(entry.key, data) else 0
-
-    def contains(self, key: str) -> bool:
-        return self.tier.contains(key)
-
-    def delete(self, key: str) -> None:
-        self.tier.delete(key)
-
-    def clear(self) -> None:
-        self.tier.clear()
-
-    def usage(self) -> TierUsage:
-        return self.tier.usage()
-
-    def unusable(self, exc: BaseException) -> bool:
-        return self.tier.unusable(exc)
-
-    def close(self) -> None:
-        self.tier.close()
 
 
 class TieredKVStore:
     """Chunk-KV store over the tiers ``config`` enables (see ``StoreConfig``); a ``KVStore``.
 
-    Tiers, fastest first: RAM (``RamTier``), disk (``DiskTier``), Redis (``RedisTier``); every
-    one is used through the same ``Tier`` interface. Returned entries are shared with the RAM
-    tier: treat their tensors as read-only.
+    Tiers, fastest first: RAM (``RamTier``), disk (``DiskTier``), Redis (``RedisTier``), S3
+    (``S3Tier``); every one is used through the same ``Tier`` interface, each in its
+    ``TierSlot`` (``tiers``). Returned entries are shared with the RAM tier: treat their
+    tensors as read-only.
     """
 
     def __init__(self, config: StoreConfig | None = None,
@@ -120,24 +51,31 @@ class TieredKVStore:
         self._slots: list[TierSlot] = []
         if config.ram_bytes:
             self._add(RamTier(config.ram_bytes))
+        fmt = config.kv_format
         if config.disk_dir is not None:
-            self._add(EncodedTier(DiskTier(config.disk_dir, config.disk_bytes,
-                                           config.disk_timeout_s), config.kv_format))
+            self._add(DiskTier(config.disk_dir, config.disk_bytes, config.disk_timeout_s,
+                               kv_format=fmt))
         if config.redis_url is not None:
-            self._add(EncodedTier(RedisTier(config.redis_url, config.redis_prefix,
-                                            config.redis_ttl_s,
-                                            config.redis_timeout_s), config.kv_format))
+            self._add(RedisTier(config.redis_url, config.redis_prefix, config.redis_ttl_s,
+                                config.redis_timeout_s, kv_format=fmt))
         if config.s3_url is not None:
             from blendrag.store.s3_tier import S3Tier  # boto3 is an extra: blendrag[s3]
 
-            self._add(EncodedTier(S3Tier(config.s3_url, config.s3_endpoint_url,
-                                         config.s3_timeout_s), config.kv_format))
+            self._add(S3Tier(config.s3_url, config.s3_endpoint_url, config.s3_timeout_s,
+                             kv_format=fmt))
 
     def _add(self, tier: Tier) -> None:
         tier = self._wrap(tier) if self._wrap is not None else tier
         slot = TierSlot(tier, self.config.retry_after_s)
         self._slots.append(slot)
         slot.call("open", tier.open, None)  # warn at start-up, not at the first request
+
+    @property
+    def tiers(self) -> tuple[TierSlot, ...]:
+        """Each tier in its slot, fastest first: ``slot.tier`` (the tier, as ``wrap`` made it),
+        ``slot.health`` (benched or not, its strikes) and ``slot.counters``. For tools and
+        tests that look at one tier; reads and writes go through the store."""
+        return tuple(self._slots)
 
     # -- KVStore protocol ------------------------------------------------------------------
 
@@ -272,6 +210,7 @@ class TieredKVStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded (the
     # priors are host tensors already: ChunkKV keeps them there).
@@ -279,6 +218,3 @@ def _on_cpu(kv: ChunkKV) -> ChunkKV:
         return kv
     return dataclasses.replace(kv, keys=kv.keys.to("cpu"), values=kv.values.to("cpu"))
 
-
-def _size_of(source: bytes | BinaryIO) -> int:
-    return len(source) if isinstance(source, bytes) else os.fstat(source.fileno()).st_size

@@ -30,7 +30,7 @@ def test_entries_do_not_depend_on_batch_boundaries(engine_for, tmp_path, one_thr
     assert StoreConfig(disk_dir=None).kv_format == "bfloat16"
     one_batch = _ingested(engine_for, tmp_path, "one", batch_size=64)
     in_fives = _ingested(engine_for, tmp_path, "fives", batch_size=5)
-    keys = list(one_batch._slots[0].tier.tier._cache.iterkeys())  # every entry stored
+    keys = one_batch.tiers[0].tier.keys()  # every entry stored
     assert len(keys) > len(TEXTS)  # chunks in context, chunks alone, prefixes
     for key in keys:
         a, b = one_batch.get(key), in_fives.get(key)

@@ -14,9 +14,9 @@ from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import (
     FORMAT_VERSION,
     EntryError,
-    _meta_digest,
     decode,
     encode,
+    meta_digest,
     open_entry,
 )
 from helpers.kvgen import make_kv, rewrite_header, same_bits
@@ -122,7 +122,7 @@ def test_entries_of_the_previous_version_still_read():
     checksums["sensitivity"] = checksums.pop("profile")
     meta["checksums"] = json.dumps(checksums)
     del meta["meta_checksum"]
-    meta["meta_checksum"] = _meta_digest(meta)
+    meta["meta_checksum"] = meta_digest(meta)
     old = decode(safetensors.torch.save(tensors, metadata=meta), KEY)
     assert same_bits(old, kv) and old.context_tag == "fill3-abc"
     assert torch.equal(old.context_shift, kv.context_shift)

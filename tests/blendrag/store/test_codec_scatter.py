@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from blendrag.store import codec
+from blendrag.store import readers
 from blendrag.store.codec import decode, encode
 from helpers.kvgen import make_kv, same_bits
 
@@ -13,7 +13,7 @@ KEY = "c" * 64
 
 
 def test_more_tensors_than_one_preadv_takes(tmp_path):
-    kv = make_kv(1, layers=codec._IOV_MAX // 2 + 3, heads=1, tokens=2, dim=2)  # > IOV_MAX tensors
+    kv = make_kv(1, layers=readers.IOV_MAX // 2 + 3, heads=1, tokens=2, dim=2)  # > IOV_MAX tensors
     path = tmp_path / "entry"
     path.write_bytes(encode(KEY, kv))
     assert same_bits(decode(path, KEY), kv)
@@ -31,6 +31,6 @@ def test_partial_scatter_reads_are_resumed(tmp_path, monkeypatch):
         first = memoryview(buffers[0])
         return real(fd, [first[: max(1, min(len(first), 100))]], offset)
 
-    monkeypatch.setattr(codec.os, "preadv", short_preadv)
+    monkeypatch.setattr(readers.os, "preadv", short_preadv)
     assert same_bits(decode(path, KEY), kv)
     assert len(calls) > 2 * kv.num_layers  # it did take many partial reads

@@ -63,9 +63,9 @@ def test_full_disk_degrades_with_one_warning_leaves_no_partial_file_and_recovers
     # Space is back and the bench has expired: the disk is used again.
     monkeypatch.setattr(diskcache.Disk, "_write", real_write)
     store.config.retry_after_s = 0
-    for slot in store._slots:
+    for slot in store.tiers:
         slot.health.retry_after_s = 0
-        slot.health._down_until = 0.0
+        slot.health.retry_now()
     store.put("after", make_kv(5))
     assert make_store(ram_bytes=0).contains("after")
 

@@ -13,7 +13,7 @@ import safetensors.torch
 import torch
 
 from blendrag.store import StoreConfig, TieredKVStore
-from blendrag.store.codec import KV_FORMATS, EntryError, _meta_digest, decode, encode, open_entry
+from blendrag.store.codec import KV_FORMATS, EntryError, decode, encode, meta_digest, open_entry
 from helpers.kvgen import make_kv, same_bits
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -86,7 +86,7 @@ def _rewrite(data: bytes, tensors=None, **fields) -> bytes:
     meta = json.loads(data[8: 8 + header_len])["__metadata__"]
     meta.update(fields)
     meta = {k: v for k, v in meta.items() if v is not None and k != "meta_checksum"}
-    meta["meta_checksum"] = _meta_digest(meta)
+    meta["meta_checksum"] = meta_digest(meta)
     return safetensors.torch.save(tensors, metadata=meta)
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from blendrag.store import MemoryKVStore, codec, layered
+from blendrag.store import MemoryKVStore, layered, readers
 from blendrag.store.codec import EntryError, encode, open_entry
 from blendrag.store.layered import LayerReadError, pageable_buffer
 from blendrag.store.throttle import Throttle, ThrottledTier
@@ -60,11 +60,10 @@ def test_a_layer_failing_its_checksum_is_reported_and_the_entry_dropped(make_sto
     kv = make_kv(3)
     store = make_store(ram_bytes=0)
     store.put("k", kv)
-    path = store._slots[0].tier.tier.entry_path("k")
+    path = store.tiers[0].tier.entry_path("k")
     data = bytearray(path.read_bytes())
-    reader = open_entry(bytes(data), "k")
-    start = 8 + reader._tensors._header_len + reader._tensors._specs["v.1"][2]
-    reader.close()
+    with open_entry(bytes(data), "k") as reader:
+        start, _ = reader.span("v.1")
     data[start] ^= 0xFF  # one bit pattern of layer 1's values
     path.write_bytes(bytes(data))
     entry = store.open_layers("k")  # the header is intact
@@ -103,11 +102,9 @@ def test_throttled_reads_take_the_modelled_time(make_store):
 
 def _layer_start(store, key: str, layer: int) -> int:
     """Where layer ``layer``'s tensors start in the entry file of ``key``."""
-    path = store._slots[0].tier.tier.entry_path(key)
+    path = store.tiers[0].tier.entry_path(key)
     with open_entry(path, key) as reader:
-        specs = reader._tensors._specs
-        return 8 + reader._tensors._header_len + min(specs[f"{kind}.{layer}"][2]
-                                                    for kind in ("k", "v"))
+        return min(reader.span(f"{kind}.{layer}")[0] for kind in ("k", "v"))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -120,7 +117,7 @@ def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monk
     store = make_store(ram_bytes=0)
     store.put("k", kv)
     bad = _layer_start(store, "k", 2)
-    real = codec.os.preadv
+    real = readers.os.preadv
 
     def preadv(fd, buffers, offset):
         end = offset + sum(len(b) for b in buffers)
@@ -128,7 +125,7 @@ def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monk
             raise OSError(errno.EIO, "Input/output error")
         return real(fd, buffers, offset)
 
-    monkeypatch.setattr(codec.os, "preadv", preadv)
+    monkeypatch.setattr(readers.os, "preadv", preadv)
     entry = store.open_layers("k")
     for i in range(2):
         k, v = entry.layer(i)
@@ -147,7 +144,7 @@ def test_closing_an_entry_stops_its_reads_ahead_before_the_file_is_closed(make_s
     store = make_store(ram_bytes=0)
     store.put("k", kv)
     first = _layer_start(store, "k", 0)
-    real = codec.os.preadv
+    real = readers.os.preadv
     closed = threading.Event()
     late: list[int] = []
 
@@ -158,7 +155,7 @@ def test_closing_an_entry_stops_its_reads_ahead_before_the_file_is_closed(make_s
                 late.append(offset)
         return real(fd, buffers, offset)
 
-    monkeypatch.setattr(codec.os, "preadv", slow_preadv)
+    monkeypatch.setattr(readers.os, "preadv", slow_preadv)
     entry = store.open_layers("k")
     entry.close()  # while the pool reads its first layers
     closed.set()

@@ -91,7 +91,7 @@ def test_truncated_or_cut_replies_delete_nothing_and_bench_the_tier(
 
     # the fault is gone and the bench has expired: the tier is probed and serves again
     proxy.mode = "pass"
-    store._slots[0].health._down_until = 0.0
+    store.tiers[0].health.retry_now()
     for i, key in enumerate(KEYS):
         assert same_bits(_read(store, key, path), make_kv(i))
     assert store.stats().tier("redis").available
@@ -173,7 +173,7 @@ def test_a_frozen_server_benches_the_tier_at_once_and_loses_nothing(make_store, 
     assert (s.available, s.errors, s.corrupt) == (False, 1, 0)  # one timeout benched it
     assert took < 10  # the client's retries, once; the other keys do not wait
     assert _unchanged(own_redis, redis_prefix, stored)
-    store._slots[0].health._down_until = 0.0
+    store.tiers[0].health.retry_now()
     assert same_bits(store.get(KEYS[0]), make_kv(0))
 
 
@@ -200,5 +200,5 @@ def test_an_evicting_server_gives_misses_never_wrong_rows(make_store, own_redis,
         entry.close()
     s = store.stats().tier("redis")
     assert s.available and s.errors == 0  # the server is fine; the entries are gone
-    assert store._slots[0].health.failures == 0
+    assert store.tiers[0].health.failures == 0
     client.close()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from blendrag.store import DiskTier, EntryError, StoreConfig, TieredKVStore, decode, encode
-from blendrag.store.codec import _meta_digest
+from blendrag.store.codec import meta_digest
 from helpers.kvgen import make_kv, rewrite_header, same_bits
 
 
@@ -58,7 +58,7 @@ def _with_shape(data: bytes, shape: list[int]) -> bytes:
     def edit(header: dict) -> None:
         meta = header["__metadata__"]
         meta["shape"] = json.dumps(shape)
-        meta["meta_checksum"] = _meta_digest({k: v for k, v in meta.items()
+        meta["meta_checksum"] = meta_digest({k: v for k, v in meta.items()
                                               if k != "meta_checksum"})
     return rewrite_header(data, edit)
 

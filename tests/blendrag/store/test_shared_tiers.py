@@ -123,7 +123,7 @@ def test_count_and_clear_touch_only_this_prefix(shared):
         theirs.put("k0", make_kv(0))
         nested = f"{shared.prefix}/x/k9" if shared.kind == "s3" else f"{shared.prefix}:x:k9"
         shared.set("", b"not ours", name=nested)
-        tier = mine._slots[0].tier.tier  # the byte tier behind the store's one slot
+        tier = mine.tiers[0].tier  # the store's one tier
         assert tier.count_entries() == 5
         mine.clear()
         assert tier.count_entries() == 0 and not mine.contains("k1")
@@ -165,7 +165,7 @@ def test_a_server_that_goes_away_benches_the_tier_and_loses_nothing(request, tmp
                 own.stop()
             try:
                 assert same_bits(store.get("k"), make_kv(1))  # from disk
-                store._slots[0].tier.tier.delete("only-remote")  # on disk only; remote is down
+                store.tiers[0].tier.delete("only-remote")  # on disk only; remote is down
                 assert store.get("only-remote") is None
                 assert not store.stats().tier(remote).available
                 assert store.problems()

@@ -13,10 +13,11 @@ import diskcache
 import pytest
 import torch
 
-from blendrag.store import DiskTier, codec, disk_files
+from blendrag.store import DiskTier, disk_files, readers
 from blendrag.store.codec import EntryError
 from blendrag.store.health import STRIKES, TierHealth
 from blendrag.store.layered import LayerReadError
+from blendrag.store.wrappers import TierWrapper
 from helpers.files import entry_digests
 from helpers.kvgen import make_kv, same_bits
 
@@ -35,7 +36,7 @@ def test_strikes_bench_after_three_in_a_row_and_a_success_clears_them(caplog):
     assert not health.available and STRIKES == 3
     assert "continuing without it for 3600 s" in caplog.records[-1].getMessage()
     assert "2 of 3 failures in a row" in caplog.records[-2].getMessage()
-    health._down_until = 0.0  # the bench expired: probed again
+    health.retry_now()  # the bench expired: probed again
     assert health.available
     health.failed("read", failure, at_once=False)  # the probe failed: benched again at once
     assert not health.available
@@ -82,7 +83,7 @@ def test_io_errors_reading_entry_files_delete_nothing(make_store, tmp_path, monk
     def eio(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(codec.os, "preadv", eio)
+    monkeypatch.setattr(readers.os, "preadv", eio)
     for i in range(4):
         if path == "get":
             assert store.get(f"k{i}") is None
@@ -92,7 +93,7 @@ def test_io_errors_reading_entry_files_delete_nothing(make_store, tmp_path, monk
     assert (s.available, s.corrupt, s.errors) == (False, 0, 3)  # the 4th was not tried
     monkeypatch.undo()
     assert entry_digests(tmp_path / "kv") == files
-    store._slots[0].health._down_until = 0.0
+    store.tiers[0].health.retry_now()
     assert same_bits(store.get("k3"), make_kv(3))
 
 
@@ -113,25 +114,23 @@ def test_a_permission_denied_on_an_entry_file_deletes_nothing(make_store, tmp_pa
     s = store.stats().tier("disk")
     assert (s.available, s.corrupt, s.errors) == (True, 0, 2)  # two strikes, not benched
     assert same_bits(store.get("k0"), make_kv(0))  # a success clears them
-    assert store._slots[0].health.failures == 0
+    assert store.tiers[0].health.failures == 0
     assert entry_digests(tmp_path / "kv") == files
 
 
-class _DamagedOnce:
+class _DamagedOnce(TierWrapper):
     """A tier whose first read of each key fails a check, as bytes damaged on the way would;
     the stored bytes are valid."""
 
     def __init__(self, tier) -> None:
-        self.tier, self.seen = tier, set()
-
-    def __getattr__(self, name):
-        return getattr(self.tier, name)
+        super().__init__(tier)
+        self.seen: set[str] = set()
 
     def read(self, key):
         if key not in self.seen:
             self.seen.add(key)
             raise EntryError("checksum mismatch in v.1 (damaged on the way)")
-        return self.tier.read(key)
+        return self.inner.read(key)
 
 
 def test_an_entry_a_fresh_read_finds_valid_is_kept(make_store, tmp_path, caplog):
@@ -141,7 +140,7 @@ def test_an_entry_a_fresh_read_finds_valid_is_kept(make_store, tmp_path, caplog)
         assert store.get("k1") is None  # a miss for this request
     s = store.stats().tier("disk")
     assert (s.corrupt, s.errors, s.available) == (1, 0, True)
-    assert store._slots[0].health.failures == 1  # a strike against the tier
+    assert store.tiers[0].health.failures == 1  # a strike against the tier
     assert any("a fresh read of it is valid" in r.getMessage() for r in caplog.records)
     assert store.contains("k1") and same_bits(store.get("k1"), make_kv(1))
 
@@ -153,11 +152,11 @@ def test_a_layer_of_an_entry_opened_before_its_tier_was_benched_fails_at_once(ma
     store = make_store(ram_bytes=0)
     entry = store.open_layers("k2")
     assert entry is not None
-    store._slots[0].health.failed("read", OSError(errno.EROFS, "Read-only file system"))
+    store.tiers[0].health.failed("read", OSError(errno.EROFS, "Read-only file system"))
     with pytest.raises(LayerReadError, match="benched"):
         entry.layer(0)
     entry.close()
-    store._slots[0].health._down_until = 0.0  # probed again: the entry is whole
+    store.tiers[0].health.retry_now()  # probed again: the entry is whole
     assert same_bits(store.open_layers("k2").materialize(), make_kv(2))
 
 
@@ -167,21 +166,21 @@ def test_an_entry_of_a_newer_format_version_is_a_miss_and_is_kept(make_store, tm
 
     import safetensors.torch
 
-    from blendrag.store.codec import FORMAT_VERSION, _meta_digest, encode
+    from blendrag.store.codec import FORMAT_VERSION, encode, meta_digest
 
     data = encode("k9", make_kv(9))
     header = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8: 8 + header])["__metadata__"]
     meta["version"] = str(FORMAT_VERSION + 1)
     del meta["meta_checksum"]
-    meta["meta_checksum"] = _meta_digest(meta)
+    meta["meta_checksum"] = meta_digest(meta)
     newer = safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
     store = make_store(ram_bytes=0)
-    store._slots[0].tier.tier.put("k9", newer)
+    store.tiers[0].tier.put("k9", newer)
     files = entry_digests(tmp_path / "kv")
     assert store.get("k9") is None and store.open_layers("k9") is None  # misses
     assert store.contains("k9") and entry_digests(tmp_path / "kv") == files  # kept as it was
-    assert store._slots[0].health.failures == 0  # nothing wrong with the tier either
+    assert store.tiers[0].health.failures == 0  # nothing wrong with the tier either
 
 
 def test_layers_read_before_the_tier_was_benched_are_still_served(make_store):
@@ -189,7 +188,7 @@ def test_layers_read_before_the_tier_was_benched_are_still_served(make_store):
     store = make_store(ram_bytes=0)
     entry = store.open_layers("k1")
     k0, v0 = entry.layer(0)
-    store._slots[0].health.failed("read", OSError(errno.EROFS, "Read-only file system"))
+    store.tiers[0].health.failed("read", OSError(errno.EROFS, "Read-only file system"))
     k, v = entry.layer(0)  # held already: no read through the benched tier
     assert torch.equal(k, k0) and torch.equal(v, v0)
     with pytest.raises(LayerReadError, match="benched"):

@@ -1,0 +1,14 @@
+"""What a read of a stored entry raises when the bytes it finds cannot be the entry's: the codec's
+checks (``codec.py``) and the readers under it (``readers.py``) both raise ``EntryError``, which
+the tiers turn into a logged miss (``slot.py``)."""
+
+from __future__ import annotations
+
+
+class EntryError(ValueError):
+    """A stored entry that is truncated, corrupt, foreign or of another format version."""
+
+
+class NewerFormatError(EntryError):
+    """An entry written by a newer build (a format version above this build's): unreadable
+    here, valid for that build, so a miss that is never deleted."""
