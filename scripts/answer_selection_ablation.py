@@ -21,7 +21,7 @@ best a "related chunk" context (FusionRAG) could store for these prompts.
 
 and prints, per variant, the share of items whose whole greedy answer (16 tokens) is full
 prefill's, the answer KL (teacher-forced on full's answer) and first-token agreement. The
-variants replace the engine's preview pass for the run (``blendrag.engine.request``'s
+variants replace the engine's preview pass for the run (``blendrag.engine.request.prefill``'s
 ``suffix_attention``) by the same pass over a longer suffix; nothing else changes.
 """
 
@@ -33,10 +33,10 @@ import dataclasses
 import torch
 
 from blendrag import BlendConfig, BlendEngine
-from blendrag.engine import request
-from blendrag.engine.loop import LoopPlan
-from blendrag.engine.observers import KeyAttention
-from blendrag.engine.preview import suffix_attention
+from blendrag.engine.compute.loop import LoopPlan
+from blendrag.engine.compute.observers import KeyAttention
+from blendrag.engine.request import prefill as request
+from blendrag.engine.selection.preview import suffix_attention
 from blendrag.eval.answer import answer_kl, forced_logits, greedy_answer, same_answer
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.ram import MemoryKVStore

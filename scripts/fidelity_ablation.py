@@ -20,7 +20,7 @@ import argparse
 import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, ChunkContext, PreviewOptions
-from blendrag.engine.context import PASSAGES
+from blendrag.engine.caches.context import PASSAGES
 from blendrag.eval.metrics import first_token_agrees, first_token_kl
 from blendrag_bench.datasets import load_synthetic
 

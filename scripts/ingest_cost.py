@@ -17,7 +17,7 @@ import time
 import torch
 
 from blendrag import NO_CONTEXT, BlendEngine, ChunkContext, MemoryKVStore
-from blendrag.engine.context import PASSAGES
+from blendrag.engine.caches.context import PASSAGES
 from blendrag_demo.corpora import real_corpus
 
 

@@ -22,9 +22,9 @@ from types import SimpleNamespace
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.attention import BlockPlan, plan_attention
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.layer import attend
+from blendrag.engine.compute.attention import BlockPlan, plan_attention
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer import attend
 from blendrag_bench.ttft import TTFTWorkload
 
 W = TTFTWorkload()  # bench ttft's default shape

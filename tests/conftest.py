@@ -117,7 +117,7 @@ def engine_for(model_dir):
     ``context`` says otherwise: most tests check invariants against chunks computed alone; the
     ingestion context's own tests (engine/test_context.py) pass the default ``ChunkContext()``."""
     from blendrag import BlendEngine
-    from blendrag.engine.context import NO_CONTEXT
+    from blendrag.engine.caches.context import NO_CONTEXT
 
     def make(family: str = "llama", dtype: str = "float32", chat: bool | None = False,
              context=NO_CONTEXT, compute=None, **kw):

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         Prefill,
         RequestStats,
     )
-    from blendrag.engine.context import NO_CONTEXT, ChunkContext
+    from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
     from blendrag.kv.chunk_kv import ChunkKV
     from blendrag.prompt import PromptBuilder, PromptLayout
     from blendrag.spec import EngineSpec
@@ -45,7 +45,8 @@ _EXPORTS = {
     "BlendEngine": "blendrag.engine", "ComputeConfig": "blendrag.engine",
     "GenerationResult": "blendrag.engine",
     "Prefill": "blendrag.engine", "RequestStats": "blendrag.engine",
-    "NO_CONTEXT": "blendrag.engine.context", "ChunkContext": "blendrag.engine.context",
+    "NO_CONTEXT": "blendrag.engine.caches.context",
+    "ChunkContext": "blendrag.engine.caches.context",
     "ChunkKV": "blendrag.kv.chunk_kv",
     "PromptBuilder": "blendrag.prompt", "PromptLayout": "blendrag.prompt",
     "EngineSpec": "blendrag.spec",

@@ -17,7 +17,7 @@ AUTO = "auto"
 MAX_TEMPERATURE = 100.0
 DEFAULT_THREADS = 1
 """torch CPU threads of an engine's own calls: the fastest measured on a small shared CPU
-(engine/threads.py says why; docs/benchmarks.md, "CPU threads")."""
+(engine/compute/threads.py says why; docs/benchmarks.md, "CPU threads")."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,8 @@ class Ape:
     """APE (Adaptive Parallel Encoding, ICLR 2025) on blend's reused rows: the question's and
     every generated token's attention to the chunk rows not recomputed at a layer runs at
     ``temperature`` (logits divided by it) and its weight is multiplied by ``scale``, the rest
-    of the prompt as it is, all in one softmax (engine/ape.py). Rows recomputed are exact and
+    of the prompt as it is, all in one softmax (engine/selection/ape.py). Rows recomputed are exact
+    and
     left alone, so at ratio 1.0 nothing changes."""
 
     temperature: float = 0.9
@@ -155,7 +156,7 @@ SELECTORS: dict[str, type[SelectorOptions]] = {
     "profile": ProfileOptions, "query": QueryOptions, "random": RandomOptions,
 }
 """The one registry of blend selectors: each name and the type of its options (the engine's
-implementation of each is ``engine/selectors.py``'s, keyed by the same options type)."""
+implementation of each is ``engine/selection/selectors.py``'s, keyed by the same options type)."""
 
 
 def token_budget(fraction: float, tokens: int) -> int:
@@ -184,7 +185,8 @@ class BlendConfig:
                      cached rows, in a preview pass of the suffix alone) weighted by how far
                      context moves them (``ChunkKV.context_shift``, measured at ingestion);
                      ``PreviewOptions``. Static after the preview: the same tokens at every
-                     layer. engine/preview.py, selectors.PreviewSelector; the default ratio 0.20
+                     layer. engine/selection/preview.py, selectors.PreviewSelector; the default
+                     ratio 0.20
                      is the knee of the fidelity frontier on SmolLM2-135M-Instruct
                      (docs/benchmarks.md).
       ``cacheblend`` KV deviation at the check layers with gradual filtering down to ``ratio``
@@ -197,7 +199,8 @@ class BlendConfig:
                      (``QueryOptions``).
       ``random``     uniform random tokens (ablation; ``RandomOptions``).
     ratio: the fraction of chunk tokens recomputed, in [0, 1]; or ``"auto"`` / ``"auto>=F"``:
-      the loading controller (engine/controller.py) picks it per request, the largest whose
+      the loading controller (engine/selection/controller.py) picks it per request, the largest
+      whose
       recompute still hides under the loading of the cached rows, never below the floor F
       (default 0.20) and never above ``LoadingConfig.auto_cap``. After construction ``ratio``
       is a float (the floor when auto) and ``auto_ratio`` says whether it is auto; the
@@ -335,7 +338,8 @@ DEFAULT_GENERATION = GenerationConfig()
 
 
 def profile_depth(profile: bool | int) -> int:
-    """How many neighbours the ``profile`` option of ingestion asks for (``engine/profile.py``):
+    """How many neighbours the ``profile`` option of ingestion asks for
+    (``engine/caches/profile.py``):
     False/0 none, True/1 the predecessor, k the k predecessors."""
     if isinstance(profile, bool):
         return int(profile)

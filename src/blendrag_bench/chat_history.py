@@ -3,7 +3,7 @@
 Every turn sends what LlamaIndex's ``ContextChatEngine`` sends: a system message of its context
 template around the passages retrieved for this turn, the conversation so far (the questions
 and the model's own answers), the new question. The passages change every turn, so the prefix
-cache stops at the system prompt; the history cache (engine/history.py) takes the
+cache stops at the system prompt; the history cache (engine/caches/history.py) takes the
 conversation's rows from the turn before wherever they land.
 
 One conversation, driven by the engine with history reuse (its answers are the conversation);
@@ -35,8 +35,8 @@ from blendrag_bench.datasets import MUSIQUE_PATH, fit_tokens
 from blendrag_bench.ttft import build_engine
 
 if TYPE_CHECKING:
-    from blendrag.engine.request import Prefill
-    from blendrag.engine.stats import RequestStats
+    from blendrag.engine.request.prefill import Prefill
+    from blendrag.engine.request.stats import RequestStats
     from blendrag.eval.answer import Answer
 
 CONTEXT_TEMPLATE = ("Use the context information below to assist the user.\n--------------------\n"

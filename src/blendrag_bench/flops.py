@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.engine.stats import RequestStats
+from blendrag.engine.request.stats import RequestStats
 from blendrag.model.adapters import LlamaAdapter
 
 

@@ -180,7 +180,7 @@ def test_nothing_below_the_engine_facade_imports_it():
     no other module of blendrag/engine/ imports it, nor the package whose face it is."""
     engine_dir = SRC / "blendrag" / "engine"
     bad = {}
-    for path in engine_dir.glob("*.py"):
+    for path in engine_dir.rglob("*.py"):
         here = module_name(path)
         if here in FACADE:
             continue

@@ -10,7 +10,7 @@ import pytest
 
 from blendrag import BlendEngine, EngineSpec
 from blendrag.distributed.settings import IngestSettings
-from blendrag.engine.context import NO_CONTEXT
+from blendrag.engine.caches.context import NO_CONTEXT
 from blendrag.spec import spec_fields
 from blendrag.store import MemoryKVStore, StoreConfig
 

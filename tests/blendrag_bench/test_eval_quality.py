@@ -131,7 +131,7 @@ def test_quality_config_validation() -> None:
 def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> None:
     """Profiles come from ingestion (none measured at query time); the order decides the
     neighbour: prompt order measures each chunk after its prompt predecessor."""
-    from blendrag.engine.profile import key_deviation
+    from blendrag.engine.caches.profile import key_deviation
 
     engine = engine_for("llama")
     item = load_synthetic(1, num_chunks=(4, 4))[0]
@@ -163,7 +163,7 @@ def test_profile_runs_ingest_profiles_in_the_chosen_order(engine_for, order) -> 
 def test_profile_neighbours_reach_ingestion_and_the_report(engine_for) -> None:
     import torch
 
-    from blendrag.engine.profile import key_deviation
+    from blendrag.engine.caches.profile import key_deviation
     from blendrag_bench.report import format_markdown
 
     engine = engine_for("llama")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from blendrag.cli import main
-from blendrag.engine.context import ChunkContext
+from blendrag.engine.caches.context import ChunkContext
 from blendrag_bench.fidelity import (
     FidelityTarget,
     check_fidelity,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from blendrag import BlendEngine
-from blendrag.engine.context import ChunkContext
+from blendrag.engine.caches.context import ChunkContext
 from blendrag_bench.datasets import EvalItem
 from blendrag_bench.fidelity import answer_lines, check_fidelity
 from blendrag_bench.flows import EngineFlow, IntegrationFlow, make_flow

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from blendrag.calibration import FLOWS
-from blendrag.engine.context import DEFAULT_FILLERS
+from blendrag.engine.caches.context import DEFAULT_FILLERS
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 

@@ -1,6 +1,6 @@
 """`blendrag cache plan`: which storage tier keeps TTFT at the compute bound for a prompt shape.
 
-The loading controller's second question (engine/controller.py, ``choose_tier``): with
+The loading controller's second question (engine/selection/controller.py, ``choose_tier``): with
 pipelined loading a request takes about layers x max(load per layer, compute per layer); a
 tier whose load of one layer hides under the compute of one layer adds nothing to TTFT. Given
 the prompt's shape, the model's KV shape, the recompute ratio, the measured compute speed and
@@ -49,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _tier(text: str):
-    from blendrag.engine.controller import TierModel
+    from blendrag.engine.selection.controller import TierModel
 
     name, _, speed = text.partition("=")
     bandwidth, _, latency = speed.partition(":")
@@ -62,7 +62,7 @@ def _tier(text: str):
 def _plan(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from blendrag.engine.controller import choose_tier, layer_compute_s
+    from blendrag.engine.selection.controller import choose_tier, layer_compute_s
 
     try:
         tiers = [_tier(t) for t in (args.tier or DEFAULT_TIERS)]

@@ -71,7 +71,7 @@ class IngestSettings(EngineSpec):
                              "(disk_dir)")
 
     def _check_context(self) -> None:
-        from blendrag.engine.context import ChunkContext
+        from blendrag.engine.caches.context import ChunkContext
 
         if not isinstance(self.context, ChunkContext):
             raise ValueError(f"IngestSettings.context must be a ChunkContext or None, got "

@@ -17,18 +17,18 @@ from typing import Any
 import torch
 
 from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
-from blendrag.engine import request
-from blendrag.engine.calibrated import CalibratedDefault
-from blendrag.engine.chunk_cache import ChunkCache
-from blendrag.engine.context import NO_CONTEXT, ChunkContext
-from blendrag.engine.controller import LoadingConfig, LoadingController
-from blendrag.engine.generation import GenerationResult, GenerationStream
-from blendrag.engine.history import HistoryCache
-from blendrag.engine.observers import LayerObserver
-from blendrag.engine.prefix_cache import PrefixCache
-from blendrag.engine.request import Prefill
-from blendrag.engine.runner import ComputeConfig, ModelRunner
-from blendrag.engine.threads import DEFAULT_THREADS, check_threads, torch_threads
+from blendrag.engine.caches.chunk_cache import ChunkCache
+from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
+from blendrag.engine.caches.history import HistoryCache
+from blendrag.engine.caches.prefix_cache import PrefixCache
+from blendrag.engine.compute.observers import LayerObserver
+from blendrag.engine.compute.runner import ComputeConfig, ModelRunner
+from blendrag.engine.compute.threads import DEFAULT_THREADS, check_threads, torch_threads
+from blendrag.engine.request import prefill as request
+from blendrag.engine.request.generation import GenerationResult, GenerationStream
+from blendrag.engine.request.prefill import Prefill
+from blendrag.engine.selection.calibrated import CalibratedDefault
+from blendrag.engine.selection.controller import LoadingConfig, LoadingController
 from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.keys import ModelIdentity, tokenizer_fingerprint
 from blendrag.model.adapters import LlamaAdapter
@@ -55,22 +55,25 @@ class BlendEngine:
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                  prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS,
                  compute: ComputeConfig | None = None, history_bytes: int | None = None) -> None:
-        """``context``: what stored chunk KVs are computed after (engine/context.py); default
+        """``context``: what stored chunk KVs are computed after (engine/caches/context.py); default
         ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
         ``NO_CONTEXT`` without one.
         ``loading``: how cached rows are loaded (pipelined by default) and how ``ratio="auto"``
-        chooses (engine/controller.py).
+        chooses (engine/selection/controller.py).
         ``prefix_cache_bytes``: keep the rows of finished requests (prompt and generated
         tokens), at most this many bytes on the model's device, and start every request from
-        the longest run of them its ids begin with (engine/prefix_cache.py: the next turn of a
+        the longest run of them its ids begin with (engine/caches/prefix_cache.py: the next turn of
+        a
         chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
         ``history_bytes``: keep the rows after each finished request's last chunk (the
         conversation: messages and answers), at most this many bytes on the model's device, and
         blend them like a chunk wherever a later prompt's suffix begins with them
-        (engine/history.py: a chat whose passages change every turn); None: the prefix cache's
+        (engine/caches/history.py: a chat whose passages change every turn); None: the prefix
+        cache's
         budget (on with it); 0: off.
         ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
-        ingestion), the previous count restored after each call (engine/threads.py); default 1,
+        ingestion), the previous count restored after each call (engine/compute/threads.py);
+        default 1,
         the fastest measured on a small shared CPU; None leaves torch's setting alone.
         ``compute``: the attention kernel and how tokens are decoded (``ComputeConfig``:
         FlexAttention and CUDA graphs on CUDA, PyTorch's SDPA and eager decoding elsewhere);
@@ -146,7 +149,8 @@ class BlendEngine:
 
     @property
     def calibration(self) -> CalibrationRecord | None:
-        """The calibration the default ``BlendConfig()`` runs with (engine/calibrated.py): the
+        """The calibration the default ``BlendConfig()`` runs with
+        (engine/selection/calibrated.py): the
         latest one the store keeps for this model, or the one given to ``use_calibration``."""
         return self.calibrated.record
 
@@ -239,7 +243,8 @@ class BlendEngine:
         has a slower one (``put(..., ram=False)``), so a bulk job does not evict the entries
         being served. ``profile``: also measure each new chunk's context-sensitivity profile
         (for the ``profile`` selector) after the chunk before it in ``chunks`` (the first after
-        the last; see ``engine/profile.py``): one more forward of neighbour + chunk per chunk.
+        the last; see ``engine/caches/profile.py``): one more forward of neighbour + chunk per
+        chunk.
         ``profile=k``: after each of the k chunks before it, keeping each token's largest
         deviation (k forwards per chunk; robust when prompts order chunks differently).
         Each chunk is computed in the engine's ingestion context (``self.context``: one forward
@@ -256,9 +261,10 @@ class BlendEngine:
                 extra_capacity: int = 0, *, observers: Sequence[LayerObserver] = (),
                 started: float | None = None) -> Prefill:
         """Prefill ``layout`` in ``config.mode``: first-token logits, the request's KV (room for
-        ``extra_capacity`` more tokens) and its stats (``engine/request.py``).
+        ``extra_capacity`` more tokens) and its stats (``engine/request/prefill.py``).
 
-        ``observers``: watch the main pass layer by layer (``engine/observers.py``: a ``Trace``;
+        ``observers``: watch the main pass layer by layer (``engine/compute/observers.py``: a
+        ``Trace``;
         a ``PhaseClock`` times every phase, which on CUDA synchronizes at every step: a
         breakdown, not a TTFT). ``started``: when the request arrived (``time.perf_counter()``),
         if before this call: its TTFT counts from there.
@@ -324,7 +330,8 @@ class BlendEngine:
         return stream.result
 
     def release_buffers(self) -> None:
-        """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)."""
+        """Drop the pooled request KV buffer (kept between requests;
+        ``engine/compute/fused_kv.py``)."""
         self.runner.release_buffers()
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from blendrag.config import BlendConfig
-from blendrag.engine.stats import RequestStats
+from blendrag.engine.request.stats import RequestStats
 from blendrag.eval.metrics import first_token_agrees, first_token_kl, normalize_answer
 from blendrag.prompt import PromptLayout
 

@@ -12,8 +12,8 @@ import torch
 
 from blendrag.config import BlendConfig
 from blendrag.engine import BlendEngine, Prefill
-from blendrag.engine.layer import attention_probs
-from blendrag.engine.observers import Trace
+from blendrag.engine.compute.layer import attention_probs
+from blendrag.engine.compute.observers import Trace
 from blendrag.prompt import PromptLayout
 
 

@@ -20,7 +20,8 @@ tiers: one that no tier kept (a full or unusable disk) is not counted as compute
 in ``failures`` with the store's reason.
 
 An ``Ingestion`` may take its texts in several batches (``ingest``): with profiles
-(``profile=k``, ``engine/profile.py``) the last k non-empty chunks of the earlier batches go in
+(``profile=k``, ``engine/caches/profile.py``) the last k non-empty chunks of the earlier batches go
+in
 front of the next batch, stored already and therefore skipped, as the profile neighbours of its
 first chunks; so batch boundaries lose no neighbour. A text without any token has no KV: it is
 counted as empty and left out.

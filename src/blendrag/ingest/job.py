@@ -12,7 +12,7 @@ goes on with the others. A text index that fails (a full disk) is reported the s
 ``IngestSummary.complete`` is False then (``blendrag precompute`` exits with status 1).
 
 The texts go through the one ingestion path (``ingestion.Ingestion``) batch by batch. With
-``profile=True`` each new chunk's context-sensitivity profile (``engine/profile.py``) is
+``profile=True`` each new chunk's context-sensitivity profile (``engine/caches/profile.py``) is
 measured after the chunk before it in the source, its document neighbour (``profile=k``: after
 each of the k before it), across batch boundaries.
 """

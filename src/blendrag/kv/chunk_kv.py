@@ -22,9 +22,10 @@ class ChunkKV:
     prefix_hash: hex digest of the prefix ids the chunk was computed after ("" for a prefix)
     profile: [T] float32 or None: the context-sensitivity profile, how far each token's keys
       move when the chunk follows another chunk instead of the prefix alone (the ``profile``
-      selector's prior, see ``engine/profile.py``); None when the chunk was stored without one
+      selector's prior, see ``engine/caches/profile.py``); None when the chunk was stored without
+      one
     context_tag: tag of the ingestion context the rows were computed in ("" = after the prefix
-      alone; see ``engine/context.py``): part of the store key
+      alone; see ``engine/caches/context.py``): part of the store key
     context_shift: [layers, T] float32 or None: per layer, the squared L2 distance (summed over
       heads) between each token's values computed in that context and after the prefix alone;
       how far context moves the token (the ``preview`` selector's prior)

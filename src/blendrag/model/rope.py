@@ -98,7 +98,7 @@ class Rotation:
     def unrotate(self, x: torch.Tensor) -> torch.Tensor:
         """x: [heads, A, D] rotated at these positions -> x before RoPE (the inverse rotation,
         computed in float32 and rounded once to x's dtype): rows kept from a request, moved
-        to other positions later (engine/history.py)."""
+        to other positions later (engine/caches/history.py)."""
         r = self.rotary_dim
         h = r // 2
         f = x.float()

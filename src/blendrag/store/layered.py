@@ -1,7 +1,7 @@
 """Layer-wise reads of a stored chunk KV: the header at once, then one layer at a time.
 
 A request's prefill asks for layer i of every cached chunk while it computes layer i - 1
-(``engine/layer_feed.py``), so a store hands out a ``LayeredEntry`` instead of a whole
+(``engine/compute/layer_feed.py``), so a store hands out a ``LayeredEntry`` instead of a whole
 ``ChunkKV``: its header fields (token ids, prefix hash, context tag, shape, dtype) and its small
 priors (profile, context shift) are read and verified when it is opened, and ``layer(i)``
 reads and verifies only layer i. The integrity unit is the layer: each of ``k.{i}`` and

@@ -21,9 +21,9 @@ import torch
 import transformers as T
 
 from blendrag.config import BlendConfig
-from blendrag.engine.controller import LoadingConfig
+from blendrag.engine.compute.runner import ComputeConfig
 from blendrag.engine.engine import BlendEngine
-from blendrag.engine.runner import ComputeConfig
+from blendrag.engine.selection.controller import LoadingConfig
 from blendrag.prompt import PromptLayout
 
 TOL = 1e-4

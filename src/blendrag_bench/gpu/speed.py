@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from blendrag.config import BlendConfig
-from blendrag.engine.fused_kv import CachedSegment
+from blendrag.engine.compute.fused_kv import CachedSegment
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.ttft import build_engine, random_layout
@@ -135,8 +135,8 @@ def loading(emit: Emit, small: bool) -> Headlines:
 def decode(emit: Emit, small: bool) -> Headlines:
     """Tokens per second after a 3k-token full prefill: the engine eager, the engine's
     fixed-shape step (a CUDA graph on CUDA), HF ``generate``; the greedy tokens compared."""
+    from blendrag.engine.compute.runner import ComputeConfig
     from blendrag.engine.engine import BlendEngine
-    from blendrag.engine.runner import ComputeConfig
 
     steps = 8 if small else 64
     w = workload(small, "3k")

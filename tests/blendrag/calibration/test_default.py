@@ -1,5 +1,5 @@
 """The default ``BlendConfig()`` runs the calibration its engine's store keeps for its model
-(``engine/calibrated.py``); an explicit config runs as given; without a calibration the
+(``engine/selection/calibrated.py``); an explicit config runs as given; without a calibration the
 built-in default runs, said once."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_another_models_calibration_is_never_used(on_store, caplog):
     with pytest.raises(ValueError, match="another model"):
         engine.use_calibration(record(engine, model="f" * 64))
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
-    with caplog.at_level(logging.WARNING, logger="blendrag.engine.calibrated"):
+    with caplog.at_level(logging.WARNING, logger="blendrag.engine.selection.calibrated"):
         for _ in range(2):
             stats = engine.prefill(layout, BlendConfig()).stats
             assert (stats.selector, stats.ratio, stats.calibration) == ("preview", 0.2, None)

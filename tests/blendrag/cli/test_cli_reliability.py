@@ -99,7 +99,7 @@ def test_an_unknown_device(model_dir, tmp_path, jsonl, capsys):
 
 def test_a_store_dir_that_is_a_file_fails_before_computing_anything(model_dir, tmp_path, capsys,
                                                                      monkeypatch):
-    from blendrag.engine.chunk_cache import ChunkCache
+    from blendrag.engine.caches.chunk_cache import ChunkCache
 
     def never(*args, **kwargs):
         raise AssertionError("a chunk was computed for a store that cannot keep it")

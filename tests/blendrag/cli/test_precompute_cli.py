@@ -12,7 +12,7 @@ import torch
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag.cli import main
-from blendrag.engine.profile import profiled
+from blendrag.engine.caches.profile import profiled
 from blendrag.ingest import chunks_from_chroma, ingest_source
 from blendrag.store import TieredKVStore
 from helpers import procs

@@ -1,4 +1,5 @@
-"""APE on blend's reused rows (engine/ape.py): exact where nothing is reused, the identity at
+"""APE on blend's reused rows (engine/selection/ape.py): exact where nothing is reused, the
+identity at
 T = S = 1, the reference formula where rows are reused, and decoding that keeps it."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from blendrag import Ape, BlendConfig, GenerationConfig
-from blendrag.engine.ape import ApeSpan, ape_attention, ape_bias
+from blendrag.engine.selection.ape import ApeSpan, ape_attention, ape_bias
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")

@@ -1,4 +1,4 @@
-"""Attention plans (engine/attention.py): every kernel computes the exact mask, on the CPU,
+"""Attention plans (engine/compute/attention.py): every kernel computes the exact mask, on the CPU,
 FlexAttention compiled here too; its block mask marks exactly the key blocks that a tile of
 queries sees whole, in part or not at all."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blendrag.engine.attention import (
+from blendrag.engine.compute.attention import (
     FLEX_BLOCK,
     BlockPlan,
     CausalPlan,
@@ -19,7 +19,7 @@ from blendrag.engine.attention import (
     plan_attention,
     score_bias,
 )
-from blendrag.engine.layer import attention_probs
+from blendrag.engine.compute.layer import attention_probs
 
 H, HKV, D = 4, 2, 16
 SCALE = D**-0.5

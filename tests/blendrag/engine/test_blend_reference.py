@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, RandomOptions
-from blendrag.engine.observers import Trace
-from blendrag.engine.selectors import RandomSelector, SelectorInputs
+from blendrag.engine.compute.observers import Trace
+from blendrag.engine.selection.selectors import RandomSelector, SelectorInputs
 from blendrag.eval.answer import greedy_answer
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -107,7 +107,7 @@ def test_partial_blend_and_its_decoding_equal_the_naive_reference(engine_for, ra
 def test_preview_blend_over_the_preview_pass_rows_equals_the_reference(engine_for):
     """The default path: chunks stored in the ingestion context, the first passage's exact
     rows, the preview pass loading the cached rows that the blend pass then computes over."""
-    from blendrag.engine.context import NO_CONTEXT, ChunkContext
+    from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 
     engine = engine_for("llama", context=ChunkContext())
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)

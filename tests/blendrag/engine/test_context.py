@@ -1,4 +1,4 @@
-"""The ingestion context (engine/context.py) and the preview selector that reads its shifts:
+"""The ingestion context (engine/caches/context.py) and the preview selector that reads its shifts:
 stored rows are the mean over fillers, keys name the context, the exact modes stay exact."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, ChunkContext, MemoryKVStore, PreviewOptions
-from blendrag.engine.observers import Trace
-from blendrag.engine.selectors import PreviewSelector, SelectorInputs
+from blendrag.engine.compute.observers import Trace
+from blendrag.engine.selection.selectors import PreviewSelector, SelectorInputs
 from blendrag.store.codec import decode, encode
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blendrag import BlendConfig, CacheBlendOptions
-from blendrag.engine.controller import (
+from blendrag.engine.selection.controller import (
     LoadingConfig,
     LoadingController,
     RatioChoice,

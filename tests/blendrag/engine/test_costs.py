@@ -1,4 +1,5 @@
-"""The device's cost profile (engine/costs.py) and a request run as a full prefill when the
+"""The device's cost profile (engine/selection/costs.py) and a request run as a full prefill when
+the
 profile predicts its mode slower (``LoadingConfig.full_when_faster``)."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine
-from blendrag.engine.context import NO_CONTEXT
-from blendrag.engine.controller import LoadingConfig
-from blendrag.engine.costs import DeviceCosts, PassCost, PromptShape, _fit
+from blendrag.engine.caches.context import NO_CONTEXT
+from blendrag.engine.selection.controller import LoadingConfig
+from blendrag.engine.selection.costs import DeviceCosts, PassCost, PromptShape, _fit
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")
@@ -124,7 +125,7 @@ def test_missing_chunks_are_counted_before_any_is_computed(model_dir):
 
 
 def test_a_chunk_in_an_ingestion_context_costs_a_pass_per_filler(engine_for):
-    from blendrag.engine.context import ChunkContext
+    from blendrag.engine.caches.context import ChunkContext
 
     engine = engine_for("llama", context=ChunkContext())
     layout = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, ComputeConfig
-from blendrag.engine.attention import BlockPlan, LowerRightPlan, plan_attention
-from blendrag.engine.controller import LoadingConfig
+from blendrag.engine.compute.attention import BlockPlan, LowerRightPlan, plan_attention
+from blendrag.engine.selection.controller import LoadingConfig
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = [pytest.mark.cuda,

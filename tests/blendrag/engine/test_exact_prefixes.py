@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from blendrag.engine.context import NO_CONTEXT, ChunkContext
+from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.tiny import PASSAGES, PREFIX

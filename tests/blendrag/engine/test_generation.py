@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, ComputeConfig, GenerationConfig
-from blendrag.engine.decode import StaticDecoder
+from blendrag.engine.compute.decode import StaticDecoder
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")

@@ -1,4 +1,5 @@
-"""The history cache (engine/history.py): the rows of an earlier turn found by their ids at the
+"""The history cache (engine/caches/history.py): the rows of an earlier turn found by their ids at
+the
 start of a later prompt's suffix, moved to their new positions and blended like a chunk; a
 ratio-1.0 turn equals a full prefill, a full-mode turn never takes them."""
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig, PromptLayout
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.history import HISTORY_TAG, HistoryCache
+from blendrag.engine.caches.history import HISTORY_TAG, HistoryCache
+from blendrag.engine.compute.fused_kv import FusedKV
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL, BLEND, EXACT = BlendConfig(mode="full"), BlendConfig(ratio=0.3), BlendConfig(ratio=1.0)
@@ -152,7 +153,7 @@ def test_every_selector_blends_history_rows_and_none_reach_the_store(chat_engine
 
 
 def test_a_history_chunk_gets_the_other_chunks_mean_prior():
-    from blendrag.engine.selectors import _history_filled
+    from blendrag.engine.selection.selectors import _history_filled
     from blendrag.kv.chunk_kv import ChunkKV
     from blendrag.store.layered import MemoryLayeredEntry
 

@@ -17,7 +17,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from blendrag import BlendConfig
-from blendrag.engine.prefix_cache import PrefixCache
+from blendrag.engine.caches.prefix_cache import PrefixCache
 from blendrag.prompt import PromptLayout
 
 MODES = {

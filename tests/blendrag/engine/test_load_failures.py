@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine
-from blendrag.engine.context import NO_CONTEXT, ChunkContext
+from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 from blendrag.store.disk import DiskTier
 from helpers.tiny import PREFIX, SUFFIX
 

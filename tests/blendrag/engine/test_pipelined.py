@@ -1,4 +1,4 @@
-"""Pipelined loading (engine/layer_feed.py): the same logits as sequential loading for every
+"""Pipelined loading (engine/compute/layer_feed.py): the same logits as sequential loading for every
 mode and tier, and a tier that fails midway through a request never yields wrong logits."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def prefill_at(engine, layout, config, prefetch: int):
 def reference(model_dir):
     """Logits of every mode from an engine on the default RAM store, read sequentially."""
     from blendrag import BlendEngine
-    from blendrag.engine.context import NO_CONTEXT
+    from blendrag.engine.caches.context import NO_CONTEXT
 
     engine = BlendEngine.from_pretrained(model_dir("llama", layers=LAYERS), device="cpu",
                                          chat=False, context=NO_CONTEXT)

@@ -1,4 +1,5 @@
-"""The prefix cache (engine/prefix_cache.py): chained block hashes, the longest cached prefix,
+"""The prefix cache (engine/caches/prefix_cache.py): chained block hashes, the longest cached
+prefix,
 eviction that spares blocks in use, exact rows for exact requests only, and a full prefill's
 logits when a request starts from cached rows."""
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig, PromptLayout
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.prefix_cache import PrefixCache
+from blendrag.engine.caches.prefix_cache import PrefixCache
+from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -188,7 +189,7 @@ def _two_prompts(engine: BlendEngine):
                          ids=["reuse", "blend-1.0"])
 def test_blend_after_cached_rows_reuses_them_up_to_a_chunk_boundary(chat_engine, config,
                                                                     one_thread):
-    from blendrag.engine.context import NO_CONTEXT
+    from blendrag.engine.caches.context import NO_CONTEXT
 
     engine = _small_blocks(chat_engine(context=NO_CONTEXT))
     plain = chat_engine(prefix_cache_bytes=0, context=NO_CONTEXT)

@@ -10,8 +10,8 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.config import profile_depth
-from blendrag.engine.profile import key_deviation, neighbours, profiled
-from blendrag.engine.selectors import make_selector
+from blendrag.engine.caches.profile import key_deviation, neighbours, profiled
+from blendrag.engine.selection.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX, computed
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, CacheBlendOptions, RandomOptions
-from blendrag.engine.selectors import make_selector
+from blendrag.engine.selection.selectors import make_selector
 from blendrag.eval.deviation import attention_deviation, traced_prefill
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -97,7 +97,7 @@ def test_attention_deviation_falls_as_ratio_rises(engine_for):
 
 
 def test_spans_recompute_windows_of_neighbours_within_the_budget():
-    from blendrag.engine.selectors import spans
+    from blendrag.engine.selection.selectors import spans
 
     scores = torch.zeros(40)
     scores[10], scores[30] = 5.0, 3.0

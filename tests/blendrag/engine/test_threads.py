@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
-from blendrag.engine.observers import LayerObserver
-from blendrag.engine.threads import DEFAULT_THREADS, torch_threads
+from blendrag.engine.compute.observers import LayerObserver
+from blendrag.engine.compute.threads import DEFAULT_THREADS, torch_threads
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, PromptLayout
-from blendrag.engine.context import ChunkContext
+from blendrag.engine.caches.context import ChunkContext
 from blendrag.eval.answer import (
     answer_kl,
     compare_answers,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
-from blendrag.engine.profile import profiled
+from blendrag.engine.caches.profile import profiled
 from blendrag.ingest import (
     chunks_from_chroma,
     chunks_from_folder,

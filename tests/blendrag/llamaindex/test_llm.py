@@ -12,7 +12,7 @@ from llama_index.core.llms import ChatMessage
 from llama_index.core.schema import NodeWithScore, TextNode
 
 from blendrag import BlendConfig, BlendEngine
-from blendrag.engine.profile import profiled
+from blendrag.engine.caches.profile import profiled
 from blendrag.llamaindex import BlendKVTransform, BlendLLM
 from helpers.li_data import GENERATION, ingest
 from helpers.tiny import PASSAGES

@@ -11,7 +11,7 @@ from llama_index.core.ingestion import IngestionCache, IngestionPipeline
 from llama_index.core.schema import MetadataMode
 
 from blendrag import BlendConfig
-from blendrag.engine.profile import profiled
+from blendrag.engine.caches.profile import profiled
 from blendrag.llamaindex import BlendKVTransform, BlendLLM, BlendSynthesizer, blend_query_engine
 from helpers.li_data import QUESTION, cached
 

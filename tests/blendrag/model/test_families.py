@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, ComputeConfig, GenerationConfig
-from blendrag.engine.context import NO_CONTEXT
+from blendrag.engine.caches.context import NO_CONTEXT
 from blendrag.prompt import PromptLayout
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 

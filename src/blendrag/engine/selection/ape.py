@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from blendrag.config import Ape
-from blendrag.engine.attention import AttentionPlan, plan_attention
+from blendrag.engine.compute.attention import AttentionPlan, plan_attention
 
 
 @dataclass(frozen=True)

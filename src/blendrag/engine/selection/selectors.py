@@ -27,9 +27,9 @@ from blendrag.config import (
     SelectorOptions,
     token_budget,
 )
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.history import HISTORY_TAG
-from blendrag.engine.layer import attention_probs
+from blendrag.engine.caches.history import HISTORY_TAG
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer import attention_probs
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayeredEntry
@@ -215,7 +215,7 @@ def _stored(values: list[torch.Tensor | None], layout: PromptLayout, chunks: Seq
 
 def _history_filled(values: list[torch.Tensor | None],
                     chunks: Sequence[Cached]) -> list[torch.Tensor | None]:
-    """A history chunk (engine/history.py) has no stored prior: its rows were computed in an
+    """A history chunk (engine/caches/history.py) has no stored prior: its rows were computed in an
     earlier turn, not in an ingestion context. It gets the other chunks' mean (per layer for a
     context shift [L, T], one value for a profile [T]), so that its tokens compete on the
     attention they get rather than on a prior they lack."""
@@ -232,7 +232,7 @@ def _history_filled(values: list[torch.Tensor | None],
 @implements(ProfileOptions)
 class ProfileSelector(StaticTopSelector):
     """The top ceil(ratio * C) chunk tokens by their stored context-sensitivity profile, ranked
-    across all chunks (engine/profile.py). The first chunk is left out when its cached rows
+    across all chunks (engine/caches/profile.py). The first chunk is left out when its cached rows
     are exact."""
 
     def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
@@ -252,7 +252,7 @@ class PreviewSelector(StaticTopSelector):
     """blendrag's default. Tokens the question reads whose rows context moves most: the score
     of chunk token t is sum over layers l of (a_l(t) / mean_t a_l + floor) * sqrt(shift_l(t)),
     where a_l is the attention the suffix paid t over the cached rows in the preview pass
-    (engine/preview.py) and shift_l the stored context shift (ChunkKV.context_shift; 1 for
+    (engine/selection/preview.py) and shift_l the stored context shift (ChunkKV.context_shift; 1 for
     chunks stored without one). ``attention_floor`` keeps tokens that context moves much in
     reach where the preview, made over stale keys, pays them little attention."""
 

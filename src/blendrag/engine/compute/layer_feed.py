@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from blendrag.engine.fused_kv import CachedSegment, FusedKV
-from blendrag.engine.phases import OFF, PhaseClock
+from blendrag.engine.compute.fused_kv import CachedSegment, FusedKV
+from blendrag.engine.request.phases import OFF, PhaseClock
 from blendrag.model.rope import RopeTables
 
 Rows = list[tuple[torch.Tensor, torch.Tensor]]  # per segment: (pre-RoPE keys, values) [Hkv, T, D]

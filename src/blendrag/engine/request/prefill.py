@@ -2,12 +2,12 @@
 
 A ``Request`` carries what was asked (layout, config, capacity, arrival time, observers) and
 what lasts across attempts; before the first, the history cache's rows are split off as one
-more chunk (engine/history.py) and the cost profile may choose a full prefill instead
-(engine/costs.py). ``prefill`` runs attempts until one completes. An attempt
+more chunk (engine/caches/history.py) and the cost profile may choose a full prefill instead
+(engine/selection/costs.py). ``prefill`` runs attempts until one completes. An attempt
 
 1. **opens** the request's cached rows (``Opened``): its head, how far it takes the longest
    run of prefix-cache blocks its ids begin with (an earlier turn of the same chat;
-   engine/head.py), then the chunks after it (``ChunkCache.rows_for``: stored entries opened
+   engine/request/head.py), then the chunks after it (``ChunkCache.rows_for``: stored entries opened
    for layer-wise reads; chunks the store misses computed and stored now, before the request
    takes the pooled buffer);
 2. takes the buffer, RoPE tables and layer feed (``Running``), the controller's ratio
@@ -34,23 +34,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-import blendrag.engine.head as head_rules
+import blendrag.engine.request.head as head_rules
 from blendrag.config import BlendConfig
-from blendrag.engine.ape import ApeSpan
-from blendrag.engine.chunk_cache import ChunkCache, RequestRows
-from blendrag.engine.controller import LoadingController, decide, observe
-from blendrag.engine.costs import PromptShape, choose_mode, observe_choice
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.history import HISTORY_TAG, HistoryCache, HistoryRows
-from blendrag.engine.layer_feed import LayerFeed
-from blendrag.engine.loop import LoopPlan
-from blendrag.engine.observers import LayerCounts, LayerObserver
-from blendrag.engine.phases import OFF, PhaseClock
-from blendrag.engine.prefix_cache import PrefixCache, PrefixMatch
-from blendrag.engine.preview import suffix_attention
-from blendrag.engine.runner import ModelRunner
-from blendrag.engine.selectors import make_selector
-from blendrag.engine.stats import ModeChoice, RequestStats, new_stats
+from blendrag.engine.caches.chunk_cache import ChunkCache, RequestRows
+from blendrag.engine.caches.history import HISTORY_TAG, HistoryCache, HistoryRows
+from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer_feed import LayerFeed
+from blendrag.engine.compute.loop import LoopPlan
+from blendrag.engine.compute.observers import LayerCounts, LayerObserver
+from blendrag.engine.compute.runner import ModelRunner
+from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
+from blendrag.engine.selection.ape import ApeSpan
+from blendrag.engine.selection.controller import LoadingController, decide, observe
+from blendrag.engine.selection.costs import PromptShape, choose_mode, observe_choice
+from blendrag.engine.selection.preview import suffix_attention
+from blendrag.engine.selection.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
@@ -118,7 +118,7 @@ class Request:
 @dataclass
 class Opened:
     """What an attempt opened: ``found``, the prefix cache's blocks it holds; ``head``, how far
-    it takes them (engine/head.py); ``tail``, every token after the head computed; ``rest``,
+    it takes them (engine/request/head.py); ``tail``, every token after the head computed; ``rest``,
     the layout its plan sees (the request's, or its part after the head); ``rows``, the cached
     rows of the chunks after the head."""
 
@@ -177,7 +177,7 @@ def prefill(parts: Parts, req: Request) -> Prefill:
 def _history(parts: Parts, layout: PromptLayout,
              config: BlendConfig) -> tuple[PromptLayout, HistoryRows | None]:
     """``layout`` with the rows of an earlier turn its suffix begins with as one more chunk
-    (engine/history.py), for the modes that reuse rows in a new context; else as it is."""
+    (engine/caches/history.py), for the modes that reuse rows in a new context; else as it is."""
     if parts.history is None or config.mode not in ("blend", "reuse"):
         return layout, None
     return parts.history.split(layout)
@@ -185,7 +185,8 @@ def _history(parts: Parts, layout: PromptLayout,
 
 def _mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | None]:
     """``req.config``, or a full prefill when this device's cost profile predicts that it would
-    be slower (``LoadingConfig.full_when_faster``; engine/costs.py ``choose_mode``); and the
+    be slower (``LoadingConfig.full_when_faster``; engine/selection/costs.py ``choose_mode``); and
+    the
     choice's record (None: not asked). Not asked of a request that begins with prefix-cache
     rows (every mode then computes little) or that is a full prefill already."""
     layout, config = req.layout, req.config

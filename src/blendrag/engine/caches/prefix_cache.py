@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import xxhash
 
-from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.protocol import KVStore
 

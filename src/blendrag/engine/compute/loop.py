@@ -12,7 +12,7 @@ shrink the active set at its check layers. Per layer:
   3. at a check layer, score the active chunk tokens against their cached rows and keep the top
   4. write the fresh k, v of every active token into the request's KV
   5. attention of the kept tokens over the request's KV (exact causal mask; planned once per
-     set of tokens, engine/attention.py), o_proj, MLP
+     set of tokens, engine/compute/attention.py), o_proj, MLP
 
 With every token active at every layer this is exactly a full prefill; rows that are never
 active keep their cached KV. What a caller wants to know of each layer (the rows it computed,
@@ -26,14 +26,14 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.engine.ape import ApePlan, ApeSpan
-from blendrag.engine.attention import AttentionPlan, plan_attention, score_bias
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.layer import attend, attend_scored, finish, project
-from blendrag.engine.layer_feed import LayerFeed
-from blendrag.engine.observers import LayerObserver, LayerStep
-from blendrag.engine.phases import OFF, PhaseClock
-from blendrag.engine.selectors import CheckView, Selector
+from blendrag.engine.compute.attention import AttentionPlan, plan_attention, score_bias
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer import attend, attend_scored, finish, project
+from blendrag.engine.compute.layer_feed import LayerFeed
+from blendrag.engine.compute.observers import LayerObserver, LayerStep
+from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.selection.ape import ApePlan, ApeSpan
+from blendrag.engine.selection.selectors import CheckView, Selector
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTable, RopeTables, Rotation
 
@@ -49,7 +49,7 @@ class LoopPlan:
     active: torch.Tensor
     feed: LayerFeed | None = None
     selector: Selector | None = None
-    ape: ApeSpan | None = None  # the suffix reads reused rows with APE (engine/ape.py)
+    ape: ApeSpan | None = None  # the suffix reads reused rows with APE (engine/selection/ape.py)
 
 
 @dataclass
@@ -100,8 +100,8 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
                observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF,
                kernel: str = "sdpa") -> LoopResult:
     """Run every layer of ``plan``, filling ``fused`` rows [0, N); ``observers`` see each layer
-    once it is computed, ``clock`` charges each step's time to its phase (engine/phases.py);
-    ``kernel``: the attention kernel (engine/attention.py)."""
+    once it is computed, ``clock`` charges each step's time to its phase (engine/request/phases.py);
+    ``kernel``: the attention kernel (engine/compute/attention.py)."""
     n = plan.ids.shape[0]
     if plan.active.numel() == 0 or int(plan.active[-1]) != n - 1:
         raise ValueError("the last prompt token must be computed (active)")

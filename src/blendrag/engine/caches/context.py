@@ -37,7 +37,7 @@ import torch
 from blendrag.kv.chunk_kv import ChunkKV
 
 if TYPE_CHECKING:
-    from blendrag.engine.runner import ModelRunner
+    from blendrag.engine.compute.runner import ModelRunner
 
 PASSAGES: tuple[str, ...] = (
     "The river rises in a range of low hills and flows north for about three hundred kilometres "

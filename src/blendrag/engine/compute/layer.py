@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from blendrag.engine.attention import AttentionPlan, score_bias
-from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.compute.attention import AttentionPlan, score_bias
+from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.model.adapters import HFModule, LlamaAdapter
 from blendrag.model.rope import Rotation
 
@@ -28,7 +28,7 @@ def project(adapter: LlamaAdapter, layer: HFModule, h: torch.Tensor,
 def attend(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedKV,
            plan: AttentionPlan) -> torch.Tensor:
     """Attention of q: [H, A, D] over the fused KV of ``layer_idx`` -> o: [H, A, D], as
-    ``plan`` says (engine/attention.py: built once for the positions of q). The plan gets
+    ``plan`` says (engine/compute/attention.py: built once for the positions of q). The plan gets
     the layer's whole buffer (its keys past the prompt are never visible)."""
     k, v = fused.base
     return plan.attend(q, k[layer_idx], v[layer_idx], adapter.scaling)

@@ -1,4 +1,5 @@
-"""A request's head: the rows it starts from, taken from the prefix cache (engine/prefix_cache.py).
+"""A request's head: the rows it starts from, taken from the prefix cache
+(engine/caches/prefix_cache.py).
 
 The cache matches whole blocks, so its rows end wherever a block ends: inside the prompt's
 prefix, inside a chunk, or past the chunks. What the request does with them depends on its
@@ -13,7 +14,7 @@ mode:
   Either way the chunks after the head are opened and planned as usual (``after``).
 - ``prefix`` whose exact rows stop before the end of its one reused chunk: no head at all.
 
-Decisions only: the request path (engine/request.py) writes the head's rows and runs the
+Decisions only: the request path (engine/request/prefill.py) writes the head's rows and runs the
 bridge.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blendrag.config import BlendConfig
-from blendrag.engine.prefix_cache import PrefixCache, PrefixMatch
+from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.prompt import PromptLayout
 
 EXACT_MODES = ("full", "prefix")  # they take exact prefix-cache rows only

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from blendrag.engine.observers import LayerObserver
+from blendrag.engine.compute.observers import LayerObserver
 
 PHASES = (
     "fetch",      # store lookups (+ computing missing chunk KVs)

@@ -3,8 +3,8 @@
 Every cached KV a request or an ingestion needs goes through ``ChunkCache``: its content key
 (``kv/keys.py``), one lookup path (``open``: the stored entry opened for layer-wise reads, its
 header checked against what was asked for), computing and storing what the store misses (in
-the ingestion context, with the first passage's exact rows beside it: ``engine/context.py``),
-and the priors a selector reads (a profile measured on first use: ``engine/profile.py``).
+the ingestion context, with the first passage's exact rows beside it: ``engine/caches/context.py``),
+and the priors a selector reads (a profile measured on first use: ``engine/caches/profile.py``).
 Computing uses the runner's pooled request buffer, so it happens before a request takes it:
 ``rows_for`` is the first step of a request.
 """
@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 import torch
 
 from blendrag.config import BlendConfig, profile_depth
-from blendrag.engine.context import NO_CONTEXT, ChunkContext, in_context
-from blendrag.engine.fused_kv import CachedSegment
-from blendrag.engine.history import HISTORY_TAG, HistoryRows
-from blendrag.engine.profile import neighbours, profiled
-from blendrag.engine.runner import ModelRunner
+from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext, in_context
+from blendrag.engine.caches.history import HISTORY_TAG, HistoryRows
+from blendrag.engine.caches.profile import neighbours, profiled
+from blendrag.engine.compute.fused_kv import CachedSegment
+from blendrag.engine.compute.runner import ModelRunner
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids
 from blendrag.prompt import PromptLayout
@@ -78,7 +78,7 @@ class RequestRows:
 class ChunkCache:
     """Chunk KVs of one model in ``store``, computed by ``runner`` on a miss.
 
-    ``context``: what stored chunk rows are computed after (``engine/context.py``);
+    ``context``: what stored chunk rows are computed after (``engine/caches/context.py``);
     ``encode``: text -> ids, for the fillers of a context (None: an engine without a tokenizer,
     whose context has no fillers)."""
 
@@ -269,7 +269,8 @@ class ChunkCache:
         again, with the KV computed for each (filled in here: a chunk is computed once whatever
         the attempts). ``head``: rows [0, head) are in the request's KV already (the prefix
         cache's, at a chunk boundary): the prefix and the chunks before it get no row here.
-        ``history``: the chunk of an earlier turn's rows (engine/history.py), taken as they are:
+        ``history``: the chunk of an earlier turn's rows (engine/caches/history.py), taken as they
+        are:
         not looked up, not stored."""
         rows = RequestRows()
         if config.mode == "full":

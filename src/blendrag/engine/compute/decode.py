@@ -12,7 +12,8 @@ graph and each token is one replay; elsewhere the same step runs eagerly (the te
 with the eager decode on the CPU).
 
 Exactness: a masked key adds exactly zero to the softmax (the buffer's rows past the current
-length hold zeros or rows an earlier request computed, never a NaN: engine/fused_kv.py), so the
+length hold zeros or rows an earlier request computed, never a NaN: engine/compute/fused_kv.py), so
+the
 step computes what the eager decode computes. cos/sin of one position do
 not depend on the table's length for the static RoPE kinds (default, linear, llama3, yarn): a
 model whose frequencies change with the length (dynamic NTK, longrope) decodes eagerly.
@@ -27,9 +28,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.layer import finish, project
-from blendrag.engine.softcap import capped_attention
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer import finish, project
+from blendrag.engine.compute.softcap import capped_attention
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTables, Rotation
 

@@ -2,7 +2,7 @@
 
 Conversational RAG sends ``[system][passages retrieved for this turn][the conversation so
 far][the new question]`` (LlamaIndex's chat engines, LangChain's history-aware chains). The
-passages change at every turn, so the prefix cache (engine/prefix_cache.py) stops at the
+passages change at every turn, so the prefix cache (engine/caches/prefix_cache.py) stops at the
 system prompt, yet the conversation's rows exist from the turn before, only at other
 positions. This cache keeps them as a *history segment* per finished request: the rows after
 its last chunk (the end of the system prompt, the messages, the question, the answer the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.engine.fused_kv import FusedKV
+from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout

@@ -31,7 +31,7 @@ import torch
 from blendrag.kv.chunk_kv import ChunkKV
 
 if TYPE_CHECKING:
-    from blendrag.engine.runner import ModelRunner
+    from blendrag.engine.compute.runner import ModelRunner
 
 
 def key_deviation(alone: ChunkKV, after: ChunkKV) -> torch.Tensor:

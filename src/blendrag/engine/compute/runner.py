@@ -12,16 +12,16 @@ from dataclasses import dataclass
 
 import torch
 
-from blendrag.engine.ape import ape_attention, ape_bias
-from blendrag.engine.attention import kernel_for
-from blendrag.engine.costs import DeviceCosts
-from blendrag.engine.decode import StaticDecoder, static_rope
-from blendrag.engine.fused_kv import BufferPool, CachedSegment, FusedKV
-from blendrag.engine.layer import attend, finish, project
-from blendrag.engine.layer_feed import LayerFeed
-from blendrag.engine.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
-from blendrag.engine.observers import CapturedRows, LayerObserver
-from blendrag.engine.phases import OFF, PhaseClock
+from blendrag.engine.compute.attention import kernel_for
+from blendrag.engine.compute.decode import StaticDecoder, static_rope
+from blendrag.engine.compute.fused_kv import BufferPool, CachedSegment, FusedKV
+from blendrag.engine.compute.layer import attend, finish, project
+from blendrag.engine.compute.layer_feed import LayerFeed
+from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
+from blendrag.engine.compute.observers import CapturedRows, LayerObserver
+from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.selection.ape import ape_attention, ape_bias
+from blendrag.engine.selection.costs import DeviceCosts
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import hash_ids
 from blendrag.model.adapters import adapter_for
@@ -35,11 +35,12 @@ DECODE_MODES = ("auto", "graph", "eager")
 class ComputeConfig:
     """How the engine computes; every choice runs the same exact arithmetic.
 
-    attention: the layer loop's attention kernel (engine/attention.py): ``auto`` (FlexAttention
-      on CUDA for scattered queries and windows, PyTorch's SDPA elsewhere), ``sdpa`` or ``flex``.
-    decode: how each token is decoded (engine/decode.py): ``auto`` (a CUDA graph of the step on
-      CUDA when the model's RoPE allows it, eager elsewhere), ``graph`` (the fixed-shape step,
-      replayed from a CUDA graph on CUDA, run eagerly elsewhere) or ``eager``.
+    attention: the layer loop's attention kernel (engine/compute/attention.py): ``auto``
+      (FlexAttention on CUDA for scattered queries and windows, PyTorch's SDPA elsewhere),
+      ``sdpa`` or ``flex``.
+    decode: how each token is decoded (engine/compute/decode.py): ``auto`` (a CUDA graph of the
+      step on CUDA when the model's RoPE allows it, eager elsewhere), ``graph`` (the fixed-shape
+      step, replayed from a CUDA graph on CUDA, run eagerly elsewhere) or ``eager``.
     """
 
     attention: str = "auto"
@@ -79,7 +80,8 @@ class ModelRunner:
                                self.device)
 
     def costs(self) -> DeviceCosts:
-        """This runner's cost profile (engine/costs.py): ``cost_profile``, measured at the first
+        """This runner's cost profile (engine/selection/costs.py): ``cost_profile``, measured at
+        the first
         call when none was given."""
         if self.cost_profile is None:
             self.cost_profile = DeviceCosts.profile(self)
@@ -87,11 +89,12 @@ class ModelRunner:
 
     @property
     def static_decoder(self) -> StaticDecoder | None:
-        """The fixed-shape decoding step (engine/decode.py), when this runner decodes with it."""
+        """The fixed-shape decoding step (engine/compute/decode.py), when this runner decodes with
+        it."""
         return self._decoder
 
     def release_buffers(self) -> None:
-        """Drop the pooled request KV buffer (kept between requests; ``engine/fused_kv.py``)
+        """Drop the pooled request KV buffer (kept between requests; ``engine/compute/fused_kv.py``)
         and the decoding steps made over it."""
         self._pool.clear()
         if self._decoder is not None:
@@ -112,14 +115,14 @@ class ModelRunner:
     def feed(self, segments: Sequence[CachedSegment], fused: FusedKV, rope: RopeTables,
              depth: int = 0, place_ahead: bool = True) -> LayerFeed:
         """The cached rows of ``segments`` placed into ``fused`` layer by layer, ``depth``
-        layers ahead (engine/layer_feed.py)."""
+        layers ahead (engine/compute/layer_feed.py)."""
         return LayerFeed(segments, self.adapter.num_layers, fused, rope, depth, place_ahead)
 
     # ---- running -------------------------------------------------------------------------
 
     def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
             observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
-        """Every layer of ``plan`` (engine/loop.py)."""
+        """Every layer of ``plan`` (engine/compute/loop.py)."""
         return run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -131,7 +134,7 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, token: int, fused: FusedKV) -> torch.Tensor:
         """Append ``token`` at position ``fused.length``; its next-token logits [vocab] float32:
-        a step of fixed shape (engine/decode.py) when ``compute.decode`` asks for one, else
+        a step of fixed shape (engine/compute/decode.py) when ``compute.decode`` asks for one, else
         eagerly.
 
         Eagerly, cos/sin come from ``rotary_emb`` at this one position, as HF's generate does
@@ -148,7 +151,7 @@ class ModelRunner:
         for i, layer in enumerate(a.layers):
             q, k, _, v = project(a, layer, h, active.rotation(rope.layer(i)))
             fused.write(i, pos, k, v)
-            if fused.ape is not None and fused.ape_stale is not None:  # engine/ape.py
+            if fused.ape is not None and fused.ape_stale is not None:  # engine/selection/ape.py
                 mult, add = ape_bias(pos, fused.ape_stale[i, :p + 1], fused.ape,
                                      a.sliding_window(i))  # the rows layer i reused
                 o = ape_attention(q, fused.k[i, :, :p + 1], fused.v[i, :, :p + 1], mult, add,

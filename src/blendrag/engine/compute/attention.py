@@ -32,7 +32,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.softcap import capped_attention
+from blendrag.engine.compute.softcap import capped_attention
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class FlexPlan(AttentionPlan):
     Shapes repeat so that one compiled kernel serves every request: the keys are the layer's
     whole buffer (``k``, ``v``: [Hkv, capacity, D], a multiple of ``FLEX_BLOCK`` rows; blocks
     past the prompt are skipped, and the rows past it in its last block are masked and hold no
-    NaN, engine/fused_kv.py), the queries at least two tiles (padded with the last position,
+    NaN, engine/compute/fused_kv.py), the queries at least two tiles (padded with the last position,
     their rows dropped): sizes of one tile or one block would each compile a kernel of their
     own."""
 

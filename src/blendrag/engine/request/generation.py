@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from blendrag.config import GenerationConfig
-from blendrag.engine.request import Prefill
-from blendrag.engine.runner import ModelRunner
-from blendrag.engine.sampling import make_generator, next_token
-from blendrag.engine.stats import RequestStats
-from blendrag.engine.threads import torch_threads
+from blendrag.engine.compute.runner import ModelRunner
+from blendrag.engine.compute.threads import torch_threads
+from blendrag.engine.request.prefill import Prefill
+from blendrag.engine.request.sampling import make_generator, next_token
+from blendrag.engine.request.stats import RequestStats
 
 
 @dataclass
@@ -34,7 +34,7 @@ class GenerationStream:
                  cfg: GenerationConfig, on_done: Callable[[list[int]], None] | None = None,
                  threads: int | None = None) -> None:
         """``on_done(token_ids)``: called once the answer is done, with its tokens.
-        ``threads``: torch's CPU threads while each token is decoded (engine/threads.py)."""
+        ``threads``: torch's CPU threads while each token is decoded (engine/compute/threads.py)."""
         self.runner = runner
         self.threads = threads
         self.on_done = on_done

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from blendrag.config import Ape
-from blendrag.engine.attention import pad_rows
-from blendrag.engine.phases import OFF, PhaseClock
+from blendrag.engine.compute.attention import pad_rows
+from blendrag.engine.request.phases import OFF, PhaseClock
 from blendrag.model.rope import RopeTable
 from blendrag.store.layered import LayeredEntry
 
@@ -35,7 +35,8 @@ class CachedSegment:
 class FusedKV:
     """k, v: [layers, kv_heads, capacity, head_dim]; rows [0, length) are valid after prefill.
     ``base``: the whole tensors k and v are views of (the pooled buffer): kernels that read
-    whole blocks of keys (FlexAttention, the fixed-shape decoding step of engine/decode.py) run
+    whole blocks of keys (FlexAttention, the fixed-shape decoding step of engine/compute/decode.py)
+    run
     over it and mask what lies past the prompt.
 
     A buffer is zeroed when it is made, and every row written later is a key or value the model
@@ -48,7 +49,8 @@ class FusedKV:
         self.v = torch.zeros_like(self.k)
         self.base = self.k, self.v
         self.length = 0
-        # APE (engine/ape.py): its settings and, per layer, the rows reused: [layers, capacity]
+        # APE (engine/selection/ape.py): its settings and, per layer, the rows reused: [layers,
+        # capacity]
         self.ape: Ape | None = None
         self.ape_stale: torch.Tensor | None = None
 
@@ -118,7 +120,7 @@ class BufferPool:
                     == (layers, kv_heads, head_dim))
             if kv is not None and fits and _unused(kv[0]) and _unused(kv[1]):
                 return FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity], kv)
-            # whole FlexAttention key blocks: shapes that repeat (engine/attention.py)
+            # whole FlexAttention key blocks: shapes that repeat (engine/compute/attention.py)
             fused = FusedKV(layers, kv_heads, pad_rows(capacity), head_dim, dtype, device)
             if kv is None or not fits:
                 self._kv = fused.k, fused.v

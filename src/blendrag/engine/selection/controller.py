@@ -1,6 +1,6 @@
 """The loading controller (CacheBlend §5): which recompute ratio, and which storage tier.
 
-With pipelined loading (``engine/layer_feed.py``) a blend request takes about
+With pipelined loading (``engine/compute/layer_feed.py``) a blend request takes about
 ``layers x max(load per layer, compute per layer)``. Loading a layer costs the same whatever
 the ratio; recomputing a layer grows with it. So when loading is the bottleneck, recomputing
 more is free up to the point where compute catches up with the load, and more recompute is
@@ -29,14 +29,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from blendrag.checks import check_at_least, is_finite_number
-from blendrag.engine.history import HISTORY_TAG
-from blendrag.engine.stats import RatioDecision
+from blendrag.engine.caches.history import HISTORY_TAG
+from blendrag.engine.request.stats import RatioDecision
 
 if TYPE_CHECKING:
     from blendrag.config import BlendConfig
-    from blendrag.engine.fused_kv import CachedSegment
-    from blendrag.engine.layer_feed import LayerFeed
-    from blendrag.engine.stats import RequestStats
+    from blendrag.engine.compute.fused_kv import CachedSegment
+    from blendrag.engine.compute.layer_feed import LayerFeed
+    from blendrag.engine.request.stats import RequestStats
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ class LoadingConfig:
       buys no measurable quality and risks the TTFT (docs/architecture.md, "The controller").
     ema: weight of a request's measurement in the moving averages.
     full_when_faster: run a request as a full prefill (exact) when this device's cost profile
-      (engine/costs.py, measured at first use) predicts that its mode would be slower (short
+      (engine/selection/costs.py, measured at first use) predicts that its mode would be slower
+      (short
       prompts, many missing chunks); None: on CUDA devices only (on a CPU the profile costs
       seconds and cached modes were faster at every size measured).
     """

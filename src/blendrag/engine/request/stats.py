@@ -31,7 +31,7 @@ class CacheStats:
     (``ChunkContext.exact_first``); prefix_cache_tokens: rows taken from the prefix cache (an
     earlier request that began the same way), prefix_cache_exact: whether all of them were
     exact (None: none taken); history_tokens: rows of earlier turns taken from the history
-    cache, wherever they landed in this prompt (engine/history.py; the layout's last chunk);
+    cache, wherever they landed in this prompt (engine/caches/history.py; the layout's last chunk);
     tokens_reused: rows taken from any cache; profiles_computed:
     chunk profiles measured by this request (``profile`` selector, first use);
     chunks_without_context: chunks too long for the ingestion context, whose rows were
@@ -63,7 +63,7 @@ class ComputeStats:
     attended_keys_per_layer[i]: keys they attended to (attention work); preview_tokens and
     preview_attended_keys: the preview pass's tokens (at every layer) and keys (all layers);
     bridged_tokens: tokens computed (at every layer) after the prefix cache's rows to the end
-    of the piece those rows stop in (engine/head.py)."""
+    of the piece those rows stop in (engine/request/head.py)."""
 
     layers: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
@@ -104,7 +104,7 @@ class DecodeStats:
 
 @dataclass
 class LoadingStats:
-    """Loading the cached rows (engine/layer_feed.py): read and placed ahead of the loop
+    """Loading the cached rows (engine/compute/layer_feed.py): read and placed ahead of the loop
     (pipelined) or in it; the reader's time (load_s, all tiers), the time placing the rows
     into the request's KV (place_s: values copied, keys rotated; on the reader's thread when
     ``placed_ahead``), the loop's waits for rows (load_wait_s), the loop's time less its waits
@@ -120,7 +120,8 @@ class LoadingStats:
 
 @dataclass
 class RatioDecision:
-    """How ``ratio="auto"`` chose (engine/controller.py): the ``ratio`` and why (``reason``),
+    """How ``ratio="auto"`` chose (engine/selection/controller.py): the ``ratio`` and why
+    (``reason``),
     the ``floor`` asked for and the ``cap``; with estimates, seconds per layer of loading the
     cached rows (``load_layer_s``, placing them included), of computing one token
     (``token_layer_s``) and of placing one row (``fixed_row_layer_s``), the compute at the
@@ -140,7 +141,8 @@ class RatioDecision:
 @dataclass
 class ModeChoice:
     """Whether the device's cost profile ran the mode ``asked`` or a full prefill (``ran``;
-    engine/costs.py): each one's predicted seconds (``predicted_s``, ``full_predicted_s``, the
+    engine/selection/costs.py): each one's predicted seconds (``predicted_s``,
+    ``full_predicted_s``, the
     measured overhead included; ``passes_s``, ``full_passes_s``, the profiled passes alone) and
     the passes computing what the store missed (``miss_passes``)."""
 
@@ -164,7 +166,8 @@ class ControllerStats:
 
 @dataclass
 class CalibrationStats:
-    """The calibration the default config ran with (engine/calibrated.py): its ``selector`` and
+    """The calibration the default config ran with (engine/selection/calibrated.py): its
+    ``selector`` and
     ``ratio`` (None: no ratio met the ``target``, a full prefill ran), the fidelity measured
     there (``same_answer``, ``answer_kl``; None when not recorded), over how many ``prompts``,
     of which ``corpus`` (its hash's start) and when it was ``created`` (UTC)."""

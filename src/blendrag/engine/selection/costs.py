@@ -35,10 +35,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from blendrag.config import BlendConfig, CheckLayerOptions, token_budget
-from blendrag.engine.stats import ModeChoice
+from blendrag.engine.request.stats import ModeChoice
 
 if TYPE_CHECKING:
-    from blendrag.engine.runner import ModelRunner
+    from blendrag.engine.compute.runner import ModelRunner
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ def _passes(n: int, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def _time_pass(runner: ModelRunner, n: int, pos: torch.Tensor, repeats: int) -> float:
-    from blendrag.engine.loop import LoopPlan
+    from blendrag.engine.compute.loop import LoopPlan
 
     ids = torch.randint(3, 100, (n,), device=runner.device)
     fused, rope = runner.buffer(n), runner.rope(n)  # rows not computed: zeros or earlier rows

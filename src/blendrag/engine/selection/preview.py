@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from blendrag.engine.fused_kv import FusedKV
-from blendrag.engine.layer_feed import LayerFeed
-from blendrag.engine.loop import LoopPlan
-from blendrag.engine.observers import KeyAttention, LayerCounts
-from blendrag.engine.runner import ModelRunner
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer_feed import LayerFeed
+from blendrag.engine.compute.loop import LoopPlan
+from blendrag.engine.compute.observers import KeyAttention, LayerCounts
+from blendrag.engine.compute.runner import ModelRunner
 from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from blendrag.config import BlendConfig
-from blendrag.engine.stats import CalibrationStats
+from blendrag.engine.request.stats import CalibrationStats
 from blendrag.store.calibration import CalibrationBook, CalibrationRecord
 
 log = logging.getLogger(__name__)
