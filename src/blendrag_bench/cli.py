@@ -84,6 +84,10 @@ def _add_tier_args(ttft: argparse.ArgumentParser) -> None:
                       help="with --tier: the floor ratio (default: 0.20)")
     ttft.add_argument("--prefetch", type=int, default=4,
                       help="with --tier: layers read ahead when pipelined (default: 4)")
+    ttft.add_argument("--protection", default=None, metavar="LIST",
+                      help="with --tier: instead, what signing and encrypting the entries cost: "
+                           "write, load, get and pipelined TTFT for each of the comma-separated "
+                           "plain,signed,encrypted, side by side")
 
 
 def _add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -371,10 +375,26 @@ def _ttft_tier(args: argparse.Namespace, w, threads: int) -> int:
     except ValueError as e:
         print(f"blendrag bench ttft: error: {e}", file=sys.stderr)
         return 2
+    if args.protection is not None:
+        return _ttft_protection(args, cfg, threads)
     records = run(cfg)
     emit(args, {"threads": threads, "tier": args.tier, "bandwidth_gbps": args.bandwidth,
                 "latency_us": args.latency_us, "records": records,
                 "verdicts": verdicts(records)}, format_table(records, cfg))
+    return 0
+
+
+def _ttft_protection(args: argparse.Namespace, cfg, threads: int) -> int:
+    from blendrag.cli.options import emit
+    from blendrag_bench.ttft_protection import format_table, run
+
+    try:
+        records = run(cfg, tuple(p.strip() for p in args.protection.split(",")))
+    except ValueError as e:
+        print(f"blendrag bench ttft: error: {e}", file=sys.stderr)
+        return 2
+    emit(args, {"threads": threads, "tier": args.tier, "records": records},
+         format_table(records, cfg))
     return 0
 
 

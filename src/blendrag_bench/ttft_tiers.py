@@ -64,7 +64,7 @@ class TierBenchConfig:
                                                                  self.latency_us)
 
 
-def _tier_store(cfg: TierBenchConfig, stack: ExitStack) -> TieredKVStore:
+def tier_store(cfg: TierBenchConfig, stack: ExitStack) -> TieredKVStore:
     """A store whose only tier is ``cfg.tier`` (so no read is promoted into a faster one)."""
     throttle = cfg.throttle
     wrap = None if throttle is None else (lambda t: ThrottledTier(t, throttle))
@@ -114,7 +114,7 @@ def _restore_environ(saved: dict[str, str | None]) -> None:
             os.environ[name] = value
 
 
-def _load_only(store: TieredKVStore, keys: list[str]) -> float:
+def load_only(store: TieredKVStore, keys: list[str]) -> float:
     """Seconds to open every entry and read each of its layers (what the loop would be fed)."""
     t0 = time.perf_counter()
     entries = [store.open_layers(k) for k in keys]
@@ -142,7 +142,7 @@ def run(cfg: TierBenchConfig) -> list[dict]:
         memory = MemoryKVStore(16 << 30)
         engine.store = memory
         engine.precompute(layout.prefix_ids, layout.chunk_ids, profile=cfg.selector == "profile")
-        store = _tier_store(cfg, stack)
+        store = tier_store(cfg, stack)
         keys = memory.keys()
         for key in keys:
             store.put(key, memory.get(key))
@@ -165,7 +165,7 @@ def run(cfg: TierBenchConfig) -> list[dict]:
                 pre = engine.prefill(layout, config)
                 if rep:
                     samples[name].append(pre)
-            load = _load_only(store, keys)
+            load = load_only(store, keys)
             if rep:
                 samples["load-only"].append(load)
         return _records(cfg, samples, keys)

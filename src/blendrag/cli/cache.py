@@ -20,9 +20,11 @@ from pathlib import Path
 
 from blendrag.cli.options import (
     add_json_option,
+    add_namespace_options,
     add_redis_options,
     add_store_dir_option,
     emit,
+    store_keys,
 )
 from blendrag.store.config import StoreConfig
 
@@ -41,13 +43,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "sizes, the budget, and the disk tier's lifetime look-up counts.")
     add_store_dir_option(stats)
     add_redis_options(stats)
+    add_namespace_options(stats)
     add_json_option(stats, "the figures")
     stats.set_defaults(func=_guarded(_stats))
     clear = sub.add_parser(
-        "clear", help="delete every entry (Redis: only keys under --redis-prefix)",
-        description="Delete every entry of the store and say how many entries and bytes went.")
+        "clear", help="delete every entry of one namespace (Redis: only keys under "
+                      "--redis-prefix)",
+        description="Delete every entry of the store's namespace (--namespace; the default "
+                    "one unless given) and say how many entries went; other namespaces' "
+                    "entries stay.")
     add_store_dir_option(clear)
     add_redis_options(clear)
+    add_namespace_options(clear)
     clear.set_defaults(func=_guarded(_clear))
     from blendrag.cli import cache_plan
 
@@ -101,14 +108,33 @@ def _stats(args: argparse.Namespace) -> int:
     directory = _store_dir(args.store_dir)
     report: dict[str, object] = {"disk": _disk_stats(directory),
                                  "calibrations": _calibrations(directory)}
+    ns_id = _ns_id(args)
     if args.redis_url:
         report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
-                           "entries": _count(_redis_tier(args))}
+                           "entries": _count(_redis_tier(args), ns_id=ns_id)}
     if args.s3_url:
         report["s3"] = {"url": args.s3_url, "endpoint": args.s3_endpoint,
-                        "entries": _count(_s3_tier(args))}
+                        "entries": _count(_s3_tier(args), ns_id=ns_id)}
+    if ns_id:
+        report["namespace"] = {"id": ns_id, "disk_entries": _disk_count(directory, ns_id)}
     emit(args, report, _format(report))
     return 0
+
+
+def _ns_id(args: argparse.Namespace) -> str:
+    """The id of ``--namespace`` in stored names (keyed with ``--store-keys``)."""
+    from blendrag.store.names import Names
+
+    return Names(args.namespace, store_keys(args)).ns_id
+
+
+def _disk_count(directory: Path, ns_id: str) -> int:
+    """The disk tier's entries of the namespace ``ns_id``."""
+    from blendrag.store.names import split
+
+    if not (directory / "cache.db").exists():
+        return 0
+    return sum(1 for key, _, _ in _rows(directory) if split(str(key))[0] == ns_id)
 
 
 def _disk_stats(directory: Path) -> dict[str, object]:
@@ -196,12 +222,13 @@ def _redis_tier(args: argparse.Namespace):
     return RedisTier(args.redis_url, args.redis_prefix)
 
 
-def _count(tier, clear: bool = False) -> int:
-    """The entries of a shared tier (a full listing), deleted too when ``clear``; closes it."""
+def _count(tier, clear: bool = False, ns_id: str = "") -> int:
+    """The entries of a shared tier's namespace ``ns_id`` (a full listing), deleted too when
+    ``clear``; closes it."""
     try:
-        n = tier.count_entries()
+        n = tier.count_entries(ns_id)
         if clear:
-            tier.clear()
+            tier.clear(ns_id)
         return n
     finally:
         tier.close()
@@ -253,6 +280,10 @@ def _format(report: dict) -> str:
                   f"answer KL {c['answer_kl']:.4f}")
         lines.append(f"  calibration of model {c['model']} ({c['created']}, {c['prompts']} "
                      f"prompts of corpus {c['corpus']}): the default config runs {chosen}")
+    if "namespace" in report:
+        ns = report["namespace"]
+        lines.append(f"  namespace {ns['id']}: {ns['disk_entries']} of these entries "
+                     "(Redis and S3 below: this namespace's only)")
     if "redis" in report:
         r = report["redis"]
         lines.append(f"Redis tier at {r['url']} (keys {r['prefix']}*): {r['entries']} entries")
@@ -266,21 +297,24 @@ def _format(report: dict) -> str:
 def _clear(args: argparse.Namespace) -> int:
     from blendrag.store.disk import DiskTier
 
+    ns_id = _ns_id(args)
     if (_store_dir(args.store_dir) / "cache.db").exists():
+        count = _disk_count(args.store_dir, ns_id)
         tier = DiskTier(args.store_dir, budget_bytes=None)
         try:
-            usage = tier.usage()
-            tier.clear()
+            before = tier.usage().used_bytes or 0
+            tier.clear(ns_id)
+            freed = before - (tier.usage().used_bytes or 0)
         finally:
             tier.close()
-        print(f"removed {usage.entries} entries ({human_bytes(usage.used_bytes or 0)}) from the "
-              f"KV store at {args.store_dir}")
+        print(f"removed {count} entries ({human_bytes(max(freed, 0))}) from the KV store at "
+              f"{args.store_dir}" + (f" (namespace {ns_id})" if ns_id else ""))
     else:
         print(f"nothing to remove: no KV store at {args.store_dir}")
     if args.redis_url:
-        n = _count(_redis_tier(args), clear=True)
+        n = _count(_redis_tier(args), clear=True, ns_id=ns_id)
         print(f"removed {n} entries (keys {args.redis_prefix}*) from Redis at {args.redis_url}")
     if args.s3_url:
-        n = _count(_s3_tier(args), clear=True)
+        n = _count(_s3_tier(args), clear=True, ns_id=ns_id)
         print(f"removed {n} entries (objects {args.s3_url}/*) from S3")
     return 0

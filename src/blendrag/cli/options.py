@@ -21,6 +21,7 @@ from blendrag.store.config import DEFAULT_DISK_DIR
 
 if TYPE_CHECKING:
     from blendrag.spec import EngineSpec
+    from blendrag.store.auth import StoreKeys
 
 # --threads 0 keeps torch's own choice, which can win on an idle machine with many cores.
 
@@ -98,6 +99,29 @@ def add_redis_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--s3-endpoint", default=None, metavar="URL",
                    help="with --s3-url: the S3 server when it is not AWS's, e.g. "
                         "http://127.0.0.1:7480 (Ceph RGW, MinIO)")
+
+
+def add_namespace_options(p: argparse.ArgumentParser) -> None:
+    """``--namespace`` and ``--store-keys``: whose entries, and the keys that sign and name
+    them (``StoreConfig.namespace``, ``StoreConfig.auth_key``)."""
+    p.add_argument("--namespace", default="", metavar="NS",
+                   help="the tenant (or tenant/user) whose entries to act on, apart from every "
+                        "other namespace's (default: the default namespace)")
+    p.add_argument("--store-keys", default=None, metavar="FILE|env",
+                   help="the deployment's store keys, which sign, verify and name entries: a "
+                        "file of id=secret lines, or 'env' for $BLENDRAG_STORE_KEYS (default: "
+                        "none: entries unsigned, as before)")
+
+
+def store_keys(args: argparse.Namespace) -> StoreKeys | None:
+    """The ``StoreKeys`` ``--store-keys`` names (None without it)."""
+    from blendrag.store.auth import StoreKeys
+
+    if args.store_keys is None:
+        return None
+    if args.store_keys == "env":
+        return StoreKeys.from_env()
+    return StoreKeys.from_file(args.store_keys)
 
 
 def add_profile_neighbours_option(p: argparse.ArgumentParser, default: int, what: str) -> None:

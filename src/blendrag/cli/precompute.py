@@ -13,6 +13,7 @@ from blendrag.cli.options import (
     add_chat_option,
     add_json_option,
     add_model_options,
+    add_namespace_options,
     add_profile_neighbours_option,
     add_progress_option,
     add_redis_options,
@@ -20,6 +21,7 @@ from blendrag.cli.options import (
     apply_threads,
     emit,
     engine_spec,
+    store_keys,
 )
 from blendrag.cli.precompute_ray import add_ray_options, check_ray_args, run_ray
 from blendrag.store.config import KV_FORMATS, StoreConfig
@@ -66,6 +68,7 @@ def _add_store(p: argparse.ArgumentParser) -> None:
                    help="RAM tier budget (holds the prefix KV; new entries go to disk/Redis) "
                         "(default: 256M)")
     add_redis_options(p)
+    add_namespace_options(p)
     p.add_argument("--kv-format", choices=KV_FORMATS, default=StoreConfig.kv_format,
                    help="how the disk and Redis tiers store K and V: the model's dtype (exact), "
                         "bfloat16, float16 or int8, decoded as read (default: model)")
@@ -151,7 +154,8 @@ def _check(args: argparse.Namespace):
                          disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix,
                          s3_url=args.s3_url, s3_endpoint_url=args.s3_endpoint,
-                         kv_format=args.kv_format)
+                         kv_format=args.kv_format, namespace=args.namespace,
+                         auth_key=store_keys(args))
     return _source(args), config
 
 

@@ -9,6 +9,8 @@ rows go to the prefix cache. Nothing below the engine holds it.
 
 from __future__ import annotations
 
+import copy
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -94,13 +96,15 @@ class BlendEngine:
                                 ModelIdentity(model), fingerprint, context, encode)
         self.controller = LoadingController(loading)
         self.prefix_cache = None if not prefix_cache_bytes else PrefixCache(
-            prefix_cache_bytes, lambda: self.cache.identity.fingerprint,
+            prefix_cache_bytes, self._prefix_root,
             store=self.cache.store if prefix_cache_store else None)
         history_bytes = prefix_cache_bytes if history_bytes is None else history_bytes
         self.history = HistoryCache(history_bytes) if history_bytes else None
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
                                             lambda: self.store.disk_dir)
+        self._views: dict[str, BlendEngine] = {}  # namespace -> the engine serving it
+        self._views_lock = threading.Lock()
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
@@ -117,6 +121,39 @@ class BlendEngine:
             name_or_path, dtype, device, gguf_file=gguf_file,
             cache_dir=Path(cache_dir) if cache_dir is not None else None)
         return cls(model, tokenizer, **settings)
+
+    def namespaced(self, namespace: str) -> BlendEngine:
+        """This engine serving ``namespace`` (a tenant, or tenant/user, set by the application,
+        never by request text): the same model, store tiers and settings; the namespace's own
+        stored entries (``store.namespaced``) and its own prefix and history caches, so that no
+        row one namespace computed is ever taken by another's request, and no hit reveals
+        another's passages. Made once per namespace; ``self`` for its own."""
+        with self._views_lock:
+            if not self._views:  # the engine this one was made from serves its own
+                self._views[self.store.namespace] = self
+            view = self._views.get(namespace)
+            if view is None:
+                view = self._view(namespace)
+                self._views[namespace] = view
+        return view
+
+    def _view(self, namespace: str) -> BlendEngine:
+        view = copy.copy(self)
+        view.cache = copy.copy(self.cache)
+        view.cache.store = self.store.namespaced(namespace)
+        if self.prefix_cache is not None:
+            old = self.prefix_cache
+            view.prefix_cache = PrefixCache(old.max_bytes, view._prefix_root, old.block_tokens,
+                                            store=view.cache.store if old.store else None)
+        if self.history is not None:
+            view.history = HistoryCache(self.history.max_bytes, self.history.min_tokens)
+        return view
+
+    def _prefix_root(self) -> str:
+        """What the prefix cache's first block hash starts from (every later block inherits
+        it): the model, and the namespace when it is not the default one."""
+        fingerprint, namespace = self.cache.identity.fingerprint, self.store.namespace
+        return f"{fingerprint}\0namespace\0{namespace}" if namespace else fingerprint
 
     # ---- what the engine is made of --------------------------------------------------------
 

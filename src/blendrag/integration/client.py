@@ -77,11 +77,13 @@ class BlendClient:
     store when it has a disk tier, so a new process finds them too; else in memory).
     ``chunk_format``: how a chunk is written into a prompt and what goes between two.
     ``fixes``: the framework's one-line fix of each fallback cause; ``name``: the LLM class
-    named in fallback messages."""
+    named in fallback messages. ``namespace``: the tenant (or tenant/user) this client serves,
+    set by the application (``BlendEngine.namespaced``; None: the engine's); its chunk texts are
+    recorded apart from every other namespace's."""
 
     def __init__(self, engine: BlendEngine, text_index: ChunkTextIndex | None = None,
                  chunk_format: ChunkFormat | None = None, *, fixes: FallbackFixes,
-                 name: str) -> None:
+                 name: str, namespace: str | None = None) -> None:
         if not isinstance(engine, BlendEngine):
             hint = (f" (build one: BlendEngine.from_pretrained({engine!r}))"
                     if isinstance(engine, str) else "")
@@ -89,21 +91,44 @@ class BlendClient:
         if engine.prompts is None:
             raise ValueError("the engine has no tokenizer: framework LLMs need one to read text "
                              "prompts")
-        self.engine = engine
         self.prompts: PromptBuilder = engine.prompts
-        self.text_index = text_index if text_index is not None else default_text_index(engine)
+        self.engine = engine if namespace is None else engine.namespaced(namespace)
+        self._own_index = text_index is not None  # given by the application
+        self.text_index = (text_index if text_index is not None
+                           else default_text_index(self.engine))
         self.chunk_format = chunk_format if chunk_format is not None else ChunkFormat()
         self.fixes, self.name = fixes, name
         self._fallback = FallbackMonitor()
         self._ingestion = IngestionMonitor()
         self.last_stats: RequestStats | None = None
         self.last_prompt: FlatLayout | None = None
+        self._tenants: dict[str, BlendClient] = {}
 
     def fork(self, chunk_format: ChunkFormat | None = None) -> BlendClient:
         """The same engine, index and fixes (and format, unless given), with no request of its
         own yet: for a copy of the LLM that owns this client."""
         return BlendClient(self.engine, self.text_index, chunk_format or self.chunk_format,
                            fixes=self.fixes, name=self.name)
+
+    @property
+    def namespace(self) -> str:
+        """The namespace this client serves."""
+        return self.engine.store.namespace
+
+    def serving(self, namespace: str | None) -> BlendClient:
+        """This client, or the one serving ``namespace`` (per call: the application's choice)
+        with the engine's view of that namespace and that namespace's own text index (its
+        default one; next to an index the application gave this client); made once per
+        namespace."""
+        if namespace is None or namespace == self.namespace:
+            return self
+        if namespace not in self._tenants:
+            index = (namespaced_index(self.text_index, self.engine, namespace)
+                     if self._own_index else None)  # else the namespace's default one
+            self._tenants[namespace] = BlendClient(self.engine, index, self.chunk_format,
+                                                   fixes=self.fixes, name=self.name,
+                                                   namespace=namespace)
+        return self._tenants[namespace]
 
     @property
     def fallbacks(self) -> int:
@@ -233,10 +258,25 @@ class BlendClient:
 
 def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
     """The text index a framework LLM uses unless given one: persisted with the KV store when it
-    has a disk tier (``<disk_dir>/text_index``: a new process that opens the store finds the
-    chunk texts too), else in memory."""
+    has a disk tier (``<disk_dir>/text_index``, ``text_index.<ns_id>`` for a namespace other
+    than the default: a new process that opens the store finds the chunk texts too), else in
+    memory."""
     folder = engine.store.disk_dir
-    return ChunkTextIndex(folder / TEXT_INDEX_DIR) if folder is not None else ChunkTextIndex()
+    if folder is None:
+        return ChunkTextIndex()
+    ns_id = engine.store.namespace_id
+    return ChunkTextIndex(folder / (f"{TEXT_INDEX_DIR}.{ns_id}" if ns_id else TEXT_INDEX_DIR))
+
+
+def namespaced_index(index: ChunkTextIndex, engine: BlendEngine,
+                     namespace: str) -> ChunkTextIndex:
+    """The text index ``namespace`` records its chunk texts in, beside ``index`` (the one of
+    ``engine``'s namespace): a folder of its own next to a persisted one (named by the
+    namespace id, never the tenant's name), else a new one in memory."""
+    ns_id = engine.store.namespaced(namespace).namespace_id
+    if index.path is None:
+        return ChunkTextIndex()
+    return ChunkTextIndex(index.path.with_name(f"{index.path.name}.{ns_id}"))
 
 
 class ClientViews:

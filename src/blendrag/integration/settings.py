@@ -49,6 +49,10 @@ class BlendSettings(BaseModel):
     ``temperature`` (0: greedy), ``top_p``, ``top_k``, ``seed``, ``stop`` (added to the
     per-call stop strings), ``eos_token_ids`` (None: the model's), ``stream_holdback``.
 
+    ``namespace``: the tenant (or tenant/user) whose stored entries and recorded chunk texts
+    the requests use, set by the application, never from request text (None: the engine's
+    store's; a call may pass its own: ``BlendEngine.namespaced``).
+
     ``strict``: a prompt in which no known chunk is found raises
     :class:`~blendrag.integration.fallback.NoChunkFoundError` instead of running as a plain
     full prefill (which is otherwise logged as a warning the first time, naming the cause and
@@ -97,6 +101,8 @@ class BlendSettings(BaseModel):
     stream_holdback: bool = True
     strict: bool = False
     """Refuse (raise) instead of falling back to a full prefill when no known chunk is found."""
+    namespace: str | None = None
+    """The tenant whose entries and texts requests use (None: the engine's store's)."""
 
     def blend_config(self, **overrides: Any) -> BlendConfig:
         """The fields' ``BlendConfig``, with any of ``BLEND_FIELDS`` in ``overrides`` instead."""
@@ -141,7 +147,8 @@ def fields_from_configs(blend: BlendConfig | None = None,
     return out
 
 
-CALL_KEYS = frozenset({*OVERRIDES, "blend_config", "generation_config", "stop", "strict"})
+CALL_KEYS = frozenset({*OVERRIDES, "blend_config", "generation_config", "stop", "strict",
+                       "namespace"})
 """Keyword arguments a single call understands (besides the framework's own: documents, nodes)."""
 
 
@@ -163,6 +170,14 @@ def warn_unknown(llm: str, kwargs: Mapping[str, Any], own: Collection[str]) -> N
     unknown = set(kwargs) - CALL_KEYS - set(own)
     if unknown:
         log.warning("%s ignores unknown keyword arguments %s", llm, sorted(unknown))
+
+
+def namespace_from(kwargs: Mapping[str, Any], default: str | None) -> str | None:
+    """The call's ``namespace=`` when given (a string the application sets), else the LLM's."""
+    namespace = kwargs.get("namespace", default)
+    if namespace is not None and not isinstance(namespace, str):
+        raise ValueError(f"namespace must be a string or None, got {type(namespace).__name__}")
+    return namespace
 
 
 def strict_from(kwargs: Mapping[str, Any], default: bool) -> bool:

@@ -32,6 +32,7 @@ from blendrag.integration.client import BlendClient, BlendRequest, ClientViews
 from blendrag.integration.fallback import FallbackFixes
 from blendrag.integration.settings import (
     BlendSettings,
+    namespace_from,
     overrides_from,
     strict_from,
     warn_unknown,
@@ -130,7 +131,7 @@ class BlendParams(ClientViews, BlendSettings):
     def _new_client(self) -> None:
         """A client of this LLM's engine and text index, with no request of its own yet."""
         self._client = BlendClient(self.engine, self.text_index, fixes=FIXES,
-                                   name=type(self).__name__)
+                                   name=type(self).__name__, namespace=self.namespace)
         self.text_index = self._client.text_index
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False):
@@ -153,10 +154,11 @@ class BlendParams(ClientViews, BlendSettings):
             raise TypeError("documents= must be a list of langchain Document objects")
         overrides, stops = overrides_from(kwargs)
         texts = format_documents(docs, self.document_prompt) if docs else None
-        return self._client.start(prompt, self.blend_config(**overrides),
-                                  self.generation_config([*(stop or ()), *stops], **overrides),
-                                  texts=texts, templated=templated,
-                                  strict=strict_from(kwargs, self.strict))
+        client = self._client.serving(namespace_from(kwargs, self.namespace))
+        return client.start(prompt, self.blend_config(**overrides),
+                            self.generation_config([*(stop or ()), *stops], **overrides),
+                            texts=texts, templated=templated,
+                            strict=strict_from(kwargs, self.strict))
 
     def _ls_params(self, model_type: str, stop: list[str] | None,
                    kwargs: dict[str, Any]) -> LangSmithParams:

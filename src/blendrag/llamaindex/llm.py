@@ -43,6 +43,7 @@ from blendrag.integration.fallback import FallbackFixes
 from blendrag.integration.settings import (
     BlendSettings,
     fields_from_configs,
+    namespace_from,
     overrides_from,
     strict_from,
     warn_unknown,
@@ -113,7 +114,7 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         # a template without {text} is refused
         chunk_format = ChunkFormat(self.chunk_template, self.chunk_separator)
         self._client = BlendClient(engine, text_index, chunk_format, fixes=FIXES,
-                                   name=type(self).__name__)
+                                   name=type(self).__name__, namespace=self.namespace)
 
     @model_validator(mode="before")
     @classmethod
@@ -193,9 +194,10 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         nodes = kwargs.get("nodes")
         texts = [self.chunk_text(n) for n in nodes] if nodes is not None else None
         overrides, stop = overrides_from(kwargs)
-        return self._client.start(prompt, self.blend_config(**overrides),
-                                  self.generation_config(stop, **overrides), texts=texts,
-                                  templated=formatted, strict=strict_from(kwargs, self.strict))
+        client = self._client.serving(namespace_from(kwargs, self.namespace))
+        return client.start(prompt, self.blend_config(**overrides),
+                            self.generation_config(stop, **overrides), texts=texts,
+                            templated=formatted, strict=strict_from(kwargs, self.strict))
 
     def _responses(self, request: BlendRequest) -> CompletionResponseGen:
         """One response per text delta, then a final one (empty delta) carrying the stats."""

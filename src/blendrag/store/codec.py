@@ -9,8 +9,10 @@ Layout::
     context_shift   [L, T] float32, optional: per layer, how far context moves each value
     __metadata__    format, version, key, prefix_hash, context_tag, dtype (what a read returns),
                     stored (the format of k/v: a float dtype or int8), shape [L, H, T, D],
-                    token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex}),
-                    meta_checksum (xxh3-128 over all the other metadata fields)
+                    token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex, or
+                    "sha256:" hex in a signed entry}), meta_checksum (xxh3-128 over all the
+                    other metadata fields); a signed entry (version 5): auth, the store key's
+                    HMAC-SHA256 tag over every other field (``auth.py``)
 
 Why this shape: safetensors holds plain tensors and never runs code on load (a cache
 directory is an attack surface, ``torch.load``/pickle would execute whatever it is given); one
@@ -26,6 +28,7 @@ Entries are written by ``safetensors.torch.save`` and read by the small strict r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -36,13 +39,16 @@ import torch
 import xxhash
 
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.store.auth import StoreKeys
 from blendrag.store.config import KV_FORMATS
-from blendrag.store.errors import EntryError, NewerFormatError
+from blendrag.store.errors import AuthError, EntryError, NewerFormatError
 from blendrag.store.readers import IOV_MAX, BufferReader, FileReader, RangeReader
 
 FORMAT_NAME = "blendrag-chunk-kv"
 FORMAT_VERSION = 4  # 4: "stored" (3: "profile", "context_tag"; 2: "sensitivity", "context")
-READ_VERSIONS = ("2", "3", "4")
+SIGNED_VERSION = 5  # 5: a version-4 entry signed ("auth", SHA-256 tensor digests)
+READ_VERSIONS = ("2", "3", "4", "5")
+_SHA = "sha256:"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -72,17 +78,20 @@ class Entry:
         self._data = data
         self.exact = exact
 
-    def encoded(self, kv_format: str) -> bytes:
+    def encoded(self, kv_format: str, keys: StoreKeys | None = None) -> bytes:
         """The bytes read, else the entry encoded with K and V in ``kv_format`` (the model's
-        dtype when the entry is ``exact``; once: every byte tier of a store shares its format)."""
+        dtype when the entry is ``exact``) and signed with ``keys``; once: every byte tier of
+        a store shares its format and keys."""
         if self._data is None:
-            self._data = encode(self.key, self.kv, "model" if self.exact else kv_format)
+            self._data = encode(self.key, self.kv, "model" if self.exact else kv_format, keys)
         return self._data
 
 
-def encode(key: str, kv: ChunkKV, kv_format: str = "model") -> bytes:
+def encode(key: str, kv: ChunkKV, kv_format: str = "model",
+           signer: StoreKeys | None = None) -> bytes:
     """Serialize ``kv`` stored under ``key`` (tensors are copied to CPU if needed), K and V in
-    ``kv_format`` (``KV_FORMATS``; "model": the KV's own dtype, exact)."""
+    ``kv_format`` (``KV_FORMATS``; "model": the KV's own dtype, exact); signed with ``signer``'s
+    active key when given (each tensor then digested with SHA-256, which the tag covers)."""
     if kv_format not in KV_FORMATS:
         raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, got {kv_format!r}")
     dtype = _dtype_name(kv.keys.dtype)
@@ -95,9 +104,10 @@ def encode(key: str, kv: ChunkKV, kv_format: str = "model") -> bytes:
     for name, prior in ((PROFILE, kv.profile), (CONTEXT_SHIFT, kv.context_shift)):
         if prior is not None:
             tensors[name] = prior.detach().to("cpu", torch.float32).contiguous()
+    digest = _sha_digest if signer is not None else _digest
     meta = {
         "format": FORMAT_NAME,
-        "version": str(FORMAT_VERSION),
+        "version": str(FORMAT_VERSION if signer is None else SIGNED_VERSION),
         "key": key,
         "prefix_hash": kv.prefix_hash,
         "context_tag": kv.context_tag,
@@ -105,9 +115,11 @@ def encode(key: str, kv: ChunkKV, kv_format: str = "model") -> bytes:
         "stored": stored,
         "shape": json.dumps(list(keys.shape)),
         "token_ids": json.dumps(list(kv.token_ids)),
-        "checksums": json.dumps({name: _digest(t) for name, t in tensors.items()}),
+        "checksums": json.dumps({name: digest(t) for name, t in tensors.items()}),
     }
     meta["meta_checksum"] = meta_digest(meta)
+    if signer is not None:
+        meta["auth"] = signer.sign(_signed_bytes(meta))
     return safetensors.torch.save(tensors, metadata=meta)
 
 
@@ -135,28 +147,37 @@ def _decode_into(out: torch.Tensor, stored: torch.Tensor, scale: torch.Tensor | 
         torch.mul(stored, scale, out=out)
 
 
-def decode(source: Source, key: str) -> ChunkKV:
-    """Read and verify a whole entry; raises ``EntryError`` on any defect."""
-    with open_entry(source, key) as entry:
+def decode(source: Source, key: str, keys: StoreKeys | None = None) -> ChunkKV:
+    """Read and verify a whole entry (authenticated with ``keys`` when given); raises
+    ``EntryError`` on any defect, ``AuthError`` when ``keys`` do not authenticate it."""
+    with open_entry(source, key, keys) as entry:
         return entry.read_all()
 
 
-def open_entry(source: Source | RangeReader, key: str) -> EntryReader:
+def open_entry(source: Source | RangeReader, key: str,
+               keys: StoreKeys | None = None) -> EntryReader:
     """Open an entry for layer-by-layer reading (bytes, a path, an open binary file, or a
-    ``RangeReader`` such as the Redis tier's GETRANGE reader)."""
+    ``RangeReader`` such as the Redis tier's GETRANGE reader); with ``keys``, its tag is
+    checked before anything else of it is trusted, and every tensor against its signed
+    SHA-256 digest as it is read."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return EntryReader(_Tensors(BufferReader(source)), key)
-    if isinstance(source, RangeReader):
-        return EntryReader(_Tensors(source), key)
-    return EntryReader(_Tensors(FileReader(source)), key)
+        reader: RangeReader = BufferReader(source)
+    elif isinstance(source, RangeReader):
+        reader = source
+    else:
+        reader = FileReader(source)
+    return EntryReader(_Tensors(reader), key, keys)
 
 
 class EntryReader:
     """A verified entry header; ``layer(i)`` reads and checks one layer's K and V."""
 
-    def __init__(self, tensors: _Tensors, key: str) -> None:
+    def __init__(self, tensors: _Tensors, key: str, keys: StoreKeys | None = None) -> None:
         self._tensors = tensors
+        self._keys = keys
         try:
+            if keys is not None:
+                _authenticate(tensors.metadata, keys)
             self._parse(tensors.metadata, key)
         except BaseException:
             tensors.close()
@@ -174,18 +195,20 @@ class EntryReader:
                     else EntryError)
             raise kind(f"format version {version!r}, this build reads "
                        f"{' and '.join(READ_VERSIONS)}")
-        body = {k: v for k, v in meta.items() if k != "meta_checksum"}
+        body = {k: v for k, v in meta.items() if k not in ("meta_checksum", "auth")}
         if meta.get("meta_checksum") != meta_digest(body):
             raise EntryError("metadata checksum mismatch")
-        if meta["key"] != key:
-            raise EntryError(f"entry was written for key {str(meta['key'])[:16]}…, not {key[:16]}…")
+        if meta["key"] != key:  # signed: copied from another name, so not this one's
+            error = AuthError if self._keys is not None else EntryError
+            raise error(f"entry was written for key …{str(meta['key'])[-16:]}, not …{key[-16:]}")
         self._parse_fields(meta)
 
     def _parse_fields(self, meta: dict) -> None:
         try:
             self.dtype = _DTYPES[meta["dtype"]]
             # before version 4, K and V were stored in the dtype a read returns
-            self.stored = _STORED[meta["stored"] if meta["version"] == "4" else meta["dtype"]]
+            stored = meta["stored"] if meta["version"] in ("4", "5") else meta["dtype"]
+            self.stored = _STORED[stored]
             self.shape = tuple(int(x) for x in json.loads(meta["shape"]))
             self.token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
             self._checksums = dict(json.loads(meta["checksums"]))
@@ -310,7 +333,12 @@ class EntryReader:
             self._verify(name, out)
 
     def _verify(self, name: str, out: torch.Tensor) -> None:
-        if _digest(out) != self._checksums[name]:
+        want = self._checksums[name]
+        if want.startswith(_SHA):
+            if _sha_digest(out) != want:  # the payload is not what the tag covers
+                error = AuthError if self._keys is not None else EntryError
+                raise error(f"SHA-256 digest mismatch in {name}")
+        elif _digest(out) != want:
             raise EntryError(f"checksum mismatch in {name}")
 
     def close(self) -> None:
@@ -340,6 +368,9 @@ class _Tensors:
             self._base = 8 + self._header_len
             data_len = reader.size - self._base
             self._specs = {name: _spec(name, spec, data_len) for name, spec in header.items()}
+            end = max((end for _, _, _, end in self._specs.values()), default=0)
+            if end != data_len:  # bytes no tensor holds: not what was written
+                raise EntryError(f"{data_len - end} bytes past the last tensor")
         except BaseException:
             reader.close()
             raise
@@ -441,6 +472,34 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def _digest(t: torch.Tensor) -> str:
     return xxhash.xxh3_128_hexdigest(t.contiguous().view(torch.uint8).numpy())
+
+
+def _sha_digest(t: torch.Tensor) -> str:
+    return _SHA + hashlib.sha256(t.contiguous().view(torch.uint8).numpy()).hexdigest()
+
+
+def _signed_bytes(meta: dict[str, str]) -> bytes:
+    """What an entry's tag covers: every metadata field but the tag, as sorted JSON (the
+    storage key, shape, token ids and each tensor's SHA-256 digest among them)."""
+    body = {k: v for k, v in meta.items() if k != "auth"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _authenticate(meta: dict | None, keys: StoreKeys) -> None:
+    """AuthError unless ``meta`` carries a tag that ``keys`` verify and every tensor digest it
+    covers is a SHA-256 one; checked before any other field is read."""
+    tag = meta.get("auth") if meta else None
+    if meta is None or not isinstance(tag, str):
+        raise AuthError("unsigned entry: this store requires entries signed with its keys")
+    why = keys.verify(tag, _signed_bytes(meta))
+    if why is not None:
+        raise AuthError(f"entry not authenticated: {why}", retired=keys.is_retired(tag))
+    try:
+        digests = json.loads(meta["checksums"]).values()
+    except (KeyError, ValueError, AttributeError):
+        raise AuthError("signed entry without tensor digests") from None
+    if not all(isinstance(d, str) and d.startswith(_SHA) for d in digests):
+        raise AuthError("signed entry whose tensor digests are not SHA-256")
 
 
 def meta_digest(meta: dict[str, str]) -> str:

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blendrag.checks import check_at_least
+from blendrag.store.auth import StoreKeys
+from blendrag.store.names import Names, check_namespace
 
 # A per-user directory, shared by every process of that user (diskcache is process-safe).
 DEFAULT_DISK_DIR = Path.home() / ".cache" / "blendrag" / "kv"
@@ -43,6 +45,22 @@ class StoreConfig:
                    on the quality benchmark (docs/store.md); it keeps the float32 exponent
                    range, so no model's activations overflow it, and a bfloat16 model's KV is
                    stored exactly. The RAM tier always holds the model's dtype.
+    namespace:     the tenant (or tenant/user) this store reads and writes for, set by the
+                   application, never by request text: its entries are apart from every other
+                   namespace's, under a physical prefix of their own in each shared tier
+                   (``names.py``); "" the default namespace (``store.namespaced(ns)`` gives
+                   another namespace's view of the same tiers)
+    public_namespace: a namespace every namespace also reads (never writes): a corpus the
+                   ingestion job shares with every tenant, written by that job alone (its
+                   ``namespace``); None: none shared
+    auth_key:      the deployment's ``StoreKeys`` (``StoreKeys.from_env()``, ``from_file``):
+                   every entry a byte tier writes is signed and every read verified before
+                   use; a forged, foreign or unsigned entry is a miss, never used, promoted,
+                   deleted or overwritten (``auth.py``). Stored names are keyed with it. None:
+                   entries are trusted as today (checksums catch damage, not forgery)
+    encrypt:       also encrypt entries at rest in the byte tiers (AES-256-GCM, the stored
+                   name as associated data; needs ``auth_key`` and ``pip install
+                   blendrag[crypto]``); an encrypted entry is read whole, not layer by layer
     """
 
     ram_bytes: int = 4 << 30
@@ -58,6 +76,10 @@ class StoreConfig:
     s3_timeout_s: float = 5.0
     retry_after_s: float = 60.0
     kv_format: str = "bfloat16"
+    namespace: str = ""
+    public_namespace: str | None = None
+    auth_key: StoreKeys | None = None
+    encrypt: bool = False
 
     def __post_init__(self) -> None:
         if self.kv_format not in KV_FORMATS:
@@ -92,10 +114,33 @@ class StoreConfig:
             # NaN compares false with everything: a NaN bench would never end, a NaN timeout
             # never fire; an infinite one is as bad.
             check_at_least(f"StoreConfig.{name}", value)
+        self._check_security()
         if (self.ram_bytes == 0 and self.disk_dir is None and self.redis_url is None
                 and self.s3_url is None):
             raise ValueError("StoreConfig enables no tier: set ram_bytes, disk_dir, redis_url or "
                              "s3_url")
+
+    def _check_security(self) -> None:
+        check_namespace(self.namespace)
+        if self.public_namespace is not None:
+            check_namespace(self.public_namespace)
+        if self.auth_key is not None and not isinstance(self.auth_key, StoreKeys):
+            raise ValueError("StoreConfig.auth_key must be StoreKeys (StoreKeys.from_env(), "
+                             f"StoreKeys.from_file(path)), got {type(self.auth_key).__name__}")
+        if not isinstance(self.encrypt, bool):
+            raise ValueError(f"StoreConfig.encrypt must be a bool, got {self.encrypt!r}")
+        if self.encrypt:
+            if self.auth_key is None:
+                raise ValueError("StoreConfig.encrypt needs auth_key: the entries are "
+                                 "encrypted with keys derived from it")
+            from blendrag.store.sealed import require_cipher
+
+            require_cipher()
+
+    @property
+    def names(self) -> Names:
+        """How this store names its entries (its namespace, keyed with ``auth_key``)."""
+        return Names(self.namespace, self.auth_key)
 
     def location(self) -> str | None:
         """Where entries outlive the process: the disk folder, the Redis URL and prefix, the S3
@@ -108,7 +153,8 @@ class StoreConfig:
             where += f" s3={self.s3_url}"
             if self.s3_endpoint_url is not None:
                 where += f" at {self.s3_endpoint_url}"
-        return where
+        ns_id = self.names.ns_id
+        return f"{where} ns={ns_id}" if ns_id else where
 
 
 def _check_s3_url(url: str) -> None:

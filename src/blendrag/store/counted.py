@@ -23,27 +23,32 @@ class CountedLayeredEntry(LayeredEntryWrapper):
     counted against the tier), and a fully read entry is copied into the faster tiers on
     ``close``."""
 
-    def __init__(self, slot: TierSlot, faster: list[TierSlot], entry: LayeredEntry) -> None:
+    def __init__(self, slot: TierSlot, faster: list[TierSlot], entry: LayeredEntry,
+                 key: str | None = None) -> None:
+        """``key``: the content key the caller asked for, when the tiers store the entry under
+        another name (a namespace, keyed names): what ``key`` and ``LayerReadError`` say."""
         super().__init__(entry)
         self.slot, self.faster = slot, faster
         self._counted: set[int] = set()
+        if key is not None:
+            self.key = key
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        slot, key = self.slot, self.key
+        slot, key = self.slot, self.inner.key
         if i not in self._counted and not slot.health.available:
             # benched since the entry was opened: fail now rather than pay the tier's timeout
             # once per entry of the request (a layer read already is held: served)
-            raise LayerReadError(key, i, f"{slot.tier.label} is benched")
+            raise LayerReadError(self.key, i, f"{slot.tier.label} is benched")
         t0 = time.perf_counter()
         try:
             rows = self.inner.layer(i)
         except EntryError as exc:
-            slot.counters.add(corrupt=1, load_seconds=time.perf_counter() - t0)
+            slot.counters.add(load_seconds=time.perf_counter() - t0)
             slot.judge(key, exc)  # deleted only when a fresh read fails a check too
-            raise LayerReadError(key, i, exc) from exc
+            raise LayerReadError(self.key, i, exc) from exc
         except slot.tier.errors as exc:
             slot.failed(f"read layer {i} of entry {key[:16]}", exc)
-            raise LayerReadError(key, i, exc) from exc
+            raise LayerReadError(self.key, i, exc) from exc
         slot.health.succeeded()
         if i not in self._counted and not isinstance(self.inner, MemoryLayeredEntry):
             self._counted.add(i)

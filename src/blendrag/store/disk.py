@@ -29,6 +29,7 @@ from typing import BinaryIO
 
 import diskcache
 
+from blendrag.store.auth import StoreKeys
 from blendrag.store.disk_files import (
     INDEX,
     BytesOnlyDisk,
@@ -38,6 +39,7 @@ from blendrag.store.disk_files import (
     unreferenced,
 )
 from blendrag.store.health import TierUnavailable, transient_os_error
+from blendrag.store.names import split
 from blendrag.store.protocol import TierUsage
 from blendrag.store.tier import ByteTier
 
@@ -68,8 +70,9 @@ class DiskTier(ByteTier):
     errors: tuple[type[BaseException], ...] = (OSError, sqlite3.Error, diskcache.Timeout)
 
     def __init__(self, directory: str | Path, budget_bytes: int | None,
-                 timeout_s: float = 10.0, tidy: bool = True, *, kv_format: str = "model") -> None:
-        super().__init__(kv_format)
+                 timeout_s: float = 10.0, tidy: bool = True, *, kv_format: str = "model",
+                 store_keys: StoreKeys | None = None, encrypt: bool = False) -> None:
+        super().__init__(kv_format, store_keys, encrypt)
         if budget_bytes is not None and budget_bytes <= 0:
             raise ValueError(f"DiskTier budget_bytes must be positive, got {budget_bytes}")
         self.directory = Path(directory)
@@ -200,10 +203,12 @@ class DiskTier(ByteTier):
     def delete(self, key: str) -> None:
         self.open().delete(key)
 
-    def clear(self) -> None:
-        """Every entry removed, with the files no row references."""
+    def clear(self, namespace_id: str = "") -> None:
+        """Every entry of the namespace removed, with the files no row references."""
         cache = self.open()
-        cache.clear()
+        for key in list(cache.iterkeys()):
+            if isinstance(key, str) and split(key)[0] == namespace_id:
+                cache.delete(key)
         for name in unreferenced(cache, entry_files(self.directory)):
             cache.disk.remove(name)
 

@@ -24,7 +24,8 @@ if TYPE_CHECKING:
     from blendrag.store.layered import LayeredEntry
 
 # Activity counters (a ``since`` delta subtracts them); the other fields are live usage.
-_COUNTERS = ("hits", "misses", "corrupt", "errors", "bytes_read", "bytes_written", "load_seconds")
+_COUNTERS = ("hits", "misses", "corrupt", "errors", "bytes_read", "bytes_written", "load_seconds",
+             "auth_failures")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class TierStats:
     entries: int | None
     used_bytes: int | None
     budget_bytes: int | None
+    # entries this store's keys did not authenticate (forged, foreign, unsigned): misses
+    auth_failures: int = 0
 
     def since(self, before: TierStats) -> TierStats:
         """Activity between the snapshot ``before`` and this one; usage stays this snapshot's."""
@@ -70,6 +73,11 @@ class StoreStats:
     @property
     def hit_rate(self) -> float:
         return self.hits / self.gets if self.gets else 0.0
+
+    @property
+    def auth_failures(self) -> int:
+        """Entries the store's keys did not authenticate, over every tier (each a miss)."""
+        return sum(t.auth_failures for t in self.tiers)
 
     def tier(self, name: str) -> TierStats:
         """The tier called ``name`` ("ram", "disk" or "redis"); KeyError if not configured."""
@@ -91,7 +99,7 @@ class StoreStats:
 
     def to_dict(self) -> dict:
         """Plain JSON-able form (the engine attaches it to request stats)."""
-        return {**asdict(self), "hit_rate": self.hit_rate}
+        return {**asdict(self), "hit_rate": self.hit_rate, "auth_failures": self.auth_failures}
 
     def format(self) -> str:
         """A small human-readable table."""
@@ -120,6 +128,7 @@ class TierCounters:
     bytes_read: int = 0
     bytes_written: int = 0
     load_seconds: float = 0.0
+    auth_failures: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **deltas: float) -> None:
@@ -187,7 +196,18 @@ class KVStore(Protocol):
         """Drop ``key`` from every tier."""
 
     def clear(self) -> None:
-        """Drop every entry of this store."""
+        """Drop every entry of this store's namespace."""
+
+    @property
+    def namespace(self) -> str:
+        """The namespace the store reads and writes for ("" the default one)."""
+
+    @property
+    def namespace_id(self) -> str:
+        """The namespace's id in stored names ("" for the default namespace without keys)."""
+
+    def namespaced(self, namespace: str) -> KVStore:
+        """The same storage as ``namespace`` sees it: its own entries only."""
 
     def stats(self) -> StoreStats:
         """Snapshot of the store's counters and of what each tier holds."""

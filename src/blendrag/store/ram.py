@@ -7,6 +7,7 @@ tiers of a ``TieredKVStore``. Both hold entries by reference: treat returned ten
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import OrderedDict
@@ -15,6 +16,7 @@ from collections.abc import Iterable
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.layered import MemoryLayeredEntry
+from blendrag.store.names import Names, split
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.tier import Tier
 
@@ -40,10 +42,33 @@ class MemoryKVStore:
         if max_bytes <= 0:
             raise ValueError(f"MemoryKVStore max_bytes must be positive, got {max_bytes}")
         self.max_bytes = max_bytes
-        self.bytes = 0
+        self._held = [0]  # bytes held, shared with namespaced views
         self._entries: OrderedDict[str, ChunkKV] = OrderedDict()
         self._lock = threading.Lock()
         self._counters = TierCounters()
+        self.names = Names()
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held now, every namespace's."""
+        return self._held[0]
+
+    @property
+    def namespace(self) -> str:
+        """The namespace this store reads and writes for ("" the default one)."""
+        return self.names.namespace
+
+    @property
+    def namespace_id(self) -> str:
+        """The namespace's id in stored names ("" for the default namespace without keys)."""
+        return self.names.ns_id
+
+    def namespaced(self, namespace: str) -> MemoryKVStore:
+        """This store as ``namespace`` sees it: its own entries only (the same memory, budget
+        and counters)."""
+        view = copy.copy(self)
+        view.names = Names(namespace)
+        return view
 
     @property
     def hits(self) -> int:
@@ -56,10 +81,11 @@ class MemoryKVStore:
     def get(self, key: str) -> ChunkKV | None:
         """The entry for ``key`` (now the most recently used) or None."""
         t0 = time.perf_counter()
+        name = self.names.stored(key)
         with self._lock:
-            kv = self._entries.get(key)
+            kv = self._entries.get(name)
             if kv is not None:
-                self._entries.move_to_end(key)
+                self._entries.move_to_end(name)
         self._counters.add(hits=kv is not None, misses=kv is None,
                            bytes_read=0 if kv is None else held_bytes(kv),
                            load_seconds=time.perf_counter() - t0)
@@ -74,27 +100,27 @@ class MemoryKVStore:
         """Insert ``kv`` as most recently used, evicting least recently used entries to fit
         (``ram`` and ``exact`` are moot: RAM is the only tier here and holds the rows as
         they are)."""
-        size = held_bytes(kv)
+        size, key = held_bytes(kv), self.names.stored(key)
         with self._lock:
             self._pop(key)
             if size > self.max_bytes:
                 return  # larger than the whole budget: not cacheable here
             self._entries[key] = kv
-            self.bytes += size
-            while self.bytes > self.max_bytes:
+            self._held[0] += size
+            while self._held[0] > self.max_bytes:
                 _, old = self._entries.popitem(last=False)
-                self.bytes -= held_bytes(old)
+                self._held[0] -= held_bytes(old)
         self._counters.add(bytes_written=size)
 
     def contains(self, key: str) -> bool:
         """True when ``key`` is held (does not count as a use)."""
         with self._lock:
-            return key in self._entries
+            return self.names.stored(key) in self._entries
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys not held, in order."""
         with self._lock:
-            return [k for k in keys if k not in self._entries]
+            return [k for k in keys if self.names.stored(k) not in self._entries]
 
     def unpersisted(self, keys: Iterable[str]) -> list[str]:
         """No tier persists here: the keys not held."""
@@ -119,17 +145,17 @@ class MemoryKVStore:
     def delete(self, key: str) -> None:
         """Drop ``key`` if present."""
         with self._lock:
-            self._pop(key)
+            self._pop(self.names.stored(key))
 
     def keys(self) -> list[str]:
-        """Keys from least to most recently used."""
+        """Stored names (every namespace's) from least to most recently used."""
         with self._lock:
             return list(self._entries)
 
     def usage(self) -> TierUsage:
         """Entries and bytes held now, and the byte budget."""
         with self._lock:
-            return TierUsage(len(self._entries), self.bytes, self.max_bytes)
+            return TierUsage(len(self._entries), self._held[0], self.max_bytes)
 
     def stats(self) -> StoreStats:
         """Gets since creation, as one ``ram`` tier."""
@@ -144,16 +170,18 @@ class MemoryKVStore:
     def _pop(self, key: str) -> None:
         old = self._entries.pop(key, None)
         if old is not None:
-            self.bytes -= held_bytes(old)
+            self._held[0] -= held_bytes(old)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def clear(self) -> None:
-        """Drop every entry."""
+    def clear(self, namespace_id: str | None = None) -> None:
+        """Drop every entry of this store's namespace (``namespace_id``: of that one instead,
+        "" the default one); other namespaces' entries stay."""
+        ns_id = self.names.ns_id if namespace_id is None else namespace_id
         with self._lock:
-            self._entries.clear()
-            self.bytes = 0
+            for key in [k for k in self._entries if split(k)[0] == ns_id]:
+                self._pop(key)
 
 
 class RamTier(Tier):
@@ -193,8 +221,8 @@ class RamTier(Tier):
     def delete(self, key: str) -> None:
         self.lru.delete(key)
 
-    def clear(self) -> None:
-        self.lru.clear()
+    def clear(self, namespace_id: str = "") -> None:
+        self.lru.clear(namespace_id)
 
     def usage(self) -> TierUsage:
         return self.lru.usage()

@@ -26,7 +26,9 @@ import re
 from collections.abc import Iterator
 from typing import cast
 
+from blendrag.store.auth import StoreKeys
 from blendrag.store.health import transient_os_error
+from blendrag.store.names import split
 from blendrag.store.protocol import TierUsage
 from blendrag.store.readers import RangeReader, scatter
 from blendrag.store.tier import ByteTier
@@ -51,10 +53,11 @@ class RedisTier(ByteTier):
     name = "redis"
 
     def __init__(self, url: str, prefix: str = "blendrag:kv:", ttl_s: int | None = None,
-                 timeout_s: float = 5.0, *, kv_format: str = "model") -> None:
+                 timeout_s: float = 5.0, *, kv_format: str = "model",
+                 store_keys: StoreKeys | None = None, encrypt: bool = False) -> None:
         if redis is None:
             raise ImportError("the Redis tier needs redis-py: pip install 'blendrag[redis]'")
-        super().__init__(kv_format)
+        super().__init__(kv_format, store_keys, encrypt)
         self.url = url
         self.prefix = prefix
         self.namespace = prefix.rstrip(":")
@@ -143,10 +146,11 @@ class RedisTier(ByteTier):
     def delete(self, key: str) -> None:
         self._client.delete(self._name(key))
 
-    def clear(self) -> None:
-        """Delete this store's keys only (the server may be shared with other data)."""
+    def clear(self, namespace_id: str = "") -> None:
+        """Delete this store's keys of the namespace only (the server may be shared with other
+        data and other namespaces)."""
         batch: list[bytes] = []
-        for name in self._names():
+        for name in self._names(namespace_id):
             batch.append(name)
             if len(batch) >= _SCAN_BATCH:
                 self._client.delete(*batch)
@@ -158,25 +162,30 @@ class RedisTier(ByteTier):
         # Counting would scan the whole keyspace of a shared server: left to count_entries().
         return TierUsage(entries=None, used_bytes=None, budget_bytes=None)
 
-    def count_entries(self) -> int:
-        """Number of this store's entries (a full SCAN: for tools, not the request path)."""
-        return sum(1 for _ in self._names())
+    def count_entries(self, namespace_id: str = "") -> int:
+        """Number of this store's entries of the namespace (a full SCAN: for tools, not the
+        request path)."""
+        return sum(1 for _ in self._names(namespace_id))
 
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
 
     def _name(self, key: str) -> str:
-        if ":" in key:
+        """``{namespace}:{key}``; a namespaced key (``ns_id:digest``) is
+        ``{namespace}:{ns_id}:{digest}``, so that each namespace has a prefix of its own."""
+        ns_id, own = split(key)
+        if ":" in own:
             raise ValueError(f"Redis tier keys must not contain ':' (the namespace delimiter): "
                              f"{key!r}")
-        return f"{self.namespace}:{key}"
+        return f"{self.namespace}:{ns_id}:{own}" if ns_id else f"{self.namespace}:{own}"
 
-    def _names(self) -> Iterator[bytes]:
-        """This namespace's names: ``{namespace}:`` then a key without a colon (the SCAN
-        pattern also matches nested namespaces' names, which are left out here)."""
-        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", self.namespace) + ":*"
-        start = len(self.namespace.encode()) + 1
+    def _names(self, namespace_id: str = "") -> Iterator[bytes]:
+        """The names of one namespace: ``{namespace}:`` (then ``{ns_id}:``) then a key without a
+        colon (the SCAN pattern also matches nested namespaces' names, which are left out)."""
+        base = f"{self.namespace}:{namespace_id}" if namespace_id else self.namespace
+        pattern = re.sub(r"([*?\[\]\\])", r"\\\1", base) + ":*"
+        start = len(base.encode()) + 1
         for name in self._client.scan_iter(match=pattern, count=_SCAN_BATCH):
             raw = name if isinstance(name, bytes) else str(name).encode()
             if b":" not in raw[start:]:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlparse
 
+from blendrag.store.auth import StoreKeys
+from blendrag.store.names import split
 from blendrag.store.protocol import TierUsage
 from blendrag.store.s3_ranges import FetchPool, S3Ranges, ShortBody
 from blendrag.store.tier import ByteTier
@@ -54,10 +56,11 @@ class S3Tier(ByteTier):
     name = "s3"
 
     def __init__(self, url: str, endpoint_url: str | None = None, timeout_s: float = 5.0,
-                 read_ahead: int = 8, *, kv_format: str = "model") -> None:
+                 read_ahead: int = 8, *, kv_format: str = "model",
+                 store_keys: StoreKeys | None = None, encrypt: bool = False) -> None:
         if boto3 is None:
             raise ImportError("the S3 tier needs boto3: pip install 'blendrag[s3]'")
-        super().__init__(kv_format)
+        super().__init__(kv_format, store_keys, encrypt)
         self.url, self.endpoint_url = url, endpoint_url
         self.bucket, self.prefix = parse_s3_url(url)
         config = botocore.config.Config(
@@ -123,10 +126,11 @@ class S3Tier(ByteTier):
     def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=self._name(key))
 
-    def clear(self) -> None:
-        """Delete this store's objects only (the bucket may hold other data)."""
+    def clear(self, namespace_id: str = "") -> None:
+        """Delete this store's objects of the namespace only (the bucket may hold other data
+        and other namespaces)."""
         batch: list[dict] = []
-        for name in self._names():
+        for name in self._names(namespace_id):
             batch.append({"Key": name})
             if len(batch) == 1000:  # DeleteObjects takes at most 1,000 keys
                 self._delete(batch)
@@ -138,9 +142,10 @@ class S3Tier(ByteTier):
         # Counting would list the whole prefix: left to count_entries().
         return TierUsage(entries=None, used_bytes=None, budget_bytes=None)
 
-    def count_entries(self) -> int:
-        """Number of this store's objects (a full listing: for tools, not the request path)."""
-        return sum(1 for _ in self._names())
+    def count_entries(self, namespace_id: str = "") -> int:
+        """Number of this store's objects of the namespace (a full listing: for tools, not the
+        request path)."""
+        return sum(1 for _ in self._names(namespace_id))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -148,15 +153,20 @@ class S3Tier(ByteTier):
         self._client.close()
 
     def _name(self, key: str) -> str:
+        """``{prefix}/{key}``; a namespaced key (``ns_id:digest``) is
+        ``{prefix}/{ns_id}/{digest}``, so that each namespace has a prefix of its own."""
+        ns_id, own = split(key)
         if "/" in key:
             raise ValueError(f"S3 tier keys must not contain '/' (the prefix delimiter): {key!r}")
-        return f"{self.prefix}/{key}"
+        return f"{self.prefix}/{ns_id}/{own}" if ns_id else f"{self.prefix}/{own}"
 
-    def _names(self) -> Iterator[str]:
-        """Objects directly under ``{prefix}/`` (a nested prefix's objects are left out)."""
-        start = len(self.prefix) + 1
+    def _names(self, namespace_id: str = "") -> Iterator[str]:
+        """Objects directly under ``{prefix}/`` (then ``{ns_id}/``): one namespace's (a nested
+        prefix's objects are left out)."""
+        base = f"{self.prefix}/{namespace_id}" if namespace_id else self.prefix
+        start = len(base) + 1
         pages = self._client.get_paginator("list_objects_v2").paginate(
-            Bucket=self.bucket, Prefix=f"{self.prefix}/")
+            Bucket=self.bucket, Prefix=f"{base}/")
         for page in pages:
             for item in page.get("Contents", []):
                 if "/" not in item["Key"][start:]:

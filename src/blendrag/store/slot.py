@@ -8,18 +8,23 @@ What a failure leads to (docs/store.md, "What the store guarantees"):
   (``TierHealth``);
 - an entry whose bytes fail a check (``EntryError``) is a miss, and it is deleted only when a
   fresh read of the stored bytes fails a check too (``judge``): what one read saw may have
-  been changed in transit or replaced meanwhile, and a valid entry is never deleted for it.
+  been changed in transit or replaced meanwhile, and a valid entry is never deleted for it;
+- in a tier with keys (``Tier.authenticated``), an entry that fails any check is not
+  authenticated (``AuthError``): a miss counted in ``auth_failures``, never deleted, and never
+  overwritten by this process (it may be a valid entry under a key this process lacks), unless
+  it was signed with a retired key.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TypeVar
 
 from blendrag.store.codec import Entry
-from blendrag.store.errors import EntryError, NewerFormatError
+from blendrag.store.errors import AuthError, EntryError, NewerFormatError
 from blendrag.store.health import TierHealth
 from blendrag.store.layered import LayeredEntry, MemoryLayeredEntry
 from blendrag.store.protocol import TierCounters
@@ -29,6 +34,7 @@ from blendrag.store.tier import Tier
 log = logging.getLogger("blendrag.store")
 
 T = TypeVar("T")
+REFUSED_KEYS = 1 << 16  # entries refused by authentication remembered (not overwritten)
 
 
 class TierSlot:
@@ -39,6 +45,7 @@ class TierSlot:
         self.tier = tier
         self.health = TierHealth(tier.label, retry_after_s)
         self.counters = TierCounters()
+        self._refused: OrderedDict[str, None] = OrderedDict()
 
     def call(self, action: str, fn: Callable[[], T], default: T) -> T:
         """``fn()`` unless the tier is benched (then ``default``); a storage failure counts
@@ -93,7 +100,7 @@ class TierSlot:
         try:
             found = read()
         except EntryError as exc:
-            self.counters.add(misses=1, corrupt=1, load_seconds=time.perf_counter() - t0)
+            self.counters.add(misses=1, load_seconds=time.perf_counter() - t0)
             self.judge(key, exc)
             return None
         except self.tier.errors as exc:
@@ -110,8 +117,19 @@ class TierSlot:
         """A read of ``key`` failed a check (``exc``): delete the entry when a fresh read of its
         stored bytes fails a check too; else leave it (a failure of the fresh read, or a valid
         fresh read, counts against the tier: the first read was not the stored bytes). An entry
-        of a newer format version is valid for the build that wrote it: left alone."""
-        if isinstance(exc, NewerFormatError):
+        of a newer format version is valid for the build that wrote it: left alone. In a tier
+        with keys, an entry that fails a check is not authenticated: counted, left alone and
+        not overwritten (``refused``)."""
+        newer = isinstance(exc, NewerFormatError)
+        if isinstance(exc, AuthError) or (self.tier.authenticated and not newer):
+            self.counters.add(auth_failures=1)
+            if not (isinstance(exc, AuthError) and exc.retired):
+                self._refuse(key)
+            log.warning("KV store: %s entry %s is not authenticated (%s): a miss, left as it "
+                        "is", self.tier.name, key[:16], exc)
+            return
+        self.counters.add(corrupt=1)
+        if newer:
             return
         try:
             fresh = self.tier.read(key)
@@ -127,9 +145,20 @@ class TierSlot:
             self.health.failed(f"read entry {key[:16]} as stored (a fresh read of it is valid, "
                                "so it is kept)", exc, at_once=False)
 
+    def refused(self, key: str) -> bool:
+        """Whether ``key``'s stored entry failed authentication here (this process leaves it)."""
+        return key in self._refused
+
+    def _refuse(self, key: str) -> None:
+        self._refused[key] = None
+        self._refused.move_to_end(key)
+        while len(self._refused) > REFUSED_KEYS:
+            self._refused.popitem(last=False)
+
     def write(self, entry: Entry) -> bool:
-        """Store ``entry``; False when the tier is benched, failed or the entry does not fit."""
-        if not self.health.available:
+        """Store ``entry``; False when the tier is benched, failed, the entry does not fit, or
+        the tier holds an entry under its key that failed authentication (``refused``)."""
+        if not self.health.available or entry.key in self._refused:
             return False
         try:
             stored = self.tier.write(entry)

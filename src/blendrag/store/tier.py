@@ -19,11 +19,13 @@ import os
 from abc import ABC, abstractmethod
 from typing import BinaryIO
 
+from blendrag.store.auth import StoreKeys
 from blendrag.store.codec import Entry, decode, open_entry
 from blendrag.store.config import KV_FORMATS
 from blendrag.store.layered import EncodedLayeredEntry, LayeredEntry
 from blendrag.store.protocol import TierUsage
 from blendrag.store.readers import RangeReader, reader_of
+from blendrag.store.sealed import seal, unseal
 
 
 class Tier(ABC):
@@ -39,6 +41,9 @@ class Tier(ABC):
     errors: tuple[type[BaseException], ...] = ()
     # Lives in this process's memory: bulk writes skip it when a persistent tier takes the entry.
     volatile: bool = False
+    # Signs what it writes and authenticates what it reads (a ``ByteTier`` given ``keys``): an
+    # entry failing any check is then a forgery, never deleted (``slot.py``).
+    authenticated: bool = False
 
     @property
     @abstractmethod
@@ -71,8 +76,10 @@ class Tier(ABC):
         """Drop ``key`` if held."""
 
     @abstractmethod
-    def clear(self) -> None:
-        """Drop every entry of this tier (of its namespace where the storage is shared)."""
+    def clear(self, namespace_id: str = "") -> None:
+        """Drop every entry of the namespace ``namespace_id`` (``names.py``: "" the default
+        one) in this tier; other namespaces' entries, and other data sharing the storage,
+        stay."""
 
     @abstractmethod
     def usage(self) -> TierUsage:
@@ -94,13 +101,22 @@ class ByteTier(Tier):
     the byte operations (``fetch``, ``put``, and ``open_ranges`` where it can read part of an
     entry), and the entry operations are made of them here.
 
-    ``kv_format``: how K and V are stored (``config.KV_FORMATS``; "model": the model's dtype)."""
+    ``kv_format``: how K and V are stored (``config.KV_FORMATS``; "model": the model's dtype).
+    ``store_keys``: sign every entry written and authenticate every entry read (``auth.py``);
+    ``encrypt``: also encrypt entries at rest with keys derived from them (``sealed.py``; an
+    encrypted entry is fetched whole)."""
 
-    def __init__(self, kv_format: str = "model") -> None:
+    def __init__(self, kv_format: str = "model", store_keys: StoreKeys | None = None,
+                 encrypt: bool = False) -> None:
         if kv_format not in KV_FORMATS:
             raise ValueError(f"kv_format must be one of {', '.join(KV_FORMATS)}, "
                              f"got {kv_format!r}")
+        if encrypt and store_keys is None:
+            raise ValueError("an encrypted tier needs store keys")
         self.kv_format = kv_format
+        self.store_keys = store_keys
+        self.encrypt = encrypt
+        self.authenticated = store_keys is not None
 
     @abstractmethod
     def fetch(self, key: str) -> bytes | BinaryIO | None:
@@ -116,27 +132,38 @@ class ByteTier(Tier):
         By default the whole entry is fetched (a disk tier's open file, read by ``pread``); a
         tier that can read byte ranges remotely (Redis GETRANGE, S3 ranged GET) overrides
         this, so only the bytes asked for are moved."""
-        source = self.fetch(key)
+        source = self._fetch(key)
         return None if source is None else reader_of(source)
 
     def read(self, key: str) -> tuple[Entry, int] | None:
         """The entry fetched whole, decoded and verified, and its stored size."""
-        source = self.fetch(key)
+        source = self._fetch(key)
         if source is None:
             return None
         if isinstance(source, bytes):
-            return Entry(key, decode(source, key), source), len(source)
+            return Entry(key, decode(source, key, self.store_keys), source), len(source)
         with source:  # an open entry file
             size = os.fstat(source.fileno()).st_size
-            return Entry(key, decode(source, key)), size
+            return Entry(key, decode(source, key, self.store_keys)), size
+
+    def _fetch(self, key: str) -> bytes | BinaryIO | None:
+        """``fetch``, the entry decrypted when this tier encrypts (then always bytes)."""
+        source = self.fetch(key)
+        if not self.encrypt or source is None or self.store_keys is None:
+            return source
+        if not isinstance(source, bytes):
+            with source:
+                source = source.read()
+        return unseal(source, key, self.store_keys)
 
     def open_layers(self, key: str) -> EncodedLayeredEntry | None:
         """The entry opened for layer-wise reads: header and priors read and verified now,
         each layer when asked for."""
-        source = self.open_ranges(key)
+        source = self.open_ranges(key) if not self.encrypt else self._fetch(key)
         if source is None:
             return None
-        reader = open_entry(source, key)  # closes the source when the header is bad
+        # open_entry closes the source when the header is bad
+        reader = open_entry(source, key, self.store_keys)
         try:
             return EncodedLayeredEntry(reader, key, self.name)
         except BaseException:
@@ -145,5 +172,7 @@ class ByteTier(Tier):
 
     def write(self, entry: Entry) -> int:
         """Store ``entry`` encoded in ``kv_format`` (the bytes it was read from, where it was)."""
-        data = entry.encoded(self.kv_format)
+        data = entry.encoded(self.kv_format, self.store_keys)
+        if self.encrypt and self.store_keys is not None:
+            data = seal(data, entry.key, self.store_keys)
         return len(data) if self.put(entry.key, data) else 0

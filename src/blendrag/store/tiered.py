@@ -2,6 +2,9 @@
 protocol.
 
 Reads go down the tiers and promote a hit into every faster tier; writes go to every tier.
+Every key is stored under its namespace's name (``names.py``): ``namespaced(ns)`` is another
+namespace's view of the same tiers, and with ``auth_key`` every byte tier signs and checks its
+entries (``auth.py``).
 A failure of a slow tier is a miss: a tier that is unusable (read-only or full disk, Redis
 down) is benched at once, one that keeps failing (descriptors exhausted, short replies) after
 repeated failures (``TierHealth``). An entry whose stored bytes fail a check is a logged miss
@@ -11,6 +14,7 @@ and ``put`` therefore never raise for storage reasons.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
@@ -23,6 +27,7 @@ from blendrag.store.config import StoreConfig
 from blendrag.store.counted import CountedLayeredEntry
 from blendrag.store.disk import DiskTier
 from blendrag.store.layered import LayeredEntry
+from blendrag.store.names import Names
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.ram import RamTier
 from blendrag.store.redis_tier import RedisTier
@@ -46,23 +51,26 @@ class TieredKVStore:
         """``wrap``: applied to every tier before use (e.g. ``throttle.ThrottledTier``, the
         benchmarks' model of a slower device)."""
         self.config = config = config if config is not None else StoreConfig()
+        self.names = config.names
+        self._owner = True  # a namespaced view shares the tiers and does not close them
         self._wrap = wrap
         self._gets = TierCounters()  # store level: hits/misses over all tiers
         self._slots: list[TierSlot] = []
         if config.ram_bytes:
             self._add(RamTier(config.ram_bytes))
-        fmt = config.kv_format
+        fmt, keys, seal = config.kv_format, config.auth_key, config.encrypt
         if config.disk_dir is not None:
             self._add(DiskTier(config.disk_dir, config.disk_bytes, config.disk_timeout_s,
-                               kv_format=fmt))
+                               kv_format=fmt, store_keys=keys, encrypt=seal))
         if config.redis_url is not None:
             self._add(RedisTier(config.redis_url, config.redis_prefix, config.redis_ttl_s,
-                                config.redis_timeout_s, kv_format=fmt))
+                                config.redis_timeout_s, kv_format=fmt, store_keys=keys,
+                                encrypt=seal))
         if config.s3_url is not None:
             from blendrag.store.s3_tier import S3Tier  # boto3 is an extra: blendrag[s3]
 
             self._add(S3Tier(config.s3_url, config.s3_endpoint_url, config.s3_timeout_s,
-                             kv_format=fmt))
+                             kv_format=fmt, store_keys=keys, encrypt=seal))
 
     def _add(self, tier: Tier) -> None:
         tier = self._wrap(tier) if self._wrap is not None else tier
@@ -77,17 +85,43 @@ class TieredKVStore:
         tests that look at one tier; reads and writes go through the store."""
         return tuple(self._slots)
 
+    @property
+    def namespace(self) -> str:
+        """The namespace this store reads and writes for ("" the default one)."""
+        return self.names.namespace
+
+    @property
+    def namespace_id(self) -> str:
+        """The namespace's id in stored names ("" for the default namespace without keys)."""
+        return self.names.ns_id
+
+    def namespaced(self, namespace: str) -> TieredKVStore:
+        """This store's tiers as ``namespace`` sees them: its own entries only, under its own
+        names (the same tiers, health and counters; closing the view closes nothing)."""
+        view = copy.copy(self)
+        view.names = Names(namespace, self.config.auth_key)
+        view.config = dataclasses.replace(self.config, namespace=namespace)
+        view._owner = False
+        return view
+
+    def stored_name(self, key: str) -> str:
+        """The name the tiers hold ``key`` under in this store's namespace."""
+        return self.names.stored(key)
+
     # -- KVStore protocol ------------------------------------------------------------------
 
     def get(self, key: str) -> ChunkKV | None:
         """The entry for ``key`` from the fastest tier that has a valid one, or None; a hit is
         copied into every faster tier."""
         entry = None
-        for i, slot in enumerate(self._slots):
-            entry = slot.read(key)
+        for name in self._readable(key):
+            for i, slot in enumerate(self._slots):
+                entry = slot.read(name)
+                if entry is not None:
+                    for faster in self._slots[:i]:
+                        faster.write(entry)
+                    break
             if entry is not None:
-                for faster in self._slots[:i]:
-                    faster.write(entry)
                 break
         self._gets.add(hits=entry is not None, misses=entry is None)
         return entry.kv if entry is not None else None
@@ -97,19 +131,29 @@ class TieredKVStore:
         reads (``store/layered.py``), or None. A layer that fails later raises
         ``LayerReadError`` (the entry is dropped, or its tier benched); an entry read through
         is copied into every faster tier when it is closed."""
-        for i, slot in enumerate(self._slots):
-            entry = slot.open_layers(key)
-            if entry is not None:
-                self._gets.add(hits=1)
-                return CountedLayeredEntry(slot, self._slots[:i], entry)
+        for name in self._readable(key):
+            for i, slot in enumerate(self._slots):
+                entry = slot.open_layers(name)
+                if entry is not None:
+                    self._gets.add(hits=1)
+                    return CountedLayeredEntry(slot, self._slots[:i], entry, key)
         self._gets.add(misses=1)
         return None
+
+    def _readable(self, key: str) -> list[str]:
+        """The names ``key`` is read under: this namespace's, then the public one's (a corpus
+        the ingestion job shares with every namespace; never written by a request)."""
+        names = [self.names.stored(key)]
+        public = self.config.public_namespace
+        if public is not None and public != self.names.namespace:
+            names.append(Names(public, self.config.auth_key).stored(key))
+        return names
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True, exact: bool = False) -> None:
         """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
         tier so as not to evict the entries being served, unless no persistent tier took it.
         ``exact``: the persistent tiers store it in the model's dtype whatever ``kv_format``."""
-        entry = Entry(key, _on_cpu(kv), exact=exact)
+        entry = Entry(self.names.stored(key), _on_cpu(kv), exact=exact)
         stored = any([s.write(entry) for s in self._slots if not s.tier.volatile])
         if ram or not stored:
             for slot in self._slots:
@@ -118,8 +162,8 @@ class TieredKVStore:
 
     def contains(self, key: str) -> bool:
         """True when some tier holds ``key``; loads nothing and does not count as a use."""
-        return any(slot.call("look up", partial(slot.tier.contains, key), False)
-                   for slot in self._slots)
+        return any(slot.call("look up", partial(slot.tier.contains, name), False)
+                   for name in self._readable(key) for slot in self._slots)
 
     def missing(self, keys: Iterable[str]) -> list[str]:
         """The keys no tier holds, in order: what a precompute job still has to compute."""
@@ -143,7 +187,8 @@ class TieredKVStore:
                 failed.add(i)
                 return False
 
-        return [k for k in keys if not any(holds(i, k) for i in range(len(slots)))]
+        return [k for k in keys
+                if not any(holds(i, self.names.stored(k)) for i in range(len(slots)))]
 
     def unwritable(self) -> str | None:
         """Why no persistent tier can take entries now (each tried: opened, or probed when
@@ -187,13 +232,16 @@ class TieredKVStore:
 
     def delete(self, key: str) -> None:
         """Drop ``key`` from every tier."""
+        name = self.names.stored(key)
         for slot in self._slots:
-            slot.delete(key)
+            slot.delete(name)
 
     def clear(self) -> None:
-        """Drop every entry from every tier (Redis: only keys under this store's prefix)."""
+        """Drop every entry of this store's namespace from every tier (Redis and S3: only
+        names under this store's prefix; other namespaces' entries stay)."""
+        ns_id = self.names.ns_id
         for slot in self._slots:
-            slot.call("clear", slot.tier.clear, None)
+            slot.call("clear", partial(slot.tier.clear, ns_id), None)
 
     def reset_stats(self) -> None:
         """Zero every counter (usage figures are live and are not affected)."""
@@ -201,6 +249,8 @@ class TieredKVStore:
             c.reset()
 
     def close(self) -> None:
+        if not self._owner:
+            return
         for slot in self._slots:
             slot.call("close", slot.tier.close, None)
 

@@ -49,8 +49,8 @@ class TierWrapper(Tier):
     def delete(self, key: str) -> None:
         self.inner.delete(key)
 
-    def clear(self) -> None:
-        self.inner.clear()
+    def clear(self, namespace_id: str = "") -> None:
+        self.inner.clear(namespace_id)
 
     def usage(self) -> TierUsage:
         return self.inner.usage()

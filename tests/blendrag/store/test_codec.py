@@ -12,7 +12,7 @@ from safetensors import safe_open
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import (
-    FORMAT_VERSION,
+    SIGNED_VERSION,
     EntryError,
     decode,
     encode,
@@ -102,7 +102,7 @@ def test_other_format_version_is_refused():
         assert entry.num_layers == 3
     header_len = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8 : 8 + header_len])["__metadata__"]
-    meta["version"] = str(FORMAT_VERSION + 1)
+    meta["version"] = str(SIGNED_VERSION + 1)  # past every version this build reads
     with pytest.raises(EntryError, match="format version"):
         decode(safetensors.torch.save(tensors, metadata=meta), KEY)
 

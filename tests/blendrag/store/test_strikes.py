@@ -166,12 +166,12 @@ def test_an_entry_of_a_newer_format_version_is_a_miss_and_is_kept(make_store, tm
 
     import safetensors.torch
 
-    from blendrag.store.codec import FORMAT_VERSION, encode, meta_digest
+    from blendrag.store.codec import SIGNED_VERSION, encode, meta_digest
 
     data = encode("k9", make_kv(9))
     header = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8: 8 + header])["__metadata__"]
-    meta["version"] = str(FORMAT_VERSION + 1)
+    meta["version"] = str(SIGNED_VERSION + 1)  # past every version this build reads
     del meta["meta_checksum"]
     meta["meta_checksum"] = meta_digest(meta)
     newer = safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
