@@ -1,4 +1,5 @@
-"""Decoding after a prefill: one token loop shared by streaming and non-streaming generation.
+"""Decoding after a prefill: one token loop shared by streaming and non-streaming generation,
+and the choice of each next token (greedy, or temperature + top-k + top-p).
 
 ``GenerationStream`` yields text deltas; ``generate`` simply drains it, so both paths produce
 the same text by construction.
@@ -10,11 +11,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import torch
+
 from blendrag.config import GenerationConfig
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.compute.threads import torch_threads
 from blendrag.engine.request.prefill import Prefill
-from blendrag.engine.request.sampling import make_generator, next_token
 from blendrag.engine.request.stats import RequestStats
 
 
@@ -107,3 +109,35 @@ def _safe_end(text: str, stops: tuple[str, ...]) -> int:
                 hold = max(hold, k)
                 break
     return end - hold
+
+
+# ---- the next token ---------------------------------------------------------------------
+
+def make_generator(cfg: GenerationConfig, device: torch.device) -> torch.Generator | None:
+    """The seeded generator sampling draws from (None: greedy)."""
+    if cfg.greedy:
+        return None
+    g = torch.Generator(device=device)
+    if cfg.seed is None:
+        g.seed()
+    else:
+        g.manual_seed(cfg.seed)
+    return g
+
+
+def next_token(logits: torch.Tensor, cfg: GenerationConfig,
+               generator: torch.Generator | None) -> int:
+    """logits: [vocab] -> token id."""
+    if cfg.greedy:
+        return int(torch.argmax(logits))
+    scores = logits.float() / cfg.temperature
+    if cfg.top_k:
+        kth = torch.topk(scores, min(cfg.top_k, scores.numel())).values[-1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        cum = sorted_scores.softmax(-1).cumsum(-1)
+        drop = cum - sorted_scores.softmax(-1) >= cfg.top_p  # keep the smallest set reaching top_p
+        scores = scores.scatter(0, order[drop], float("-inf"))
+    probs = scores.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
