@@ -24,11 +24,15 @@ import base64
 import binascii
 import hashlib
 import hmac
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from blendrag.store.errors import AuthError
+
+SHA256 = "sha256:"  # the prefix of a signed entry's tensor digests
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 MIN_SECRET = 16  # bytes: HMAC-SHA256 keys shorter than this are guessable
 
@@ -178,3 +182,29 @@ def _secret(key_id: str, value: str) -> bytes:
     except (binascii.Error, ValueError):
         raise ValueError(f"store keys: the secret of key {key_id!r} is neither hex nor "
                          "base64") from None
+
+
+# ---- an entry's tag ---------------------------------------------------------------------
+
+def signed_bytes(meta: dict[str, str]) -> bytes:
+    """What an entry's tag covers: every metadata field but the tag, as sorted JSON (the
+    storage key, shape, token ids and each tensor's SHA-256 digest among them)."""
+    body = {k: v for k, v in meta.items() if k != "auth"}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def authenticate(meta: dict | None, keys: StoreKeys) -> None:
+    """AuthError unless ``meta`` carries a tag that ``keys`` verify and every tensor digest it
+    covers is a SHA-256 one; checked before any other field is read."""
+    tag = meta.get("auth") if meta else None
+    if meta is None or not isinstance(tag, str):
+        raise AuthError("unsigned entry: this store requires entries signed with its keys")
+    why = keys.verify(tag, signed_bytes(meta))
+    if why is not None:
+        raise AuthError(f"entry not authenticated: {why}", retired=keys.is_retired(tag))
+    try:
+        digests = json.loads(meta["checksums"]).values()
+    except (KeyError, ValueError, AttributeError):
+        raise AuthError("signed entry without tensor digests") from None
+    if not all(isinstance(d, str) and d.startswith(SHA256) for d in digests):
+        raise AuthError("signed entry whose tensor digests are not SHA-256")

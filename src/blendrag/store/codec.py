@@ -39,7 +39,7 @@ import torch
 import xxhash
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.auth import StoreKeys
+from blendrag.store.auth import SHA256, StoreKeys, authenticate, signed_bytes
 from blendrag.store.config import KV_FORMATS
 from blendrag.store.errors import AuthError, EntryError, NewerFormatError
 from blendrag.store.readers import IOV_MAX, BufferReader, FileReader, RangeReader
@@ -48,7 +48,6 @@ FORMAT_NAME = "blendrag-chunk-kv"
 FORMAT_VERSION = 4  # 4: "stored" (3: "profile", "context_tag"; 2: "sensitivity", "context")
 SIGNED_VERSION = 5  # 5: a version-4 entry signed ("auth", SHA-256 tensor digests)
 READ_VERSIONS = ("2", "3", "4", "5")
-_SHA = "sha256:"
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -119,7 +118,7 @@ def encode(key: str, kv: ChunkKV, kv_format: str = "model",
     }
     meta["meta_checksum"] = meta_digest(meta)
     if signer is not None:
-        meta["auth"] = signer.sign(_signed_bytes(meta))
+        meta["auth"] = signer.sign(signed_bytes(meta))
     return safetensors.torch.save(tensors, metadata=meta)
 
 
@@ -177,7 +176,7 @@ class EntryReader:
         self._keys = keys
         try:
             if keys is not None:
-                _authenticate(tensors.metadata, keys)
+                authenticate(tensors.metadata, keys)
             self._parse(tensors.metadata, key)
         except BaseException:
             tensors.close()
@@ -334,7 +333,7 @@ class EntryReader:
 
     def _verify(self, name: str, out: torch.Tensor) -> None:
         want = self._checksums[name]
-        if want.startswith(_SHA):
+        if want.startswith(SHA256):
             if _sha_digest(out) != want:  # the payload is not what the tag covers
                 error = AuthError if self._keys is not None else EntryError
                 raise error(f"SHA-256 digest mismatch in {name}")
@@ -475,31 +474,7 @@ def _digest(t: torch.Tensor) -> str:
 
 
 def _sha_digest(t: torch.Tensor) -> str:
-    return _SHA + hashlib.sha256(t.contiguous().view(torch.uint8).numpy()).hexdigest()
-
-
-def _signed_bytes(meta: dict[str, str]) -> bytes:
-    """What an entry's tag covers: every metadata field but the tag, as sorted JSON (the
-    storage key, shape, token ids and each tensor's SHA-256 digest among them)."""
-    body = {k: v for k, v in meta.items() if k != "auth"}
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _authenticate(meta: dict | None, keys: StoreKeys) -> None:
-    """AuthError unless ``meta`` carries a tag that ``keys`` verify and every tensor digest it
-    covers is a SHA-256 one; checked before any other field is read."""
-    tag = meta.get("auth") if meta else None
-    if meta is None or not isinstance(tag, str):
-        raise AuthError("unsigned entry: this store requires entries signed with its keys")
-    why = keys.verify(tag, _signed_bytes(meta))
-    if why is not None:
-        raise AuthError(f"entry not authenticated: {why}", retired=keys.is_retired(tag))
-    try:
-        digests = json.loads(meta["checksums"]).values()
-    except (KeyError, ValueError, AttributeError):
-        raise AuthError("signed entry without tensor digests") from None
-    if not all(isinstance(d, str) and d.startswith(_SHA) for d in digests):
-        raise AuthError("signed entry whose tensor digests are not SHA-256")
+    return SHA256 + hashlib.sha256(t.contiguous().view(torch.uint8).numpy()).hexdigest()
 
 
 def meta_digest(meta: dict[str, str]) -> str:

@@ -52,6 +52,9 @@ class TieredKVStore:
         benchmarks' model of a slower device)."""
         self.config = config = config if config is not None else StoreConfig()
         self.names = config.names
+        # a namespace every namespace of this store also reads (never writes), if any
+        self.public = (None if config.public_namespace is None
+                       else Names(config.public_namespace, config.auth_key))
         self._owner = True  # a namespaced view shares the tiers and does not close them
         self._wrap = wrap
         self._gets = TierCounters()  # store level: hits/misses over all tiers
@@ -144,9 +147,8 @@ class TieredKVStore:
         """The names ``key`` is read under: this namespace's, then the public one's (a corpus
         the ingestion job shares with every namespace; never written by a request)."""
         names = [self.names.stored(key)]
-        public = self.config.public_namespace
-        if public is not None and public != self.names.namespace:
-            names.append(Names(public, self.config.auth_key).stored(key))
+        if self.public is not None and self.public.namespace != self.names.namespace:
+            names.append(self.public.stored(key))
         return names
 
     def put(self, key: str, kv: ChunkKV, *, ram: bool = True, exact: bool = False) -> None:
