@@ -25,8 +25,7 @@ from contextlib import ExitStack
 from blendrag.config import BlendConfig
 from blendrag.store import MemoryKVStore, StoreConfig, TieredKVStore
 from blendrag.store.auth import StoreKeys
-from blendrag_bench.ttft import build_engine, random_layout
-from blendrag_bench.ttft_tiers import TierBenchConfig, load_only, tier_store
+from blendrag_bench.ttft_tiers import TierBenchConfig, load_only, precomputed, tier_store
 
 PROTECTIONS = ("plain", "signed", "encrypted")
 KEYS = StoreKeys({"bench": bytes(range(32))}, "bench")  # a fixed key: nothing here is secret
@@ -43,17 +42,15 @@ def protection_config(config: StoreConfig, protection: str) -> StoreConfig:
 
 def run(cfg: TierBenchConfig, protections: tuple[str, ...] = PROTECTIONS) -> list[dict]:
     """One record per protection and row (see the module docstring)."""
+    if cfg.tier == "ram":  # before any model is built
+        raise ValueError("--protection needs a tier that stores bytes: disk, redis, "
+                         "redis_cluster or s3")
+    for p in protections:
+        protection_config(StoreConfig(), p)  # refuses an unknown one now
     w = cfg.workload
     with ExitStack() as stack:
-        engine = build_engine(w)
-        layout = random_layout(w, engine.model.config.vocab_size)
-        memory = MemoryKVStore(16 << 30)
-        engine.store = memory
-        engine.precompute(layout.prefix_ids, layout.chunk_ids)
+        engine, layout, memory = precomputed(w)
         keys = memory.keys()
-        if cfg.tier == "ram":
-            raise ValueError("--protection needs a tier that stores bytes: disk, redis, "
-                             "redis_cluster or s3")
         base = tier_store(cfg, stack)
         stores = {p: TieredKVStore(protection_config(base.config, p)) for p in protections}
         for store in stores.values():

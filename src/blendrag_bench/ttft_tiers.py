@@ -133,15 +133,22 @@ def _kl(logits: torch.Tensor, ref: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum())
 
 
+def precomputed(w: TTFTWorkload, profile: bool = False):
+    """(engine, its prompt, a RAM store holding the prompt's chunk entries): the workload's
+    model and prompt with every chunk computed, untimed."""
+    engine = build_engine(w)
+    layout = random_layout(w, engine.model.config.vocab_size)
+    memory = MemoryKVStore(16 << 30)
+    engine.store = memory
+    engine.precompute(layout.prefix_ids, layout.chunk_ids, profile=profile)
+    return engine, layout, memory
+
+
 def run(cfg: TierBenchConfig) -> list[dict]:
     """The six rows (see the module docstring), one record each."""
     w = cfg.workload
     with ExitStack() as stack:
-        engine = build_engine(w)
-        layout = random_layout(w, engine.model.config.vocab_size)
-        memory = MemoryKVStore(16 << 30)
-        engine.store = memory
-        engine.precompute(layout.prefix_ids, layout.chunk_ids, profile=cfg.selector == "profile")
+        engine, layout, memory = precomputed(w, profile=cfg.selector == "profile")
         store = tier_store(cfg, stack)
         keys = memory.keys()
         for key in keys:

@@ -34,6 +34,7 @@ from blendrag.integration.ingestion_key import (
     TEXT_INDEX_DIR,
     KVIdentity,
     engine_persistence,
+    require_chunk_prefix,
 )
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.prompt import PromptBuilder
@@ -183,10 +184,7 @@ class BlendClient:
     def require_chunk_prefix(self) -> None:
         """ValueError unless the engine has a canonical ``chunk_prefix`` (framework hooks ingest
         chunks before any prompt exists)."""
-        if self.prompts.chunk_prefix is None:
-            raise ValueError("chunk KVs precomputed before any prompt exists need a canonical "
-                             "prefix: build the engine with chunk_prefix (e.g. "
-                             "BlendEngine(..., chunk_prefix=''))")
+        require_chunk_prefix(self.prompts)
 
     @property
     def kv_identity(self) -> str:

@@ -25,6 +25,7 @@ from blendrag.kv.keys import hash_ids
 if TYPE_CHECKING:
     from blendrag.engine import BlendEngine
     from blendrag.integration.text_index import ChunkTextIndex
+    from blendrag.prompt import PromptBuilder
     from blendrag.spec import EngineSpec
 
 TEXT_INDEX_DIR = "text_index"
@@ -43,10 +44,9 @@ class KVIdentity:
     @classmethod
     def of_engine(cls, engine: BlendEngine) -> KVIdentity:
         """The running engine's: its weights, tokenizer, chunk prefix ids and context."""
-        if engine.prompts is None or engine.prompts.chunk_prefix is None:
-            raise ValueError("chunk KVs precomputed before any prompt exists need a canonical "
-                             "prefix: build the engine with chunk_prefix (e.g. "
-                             "BlendEngine(..., chunk_prefix=''))")
+        if engine.prompts is None:
+            raise ValueError("the engine has no tokenizer: chunk texts cannot be keyed")
+        require_chunk_prefix(engine.prompts)
         return cls(engine.model_fp, engine.tokenizer_fp,
                    hash_ids(engine.prompts.chunk_prefix_ids()), repr(engine.context))
 
@@ -61,6 +61,15 @@ class KVIdentity:
         parts = (self.model, self.tokenizer, self.chunk_prefix, self.context,
                  chunk_format.template, chunk_format.separator)
         return hashlib.sha256("\0".join(parts).encode()).hexdigest()
+
+
+def require_chunk_prefix(prompts: PromptBuilder) -> None:
+    """ValueError unless the engine has a canonical ``chunk_prefix`` (framework hooks ingest
+    chunks before any prompt exists)."""
+    if prompts.chunk_prefix is None:
+        raise ValueError("chunk KVs precomputed before any prompt exists need a canonical "
+                         "prefix: build the engine with chunk_prefix (e.g. "
+                         "BlendEngine(..., chunk_prefix=''))")
 
 
 def engine_persistence(engine: BlendEngine, text_index: ChunkTextIndex) -> str:

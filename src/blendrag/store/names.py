@@ -55,6 +55,26 @@ class Names:
         return f"{ns_id}:{digest}"
 
 
+class Named:
+    """What a store shows of its ``names`` (both stores have one)."""
+
+    names: Names
+
+    @property
+    def namespace(self) -> str:
+        """The namespace this store reads and writes for ("" the default one)."""
+        return self.names.namespace
+
+    @property
+    def namespace_id(self) -> str:
+        """The namespace's id in stored names ("" for the default namespace without keys)."""
+        return self.names.ns_id
+
+    def stored_name(self, key: str) -> str:
+        """The name the tiers hold ``key`` under in this store's namespace."""
+        return self.names.stored(key)
+
+
 def split(name: str) -> tuple[str, str]:
     """A stored name as (namespace id, the entry's own part); ("", name) in the default
     namespace without a key."""

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.layered import MemoryLayeredEntry
-from blendrag.store.names import Names, split
+from blendrag.store.names import Named, Names, split
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.tier import Tier
 
@@ -29,7 +29,7 @@ def held_bytes(kv: ChunkKV) -> int:
     return kv.nbytes + kv.extra_nbytes
 
 
-class MemoryKVStore:
+class MemoryKVStore(Named):
     """In-process LRU bounded in bytes: the default store, and the RAM tier of the tiered store.
 
     An entry counts its KV rows and its profile (:func:`held_bytes`).
@@ -52,16 +52,6 @@ class MemoryKVStore:
     def bytes(self) -> int:
         """Bytes held now, every namespace's."""
         return self._held[0]
-
-    @property
-    def namespace(self) -> str:
-        """The namespace this store reads and writes for ("" the default one)."""
-        return self.names.namespace
-
-    @property
-    def namespace_id(self) -> str:
-        """The namespace's id in stored names ("" for the default namespace without keys)."""
-        return self.names.ns_id
 
     def namespaced(self, namespace: str) -> MemoryKVStore:
         """This store as ``namespace`` sees it: its own entries only (the same memory, budget

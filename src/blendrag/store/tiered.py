@@ -27,7 +27,7 @@ from blendrag.store.config import StoreConfig
 from blendrag.store.counted import CountedLayeredEntry
 from blendrag.store.disk import DiskTier
 from blendrag.store.layered import LayeredEntry
-from blendrag.store.names import Names
+from blendrag.store.names import Named, Names
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.ram import RamTier
 from blendrag.store.redis_tier import RedisTier
@@ -37,7 +37,7 @@ from blendrag.store.tier import Tier
 log = logging.getLogger("blendrag.store")
 
 
-class TieredKVStore:
+class TieredKVStore(Named):
     """Chunk-KV store over the tiers ``config`` enables (see ``StoreConfig``); a ``KVStore``.
 
     Tiers, fastest first: RAM (``RamTier``), disk (``DiskTier``), Redis (``RedisTier``), S3
@@ -88,28 +88,14 @@ class TieredKVStore:
         tests that look at one tier; reads and writes go through the store."""
         return tuple(self._slots)
 
-    @property
-    def namespace(self) -> str:
-        """The namespace this store reads and writes for ("" the default one)."""
-        return self.names.namespace
-
-    @property
-    def namespace_id(self) -> str:
-        """The namespace's id in stored names ("" for the default namespace without keys)."""
-        return self.names.ns_id
-
     def namespaced(self, namespace: str) -> TieredKVStore:
         """This store's tiers as ``namespace`` sees them: its own entries only, under its own
         names (the same tiers, health and counters; closing the view closes nothing)."""
         view = copy.copy(self)
-        view.names = Names(namespace, self.config.auth_key)
         view.config = dataclasses.replace(self.config, namespace=namespace)
+        view.names = view.config.names
         view._owner = False
         return view
-
-    def stored_name(self, key: str) -> str:
-        """The name the tiers hold ``key`` under in this store's namespace."""
-        return self.names.stored(key)
 
     # -- KVStore protocol ------------------------------------------------------------------
 

@@ -7,8 +7,6 @@ positive control that must differ)."""
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 
 import numpy as np
 import torch
@@ -19,6 +17,7 @@ from blendrag.store import StoreConfig
 from blendrag.store.auth import StoreKeys
 from blendrag.store.codec import decode, encode
 from helpers.backends import Backend
+from helpers.tenant_timing import arms, ks
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 KEYS = StoreKeys({"k1": b"deployment-secret-0123456789"}, "k1")
@@ -93,44 +92,14 @@ def test_no_prefix_cache_or_history_row_crosses_namespaces(model_dir, tmp_path):
     assert a.runner is engine.runner  # one model for every tenant
 
 
-def _ks(x: list[float], y: list[float]) -> tuple[float, float]:
-    """Two-sample Kolmogorov-Smirnov statistic and its asymptotic p-value."""
-    xs, ys = np.sort(x), np.sort(y)
-    grid = np.concatenate([xs, ys])
-    d = float(np.max(np.abs(np.searchsorted(xs, grid, side="right") / len(xs)
-                            - np.searchsorted(ys, grid, side="right") / len(ys))))
-    n = len(xs) * len(ys) / (len(xs) + len(ys))
-    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
-    p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101))
-    return d, min(max(p, 0.0), 1.0)
-
-
 def test_another_tenants_cache_does_not_show_in_the_time_a_request_takes(model_dir, tmp_path,
                                                                           one_thread):
-    spec = dataclasses.replace(_spec(model_dir, tmp_path, ram_bytes=64 << 20, disk_dir=None))
+    spec = _spec(model_dir, tmp_path, ram_bytes=64 << 20, disk_dir=None)
     engine = spec.build()
     a, b = engine.namespaced("tenant-a"), engine.namespaced("tenant-b")
-    samples = 250
-    words = "river stone castle orbit meadow lantern copper violin harbor glacier".split()
-
-    def passage(i: int, kind: str) -> str:
-        return f"{kind} {i}: " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(40))
-
-    def ttft(engine, text: str) -> float:
-        layout = engine.build_prompt(PREFIX, [text], SUFFIX)
-        t0 = time.perf_counter()
-        engine.prefill(layout, BLEND)
-        return time.perf_counter() - t0
-
-    probe, cold, hit = [], [], []
-    for i in range(samples):  # interleaved, so that drift in the machine's load hits all arms
-        a.ingest([passage(i, "theirs")])  # cached by tenant A only
-        b.ingest([passage(i, "mine")])  # cached by tenant B itself
-        probe.append(ttft(b, passage(i, "theirs")))  # B asks for what A cached
-        cold.append(ttft(b, passage(i, "nobodys")))  # B asks for what no one cached
-        hit.append(ttft(b, passage(i, "mine")))  # B asks for what it cached: the control
-    _, p_probe = _ks(probe, cold)
-    d_hit, p_hit = _ks(hit, cold)
+    probe, cold, hit = arms(a, b, samples=250)
+    _, p_probe = ks(probe, cold)
+    _, p_hit = ks(hit, cold)
     assert p_hit < 1e-6 and np.median(hit) < np.median(cold)  # the test can see a hit
     assert p_probe > 1e-3, (f"a cross-tenant probe is distinguishable from a cold miss "
                             f"(p={p_probe:.2g}; medians {np.median(probe) * 1e3:.2f} vs "

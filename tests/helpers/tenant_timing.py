@@ -1,0 +1,52 @@
+"""The cross-tenant timing measurement, shared by its test and by scripts/tenant_timing.py
+(which prints the figures docs/benchmarks.md cites): three arms of request times for tenant B
+over fresh passages, interleaved so that drift in the machine's load falls on all three."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from blendrag import BlendConfig
+from helpers.tiny import PREFIX, SUFFIX
+
+BLEND = BlendConfig(ratio=0.2)
+WORDS = "river stone castle orbit meadow lantern copper violin harbor glacier".split()
+
+
+def passage(i: int, kind: str) -> str:
+    return f"{kind} {i}: " + " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(40))
+
+
+def _ttft(engine, text: str) -> float:
+    layout = engine.build_prompt(PREFIX, [text], SUFFIX)
+    t0 = time.perf_counter()
+    engine.prefill(layout, BLEND)
+    return time.perf_counter() - t0
+
+
+def arms(a, b, samples: int) -> tuple[list[float], list[float], list[float]]:
+    """Seconds of tenant ``b``'s requests for (what tenant ``a`` cached, what no one cached,
+    what ``b`` cached itself: the positive control); ``a`` and ``b``: one engine's views."""
+    probe, cold, hit = [], [], []
+    for i in range(samples):
+        a.ingest([passage(i, "theirs")])  # cached by tenant A only
+        b.ingest([passage(i, "mine")])  # cached by tenant B itself
+        probe.append(_ttft(b, passage(i, "theirs")))
+        cold.append(_ttft(b, passage(i, "nobodys")))
+        hit.append(_ttft(b, passage(i, "mine")))
+    return probe, cold, hit
+
+
+def ks(x: list[float], y: list[float]) -> tuple[float, float]:
+    """Two-sample Kolmogorov-Smirnov statistic and its asymptotic p-value."""
+    xs, ys = np.sort(x), np.sort(y)
+    grid = np.concatenate([xs, ys])
+    d = float(np.max(np.abs(np.searchsorted(xs, grid, side="right") / len(xs)
+                            - np.searchsorted(ys, grid, side="right") / len(ys))))
+    n = len(xs) * len(ys) / (len(xs) + len(ys))
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
+    p = 2 * sum((-1) ** (k - 1) * math.exp(-2 * k * k * lam * lam) for k in range(1, 101))
+    return d, min(max(p, 0.0), 1.0)
