@@ -24,7 +24,7 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.engine.compute import attention
-from blendrag.engine.request.phases import PHASES, PhaseClock
+from blendrag.engine.compute.observers import PHASES, PhaseClock
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
 MODES = {
@@ -54,7 +54,7 @@ def breakdown(engine, layout, names: list[str], repeats: int, tag: str = "") -> 
 
 
 def timed(engine, layout, config) -> dict[str, float]:
-    """Seconds per phase of one prefill (engine/request/phases.py)."""
+    """Seconds per phase of one prefill (engine/compute/observers.py)."""
     clock = PhaseClock(engine.device)
     engine.prefill(layout, config, observers=[clock])
     return clock.seconds

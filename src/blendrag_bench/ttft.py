@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from blendrag.config import BlendConfig
+from blendrag.engine.compute.observers import PHASES, PhaseClock
 from blendrag.engine.engine import BlendEngine
-from blendrag.engine.request.phases import PHASES, PhaseClock
 from blendrag.prompt import PromptLayout
 from blendrag_bench.flops import FlopModel
 from blendrag_bench.memory import memory_mode, peak_bytes, timing_mode
@@ -177,7 +177,7 @@ def breakdown_rows(records: list[dict]) -> list[dict]:
 
 
 def format_breakdown(records: list[dict]) -> str:
-    """Milliseconds per phase (engine/request/phases.py) of one timed call per row."""
+    """Milliseconds per phase (engine/compute/observers.py) of one timed call per row."""
     rows = breakdown_rows(records)
     shown = [p for p in PHASES if any((r.get("phase_s") or {}).get(p, 0) >= 5e-4 for r in rows)]
     lines = ["where the time goes (ms, one call each, timed phase by phase):",

@@ -11,8 +11,7 @@ from blendrag import BlendConfig
 from blendrag.engine.compute.fused_kv import BufferPool
 from blendrag.engine.compute.layer import attention_probs
 from blendrag.engine.compute.loop import LoopPlan
-from blendrag.engine.compute.observers import KeyAttention, Trace
-from blendrag.engine.request.phases import PHASES, PhaseClock
+from blendrag.engine.compute.observers import PHASES, KeyAttention, PhaseClock, Trace
 from blendrag.model.rope import RopeTable
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 

@@ -26,6 +26,7 @@ chunk that directly follows that prefix; what prefix caching uses).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Sequence
@@ -118,9 +119,10 @@ class ChunkContext:
         """Whether ingestion stores the chunk computed alone beside its in-context rows."""
         return bool(self.fillers) and self.exact_first
 
-    @property
+    @functools.cached_property
     def tag(self) -> str:
-        """Part of every store key: "" for no fillers, else a digest of the filler texts."""
+        """Part of every store key: "" for no fillers, else a digest of the filler texts
+        (computed once: every request's lookups read it)."""
         if not self.fillers:
             return ""
         digest = hashlib.sha256(json.dumps(self.fillers).encode()).hexdigest()[:16]

@@ -5,6 +5,7 @@
 attention and MLP; ``attention.py``: the kernels and masks; ``softcap.py``: Gemma 2's capped
 attention); ``fused_kv.py`` is the request KV (cached rows with computed ones written in) and
 ``layer_feed.py`` places cached rows into it layer by layer, now or ahead; ``observers.py``
-watch a run without steering it; ``decode.py`` runs a decoding step, eager or from a CUDA
-graph; ``threads.py`` scopes torch's CPU threads to the engine's calls.
+watch a run without steering it (counts, captured rows, attention, the phase clock);
+``decode.py`` runs a decoding step, eager or from a CUDA graph; ``threads.py`` scopes torch's
+CPU threads to the engine's calls.
 """

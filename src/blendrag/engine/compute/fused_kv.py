@@ -13,7 +13,7 @@ import torch
 
 from blendrag.config import Ape
 from blendrag.engine.compute.attention import pad_rows
-from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.compute.observers import OFF, PhaseClock
 from blendrag.model.rope import RopeTable
 from blendrag.store.layered import LayeredEntry
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from blendrag.engine.compute.fused_kv import CachedSegment, FusedKV
-from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.compute.observers import OFF, PhaseClock
 from blendrag.model.rope import RopeTables
 
 Rows = list[tuple[torch.Tensor, torch.Tensor]]  # per segment: (pre-RoPE keys, values) [Hkv, T, D]

@@ -30,8 +30,7 @@ from blendrag.engine.compute.attention import AttentionPlan, plan_attention, sco
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer import attend, attend_scored, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
-from blendrag.engine.compute.observers import LayerObserver, LayerStep
-from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.compute.observers import OFF, LayerObserver, LayerStep, PhaseClock
 from blendrag.engine.selection.ape import ApePlan, ApeSpan
 from blendrag.engine.selection.selectors import CheckView, Selector
 from blendrag.model.adapters import LlamaAdapter
@@ -100,7 +99,7 @@ def run_layers(adapter: LlamaAdapter, plan: LoopPlan, fused: FusedKV, rope: Rope
                observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF,
                kernel: str = "sdpa") -> LoopResult:
     """Run every layer of ``plan``, filling ``fused`` rows [0, N); ``observers`` see each layer
-    once it is computed, ``clock`` charges each step's time to its phase (engine/request/phases.py);
+    once it is computed, ``clock`` charges each step's time to its phase (``PhaseClock``);
     ``kernel``: the attention kernel (engine/compute/attention.py)."""
     n = plan.ids.shape[0]
     if plan.active.numel() == 0 or int(plan.active[-1]) != n - 1:

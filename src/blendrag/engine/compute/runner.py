@@ -18,8 +18,7 @@ from blendrag.engine.compute.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
-from blendrag.engine.compute.observers import CapturedRows, LayerObserver
-from blendrag.engine.request.phases import OFF, PhaseClock
+from blendrag.engine.compute.observers import OFF, CapturedRows, LayerObserver, PhaseClock
 from blendrag.engine.selection.ape import ape_attention, ape_bias
 from blendrag.engine.selection.costs import DeviceCosts
 from blendrag.kv.chunk_kv import ChunkKV

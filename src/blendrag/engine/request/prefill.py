@@ -42,9 +42,8 @@ from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import LoopPlan
-from blendrag.engine.compute.observers import LayerCounts, LayerObserver
+from blendrag.engine.compute.observers import OFF, LayerCounts, LayerObserver, PhaseClock
 from blendrag.engine.compute.runner import ModelRunner
-from blendrag.engine.request.phases import OFF, PhaseClock
 from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
 from blendrag.engine.selection.ape import ApeSpan
 from blendrag.engine.selection.controller import LoadingController, decide, observe
