@@ -37,13 +37,16 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-# CI (.ci/run) runs this target: lint and the type check first, then the whole suite.
+# CI (.ci/run) runs this target: lint and the type check first, then the whole suite on
+# WORKERS pytest-xdist processes (one per core of the 2-core machines it runs on), a test
+# file's tests on one worker (their module fixtures built once).
+WORKERS ?= 2
 test: lint typecheck
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 
 # The inner loop (about a minute on 2 cores): no real model, no test that starts processes.
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -x -m "not slow and not processes"
+	$(BIN)/python -m pytest -q -x -n $(WORKERS) --dist loadfile -m "not slow and not processes"
 
 # --runs 3: the headline figures as median and range over three runs, with PASS/MISS targets
 bench-ttft: $(STAMP)

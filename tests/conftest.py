@@ -31,7 +31,9 @@ import torch  # noqa: E402
 from helpers.servers import redis_cluster_or_skip, redis_or_skip, s3_or_skip  # noqa: E402
 from helpers.tiny import build_config, build_tokenizer, save_model  # noqa: E402
 
-torch.set_num_threads(2)
+# make test runs the suite on two pytest-xdist workers, one per core: one torch thread each (two
+# threads a worker would spin-wait against the other worker's)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 # Long tests say what they are doing: a quiet `pytest -q` that sits on one real-model test for
@@ -66,6 +68,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def test_home() -> Path:
     """The session's temporary home (what ``~`` means to every test and child process)."""
     return TEST_HOME
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The real-model tests first (the rest keeps its order): on two workers the longest files
+    start at once, each on its own worker, instead of ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -3,6 +3,7 @@ process of its own, at most eight files, a summary with every headline figure an
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -16,7 +17,10 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     out = tmp_path / "gpu"
     done = subprocess.run([sys.executable, "-m", "blendrag_bench.gpu.check", "--out", str(out),
                            "--small", "--budget", "600"], capture_output=True, text=True,
-                          timeout=900, check=False)
+                          timeout=900, check=False,
+                          # one torch thread a phase: beside the other test worker, two threads
+                          # spin-waiting for a core took 154 s where one took 48
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted(["summary.md", *(file for file, _ in PHASES.values())])
