@@ -5,9 +5,9 @@ package (``tests/`` is on pytest's ``pythonpath``).
 The whole run, child processes included, sees a temporary home of its own (``HOME``, and the
 XDG folders under it), set here before anything imports blendrag, whose default folders
 (``~/.cache/blendrag/kv``, ``~/.cache/blendrag/models``) are resolved from the home at import:
-no test can read or write the user's KV store or converted models. It is one home for the
-session, so the real-model tests convert the default model into it once per run (about 30 s),
-and it is removed when the run ends."""
+no test can read or write the user's KV store or converted models. It is one home for each
+process running tests (each pytest-xdist worker), so the real-model tests convert the default
+model into it once per worker (about 30 s), and it is removed when that process ends."""
 
 from __future__ import annotations
 
