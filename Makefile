@@ -44,7 +44,7 @@ WORKERS ?= 2
 test: lint typecheck
 	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile
 
-# The inner loop (about a minute on 2 cores): no real model, no test that starts processes.
+# The inner loop (about two minutes on 2 cores): no real model, no test that starts processes.
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -x -n $(WORKERS) --dist loadfile -m "not slow and not processes"
 
