@@ -123,10 +123,12 @@ class TierSlot:
         newer = isinstance(exc, NewerFormatError)
         if isinstance(exc, AuthError) or (self.tier.authenticated and not newer):
             self.counters.add(auth_failures=1)
+            # said once per entry: a poisoned tier is read (and counted) at every request
+            say = log.debug if key in self._refused else log.warning
             if not (isinstance(exc, AuthError) and exc.retired):
                 self._refuse(key)
-            log.warning("KV store: %s entry %s is not authenticated (%s): a miss, left as it "
-                        "is", self.tier.name, key[:16], exc)
+            say("KV store: %s entry %s is not authenticated (%s): a miss, left as it is "
+                "(said once per entry; counted in auth_failures)", self.tier.name, key[:16], exc)
             return
         self.counters.add(corrupt=1)
         if newer:

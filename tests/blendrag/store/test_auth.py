@@ -83,6 +83,22 @@ def test_a_forged_entry_is_a_miss_never_used_promoted_deleted_or_overwritten(bac
     reader.close()
 
 
+def test_a_forged_entry_is_read_and_counted_at_every_request_and_warned_once(backend,
+                                                                              caplog):
+    writer = backend.store(auth_key=KEYS)
+    Backend.put(writer, writer.stored_name("a"),
+                encode(writer.stored_name("a"), make_kv(99), signer=ATTACKER))
+    reader = backend.store(auth_key=KEYS)
+    with caplog.at_level("DEBUG", logger="blendrag.store"):
+        for _ in range(3):
+            assert reader.get("a") is None
+    said = [r for r in caplog.records if "is not authenticated" in r.getMessage()]
+    assert [r.levelname for r in said] == ["WARNING", "DEBUG", "DEBUG"]
+    assert reader.stats().auth_failures == 3  # each read checked: a valid rewrite would hit
+    writer.close()
+    reader.close()
+
+
 def test_a_signed_entry_round_trips_and_its_tag_covers_the_key(backend):
     store = backend.store(auth_key=KEYS, ram_bytes=1 << 20)
     kv = make_kv(3, profile=True)
