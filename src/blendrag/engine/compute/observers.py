@@ -128,6 +128,7 @@ class Trace(LayerObserver):
     def on_layer(self, step: LayerStep) -> None:
         self.layers.append({"layer": step.layer, "pos": step.pos.clone(), "q": step.q.clone()})
 
+
 PHASES = (
     "fetch",      # store lookups (+ computing missing chunk KVs)
     "setup",      # the request's KV buffer and RoPE table
