@@ -31,6 +31,8 @@ from pathlib import Path
 import torch
 
 from blendrag.config import BlendConfig
+from blendrag.engine import BlendEngine
+from blendrag.prompt import PromptLayout
 from blendrag.store import MemoryKVStore, StoreConfig, TieredKVStore
 from blendrag.store.throttle import Throttle, ThrottledTier
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
@@ -133,7 +135,8 @@ def _kl(logits: torch.Tensor, ref: torch.Tensor) -> float:
     return float((p.exp() * (p - q)).sum())
 
 
-def precomputed(w: TTFTWorkload, profile: bool = False):
+def precomputed(w: TTFTWorkload,
+                profile: bool = False) -> tuple[BlendEngine, PromptLayout, MemoryKVStore]:
     """(engine, its prompt, a RAM store holding the prompt's chunk entries): the workload's
     model and prompt with every chunk computed, untimed."""
     engine = build_engine(w)
