@@ -41,14 +41,20 @@ class FusedKV:
 
     A buffer is zeroed when it is made, and every row written later is a key or value the model
     computed: a row that a kernel reads and masks never holds a NaN (a masked NaN is still NaN:
-    0 x NaN)."""
+    0 x NaN).
+
+    A pooled buffer lent again still holds the last request's rows, perhaps another tenant's:
+    when this request's ``length`` is first set (its main pass is done, every row before it its
+    own) the rows from there to the end of what earlier requests wrote are zeroed, so what the
+    caller gets back (``k``, ``v``, ``base``) holds no row of another request."""
 
     def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
         self.k = torch.zeros(layers, kv_heads, capacity, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.base = self.k, self.v
-        self.length = 0
+        self._length = 0
+        self._written: Extent | None = None  # set by the pool: rows earlier requests wrote
         # APE (engine/selection/ape.py): its settings and, per layer, the rows reused: [layers,
         # capacity]
         self.ape: Ape | None = None
@@ -59,10 +65,28 @@ class FusedKV:
              base: tuple[torch.Tensor, torch.Tensor] | None = None) -> FusedKV:
         """A request KV over existing storage (views of ``base``, a pooled buffer)."""
         fused = cls.__new__(cls)
-        fused.k, fused.v, fused.length = k, v, 0
+        fused.k, fused.v, fused._length = k, v, 0
         fused.base = base if base is not None else (k, v)
         fused.ape, fused.ape_stale = None, None
+        fused._written = None
         return fused
+
+    @property
+    def length(self) -> int:
+        """Rows [0, length) hold this request's keys and values."""
+        return self._length
+
+    @length.setter
+    def length(self, n: int) -> None:
+        written = self._written
+        if written is not None:  # once: rows past the prompt an earlier request left behind
+            self._written = None
+            k, v = self.base  # [layers, kv_heads, rows, head_dim]
+            if written.rows > n:
+                k[:, :, n:written.rows] = 0
+                v[:, :, n:written.rows] = 0
+            written.rows = self.capacity  # what this request may write from now on (decoding)
+        self._length = n
 
     @property
     def capacity(self) -> int:
@@ -93,6 +117,13 @@ class FusedKV:
         return self.k[layer, :, :n], self.v[layer, :, :n]
 
 
+class Extent:
+    """How many leading rows of a pooled buffer may hold something other than zeros."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+
+
 class BufferPool:
     """Keeps the last request's KV buffer and lends it to the next request once nothing uses it.
 
@@ -101,12 +132,15 @@ class BufferPool:
     gets views of the pooled tensors; the pool lends them again only when no view of them is
     alive (the storage's use count: the pooled tensor plus the probe itself), so a caller that
     keeps a Prefill, its FusedKV or any slice of it keeps its rows. One buffer is kept, the
-    largest asked for so far; ``clear()`` drops it.
+    largest asked for so far; ``clear()`` drops it. The pool records how far requests wrote
+    into it (``Extent``): a request it is lent to zeroes the rows past its own length up to
+    there (``FusedKV.length``), which costs only the rows another request left behind.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._written = Extent(0)
 
     def take(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
              dtype: torch.dtype, device: torch.device) -> FusedKV:
@@ -119,11 +153,16 @@ class BufferPool:
                     and (kv[0].shape[0], kv[0].shape[1], kv[0].shape[3])
                     == (layers, kv_heads, head_dim))
             if kv is not None and fits and _unused(kv[0]) and _unused(kv[1]):
-                return FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity], kv)
+                lent = FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity], kv)
+                # a request that stops early (a failed attempt) may leave rows up to here
+                self._written.rows = max(self._written.rows, capacity)
+                lent._written = self._written
+                return lent
             # whole FlexAttention key blocks: shapes that repeat (engine/compute/attention.py)
             fused = FusedKV(layers, kv_heads, pad_rows(capacity), head_dim, dtype, device)
             if kv is None or not fits:
                 self._kv = fused.k, fused.v
+                self._written = Extent(capacity)  # fresh zeros: only this request writes
                 return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity],
                                     self._kv)
             return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity],
@@ -132,6 +171,7 @@ class BufferPool:
     def clear(self) -> None:
         with self._lock:
             self._kv = None
+            self._written = Extent(0)
 
 
 def _runs(segments: list[CachedSegment]) -> list[tuple[int, int]]:

@@ -1,0 +1,74 @@
+"""A pooled request buffer lent to another request (another tenant's, perhaps) hands back no row
+of the earlier request: what a prefill returns (its KV views and the whole buffer they are views
+of) holds zeros past its own length."""
+
+from __future__ import annotations
+
+import torch
+
+from blendrag import BlendConfig
+from blendrag.engine.compute.fused_kv import BufferPool
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+CPU = torch.device("cpu")
+SHAPE = (2, 2, 4)  # layers, kv heads, head dim
+
+
+def _rows_past(t: torch.Tensor, n: int) -> int:
+    """How many rows past ``n`` of ``t`` [layers, heads, rows, dim] are not all zeros."""
+    return int(t[:, :, n:].ne(0).any(dim=(0, 1, 3)).sum())
+
+
+def _take(pool: BufferPool, capacity: int):
+    layers, heads, dim = SHAPE
+    return pool.take(layers, heads, capacity, dim, torch.float32, CPU)
+
+
+def test_a_long_request_then_a_short_one_in_two_namespaces(engine_for):
+    engine = engine_for("llama")
+    a, b = engine.namespaced("tenant-a"), engine.namespaced("tenant-b")
+    long = a.build_prompt(PREFIX, PASSAGES * 2, SUFFIX)
+    short = b.build_prompt(PREFIX, PASSAGES[:1], "Where?")
+    first = a.prefill(long, BlendConfig(mode="reuse"))
+    ptr = first.fused.k.data_ptr()
+    del first  # its buffer is lent to the next request
+    second = b.prefill(short, BlendConfig(mode="reuse"))
+    n = short.num_tokens
+    assert second.fused.k.data_ptr() == ptr  # the pooled buffer was lent again
+    assert second.fused.length == n < long.num_tokens
+    for t in (*second.fused.base, second.fused.k, second.fused.v):
+        assert _rows_past(t, n) == 0
+    assert second.fused.k[:, :, :n].ne(0).any(dim=(0, 1, 3)).all()  # its own rows are there
+
+
+def test_the_rows_an_earlier_request_left_are_zeroed_and_no_more():
+    pool = BufferPool()
+    with torch.inference_mode():
+        first = _take(pool, 200)
+        first.k.fill_(1.0)
+        first.v.fill_(2.0)
+        first.length = 180
+        del first
+        second = _take(pool, 50)
+        second.k[:, :, :30] = 3.0  # its prompt: 30 rows
+        second.length = 30
+        assert _rows_past(second.base[0], 30) == 0 and _rows_past(second.base[1], 30) == 0
+        assert second.k[:, :, :30].eq(3.0).all()  # its own rows are kept
+        second.k[:, :, 30:40] = 4.0  # decoding writes rows after the prompt: kept
+        second.length = 40
+        assert second.k[:, :, 30:40].eq(4.0).all()
+
+
+def test_an_attempt_that_stops_before_its_length_is_set_leaves_nothing_to_the_next():
+    pool = BufferPool()
+    with torch.inference_mode():
+        whole = _take(pool, 8)
+        whole.length = 0
+        del whole
+        failed = _take(pool, 120)  # views of the pooled buffer (256 rows)
+        failed.k[:, :, :120] = 5.0  # written, then abandoned with no length set
+        del failed
+        short = _take(pool, 10)
+        short.length = 10
+        assert _rows_past(short.base[0], 10) == 0 and _rows_past(short.base[1], 10) == 0
+        assert short.k[:, :, :10].eq(5.0).all()  # rows before its length are left to it
