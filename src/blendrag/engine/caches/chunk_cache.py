@@ -165,13 +165,17 @@ class ChunkCache:
     def kv(self, chunk_prefix_ids: Ids, chunk_ids: Ids,
            context: ChunkContext | None = None, exact: bool = False) -> ChunkKV:
         """The chunk's whole KV in ``context`` (default: the one it is stored in): read from
-        the store, or computed and stored now."""
+        the store, or computed and stored now (also when the stored entry fails to load: the
+        store has counted it and dropped it when its bytes are bad)."""
         if context is None:
             context = self.context_for(chunk_prefix_ids, chunk_ids)
         entry = self.open(chunk_prefix_ids, chunk_ids, context)
         if entry is not None:
             try:
                 return entry.materialize()
+            except LayerReadError as exc:  # the store has dealt with the entry: a miss
+                log.warning("stored rows of %d tokens failed to load (%s); computing them "
+                            "instead", len(chunk_ids), exc)
             finally:
                 entry.close()
         return self._compute_and_put(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,

@@ -223,7 +223,10 @@ def _attempt(parts: Parts, req: Request) -> Prefill:
     cache = parts.prefix_cache
     found = PrefixMatch() if cache is None else head_rules.match(cache, req.layout, req.config)
     try:
-        opened = _open(parts, req, found)
+        try:
+            opened = _open(parts, req, found)
+        except LayerReadError as exc:  # an entry read whole while opening (a profile to take)
+            raise _LoadFailed([exc.key], exc) from exc
         with opened.rows:
             pre = _run(parts, req, opened, t_open)
     finally:
