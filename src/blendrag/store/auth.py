@@ -122,10 +122,9 @@ class StoreKeys:
         return cls.parse(text, ("file", str(path)))
 
     def __reduce__(self):
-        if self.source is not None:
-            kind, where = self.source
-            return (StoreKeys.from_env, (where,)) if kind == "env" else (
-                StoreKeys.from_file, (where,))
+        if self.source is not None:  # the secrets are read again there, the roles travel
+            return (_from_source, (self.source, tuple(self.secrets), self.active, self.naming,
+                                   self.retired))
         return (StoreKeys, (self.secrets, self.active, self.naming, self.retired))
 
     # -- what they do ---------------------------------------------------------------------------
@@ -162,6 +161,21 @@ class StoreKeys:
         """The AES-256 key derived from key ``key_id`` (never the signing secret itself)."""
         return hmac.new(self.secrets[key_id], b"blendrag-entry-encryption",
                         hashlib.sha256).digest()
+
+
+def _from_source(source: tuple[str, str], ids: tuple[str, ...], active: str,
+                 naming: str | None, retired: tuple[str, ...]) -> StoreKeys:
+    """Keys unpickled: the secrets of key ``ids`` read again from ``source`` (an environment
+    variable or a file), every role as it was pickled (a ``dataclasses.replace`` copy keeps
+    its own active, naming and retired keys)."""
+    kind, where = source
+    loaded = StoreKeys.from_env(where) if kind == "env" else StoreKeys.from_file(where)
+    absent = [key_id for key_id in ids if key_id not in loaded.secrets]
+    if absent:
+        raise ValueError(f"store keys: {kind} {where} no longer holds key(s) "
+                         f"{', '.join(absent)}")
+    secrets = {key_id: loaded.secrets[key_id] for key_id in ids}
+    return StoreKeys(secrets, active, naming, retired, source)
 
 
 def _check_id(key_id: object) -> None:

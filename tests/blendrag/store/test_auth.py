@@ -200,3 +200,28 @@ def test_keys_never_show_their_secrets_and_pickle_as_their_source(tmp_path, monk
         with pytest.raises(ValueError, match=message) as info:
             StoreKeys.parse(bad)
         assert secret not in str(info.value)
+
+
+def test_a_replaced_copy_of_keys_pickles_with_every_role(tmp_path, monkeypatch):
+    a, b, c = "61" * 16, "62" * 16, "63" * 16
+    monkeypatch.setenv("BLENDRAG_STORE_KEYS", f"k1={a},k2={b},names={c},naming=names")
+    path = tmp_path / "keys"
+    path.write_text(f"k1={a}\nk2={b}\nnames={c}\nnaming=names\n")
+    for keys in (StoreKeys.from_env(), StoreKeys.from_file(path), StoreKeys.parse(
+            f"k1={a},k2={b},names={c},naming=names")):
+        rotated = dataclasses.replace(keys, active="k2")
+        retiring = dataclasses.replace(keys, secrets={"k2": bytes.fromhex(b),
+                                                      "names": bytes.fromhex(c)},
+                                       active="k2", retired=("k1",))
+        for copy in (keys, rotated, retiring):
+            back = pickle.loads(pickle.dumps(copy))
+            assert (back.secrets, back.active, back.naming, back.retired) == (
+                copy.secrets, copy.active, copy.naming, copy.retired)
+            assert (bytes.fromhex(b) not in pickle.dumps(copy)) == (copy.source is not None)
+        assert pickle.loads(pickle.dumps(rotated)).sign(b"m").startswith("k2:")
+    # a key the source no longer holds: a clear error where the keys are unpickled
+    pickled = pickle.dumps(dataclasses.replace(StoreKeys.from_env(), active="k2"))
+    monkeypatch.setenv("BLENDRAG_STORE_KEYS", f"k1={a},names={c}")
+    with pytest.raises(ValueError, match="no longer holds key") as info:
+        pickle.loads(pickled)
+    assert a not in str(info.value) and b not in str(info.value)
