@@ -34,6 +34,7 @@ from blendrag.store.disk_files import (
     INDEX,
     BytesOnlyDisk,
     UnreadableFile,
+    UnsafeFolder,
     entry_files,
     index_identity,
     unreferenced,
@@ -188,12 +189,20 @@ class DiskTier(ByteTier):
         budget = self._limit(cache)
         if len(data) + self._index_bytes(cache) > budget:
             return False
-        # The file is written while the write lock is held: an orphan scan under the lock
-        # (disk_files.unreferenced) never takes a file of ours that is about to get its row.
-        with cache.transact():
-            self._evict_to(cache, budget - len(data) - _INDEX_GROWTH)
-            cache.set(key, data)
-            self._evict_to(cache, budget)
+        try:
+            # The entry's folders opened first: a planted symlink refuses the write before an
+            # entry is evicted to make room for it.
+            with cache.disk.writing():
+                # The file is written while the write lock is held: an orphan scan under the
+                # lock (disk_files.unreferenced) never takes a file of ours about to get its row.
+                with cache.transact():
+                    self._evict_to(cache, budget - len(data) - _INDEX_GROWTH)
+                    cache.set(key, data)
+                    self._evict_to(cache, budget)
+        except UnsafeFolder as exc:
+            log.error("KV store: write of %s to %s refused: %s (nothing written outside the "
+                      "store; remove the link to store entries again)", key, self.label, exc)
+            return False
         return True
 
     def contains(self, key: str) -> bool:

@@ -17,6 +17,10 @@ added here:
 - ``unreferenced``: the entry files no index row references (left by a writer killed between
   writing the file and committing its row, or by an index that was removed), which the disk
   tier removes when it opens.
+- Writes and removals never follow a link out of the store: the entry's folders are opened one
+  at a time from the store folder's descriptor with O_NOFOLLOW | O_DIRECTORY, and the file is
+  created in the last one with O_EXCL | O_NOFOLLOW (``EntryFolders``). A folder that is a
+  symlink (or not a folder) is ``UnsafeFolder``: the write is refused, nothing is removed.
 """
 
 from __future__ import annotations
@@ -26,7 +30,10 @@ import errno
 import logging
 import os
 import re
+import secrets
 import stat
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -45,6 +52,62 @@ _ENTRY_FILE = re.compile(r"[0-9a-f]+\.val")
 # symlink (ELOOP), a socket (ENXIO), a folder (EISDIR is not raised for O_RDONLY; fstat finds
 # it). They are facts about the entry, not failures of the disk.
 _NOT_A_FILE = frozenset({errno.ELOOP, errno.ENXIO})
+# What opening a folder with O_NOFOLLOW | O_DIRECTORY fails with when it is a symlink or a file.
+_NOT_A_FOLDER = frozenset({errno.ELOOP, errno.ENOTDIR})
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_NEW_FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                   | getattr(os, "O_NOFOLLOW", 0))
+
+
+class UnsafeFolder(Exception):
+    """An entry's folder (or its name) in the store is a symlink or not a folder: no entry file
+    is written or removed through it."""
+
+
+class EntryFolders:
+    """Descriptors of the store folder and of an entry's folders under it (``ab``, ``ab/cd``),
+    each opened from the one above with O_NOFOLLOW: what is created or removed through them
+    stays inside the store whatever was planted since. Closed by ``close``."""
+
+    def __init__(self, directory: str, folders: list[str], create: bool) -> None:
+        self.fds = [os.open(directory, _FOLDER_FLAGS)]  # the store folder itself, as configured
+        try:
+            for name in folders:
+                if create:
+                    with contextlib.suppress(FileExistsError):  # a symlink too: opened below
+                        os.mkdir(name, 0o755, dir_fd=self.fds[-1])
+                self.fds.append(_open_folder(name, self.fds[-1]))
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def leaf(self) -> int:
+        return self.fds[-1]
+
+    def close(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds = []
+
+
+def _open_folder(name: str, parent: int) -> int:
+    try:
+        return os.open(name, _FOLDER_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in _NOT_A_FOLDER:
+            raise UnsafeFolder(f"store folder {name!r} is a symlink or not a folder") from None
+        raise
+
+
+def _parts(filename: str) -> tuple[list[str], str]:
+    """(folders, file name) of an index row's relative filename; UnsafeFolder for a name that
+    could leave the folder it is joined to (absolute, ``..``, empty parts)."""
+    parts = str(filename).split(os.sep)
+    if os.path.isabs(filename) or any(p in ("", ".", "..") for p in parts):
+        raise UnsafeFolder(f"index row names a file outside the store: {filename!r}")
+    return parts[:-1], parts[-1]
 
 
 class UnreadableFile(Exception):
@@ -56,7 +119,37 @@ class UnreadableFile(Exception):
 
 
 class BytesOnlyDisk(diskcache.Disk):
-    """diskcache serializer that accepts str keys and bytes values only, and never unpickles."""
+    """diskcache serializer that accepts str keys and bytes values only, and never unpickles.
+
+    ``DiskTier.put`` opens the folders of its next entry file first (``writing``), so that a
+    planted symlink refuses the write before any entry is evicted to make room for it."""
+
+    def __init__(self, directory, min_file_size=0, pickle_protocol=0):
+        super().__init__(directory, min_file_size, pickle_protocol)
+        self._next = threading.local()  # this thread's opened folders and file name, if any
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """The folders of this thread's next entry file opened now (``UnsafeFolder`` when one is
+        a symlink), and closed after."""
+        hex_name = secrets.token_hex(16)
+        folders = [hex_name[:2], hex_name[2:4]]
+        opened = EntryFolders(self._directory, folders, create=True)
+        if _exists(hex_name[4:] + ".val", opened.leaf):
+            opened.close()
+            raise UnsafeFolder(f"entry file {hex_name[4:]}.val already exists in the store")
+        self._next.entry = (os.path.join(*folders, hex_name[4:] + ".val"), opened)
+        try:
+            yield
+        finally:
+            self._next.entry = None
+            opened.close()
+
+    def filename(self, key=diskcache.core.UNKNOWN, value=diskcache.core.UNKNOWN):
+        entry = getattr(self._next, "entry", None)
+        if entry is None:
+            return super().filename(key, value)
+        return entry[0], os.path.join(self._directory, entry[0])
 
     def put(self, key):
         if type(key) is not str:
@@ -87,12 +180,26 @@ class BytesOnlyDisk(diskcache.Disk):
             return handle.read()
 
     def remove(self, file_path):
+        """Remove an entry file and its folders once empty, through folder descriptors opened
+        with O_NOFOLLOW (never a file outside the store); failures are ignored, as diskcache
+        does (another process may have removed it first)."""
         try:
             self.inside(file_path)
-        except EntryError as exc:
+            folders, name = _parts(file_path)
+            opened = EntryFolders(self._directory, folders, create=False)
+        except (EntryError, UnsafeFolder) as exc:
             log.warning("KV cache index row names %r: not removed (%s)", file_path, exc)
             return
-        super().remove(file_path)
+        except OSError:
+            return  # its folder is gone: so is the file
+        try:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=opened.leaf)
+            for depth in range(len(folders), 0, -1):  # empty folders, deepest first
+                with contextlib.suppress(OSError):
+                    os.rmdir(folders[depth - 1], dir_fd=opened.fds[depth - 1])
+        finally:
+            opened.close()
 
     def inside(self, filename) -> str:
         """The full path of an index row's file; EntryError unless it lies inside the store."""
@@ -105,13 +212,42 @@ class BytesOnlyDisk(diskcache.Disk):
         return full
 
     def _write(self, full_path, iterator, mode, encoding=None):
-        # A full disk leaves a partial file that no index row points to: remove it.
+        if mode != "xb":
+            raise TypeError(f"disk tier files are written as bytes, not in mode {mode!r}")
+        filename = os.path.relpath(full_path, self._directory)
+        folders, name = _parts(filename)
+        entry = getattr(self._next, "entry", None)
+        own = entry is None or entry[0] != filename
+        opened = EntryFolders(self._directory, folders, create=True) if own else entry[1]
         try:
-            return super()._write(full_path, iterator, mode, encoding)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.remove(full_path)
-            raise
+            return _write_new(opened.leaf, name, iterator)
+        finally:
+            if own:
+                opened.close()
+
+
+def _exists(name: str, folder: int) -> bool:
+    try:
+        os.stat(name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _write_new(folder: int, name: str, iterator) -> int:
+    """Create ``name`` in the folder ``folder`` (never through a symlink, never over a file) and
+    write the chunks of ``iterator``; a failure (a full disk) removes the partial file."""
+    try:
+        fd = os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=folder)
+    except FileExistsError:  # a random name taken: planted, as a symlink or a file
+        raise UnsafeFolder(f"entry file {name!r} already exists in the store") from None
+    try:
+        with os.fdopen(fd, "wb") as writer:
+            return sum(writer.write(chunk) for chunk in iterator)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=folder)
+        raise
 
 
 def open_regular(path: str) -> BinaryIO:
