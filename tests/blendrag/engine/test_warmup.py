@@ -1,0 +1,137 @@
+"""Warm-up at load (engine/request/warmup.py) and the compile cache it keeps
+(engine/compute/compile_cache.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from blendrag import BlendConfig, BlendEngine
+from blendrag.engine.caches.context import NO_CONTEXT
+from blendrag.engine.compute import compile_cache
+from blendrag.engine.request.warmup import WarmupConfig, synthetic_layout
+from blendrag.store.ram import MemoryKVStore
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+SMALL = WarmupConfig(prompt_tokens=(96, 160), chunks=3, suffix_tokens=8, compile_cache=None)
+
+
+def tiny_engine(model_dir, **settings) -> BlendEngine:
+    return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                       context=NO_CONTEXT, **settings)
+
+
+def test_the_synthetic_prompt_has_the_asked_shape():
+    layout = synthetic_layout(160, 3, 8, vocab=50)
+    assert len(layout.ids) == 160 and len(layout.chunk_ids) == 3
+    assert [len(c) for c in layout.chunk_ids] == [48, 48, 48]
+    assert len(layout.suffix_ids) == 8 and len(layout.prefix_ids) == 8
+    assert min(layout.ids) >= 3 and max(layout.ids) < 50
+    assert synthetic_layout(160, 3, 8, vocab=50) == layout  # the same prompt every time
+
+
+def test_bad_settings_are_refused_with_the_numbers():
+    with pytest.raises(ValueError, match="cannot hold"):
+        WarmupConfig(prompt_tokens=(20,), chunks=6, suffix_tokens=64)
+    with pytest.raises(ValueError, match="at least one mode"):
+        WarmupConfig(configs=())
+    with pytest.raises(ValueError, match="decode_tokens"):
+        WarmupConfig(decode_tokens=-1)
+
+
+def test_warm_up_runs_every_mode_cold_and_warm_and_leaves_the_store_alone(model_dir):
+    store = MemoryKVStore()
+    engine = tiny_engine(model_dir, store=store, prefix_cache_bytes=1 << 20)
+    report = engine.warmup(SMALL)
+    labels = [c.label for c in SMALL.configs]
+    for n in SMALL.prompt_tokens:
+        for label in labels:
+            assert report.steps[f"{label} {n} cold"] > 0
+            assert report.steps[f"{label} {n} warm"] > 0
+    assert report.steps["profile"] > 0 and engine.runner.cost_profile is not None
+    assert report.seconds >= sum(report.steps.values()) * 0.99
+    assert (report.loaded, report.saved) == (0, 0)  # no compile cache asked for
+    assert "warm-up" in report.summary() and "slowest" in report.summary()
+    # nothing of the warm-up reached the user's store or the engine's caches
+    assert store.stats().gets == 0 and store.bytes == 0
+    assert engine.prefix_cache is not None and len(engine.prefix_cache) == 0
+
+
+def test_requests_after_warm_up_are_those_of_a_cold_engine(model_dir):
+    cold = tiny_engine(model_dir)
+    warm = tiny_engine(model_dir)
+    warm.warmup(SMALL)
+    layout = cold.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for config in (BlendConfig(mode="full"), BlendConfig(mode="reuse"),
+                   BlendConfig(mode="blend", selector="epic", ratio=0.3)):
+        a, b = cold.prefill(layout, config), warm.prefill(layout, config)
+        assert torch.equal(a.logits, b.logits), config.label
+        assert a.stats.mode == b.stats.mode == config.mode
+
+
+def test_an_unusable_compile_cache_is_a_cold_start(tmp_path, caplog):
+    folder = tmp_path / "compile"
+    folder.mkdir()
+    compile_cache.cache_file(folder, torch.device("cpu")).write_bytes(b"not a cache" * 10)
+    with caplog.at_level(logging.WARNING):
+        assert compile_cache.load(folder, torch.device("cpu")) == 0
+    assert "not loaded" in caplog.text
+    assert compile_cache.load(tmp_path / "none", torch.device("cpu")) == 0  # nothing kept
+    assert compile_cache.save(folder, torch.device("cpu")) == 0  # nothing compiled here
+
+
+_PROCESS = """
+import sys, torch
+from pathlib import Path
+from torch._dynamo.utils import counters
+from blendrag.engine.compute import compile_cache
+folder = Path(sys.argv[1])
+loaded = compile_cache.load(folder, torch.device("cpu"))
+y = torch.compile(lambda x: (x * 2).sin() + 1)(torch.ones(8))
+saved = compile_cache.save(folder, torch.device("cpu"))
+print(loaded, saved, counters["inductor"]["fxgraph_cache_hit"], float(y.sum()))
+"""
+
+
+@pytest.mark.processes
+def test_a_new_process_loads_what_an_earlier_one_compiled(tmp_path):
+    folder = tmp_path / "compile"
+
+    def run(n: int) -> list[str]:
+        # each process with an empty Inductor cache of its own (a fresh machine): a hit can
+        # only come from the kept file
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor{n}")}
+        out = subprocess.run([sys.executable, "-c", _PROCESS, str(folder)], env=env,
+                             capture_output=True, text=True, timeout=300, check=True)
+        return out.stdout.split()
+
+    loaded, saved, hits, y1 = run(1)
+    assert (int(loaded), int(hits)) == (0, 0) and int(saved) > 0
+    path = compile_cache.cache_file(folder, torch.device("cpu"))
+    assert path.stat().st_size == int(saved) and list(folder.iterdir()) == [path]
+    loaded, _, hits, y2 = run(2)
+    assert int(loaded) == int(saved) and y1 == y2
+    assert int(hits) >= 1  # the compiled graph came from the file, not from a compile
+
+
+def test_the_cache_file_is_per_torch_version_and_device(tmp_path):
+    path = compile_cache.cache_file(tmp_path, torch.device("cpu"))
+    assert path.parent == tmp_path and torch.__version__.split("+")[0] in path.name
+    assert path.name.endswith("-cpu.bin") and "/" not in path.name
+    assert Path(compile_cache.DEFAULT_FOLDER).name == "compile"
+
+
+def test_from_pretrained_warms_up_when_asked(model_dir):
+    engine = tiny_engine(model_dir, warmup=WarmupConfig(prompt_tokens=(96,), chunks=3,
+                                                        suffix_tokens=8, compile_cache=None,
+                                                        configs=(BlendConfig(mode="reuse"),)))
+    report = engine.warmup_report
+    assert report is not None and set(report.steps) == {"profile", "reuse 96 cold",
+                                                          "reuse 96 warm"}
+    assert tiny_engine(model_dir).warmup_report is None  # off unless asked
