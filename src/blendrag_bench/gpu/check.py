@@ -7,12 +7,15 @@ Each phase runs in a process of its own under a time budget (the whole check end
 ``--budget``, default 350 s: under 6 minutes; ``--budget 590`` gives every phase its
 most; on a cold machine 350 s reach about four), so that a phase that fails, hangs or runs
 out of time is reported and the next one still runs; partial output is kept. ``--small``:
-tiny shapes, to check the script on a CPU. Files in DIR (eight at most):
+tiny shapes, to check the script on a CPU. Files in DIR (eight at most: what a GPU machine
+sends back):
 
 - ``summary.md``: the device, the date, the command, every headline figure against its target;
 - ``exactness.txt``: tiny random models of eight families on the device against HF (every
   compute path), a disk tier to the device, then the CUDA-marked tests;
 - ``ttft-3k.txt``, ``ttft-16k.txt``: ``bench ttft`` at 6 x 512 and 8 x 2,048 chunk tokens;
+  ``ttft-3k.txt`` begins with the cold start: warm-up at load in a new process, then every
+  mode's first request against a warm one (and the compile cache's bytes loaded);
 - ``chat.txt``: ``bench chat`` (random and random-history workloads, 4 turns) at the same shape;
 - ``loading.txt``: the disk tier (page cache) to the device, and pipelined TTFT from it;
 - ``decode.txt``: tokens per second of eager decoding, the CUDA-graph step and HF generate;
@@ -37,6 +40,9 @@ import torch
 
 # phase -> (its file, the most seconds it may take); in the order they run
 PHASES = {
+    # a new process: warm-up at load, then each mode's first request against a warm one
+    # (its report opens ttft-3k.txt: a GPU machine sends back at most 8 files)
+    "cold": ("ttft-3k.txt", 100),
     # the first phase pays the machine's cold start (CUDA context, Triton compiling
     # FlexAttention's kernels into its disk cache): on a cold H100, 55 s left it no row
     "ttft-3k": ("ttft-3k.txt", 100),
@@ -73,6 +79,8 @@ def _check(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="blendrag-gpu-check-"))
     status: dict[str, str] = {}
+    for name in args.only or PHASES:  # phases append to their files: start them empty
+        (args.out / PHASES[name][0]).unlink(missing_ok=True)
     for name in args.only or PHASES:
         file, cap = PHASES[name]
         left = args.budget - (time.perf_counter() - start)
@@ -102,10 +110,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
-    from blendrag_bench.gpu import exactness, profile, shapes, speed
+    from blendrag_bench.gpu import cold, exactness, profile, shapes, speed
 
     path = out / PHASES[name][0]
-    with path.open("w") as f:
+    with path.open("a") as f:  # two phases may share a file (cold start, ttft-3k)
         def emit(line: str) -> None:
             f.write(line + "\n")
             f.flush()  # what a stopped phase wrote stays
@@ -121,6 +129,8 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
             heads = speed.ttft(emit, small, name.split("-")[1])
         elif name == "profile":
             heads = profile.run(emit, small)
+        elif name == "cold":
+            heads = cold.run(emit, small)
         else:
             heads = {"chat": speed.chat, "loading": speed.loading,
                      "decode": speed.decode}[name](emit, small)
@@ -178,7 +188,9 @@ def _value(figure: str, value: float) -> str:
         return f"{value:+.1%}"
     if "GB/s" in figure or "->" in figure:
         return f"{value:.2f} GB/s"
-    if "launches" in figure or "syncs" in figure or "checks" in figure:
+    if figure.endswith(" s"):
+        return f"{value:.1f} s"
+    if "launches" in figure or "syncs" in figure or "checks" in figure or "bytes" in figure:
         return f"{value:.0f}"
     return f"{value:.2f}x" if "/ max" not in figure else f"{value:.2f}"
 
