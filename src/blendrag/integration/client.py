@@ -20,6 +20,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
@@ -263,7 +264,8 @@ def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
     if folder is None:
         return ChunkTextIndex()
     ns_id = engine.store.namespace_id
-    return ChunkTextIndex(folder / (f"{TEXT_INDEX_DIR}.{ns_id}" if ns_id else TEXT_INDEX_DIR))
+    return _persisted(folder / (f"{TEXT_INDEX_DIR}.{ns_id}" if ns_id else TEXT_INDEX_DIR),
+                      engine, ns_id)
 
 
 def namespaced_index(index: ChunkTextIndex, engine: BlendEngine,
@@ -274,7 +276,16 @@ def namespaced_index(index: ChunkTextIndex, engine: BlendEngine,
     ns_id = engine.store.namespaced(namespace).namespace_id
     if index.path is None:
         return ChunkTextIndex()
-    return ChunkTextIndex(index.path.with_name(f"{index.path.name}.{ns_id}"))
+    return _persisted(index.path.with_name(f"{index.path.name}.{ns_id}"), engine, ns_id)
+
+
+def _persisted(folder: Path, engine: BlendEngine, ns_id: str) -> ChunkTextIndex:
+    """A text index in ``folder`` under the store's keys (rows signed, texts encrypted when the
+    store encrypts), bound to the namespace id ``ns_id``."""
+    config = getattr(engine.store, "config", None)  # a TieredKVStore's StoreConfig
+    keys, encrypt = getattr(config, "auth_key", None), getattr(config, "encrypt", False)
+    return ChunkTextIndex(folder, keys=keys, encrypt=encrypt is True and keys is not None,
+                          namespace=ns_id)
 
 
 class ClientViews:

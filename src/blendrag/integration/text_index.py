@@ -12,7 +12,8 @@ positives per thousand windows), and at those positions only checks the lengths 
 with that anchor: one O(1) span hash and one set lookup each. Nothing depends on how many
 texts are indexed, except the bitmap's false-positive rate, which its growth keeps bounded. The
 index holds hashes, not texts: a million chunks cost memory for their hashes only (a persisted
-index keeps the texts on disk, ``text_rows``).
+index keeps the texts on disk, ``text_rows``: signed, and encrypted if asked, where the store
+has keys). The span hashes live in memory only; what is persisted is keyed.
 
 Matches are leftmost, longest first at a position, never overlapping: the same rule as
 :func:`find_texts` (the texts given with a request), so both give the same split.
@@ -29,6 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from blendrag.integration.span_hash import SpanHasher, text_hash, with_length, with_lengths
+from blendrag.store.auth import StoreKeys
 
 ANCHOR = 64
 """Anchor length of texts at least this long (long anchors: texts sharing a head stay apart)."""
@@ -57,17 +59,24 @@ class PromptSplit:
 
 class ChunkTextIndex:
     """Chunk texts found in prompts by hash; persisted under the folder ``path`` when given
-    (plain-text SQLite rows, shared by processes; see ``text_rows``).
+    (SQLite rows, shared by processes; see ``text_rows``).
 
     ``min_chars``: shorter texts are not recorded (they would match by chance).
     ``show_progress``: progress bar while loading a persisted index (None: from
-    ``PROGRESS_MIN`` texts).
+    ``PROGRESS_MIN`` texts). ``keys``: the store's ``StoreKeys``: persisted rows are signed
+    (one planted in the file is never used), their digests keyed, and with ``encrypt`` their
+    texts encrypted at rest; ``namespace``: the store namespace id the rows are bound to (a row
+    copied from another tenant's index does not verify). The KV store's ``StoreConfig`` gives
+    all three: ``integration.client.default_text_index`` passes them.
     """
 
     def __init__(self, path: str | Path | None = None, min_chars: int = 16,
-                 show_progress: bool | None = None) -> None:
+                 show_progress: bool | None = None, *, keys: StoreKeys | None = None,
+                 encrypt: bool = False, namespace: str = "") -> None:
         if min_chars < 1:
             raise ValueError(f"min_chars must be >= 1, got {min_chars}")
+        if encrypt and keys is None:
+            raise ValueError("ChunkTextIndex(encrypt=True) needs the store's keys (keys=...)")
         self.min_chars = min_chars
         self.path = Path(path) if path is not None else None
         self._short = min(min_chars, ANCHOR)
@@ -81,7 +90,7 @@ class ChunkTextIndex:
         if self.path is not None:
             from blendrag.integration.text_rows import TextRows
 
-            self._rows = TextRows(self.path)
+            self._rows = TextRows(self.path, keys=keys, encrypt=encrypt, namespace=namespace)
             self._load(show_progress)
 
     # -- recording ---------------------------------------------------------------------------
