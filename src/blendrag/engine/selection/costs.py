@@ -30,20 +30,36 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from blendrag.config import BlendConfig, CheckLayerOptions, token_budget
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.request.stats import ModeChoice
-
-if TYPE_CHECKING:
-    from blendrag.engine.compute.runner import ModelRunner
+from blendrag.model.adapters import LlamaAdapter
+from blendrag.model.rope import RopeTables
 
 log = logging.getLogger(__name__)
 
 KINDS = ("causal", "tail", "scattered")
 TRIALS = 2  # requests of a mode measured before its overhead counts
+
+
+class Profiled(Protocol):
+    """What profiling needs of a runner (``ModelRunner`` has it): its device, model, context,
+    a request buffer, RoPE tables and a run of the layer loop. A protocol, so that the runner
+    may hold its profile without this module importing the runner."""
+
+    device: torch.device
+    adapter: LlamaAdapter
+
+    @property
+    def max_positions(self) -> int: ...
+    def buffer(self, capacity: int) -> FusedKV: ...
+    def rope(self, n: int) -> RopeTables: ...
+    def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTables) -> object: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +112,7 @@ class DeviceCosts:
         return gap if seen >= TRIALS else 0.0
 
     @classmethod
-    def profile(cls, runner: ModelRunner, sizes: tuple[int, ...] = (256, 1024, 2048),
+    def profile(cls, runner: Profiled, sizes: tuple[int, ...] = (256, 1024, 2048),
                 repeats: int = 2) -> DeviceCosts:
         """Time each kind of pass at each prompt size (clipped to the model's context) on
         ``runner``, the fastest of ``repeats`` after a warm-up, and fit the costs."""
@@ -161,9 +177,7 @@ def _passes(n: int, device: torch.device) -> dict[str, torch.Tensor]:
                                                                     device=device)])}
 
 
-def _time_pass(runner: ModelRunner, n: int, pos: torch.Tensor, repeats: int) -> float:
-    from blendrag.engine.compute.loop import LoopPlan
-
+def _time_pass(runner: Profiled, n: int, pos: torch.Tensor, repeats: int) -> float:
     ids = torch.randint(3, 100, (n,), device=runner.device)
     fused, rope = runner.buffer(n), runner.rope(n)  # rows not computed: zeros or earlier rows
     best = float("inf")
