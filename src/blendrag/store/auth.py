@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blendrag.store.errors import AuthError
+from blendrag.store.header import Refusals, loads
 
 SHA256 = "sha256:"  # the prefix of a signed entry's tensor digests
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
@@ -55,6 +56,7 @@ class StoreKeys:
     naming: str | None = None
     retired: tuple[str, ...] = ()
     source: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+    refusals: Refusals = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.secrets, Mapping) or not self.secrets:
@@ -75,6 +77,9 @@ class StoreKeys:
         if set(self.retired) & set(self.secrets):
             raise ValueError("StoreKeys: a retired key id cannot also be accepted: "
                              f"{sorted(set(self.retired) & set(self.secrets))}")
+        # headers these keys refused for their tag (by digest of the header and storage key):
+        # refused again without being checked (``codec.py``); not a field, never pickled
+        object.__setattr__(self, "refusals", Refusals())
 
     # -- where keys come from -----------------------------------------------------------------
 
@@ -217,7 +222,7 @@ def authenticate(meta: dict | None, keys: StoreKeys) -> None:
     if why is not None:
         raise AuthError(f"entry not authenticated: {why}", retired=keys.is_retired(tag))
     try:
-        digests = json.loads(meta["checksums"]).values()
+        digests = loads(meta["checksums"]).values()
     except (KeyError, ValueError, AttributeError):
         raise AuthError("signed entry without tensor digests") from None
     if not all(isinstance(d, str) and d.startswith(SHA256) for d in digests):

@@ -11,15 +11,18 @@ Layout::
                     stored (the format of k/v: a float dtype or int8), shape [L, H, T, D],
                     token_ids (JSON list), checksums (JSON {tensor name: xxh3-128 hex, or
                     "sha256:" hex in a signed entry}), meta_checksum (xxh3-128 over all the
-                    other metadata fields); a signed entry (version 5): auth, the store key's
-                    HMAC-SHA256 tag over every other field (``auth.py``)
+                    other metadata fields); a signed entry (version 6): header_tag, a checksum
+                    and the store key's HMAC-SHA256 over the raw header bytes and the storage
+                    key (``signed_header.py``; version 5: auth, an HMAC over the parsed
+                    metadata, ``auth.py``, still read)
 
 Why this shape: safetensors holds plain tensors and never runs code on load (a cache
 directory is an attack surface, ``torch.load``/pickle would execute whatever it is given); one
 tensor per layer lets a reader pull layer i without touching the others (layer-wise loading,
 docs/architecture.md, "Stored entries and layer-wise loading"); a checksum per tensor verifies
 each layer on its own. Anything that fails a check raises ``EntryError``, which the tiers turn
-into a logged miss.
+into a logged miss. Every header value is untrusted until checked: the header is parsed by a
+strict, depth-checked parser (``header.py``), and with store keys only after its tag verified.
 
 Entries are written by ``safetensors.torch.save`` and read by the small strict reader below
 (positioned reads into the caller's tensors, see ``_Tensors``, through a ``RangeReader``:
@@ -39,21 +42,30 @@ import torch
 import xxhash
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.auth import SHA256, StoreKeys, authenticate, signed_bytes
+from blendrag.store import header as headers
+from blendrag.store import signed_header
+from blendrag.store.auth import SHA256, StoreKeys, authenticate
 from blendrag.store.config import KV_FORMATS
 from blendrag.store.errors import AuthError, EntryError, NewerFormatError
 from blendrag.store.readers import IOV_MAX, BufferReader, FileReader, RangeReader
 
 FORMAT_NAME = "blendrag-chunk-kv"
 FORMAT_VERSION = 4  # 4: "stored" (3: "profile", "context_tag"; 2: "sensitivity", "context")
-SIGNED_VERSION = 5  # 5: a version-4 entry signed ("auth", SHA-256 tensor digests)
-READ_VERSIONS = ("2", "3", "4", "5")
+# 6: a version-4 entry signed over its raw header ("header_tag", SHA-256 tensor digests);
+# 5: signed over its parsed metadata ("auth"), read but no longer written
+SIGNED_VERSION = 6
+READ_VERSIONS = ("2", "3", "4", "5", "6")
+_SIGNED = ("5", "6")
+# What a signature replaces in the metadata checksum (the tag is computed after it).
+_UNCHECKSUMMED = ("meta_checksum", "auth", signed_header.FIELD)
+# Headers refused for what their bytes alone hold (not JSON, too deep, impossible numbers,
+# damaged tags): not parsed again while remembered.
+REFUSED = headers.Refusals()
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
               "I8": torch.int8}
 _STORED = {**_DTYPES, "int8": torch.int8}
-_MAX_HEADER = 100 << 20  # the safetensors limit
 PROFILE = "profile"
 # What version 2 called the profile tensor and the context tag field.
 _V2_NAMES = {"sensitivity": PROFILE}
@@ -117,9 +129,10 @@ def encode(key: str, kv: ChunkKV, kv_format: str = "model",
         "checksums": json.dumps({name: digest(t) for name, t in tensors.items()}),
     }
     meta["meta_checksum"] = meta_digest(meta)
-    if signer is not None:
-        meta["auth"] = signer.sign(signed_bytes(meta))
-    return safetensors.torch.save(tensors, metadata=meta)
+    if signer is None:
+        return safetensors.torch.save(tensors, metadata=meta)
+    meta[signed_header.FIELD] = signed_header.placeholder(signer.active)
+    return signed_header.seal_header(safetensors.torch.save(tensors, metadata=meta), key, signer)
 
 
 def _encode_layer(i: int, k: torch.Tensor, v: torch.Tensor,
@@ -165,7 +178,7 @@ def open_entry(source: Source | RangeReader, key: str,
         reader = source
     else:
         reader = FileReader(source)
-    return EntryReader(_Tensors(reader), key, keys)
+    return EntryReader(_Tensors(reader, key, keys), key, keys)
 
 
 class EntryReader:
@@ -175,8 +188,6 @@ class EntryReader:
         self._tensors = tensors
         self._keys = keys
         try:
-            if keys is not None:
-                authenticate(tensors.metadata, keys)
             self._parse(tensors.metadata, key)
         except BaseException:
             tensors.close()
@@ -186,21 +197,46 @@ class EntryReader:
                                 for i in range(self.num_layers)])
 
     def _parse(self, meta: dict | None, key: str) -> None:
+        """Check the metadata: what damage breaks (``EntryError``) before what only a forgery
+        can fail (``AuthError``: a tag this store's keys do not accept over intact metadata)."""
         if not meta or meta.get("format") != FORMAT_NAME:
             raise EntryError("foreign file: no blendrag chunk-KV metadata")
-        if meta.get("version") not in READ_VERSIONS:
-            version = str(meta.get("version", ""))
-            kind = (NewerFormatError if version.isdigit() and int(version) > FORMAT_VERSION
+        version = meta.get("version")
+        if version not in READ_VERSIONS:
+            version = str(version)[:8]
+            newest = max(int(v) for v in READ_VERSIONS)
+            kind = (NewerFormatError if version.isdigit() and int(version) > newest
                     else EntryError)
             raise kind(f"format version {version!r}, this build reads "
-                       f"{' and '.join(READ_VERSIONS)}")
-        body = {k: v for k, v in meta.items() if k not in ("meta_checksum", "auth")}
+                       f"{', '.join(READ_VERSIONS)}")
+        body = {k: v for k, v in meta.items() if k not in _UNCHECKSUMMED}
         if meta.get("meta_checksum") != meta_digest(body):
             raise EntryError("metadata checksum mismatch")
+        try:
+            self._parse_fields(meta)
+        except EntryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - untrusted values: anything else is a defect
+            raise EntryError(f"malformed metadata: {type(exc).__name__}") from None
+        if self._keys is not None:
+            self._authenticate(meta, self._keys)
         if meta["key"] != key:  # signed: copied from another name, so not this one's
             error = AuthError if self._keys is not None else EntryError
             raise error(f"entry was written for key …{str(meta['key'])[-16:]}, not …{key[-16:]}")
-        self._parse_fields(meta)
+
+    def _authenticate(self, meta: dict, keys: StoreKeys) -> None:
+        """``AuthError`` unless the entry is signed as this store requires: its raw header's tag
+        verified (``_Tensors.signed``), or a version-5 tag over its metadata; every tensor
+        digest the tag covers a SHA-256 one."""
+        version = meta["version"]
+        if version not in _SIGNED:
+            raise AuthError("unsigned entry: this store requires entries signed with its keys")
+        if version == "6" and not self._tensors.signed:
+            raise AuthError("a version-6 entry without its header tag")
+        if version == "5":
+            authenticate(meta, keys)
+        if not all(d.startswith(SHA256) for d in self._checksums.values()):
+            raise AuthError("signed entry whose tensor digests are not SHA-256")
 
     def _parse_fields(self, meta: dict) -> None:
         try:
@@ -208,9 +244,10 @@ class EntryReader:
             # before version 4, K and V were stored in the dtype a read returns
             stored = meta["stored"] if meta["version"] in ("4", "5") else meta["dtype"]
             self.stored = _STORED[stored]
-            self.shape = tuple(int(x) for x in json.loads(meta["shape"]))
-            self.token_ids = tuple(int(t) for t in json.loads(meta["token_ids"]))
-            self._checksums = dict(json.loads(meta["checksums"]))
+            self.shape = tuple(_count(x) for x in headers.loads(meta["shape"]))
+            self.token_ids = tuple(_count(t) for t in headers.loads(meta["token_ids"]))
+            self._checksums = {str(n): _text(d)
+                               for n, d in dict(headers.loads(meta["checksums"])).items()}
             self.prefix_hash = str(meta["prefix_hash"])
             v2 = meta["version"] == "2"
             self.context_tag = str(meta[_V2_CONTEXT if v2 else "context_tag"])
@@ -332,11 +369,12 @@ class EntryReader:
             self._verify(name, out)
 
     def _verify(self, name: str, out: torch.Tensor) -> None:
+        # with keys, the header is authentic by now: a payload that is not what its digest
+        # says is damage (the entry may be rewritten), whoever damaged it
         want = self._checksums[name]
         if want.startswith(SHA256):
-            if _sha_digest(out) != want:  # the payload is not what the tag covers
-                error = AuthError if self._keys is not None else EntryError
-                raise error(f"SHA-256 digest mismatch in {name}")
+            if _sha_digest(out) != want:
+                raise EntryError(f"SHA-256 digest mismatch in {name}")
         elif _digest(out) != want:
             raise EntryError(f"checksum mismatch in {name}")
 
@@ -358,37 +396,68 @@ class _Tensors:
     an ``EntryError``, and read exactly one tensor's bytes. Writing still uses safetensors.
     """
 
-    def __init__(self, reader: RangeReader) -> None:
+    def __init__(self, reader: RangeReader, key: str = "", keys: StoreKeys | None = None) -> None:
+        """``keys``: the header's tag is checked over its raw bytes (and ``key``, the storage
+        key) before they are parsed (``signed_header.py``); ``signed`` says whether it
+        verified (False: an older or unsigned entry, which the metadata's checks decide)."""
         self._reader = reader
+        self.signed = False
         try:
-            header = self._header(reader)
-            meta = header.pop("__metadata__", None)
-            self.metadata = meta if isinstance(meta, dict) else None
-            self._base = 8 + self._header_len
-            data_len = reader.size - self._base
-            self._specs = {name: _spec(name, spec, data_len) for name, spec in header.items()}
-            end = max((end for _, _, _, end in self._specs.values()), default=0)
-            if end != data_len:  # bytes no tensor holds: not what was written
-                raise EntryError(f"{data_len - end} bytes past the last tensor")
+            raw = headers.read_raw(reader)  # a storage failure raises as it is
+            header = self._parse_header(raw, key, keys)
+            self._base = 8 + len(raw)
+            self._read_specs(header, reader.size - self._base)
         except BaseException:
             reader.close()
             raise
 
-    def _header(self, reader: RangeReader) -> dict:
-        head = reader.read(0, 8)
-        if len(head) < 8:
-            raise EntryError("truncated: shorter than a safetensors header")
-        n = int.from_bytes(head, "little")
-        if n > min(_MAX_HEADER, reader.size - 8):
-            raise EntryError(f"truncated or malformed: header length {n} for {reader.size} bytes")
-        self._header_len = n
+    def _parse_header(self, raw: bytes, key: str, keys: StoreKeys | None) -> dict:
+        """The header in ``raw`` parsed once its tag (with ``keys``) verified; a refusal is
+        remembered (``REFUSED``, ``StoreKeys.refusals``) so the same bytes are refused again
+        without being parsed."""
+        seen = headers.digest(raw)
+        REFUSED.check(seen)
         try:
-            header = json.loads(reader.read(8, n))
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise EntryError(f"header is not JSON: {exc}") from None
-        if not isinstance(header, dict):
-            raise EntryError("header is not a JSON object")
+            tag = signed_header.locate(raw) if keys is not None else None
+            zeroed = signed_header.check_sum(raw, tag) if tag is not None else None
+        except EntryError as exc:
+            REFUSED.add(seen, exc)
+            raise
+        if keys is not None and tag is not None and zeroed is not None:
+            bound = headers.digest(seen + key.encode())
+            keys.refusals.check(bound)
+            try:
+                signed_header.check_tag(zeroed, tag, key, keys)
+            except EntryError as exc:
+                keys.refusals.add(bound, exc)
+                raise
+            self.signed = True
+        try:
+            header = headers.loads(raw)
+            if not isinstance(header, dict):
+                raise EntryError("header is not a JSON object")
+            meta = header.pop("__metadata__", None)
+            if meta is not None and not (isinstance(meta, dict) and all(
+                    isinstance(v, str) for v in meta.values())):
+                raise EntryError("header metadata is not a map of strings")
+        except EntryError as exc:
+            REFUSED.add(seen, exc)
+            raise
+        self.metadata = meta
         return header
+
+    def _read_specs(self, header: dict, data_len: int) -> None:
+        """Every tensor's (dtype, shape, start, end), checked against the ``data_len`` bytes
+        after the header."""
+        try:
+            self._specs = {name: _spec(name, spec, data_len) for name, spec in header.items()}
+        except EntryError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - untrusted values: anything else is a defect
+            raise EntryError(f"malformed header entry: {type(exc).__name__}") from None
+        end = max((end for _, _, _, end in self._specs.values()), default=0)
+        if end != data_len:  # bytes no tensor holds: not what was written
+            raise EntryError(f"{data_len - end} bytes past the last tensor")
 
     def names(self) -> list[str]:
         return list(self._specs)
@@ -450,16 +519,30 @@ def _spec(name: str, spec: Any, data_len: int) -> tuple[torch.dtype, tuple[int, 
     checked against the data."""
     try:
         dtype = _ST_DTYPES[spec["dtype"]]
-        shape = tuple(int(x) for x in spec["shape"])
-        start, end = (int(x) for x in spec["data_offsets"])
+        shape = tuple(_count(x) for x in spec["shape"])
+        start, end = (_count(x) for x in spec["data_offsets"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise EntryError(f"malformed header entry {name!r}: {exc!r}") from None
+        raise EntryError(f"malformed header entry {str(name)[:40]!r}: {exc!r}"[:300]) from None
     numel = math.prod(shape) if shape else 1
     if min(shape, default=0) < 0 or not 0 <= start <= end <= data_len:
         raise EntryError(f"header entry {name!r} points outside the data")
     if end - start != numel * dtype.itemsize:
         raise EntryError(f"header entry {name!r}: {end - start} bytes for shape {shape}")
     return dtype, shape, start, end
+
+
+def _count(x: Any) -> int:
+    """A size, offset or token id from a header: a non-negative integer (not a bool, a float or
+    a string), else ``ValueError``."""
+    if type(x) is not int or not 0 <= x <= headers.MAX_INT:
+        raise ValueError(f"{str(x)[:24]!r} is not a count")
+    return x
+
+
+def _text(x: Any) -> str:
+    if not isinstance(x, str):
+        raise ValueError("a tensor digest is not a string")
+    return x
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -9,10 +9,13 @@ What a failure leads to (docs/store.md, "What the store guarantees"):
 - an entry whose bytes fail a check (``EntryError``) is a miss, and it is deleted only when a
   fresh read of the stored bytes fails a check too (``judge``): what one read saw may have
   been changed in transit or replaced meanwhile, and a valid entry is never deleted for it;
-- in a tier with keys (``Tier.authenticated``), an entry that fails any check is not
-  authenticated (``AuthError``): a miss counted in ``auth_failures``, never deleted, and never
-  overwritten by this process (it may be a valid entry under a key this process lacks), unless
-  it was signed with a retired key.
+- in a tier with keys (``Tier.authenticated``), an entry whose tag its keys do not accept over
+  an intact header (``AuthError``: forged, unsigned, another deployment's) is a miss counted in
+  ``auth_failures``, never deleted, and never overwritten by this process (it may be a valid
+  entry under a key this process lacks), unless it was signed with a retired key. Damage (a
+  truncated entry, a header that is not JSON or fails its checksum, a payload that fails its
+  digest under an authentic header) is a plain ``EntryError``: dealt with as in any tier, so the
+  damaged entry is deleted, reported missing and stored again by the next write.
 """
 
 from __future__ import annotations
@@ -119,25 +122,22 @@ class TierSlot:
         fresh read, counts against the tier: the first read was not the stored bytes). An entry
         of a newer format version is valid for the build that wrote it: left alone. In a tier
         with keys, an entry that fails a check is not authenticated: counted, left alone and
-        not overwritten (``refused``)."""
-        newer = isinstance(exc, NewerFormatError)
-        if isinstance(exc, AuthError) or (self.tier.authenticated and not newer):
-            self.counters.add(auth_failures=1)
-            # said once per entry: a poisoned tier is read (and counted) at every request
-            say = log.debug if key in self._refused else log.warning
-            if not (isinstance(exc, AuthError) and exc.retired):
-                self._refuse(key)
-            say("KV store: %s entry %s is not authenticated (%s): a miss, left as it is "
-                "(said once per entry; counted in auth_failures)", self.tier.name, key[:16], exc)
+        not overwritten (``refused``); a damaged one is dealt with as in any tier."""
+        if isinstance(exc, AuthError):
+            self._not_authenticated(key, exc)
             return
         self.counters.add(corrupt=1)
-        if newer:
+        if isinstance(exc, NewerFormatError):
             return
         try:
             fresh = self.tier.read(key)
+        except AuthError as again:  # what the first read saw damaged is a forgery as stored
+            self._not_authenticated(key, again, count=False)
+            return
         except EntryError as again:
             log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
                         self.tier.name, key[:16], again)
+            self._refused.pop(key, None)  # stored again by the next write
             self.delete(key)
             return
         except self.tier.errors as failure:
@@ -146,6 +146,18 @@ class TierSlot:
         if fresh is not None:  # kept: one warning, from the tier's health
             self.health.failed(f"read entry {key[:16]} as stored (a fresh read of it is valid, "
                                "so it is kept)", exc, at_once=False)
+
+    def _not_authenticated(self, key: str, exc: AuthError, count: bool = True) -> None:
+        """Count ``key``'s entry that ``exc`` says is not authenticated and leave it (refused:
+        not overwritten, unless signed with a retired key)."""
+        if count:
+            self.counters.add(auth_failures=1)
+        # said once per entry: a poisoned tier is read (and counted) at every request
+        say = log.debug if key in self._refused else log.warning
+        if not exc.retired:
+            self._refuse(key)
+        say("KV store: %s entry %s is not authenticated (%s): a miss, left as it is "
+            "(said once per entry; counted in auth_failures)", self.tier.name, key[:16], exc)
 
     def refused(self, key: str) -> bool:
         """Whether ``key``'s stored entry failed authentication here (this process leaves it)."""

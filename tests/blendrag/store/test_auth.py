@@ -37,15 +37,41 @@ FORGERIES = {
     # name: (the key read, what is written under its stored name, given the valid bytes of "a")
     "missing tag": ("a", lambda s, valid: encode(s.stored_name("a"), make_kv(99))),
     "bad tag": ("a", lambda s, valid: encode(s.stored_name("a"), make_kv(99), signer=ATTACKER)),
-    "flipped payload bit": ("a", lambda s, valid: _flip(valid)),
-    "truncated": ("a", lambda s, valid: valid[: len(valid) * 2 // 3]),
-    "oversized": ("a", lambda s, valid: valid + bytes(4096)),
     "copied from a to b": ("b", lambda s, valid: valid),
     "copied across tenants": ("a", lambda s, valid: valid),  # read in another namespace
     "retired key": ("a", lambda s, valid: encode(s.stored_name("a"), make_kv(99), signer=(
         StoreKeys({"names": NAMING, "k0": b"retired-secret-0123456789ab"}, "k0",
                   naming="names")))),
 }
+
+
+# Damage, not forgery: the entry's own checks fail (a keyed store rewrites it).
+DAMAGE = {
+    "flipped payload bit": _flip,
+    "truncated": lambda valid: valid[: len(valid) * 2 // 3],
+    "oversized": lambda valid: valid + bytes(4096),
+    "flipped header byte": lambda valid: valid[:40] + bytes([valid[40] ^ 4]) + valid[41:],
+}
+
+
+@pytest.mark.parametrize("case", list(DAMAGE))
+def test_a_damaged_entry_in_a_keyed_store_is_a_miss_reported_missing_and_rewritten(backend,
+                                                                                   case):
+    writer = backend.store(auth_key=KEYS)
+    writer.put("a", make_kv(1))
+    name = writer.stored_name("a")
+    damaged = DAMAGE[case](Backend.fetch(writer, name))
+    Backend.put(writer, name, damaged)
+    reader = backend.store(auth_key=KEYS, ram_bytes=1 << 20)
+
+    assert reader.get("a") is None  # a miss, no exception, never promoted
+    assert not reader.tiers[0].tier.contains(name)
+    assert reader.stats().auth_failures == 0 and reader.stats().tier(backend.kind).corrupt == 1
+    assert reader.missing(["a"]) == ["a"]  # known damaged: to be computed again
+    reader.put("a", make_kv(2))
+    assert same_bits(backend.store(auth_key=KEYS).get("a"), make_kv(2))
+    writer.close()
+    reader.close()
 
 
 @pytest.mark.parametrize("case", list(FORGERIES))
