@@ -116,8 +116,8 @@ def ask(chains: dict, question: str, answers: list[str]) -> None:
         answer = chain.invoke({"input": question})["answer"].strip()
         s = model.last_stats
         print(f"  {name:20s} {answer!r:24s} correct={exact_match(answer, answers)!s:5s} "
-              f"hits={s.chunk_hits}/{s.chunks} recompute={s.recompute_fraction:.0%} "
-              f"ttft={s.ttft_s * 1e3:.1f}ms")
+              f"hits={s.cache.chunk_hits}/{s.prompt.chunks} "
+              f"recompute={s.recompute_fraction:.0%} ttft={s.timing.ttft_s * 1e3:.1f}ms")
 
 
 def main() -> None:
