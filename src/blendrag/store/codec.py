@@ -58,9 +58,20 @@ READ_VERSIONS = ("2", "3", "4", "5", "6")
 _SIGNED = ("5", "6")
 # What a signature replaces in the metadata checksum (the tag is computed after it).
 _UNCHECKSUMMED = ("meta_checksum", "auth", signed_header.FIELD)
-# Headers refused for what their bytes alone hold (not JSON, too deep, impossible numbers,
-# damaged tags): not parsed again while remembered.
+# Headers refused (not JSON, too deep, impossible numbers, a damaged tag, metadata that cannot
+# be the entry's), by digest of the header bytes, the entry's size and the storage key: not
+# parsed again while remembered. Refusals by the keys are remembered by the keys.
 REFUSED = headers.Refusals()
+
+
+def remember(seen: bytes, exc: EntryError, keys: StoreKeys | None) -> None:
+    """Remember the refusal ``exc`` of the header whose digest is ``seen`` (``REFUSED``; an
+    ``AuthError`` in ``keys.refusals``, which only those keys decide)."""
+    if isinstance(exc, AuthError):
+        if keys is not None:
+            keys.refusals.add(seen, exc)
+    else:
+        REFUSED.add(seen, exc)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -189,6 +200,10 @@ class EntryReader:
         self._keys = keys
         try:
             self._parse(tensors.metadata, key)
+        except EntryError as exc:
+            remember(tensors.seen, exc, keys)
+            tensors.close()
+            raise
         except BaseException:
             tensors.close()
             raise
@@ -399,50 +414,40 @@ class _Tensors:
     def __init__(self, reader: RangeReader, key: str = "", keys: StoreKeys | None = None) -> None:
         """``keys``: the header's tag is checked over its raw bytes (and ``key``, the storage
         key) before they are parsed (``signed_header.py``); ``signed`` says whether it
-        verified (False: an older or unsigned entry, which the metadata's checks decide)."""
+        verified (False: an older or unsigned entry, which the metadata's checks decide).
+        ``seen``: what a refusal of this header is remembered by (``remember``)."""
         self._reader = reader
         self.signed = False
         try:
             raw = headers.read_raw(reader)  # a storage failure raises as it is
-            header = self._parse_header(raw, key, keys)
-            self._base = 8 + len(raw)
-            self._read_specs(header, reader.size - self._base)
+            self.seen = headers.digest(raw, reader.size, key)
+            REFUSED.check(self.seen)
+            if keys is not None:
+                keys.refusals.check(self.seen)
+            try:
+                header = self._parse_header(raw, key, keys)
+                self._base = 8 + len(raw)
+                self._read_specs(header, reader.size - self._base)
+            except EntryError as exc:
+                remember(self.seen, exc, keys)
+                raise
         except BaseException:
             reader.close()
             raise
 
     def _parse_header(self, raw: bytes, key: str, keys: StoreKeys | None) -> dict:
-        """The header in ``raw`` parsed once its tag (with ``keys``) verified; a refusal is
-        remembered (``REFUSED``, ``StoreKeys.refusals``) so the same bytes are refused again
-        without being parsed."""
-        seen = headers.digest(raw)
-        REFUSED.check(seen)
-        try:
-            tag = signed_header.locate(raw) if keys is not None else None
-            zeroed = signed_header.check_sum(raw, tag) if tag is not None else None
-        except EntryError as exc:
-            REFUSED.add(seen, exc)
-            raise
-        if keys is not None and tag is not None and zeroed is not None:
-            bound = headers.digest(seen + key.encode())
-            keys.refusals.check(bound)
-            try:
-                signed_header.check_tag(zeroed, tag, key, keys)
-            except EntryError as exc:
-                keys.refusals.add(bound, exc)
-                raise
+        """The header in ``raw``, parsed once its tag (with ``keys``) verified."""
+        tag = signed_header.locate(raw) if keys is not None else None
+        if keys is not None and tag is not None:
+            signed_header.check_tag(signed_header.check_sum(raw, tag), tag, key, keys)
             self.signed = True
-        try:
-            header = headers.loads(raw)
-            if not isinstance(header, dict):
-                raise EntryError("header is not a JSON object")
-            meta = header.pop("__metadata__", None)
-            if meta is not None and not (isinstance(meta, dict) and all(
-                    isinstance(v, str) for v in meta.values())):
-                raise EntryError("header metadata is not a map of strings")
-        except EntryError as exc:
-            REFUSED.add(seen, exc)
-            raise
+        header = headers.loads(raw)
+        if not isinstance(header, dict):
+            raise EntryError("header is not a JSON object")
+        meta = header.pop("__metadata__", None)
+        if meta is not None and not (isinstance(meta, dict) and all(
+                isinstance(v, str) for v in meta.values())):
+            raise EntryError("header metadata is not a map of strings")
         self.metadata = meta
         return header
 

@@ -58,9 +58,14 @@ def read_raw(reader: RangeReader) -> bytes:
     return raw
 
 
-def digest(raw: bytes) -> bytes:
-    """What a refusal of ``raw`` is remembered by (xxh3-128: gigabytes a second)."""
-    return xxhash.xxh3_128_digest(raw)
+def digest(raw: bytes, size: int, key: str) -> bytes:
+    """What a refusal of header ``raw`` is remembered by: xxh3-128 (tens of GB/s) of the header,
+    the entry's ``size`` and its storage ``key`` (what a refusal may depend on besides the
+    payload, which no header check reads)."""
+    h = xxhash.xxh3_128()
+    h.update(raw)
+    h.update(size.to_bytes(8, "little") + key.encode())
+    return h.digest()
 
 
 def check_depth(raw: bytes | str) -> None:

@@ -147,8 +147,16 @@ class FileReader(RangeReader):
         self.size = st.st_size
 
     def read(self, offset: int, n: int) -> bytes:
-        buf = bytearray(n)
-        return bytes(buf[: self.read_into_many(offset, [memoryview(buf)])])
+        # pread: one buffer, filled once (a zeroed bytearray copied out costs three passes
+        # over a large header)
+        parts = []
+        while n > 0:
+            part = os.pread(self._fd, n, offset)  # OSError: a storage failure
+            if not part:
+                break  # end of file: the caller sees a short read
+            parts.append(part)
+            offset, n = offset + len(part), n - len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def read_into_many(self, offset: int, bufs: list[memoryview]) -> int:
         """Fill ``bufs`` in order from ``offset`` (scatter reads); returns the bytes read, fewer
