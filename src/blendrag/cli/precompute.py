@@ -85,10 +85,13 @@ def _add_source(p: argparse.ArgumentParser) -> None:
                    help="file pattern under --folder; **/*.txt recurses (default: *.txt)")
     p.add_argument("--field", default="text",
                    help="JSONL field holding the chunk text (default: text)")
+    p.add_argument("--strict", action="store_true",
+                   help="stop at the first unreadable file of --folder (not text in UTF-8, "
+                        "no permission) or bad line of --jsonl (not an object with a string "
+                        "--field) (default: leave each out, with a warning naming it and a "
+                        "count)")
     p.add_argument("--skip-bad-lines", action="store_true",
-                   help="leave out (with a warning naming each) JSONL lines that are not an "
-                        "object with a string --field, instead of stopping at the first "
-                        "(default: stop)")
+                   help="the default; kept for scripts written when it was not")
 
 
 def _add_prompt(p: argparse.ArgumentParser) -> None:
@@ -124,8 +127,9 @@ def _precompute(args: argparse.Namespace) -> int:
         return 2
     emit(args, payload, f"{source.name}\n{text}")
     if source.bad_lines:
-        print(f"blendrag precompute: left out {len(source.bad_lines)} bad lines of the source:",
-              file=sys.stderr)
+        what = "files" if args.folder is not None else "lines"
+        print(f"blendrag precompute: warning: skipped {len(source.bad_lines)} unreadable "
+              f"{what} of {source.name} (--strict stops at the first):", file=sys.stderr)
         for bad in source.bad_lines:
             print(f"  skipped {bad}", file=sys.stderr)
     if summary.nothing is not None:
@@ -144,8 +148,8 @@ def _check(args: argparse.Namespace):
     the model is loaded."""
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.skip_bad_lines and args.jsonl is None:
-        raise ValueError("--skip-bad-lines applies to --jsonl sources only")
+    if args.skip_bad_lines and args.strict:
+        raise ValueError("--skip-bad-lines and --strict contradict each other: give one")
     check_ray_args(args)
     if args.calibrate and args.ray is not None:
         raise ValueError("--calibrate runs in this process: leave out --ray, or calibrate "
@@ -204,8 +208,8 @@ def _source(args: argparse.Namespace):
             raise ValueError("--chroma-dir needs --collection NAME")
         return chunks_from_chroma(args.chroma_dir, args.collection)
     if args.folder is not None:
-        return chunks_from_folder(args.folder, args.glob)
-    return chunks_from_jsonl(args.jsonl, args.field, skip_bad_lines=args.skip_bad_lines)
+        return chunks_from_folder(args.folder, args.glob, skip_bad_files=not args.strict)
+    return chunks_from_jsonl(args.jsonl, args.field, skip_bad_lines=not args.strict)
 
 
 def _size(text: str) -> int:

@@ -78,10 +78,12 @@ def _open_chroma(path: Path, name: str):
 
 
 def chunks_from_folder(directory: str | Path, glob: str = "*.txt",
-                       encoding: str = "utf-8") -> ChunkSource:
+                       encoding: str = "utf-8", skip_bad_files: bool = False) -> ChunkSource:
     """One chunk per file matching ``glob`` under ``directory`` (``**/*.txt`` recurses), in
     sorted path order; each file's whole text is the chunk. A file that is not ``encoding``
-    text raises ``ValueError`` naming it."""
+    text or cannot be read raises ``ValueError`` naming it, or with ``skip_bad_files`` (every
+    file then read once when the source is made) is logged and left out (``bad_lines`` lists
+    them, with why)."""
     root = Path(directory)
     if not root.is_dir():
         raise FileNotFoundError(f"no folder at {root}")
@@ -92,15 +94,33 @@ def chunks_from_folder(directory: str | Path, glob: str = "*.txt",
                                 f"{', '.join(present) or 'nothing: the folder is empty'}; "
                                 "'**/*.md' recurses)")
 
+    bad: list[str] = []
+    if skip_bad_files:
+        for p in list(files):
+            try:
+                _read_file(p, encoding)
+            except ValueError as exc:
+                log.info("skipped %s", exc)  # listed in bad_lines: the caller reports them
+                bad.append(str(exc))
+                files.remove(p)
+
     def read() -> Iterator[str]:
         for p in files:
-            try:
-                yield p.read_text(encoding=encoding)
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{p}: not {encoding} text ({exc.reason} at byte "
-                                 f"{exc.start})") from None
+            yield _read_file(p, encoding)
 
-    return ChunkSource(f"folder {root} ({glob})", len(files), read)
+    return ChunkSource(f"folder {root} ({glob})", len(files), read, tuple(bad))
+
+
+def _read_file(path: Path, encoding: str) -> str:
+    """The text of ``path``; ValueError naming it when it is not ``encoding`` text or cannot
+    be read."""
+    try:
+        return path.read_text(encoding=encoding)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not {encoding} text ({exc.reason} at byte "
+                         f"{exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: unreadable ({exc.strerror or exc})") from None
 
 
 def chunks_from_jsonl(path: str | Path, field: str = "text",

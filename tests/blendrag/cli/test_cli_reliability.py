@@ -35,34 +35,48 @@ BAD_LINES = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD_LINES))
-def test_a_bad_jsonl_line_is_one_error_naming_the_line(model_dir, tmp_path, capsys, case):
+def test_with_strict_a_bad_jsonl_line_is_one_error_naming_the_line(model_dir, tmp_path, capsys,
+                                                                    case):
     line, reason = BAD_LINES[case]
     f = tmp_path / "c.jsonl"
     f.write_text(json.dumps({"text": PASSAGES[0]}) + "\n\n" + line + "\n")
-    assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f))) == 2
+    assert main(_args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--strict")) == 2
     _one_error(capsys, "c.jsonl:3:", reason)
     assert not (tmp_path / "kv").exists()  # checked before the model was loaded
 
 
-def test_skip_bad_lines_ingests_the_rest(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("flag", [(), ("--skip-bad-lines",)])
+def test_bad_lines_are_skipped_with_a_count_and_the_rest_ingested(model_dir, tmp_path, capsys,
+                                                                  flag):
     f = tmp_path / "c.jsonl"
     f.write_text("\n".join([json.dumps({"text": PASSAGES[0]}), *(v[0] for v in BAD_LINES.values()),
                             json.dumps({"text": PASSAGES[1]})]) + "\n")
-    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--skip-bad-lines",
-                 "--json")
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), *flag, "--json")
     assert main(argv) == 0
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert (summary["chunks"], summary["computed"], summary["failures"]) == (2, 2, [])
-    assert "left out 4 bad lines" in err and err.count("skipped") == 4
+    assert "skipped 4 unreadable lines" in err and err.count("  skipped ") == 4
 
 
-def test_a_non_utf8_file_in_a_folder_is_named(model_dir, tmp_path, capsys):
+def test_strict_and_skip_bad_lines_together_are_refused(model_dir, tmp_path, capsys, jsonl):
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(jsonl), "--strict",
+                 "--skip-bad-lines")
+    assert main(argv) == 2
+    _one_error(capsys, "contradict")
+
+
+def test_a_non_utf8_file_in_a_folder_is_skipped_and_named(model_dir, tmp_path, capsys):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.txt").write_text(PASSAGES[0])
     (tmp_path / "docs" / "b.txt").write_bytes(b"caf\xe9 in latin-1")
-    assert main(_args(model_dir("llama"), tmp_path / "kv", "--folder",
-                      str(tmp_path / "docs"))) == 2
+    (tmp_path / "docs" / "c.txt").write_text(PASSAGES[1])
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"))
+    assert main([*argv, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["computed"] == 2  # a.txt and c.txt: one bad file stops nothing
+    assert "skipped 1 unreadable files" in err and "b.txt: not utf-8 text" in err
+    assert main([*argv, "--strict"]) == 2  # --strict: stops at the first, naming it
     _one_error(capsys, "b.txt", "not utf-8 text")
 
 

@@ -181,3 +181,12 @@ def test_direct_ingestion_of_a_str_batch_is_refused(engine):
     with pytest.raises(ValueError, match="single str"):
         run.ingest("abc")
     assert run.counts.chunks == 0
+
+
+def test_unreadable_files_in_a_folder_are_skipped_when_asked(tmp_path):
+    (tmp_path / "a.txt").write_text("fine")
+    (tmp_path / "b.txt").write_bytes(b"\xff\xfe latin junk")
+    (tmp_path / "c.txt").write_text("also fine")
+    source = chunks_from_folder(tmp_path, skip_bad_files=True)
+    assert (len(source), list(source)) == (2, ["fine", "also fine"])
+    assert len(source.bad_lines) == 1 and "b.txt: not utf-8 text" in source.bad_lines[0]
