@@ -54,9 +54,9 @@ _ENTRY_FILE = re.compile(r"[0-9a-f]+\.val")
 _NOT_A_FILE = frozenset({errno.ELOOP, errno.ENXIO})
 # What opening a folder with O_NOFOLLOW | O_DIRECTORY fails with when it is a symlink or a file.
 _NOT_A_FOLDER = frozenset({errno.ELOOP, errno.ENOTDIR})
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-_NEW_FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-                   | getattr(os, "O_NOFOLLOW", 0))
+_CLOEXEC, _NOFOLLOW = getattr(os, "O_CLOEXEC", 0), getattr(os, "O_NOFOLLOW", 0)
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _CLOEXEC | _NOFOLLOW
 
 
 class UnsafeFolder(Exception):
@@ -94,7 +94,7 @@ class EntryFolders:
 
 def _open_folder(name: str, parent: int) -> int:
     try:
-        return os.open(name, _FOLDER_FLAGS | getattr(os, "O_NOFOLLOW", 0), dir_fd=parent)
+        return os.open(name, _FOLDER_FLAGS | _NOFOLLOW, dir_fd=parent)
     except OSError as exc:
         if exc.errno in _NOT_A_FOLDER:
             raise UnsafeFolder(f"store folder {name!r} is a symlink or not a folder") from None
