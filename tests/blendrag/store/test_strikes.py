@@ -83,7 +83,8 @@ def test_io_errors_reading_entry_files_delete_nothing(make_store, tmp_path, monk
     def eio(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(readers.os, "preadv", eio)
+    monkeypatch.setattr(readers.os, "preadv", eio)  # layers
+    monkeypatch.setattr(readers.os, "pread", eio)  # headers
     for i in range(4):
         if path == "get":
             assert store.get(f"k{i}") is None
