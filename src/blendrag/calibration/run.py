@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from blendrag.calibration.flows import Flow, make_flow
 from blendrag.calibration.prompts import CalibrationPrompt, make_prompts
 from blendrag.calibration.target import CalibrationTarget
+from blendrag.checks import is_finite_number
 from blendrag.config import BlendConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.eval.answer import compare_answers
@@ -63,6 +64,9 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
         raise ValueError(f"questions must be one of {QUESTIONS}, got {questions!r}")
     if not ratios or not selectors:
         raise ValueError("calibration needs at least one ratio and one selector")
+    if not all(is_finite_number(r) and 0 < r <= 1 for r in ratios):
+        raise ValueError(f"calibration ratios must be in (0, 1] (0 recomputes nothing), got "
+                         f"{tuple(ratios)!r}")
     t0 = time.perf_counter()
     made = make_prompts(passages, prompts, per_prompt, seed,
                         ask=model_questions(engine) if questions == "model" else None)
@@ -162,10 +166,11 @@ def choose(points: Sequence[FrontierPoint],
            target: CalibrationTarget) -> tuple[str, float | None]:
     """Per selector the smallest ratio that meets ``target`` (its same-answer share judged at
     its lower confidence bound over the point's prompts: ``CalibrationTarget.met``); of those,
-    the fastest (then the smaller ratio). (the first selector, None) when no point meets it."""
+    the fastest (then the smaller ratio). (the first selector, None) when no point meets it.
+    A ratio of 0 (nothing recomputed: a reuse) is never chosen, whatever it measured."""
     best: FrontierPoint | None = None
     for selector in dict.fromkeys(p.selector for p in points):
-        met = [p for p in points if p.selector == selector
+        met = [p for p in points if p.selector == selector and p.ratio > 0
                # ratio 1.0 is a full prefill, exact by construction: its shares need no bound
                and target.met(p.same_answer, p.answer_kl, p.prompts if p.ratio < 1 else 0)]
         if not met:

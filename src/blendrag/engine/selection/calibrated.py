@@ -3,6 +3,11 @@ its model (``blendrag.store.calibration``; measured by ``blendrag calibrate``), 
 built-in default, preview at 0.20, whose fidelity on this model nobody has measured (said once,
 naming the command).
 
+What the store keeps is untrusted: a record is read through ``CalibrationBook``, which refuses
+(a miss, said once) any record that is damaged, forged, another namespace's or invalid, and
+accepts only a selector of ``blendrag.config.SELECTORS``; so no request fails on what the store
+holds, and none runs a ratio of 0.
+
 Only a config that leaves the selector, the ratio and the options to the engine
 (``BlendConfig.calibrated``) is replaced: an explicit one always runs as given. A calibration
 of another model or tokenizer is never used: the fingerprints decide. A calibration in which
@@ -15,53 +20,98 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from blendrag.config import BlendConfig
+from blendrag.config import SELECTORS, BlendConfig
 from blendrag.engine.request.stats import CalibrationStats
 from blendrag.store.calibration import CalibrationBook, CalibrationRecord
 
 log = logging.getLogger(__name__)
 
 FULL = BlendConfig(mode="full")
-_UNREAD = object()
 
 
 class CalibratedDefault:
     """The calibration an engine's default config runs with. ``identity()``: the engine's
-    (model fingerprint, tokenizer fingerprint), current when asked; ``disk_dir()``: the store's
-    disk folder, where its calibration book is."""
+    (model fingerprint, tokenizer fingerprint), current when asked; ``store()``: the store
+    whose book is read (its namespace's records, verified with its keys, and its public
+    namespace's: ``CalibrationBook.of_store``); without it, ``disk_dir()``: the store's disk
+    folder, whose default-namespace records are read, unsigned."""
 
     def __init__(self, identity: Callable[[], tuple[str, str]],
-                 disk_dir: Callable[[], Path | None]) -> None:
-        self._identity, self._disk_dir = identity, disk_dir
-        self._record: CalibrationRecord | None | object = _UNREAD
+                 disk_dir: Callable[[], Path | None] | None = None, *,
+                 store: Callable[[], object] | None = None) -> None:
+        if (disk_dir is None) == (store is None):
+            raise ValueError("CalibratedDefault reads the book of a store() or of a "
+                             "disk_dir(): give one of them")
+        self._identity, self._disk_dir, self._store = identity, disk_dir, store
+        # (the record in use, the config it runs), replaced whole: a request reading it while
+        # another request reads the book never pairs one record with another's config
+        self._chosen: tuple[CalibrationRecord | None, BlendConfig] | None = None
         self._warned = False
+
+    def for_store(self, store: Callable[[], object]) -> CalibratedDefault:
+        """The same engine's calibration as read from ``store()`` (a namespace's view of the
+        store: its own records, never another namespace's)."""
+        return CalibratedDefault(self._identity, store=store)
+
+    def book(self) -> CalibrationBook:
+        """The calibration book of the engine's store, as it is now."""
+        if self._store is not None:
+            return CalibrationBook.of_store(self._store(), SELECTORS)
+        disk_dir = self._disk_dir() if self._disk_dir is not None else None
+        return CalibrationBook.beside(disk_dir, selectors=SELECTORS)
 
     @property
     def record(self) -> CalibrationRecord | None:
-        """The calibration in use: set with ``use``, else the latest the store's book holds for
-        this model and tokenizer (read once), else None."""
-        if self._record is _UNREAD:
+        """The calibration in use: set with ``use``, else the latest valid one the store's book
+        holds for this model and tokenizer (read once), else None."""
+        return self._current()[0]
+
+    def _current(self) -> tuple[CalibrationRecord | None, BlendConfig]:
+        """(the record in use, the config it runs), the book read at the first call."""
+        chosen = self._chosen
+        if chosen is None:
             model, tokenizer = self._identity()
-            self._record = CalibrationBook.beside(self._disk_dir()).latest(model, tokenizer)
-        return self._record if isinstance(self._record, CalibrationRecord) else None
+            found = self.book().latest(model, tokenizer)
+            try:
+                chosen = self._set(found)
+            except ValueError as exc:  # the book checked it: a config that cannot run it
+                log.warning("the store's calibration cannot run (%s): not used", exc)
+                chosen = self._set(None)
+        return chosen
 
     def use(self, record: CalibrationRecord | None) -> None:
         """Run the default config with ``record`` (None: without a calibration; a ValueError
-        for another model's or tokenizer's)."""
+        for another model's or tokenizer's, or a selector this engine does not have)."""
+        if record is not None and not isinstance(record, CalibrationRecord):
+            raise ValueError(f"use_calibration takes a CalibrationRecord or None, got "
+                             f"{type(record).__name__}")
         if record is not None and (record.model, record.tokenizer) != self._identity():
             raise ValueError("this calibration was made on another model or tokenizer (their "
                              "fingerprints differ); calibrate this engine's")
-        self._record = record
+        if record is not None and record.selector not in SELECTORS:
+            raise ValueError(f"this calibration chose selector {record.selector!r}, which is "
+                             f"not one of {tuple(SELECTORS)}")
+        self._set(record)
+
+    def _set(self, record: CalibrationRecord | None,
+             ) -> tuple[CalibrationRecord | None, BlendConfig]:
+        """Keep ``record`` and the config it runs (a full prefill where no ratio kept full
+        prefill's answers), made once here, not at each request."""
+        config = FULL
+        if record is not None and record.ratio is not None:
+            config = BlendConfig(selector=record.selector, ratio=record.ratio)
+        self._chosen = (record, config)
+        return self._chosen
 
     def forget(self) -> None:
         """Read the store's book again at the next request (the store was replaced)."""
-        self._record = _UNREAD
+        self._chosen = None
 
     def resolve(self, config: BlendConfig) -> tuple[BlendConfig, CalibrationStats | None]:
         """The config a request runs, and what the calibration says of it (None: none used)."""
         if not config.calibrated:
             return config, None
-        record = self.record
+        record, calibrated = self._current()
         if record is None:
             if not self._warned:
                 self._warned = True
@@ -70,7 +120,4 @@ class CalibratedDefault:
                             "with `blendrag calibrate --model ... --corpus ...` (or precompute "
                             "--calibrate)", config.label)
             return config, None
-        summary = CalibrationStats(**record.summary())
-        if record.ratio is None:  # no ratio kept full prefill's answers: full prefill does
-            return FULL, summary
-        return BlendConfig(selector=record.selector, ratio=record.ratio), summary
+        return calibrated, CalibrationStats(**record.summary())
