@@ -15,11 +15,13 @@ from blendrag.cli.options import (
     add_chat_option,
     add_json_option,
     add_model_options,
+    add_namespace_options,
     add_progress_option,
     add_store_dir_option,
     apply_threads,
     emit,
     engine_spec,
+    store_keys,
 )
 
 RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -37,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "that store then runs it. No labels needed.")
     add_model_options(p)
     add_store_dir_option(p)
+    add_namespace_options(p)
     p.add_argument("--corpus", type=Path, required=True,
                    help="your passages: a folder (one passage per file matching --glob) or a "
                         "JSON-lines file (one per line, under --field)")
@@ -120,8 +123,9 @@ def check_inputs(args: argparse.Namespace, texts: list[str]) -> None:
 
     if args.prompts < 1 or args.per_prompt < 1:
         raise ValueError("--prompts and --per-prompt must be >= 1")
-    if not args.ratios or any(not 0 <= r <= 1 for r in args.ratios):
-        raise ValueError("--ratios must be fractions in [0, 1]")
+    if not args.ratios or any(not 0 < r <= 1 for r in args.ratios):
+        raise ValueError("--ratios must be fractions in (0, 1] (a ratio of 0 recomputes "
+                         "nothing: a reuse, not a calibrated blend)")
     make_prompts(texts, 1, args.per_prompt)  # too few passages: said here
     if args.store_dir is None:
         raise ValueError("calibration is kept beside the store's disk tier: give --store-dir")
@@ -137,7 +141,8 @@ def check_inputs(args: argparse.Namespace, texts: list[str]) -> None:
 
 def run(args: argparse.Namespace, texts: list[str], target, engine=None):
     """Calibrate (on ``engine``, or on one loaded from the arguments with a disk store at
-    ``--store-dir``) and keep the record; (the record, the file written)."""
+    ``--store-dir``, in ``--namespace``, signed with ``--store-keys``) and keep the record in
+    the store's namespace, where its engines read it; (the record, the file written)."""
     from blendrag.calibration.run import calibrate
     from blendrag.cli.progress import Progress
     from blendrag.store.calibration import CalibrationBook
@@ -146,7 +151,8 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
     if engine is None:
         from blendrag.store import StoreConfig, TieredKVStore
 
-        store = TieredKVStore(StoreConfig(disk_dir=args.store_dir))
+        store = TieredKVStore(StoreConfig(disk_dir=args.store_dir, namespace=args.namespace,
+                                          auth_key=store_keys(args)))
         engine = engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
     try:
         bar = Progress("calibrating", unit="prompts", enabled=not args.no_progress)
@@ -154,7 +160,7 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
                            per_prompt=args.per_prompt, ratios=args.ratios,
                            selectors=args.selectors, flow=args.flow, seed=args.seed,
                            questions=args.questions, on_prompt=bar)
-        path = CalibrationBook.beside(engine.store.disk_dir).put(record)
+        path = CalibrationBook.of_store(engine.store).put(record)
         engine.use_calibration(record)
         return record, path
     finally:
