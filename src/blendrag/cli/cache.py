@@ -12,12 +12,10 @@ told apart by the header of each entry file, read without loading the tensors.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sqlite3
 import sys
 from pathlib import Path
 
+from blendrag.cli.cache_disk import disk_stats, namespace_count
 from blendrag.cli.options import (
     add_json_option,
     add_namespace_options,
@@ -106,9 +104,12 @@ def _store_dir(directory: Path) -> Path:
 
 def _stats(args: argparse.Namespace) -> int:
     directory = _store_dir(args.store_dir)
-    report: dict[str, object] = {"disk": _disk_stats(directory),
-                                 "calibrations": _calibrations(directory)}
-    ns_id = _ns_id(args)
+    names = _names(args)
+    ns_id = names.ns_id
+    calibrations = _calibrations(directory, names)
+    report: dict[str, object] = {"disk": disk_stats(directory, ns_id, names.keys),
+                                 "calibrations": calibrations["records"],
+                                 "calibrations_refused": calibrations["refused"]}
     if args.redis_url:
         report["redis"] = {"url": args.redis_url, "prefix": args.redis_prefix,
                            "entries": _count(_redis_tier(args), ns_id=ns_id)}
@@ -116,98 +117,34 @@ def _stats(args: argparse.Namespace) -> int:
         report["s3"] = {"url": args.s3_url, "endpoint": args.s3_endpoint,
                         "entries": _count(_s3_tier(args), ns_id=ns_id)}
     if ns_id:
-        report["namespace"] = {"id": ns_id, "disk_entries": _disk_count(directory, ns_id)}
+        report["namespace"] = {"id": ns_id, "disk_entries": namespace_count(directory, ns_id)}
     emit(args, report, _format(report))
     return 0
 
 
-def _ns_id(args: argparse.Namespace) -> str:
-    """The id of ``--namespace`` in stored names (keyed with ``--store-keys``)."""
+def _names(args: argparse.Namespace):
+    """The stored names of ``--namespace`` (keyed with ``--store-keys``)."""
     from blendrag.store.names import Names
 
-    return Names(args.namespace, store_keys(args)).ns_id
+    return Names(args.namespace, store_keys(args))
 
 
-def _disk_count(directory: Path, ns_id: str) -> int:
-    """The disk tier's entries of the namespace ``ns_id``."""
-    from blendrag.store.names import split
-
-    if not (directory / "cache.db").exists():
-        return 0
-    return sum(1 for key, _, _ in _rows(directory) if split(str(key))[0] == ns_id)
+def _ns_id(args: argparse.Namespace) -> str:
+    """The id of ``--namespace`` in stored names (keyed with ``--store-keys``)."""
+    return _names(args).ns_id
 
 
-def _disk_stats(directory: Path) -> dict[str, object]:
-    from blendrag.store.disk import DiskTier
-
-    if not (directory / "cache.db").exists():  # inspecting must not create a store
-        return {"dir": str(directory), "exists": False}
-    tier = DiskTier(directory, budget_bytes=None, tidy=False)  # inspecting removes nothing
-    try:
-        usage = tier.usage()
-        hits, misses = tier.lifetime_counts()
-    finally:
-        tier.close()
-    rows = _rows(directory)
-    return {"dir": str(directory), "exists": True, "entries": usage.entries,
-            "used_bytes": usage.used_bytes, "budget_bytes": usage.budget_bytes,
-            "lifetime_hits": hits, "lifetime_misses": misses, **_kinds(directory, rows),
-            "unreferenced": _unreferenced(directory, rows)}
-
-
-def _calibrations(directory: Path) -> list[dict]:
-    """The calibration records kept beside the store (``blendrag calibrate``), newest first."""
+def _calibrations(directory: Path, names) -> dict[str, list[dict]]:
+    """The calibration records kept beside the store for the namespace ``names``, newest
+    first, and the files refused (damaged, forged, invalid: never used, counted here)."""
+    from blendrag.config import SELECTORS
     from blendrag.store.calibration import CalibrationBook
 
-    records = CalibrationBook.beside(directory).records()
-    return [{"model": r.model[:12], "tokenizer": r.tokenizer[:12], **r.summary()}
-            for r in sorted(records, key=lambda r: -r.created)]
-
-
-def _rows(directory: Path) -> list[tuple]:
-    """(key, filename, size) of every index row; the SQLite index is opened read-only so that
-    inspecting changes nothing."""
-    con = sqlite3.connect(f"file:{directory / 'cache.db'}?mode=ro", uri=True)
-    try:
-        return con.execute("SELECT key, filename, size FROM Cache").fetchall()
-    finally:
-        con.close()
-
-
-def _unreferenced(directory: Path, rows: list[tuple]) -> dict[str, int]:
-    """Entry files no index row references (a writer killed mid-write, an index that was
-    removed): the store removes them when it next opens the folder."""
-    from blendrag.store.disk_files import entry_files
-
-    known = {os.path.normpath(str(filename)) for _, filename, _ in rows if filename}
-    files = [f for f in entry_files(directory) if os.path.normpath(f) not in known]
-    size = 0
-    for f in files:
-        with contextlib.suppress(OSError):  # removed meanwhile
-            size += (directory / f).stat().st_size
-    return {"files": len(files), "bytes": size}
-
-
-def _kinds(directory: Path, rows: list[tuple]) -> dict[str, dict[str, int]]:
-    """Entries, tokens and bytes of chunk and prefix entries (plus unreadable ones), from the
-    entry headers."""
-    from blendrag.store.codec import EntryError, open_entry
-
-    out = {k: {"entries": 0, "tokens": 0, "bytes": 0} for k in ("chunks", "prefixes", "other")}
-    for key, filename, size in rows:
-        kind, tokens = "other", 0
-        try:
-            with open_entry(directory / filename, str(key)) as entry:
-                tokens = len(entry.token_ids)
-                # a prefix's KV is computed after nothing: no prefix hash, no context tag
-                after_nothing = not entry.prefix_hash and not entry.context_tag
-                kind = "prefixes" if after_nothing else "chunks"
-        except (EntryError, OSError, TypeError):
-            pass  # evicted meanwhile, or not a blendrag entry: counted as "other"
-        out[kind]["entries"] += 1
-        out[kind]["tokens"] += tokens
-        out[kind]["bytes"] += int(size or 0)
-    return out
+    book = CalibrationBook.beside(directory, names, SELECTORS)
+    records = book.records()
+    return {"records": [{"model": r.model[:12], "tokenizer": r.tokenizer[:12], **r.summary()}
+                        for r in sorted(records, key=lambda r: -r.created)],
+            "refused": [{"file": name, "why": why} for name, why in book.refused]}
 
 
 def _s3_tier(args: argparse.Namespace):
@@ -244,6 +181,14 @@ def human_bytes(n: int) -> str:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+EXPLAIN = {"chunks": "per ingested passage, its rows computed after the chunk prefix and the "
+                     "ingestion context's filler passages, and (with the default context) its "
+                     "exact rows after the chunk prefix alone",
+           "prefixes": "computed after nothing: prompt prefixes, and prefix + filler passage, "
+                       "cached once for all chunks",
+           "other": "unreadable, refused or foreign entries (served as misses)"}
+
+
 def _format(report: dict) -> str:
     disk = report["disk"]
     lines = [f"KV store at {disk['dir']}"]
@@ -251,39 +196,16 @@ def _format(report: dict) -> str:
         lines.append("  no store here yet (precompute or demo creates one; --store-dir DIR "
                      "looks elsewhere)")
     else:
-        used, budget = disk["used_bytes"], disk["budget_bytes"]
-        lines.append(f"  {disk['entries']} entries, {human_bytes(used)} of a "
-                     f"{human_bytes(budget)} budget ({used / budget:.1%}), index included")
-        explain = {"chunks": "per ingested passage, its rows computed after the chunk prefix "
-                             "and the ingestion context's filler passages, and (with the "
-                             "default context) its exact rows after the chunk prefix alone",
-                   "prefixes": "computed after nothing: prompt prefixes, and prefix + filler "
-                               "passage, cached once for all chunks",
-                   "other": "unreadable or foreign entries (served as misses)"}
-        for kind, text in explain.items():
-            k = disk[kind]
-            if k["entries"] or kind != "other":
-                lines.append(f"    {kind:<9}{k['entries']:>6} entries {k['tokens']:>9,} tokens "
-                             f"{human_bytes(k['bytes']):>11}  {text}")
-        stray = disk["unreferenced"]
-        if stray["files"]:
-            files = f"{stray['files']} entry file{'s' if stray['files'] != 1 else ''}"
-            lines.append(f"  {files} ({human_bytes(stray['bytes'])}) that no index row "
-                         "references: removed when the store next opens this folder")
-        lines.append(f"  look-ups since the store was created: {disk['lifetime_hits']:,} found, "
-                     f"{disk['lifetime_misses']:,} not found (disk tier only: reads served from "
-                     "RAM, and precompute's checks that skip chunks already stored, are not "
-                     "counted)")
+        lines += _disk_lines(disk)
     for c in report.get("calibrations") or ():
-        chosen = ("a full prefill (no ratio met the target)" if c["ratio"] is None else
-                  f"{c['selector']} at {c['ratio']:g}: same answer {c['same_answer']:.2f}, "
-                  f"answer KL {c['answer_kl']:.4f}")
         lines.append(f"  calibration of model {c['model']} ({c['created']}, {c['prompts']} "
-                     f"prompts of corpus {c['corpus']}): the default config runs {chosen}")
-    if "namespace" in report:
-        ns = report["namespace"]
-        lines.append(f"  namespace {ns['id']}: {ns['disk_entries']} of these entries "
-                     "(Redis and S3 below: this namespace's only)")
+                     f"prompts of corpus {c['corpus']}): the default config runs {_chosen(c)}")
+    refused = report.get("calibrations_refused") or ()
+    if refused:
+        lines.append(f"  {len(refused)} calibration record{'s' if len(refused) != 1 else ''} "
+                     "refused (damaged, forged or invalid; never used): "
+                     + "; ".join(f"{r['file']}: {r['why']}" for r in refused[:3])
+                     + (" ..." if len(refused) > 3 else ""))
     if "redis" in report:
         r = report["redis"]
         lines.append(f"Redis tier at {r['url']} (keys {r['prefix']}*): {r['entries']} entries")
@@ -294,12 +216,51 @@ def _format(report: dict) -> str:
     return "\n".join(lines)
 
 
+def _disk_lines(disk: dict) -> list[str]:
+    used, budget = disk["used_bytes"] or 0, disk["budget_bytes"] or 0
+    share = f" ({used / budget:.1%})" if budget else ""
+    if "namespace" in disk:  # one namespace's entries; the budget is the whole tier's
+        whole = disk["store_used_bytes"] or 0
+        lines = [f"  namespace {disk['namespace']}: {disk['entries']} entries, "
+                 f"{human_bytes(used)} (the whole store: {disk['store_entries']} entries, "
+                 f"{human_bytes(whole)} of a {human_bytes(budget)} budget, index included; "
+                 "Redis and S3 below: this namespace's only)"]
+    else:
+        lines = [f"  {disk['entries']} entries, {human_bytes(used)} of a "
+                 f"{human_bytes(budget)} budget{share}, index included"]
+    for kind, text in EXPLAIN.items():
+        k = disk[kind]
+        if k["entries"] or kind != "other":
+            lines.append(f"    {kind:<9}{k['entries']:>6} entries {k['tokens']:>9,} tokens "
+                         f"{human_bytes(k['bytes']):>11}  {text}")
+    stray = disk["unreferenced"]
+    if stray["files"]:
+        files = f"{stray['files']} entry file{'s' if stray['files'] != 1 else ''}"
+        lines.append(f"  {files} ({human_bytes(stray['bytes'])}) that no index row "
+                     "references: removed when the store next opens this folder")
+    lines.append(f"  look-ups since the store was created: {disk['lifetime_hits']:,} found, "
+                 f"{disk['lifetime_misses']:,} not found (disk tier only, every namespace: reads "
+                 "served from RAM, and precompute's checks that skip chunks already stored, are "
+                 "not counted)")
+    return lines
+
+
+def _chosen(c: dict) -> str:
+    """What a calibration record makes the default config run, in words."""
+    if c["ratio"] is None:
+        return "a full prefill (no ratio met the target)"
+    if c["same_answer"] is None:  # the chosen point is not on the recorded frontier
+        return f"{c['selector']} at {c['ratio']:g}"
+    return (f"{c['selector']} at {c['ratio']:g}: same answer {c['same_answer']:.2f}, "
+            f"answer KL {c['answer_kl']:.4f}")
+
+
 def _clear(args: argparse.Namespace) -> int:
     from blendrag.store.disk import DiskTier
 
     ns_id = _ns_id(args)
     if (_store_dir(args.store_dir) / "cache.db").exists():
-        count = _disk_count(args.store_dir, ns_id)
+        count = namespace_count(args.store_dir, ns_id)
         tier = DiskTier(args.store_dir, budget_bytes=None)
         try:
             before = tier.usage().used_bytes or 0
