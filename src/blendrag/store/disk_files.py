@@ -221,6 +221,10 @@ class BytesOnlyDisk(diskcache.Disk):
         opened = EntryFolders(self._directory, folders, create=True) if own else entry[1]
         try:
             return _write_new(opened.leaf, name, iterator)
+        except OSError:  # a full disk leaves a partial file that no index row points to
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=opened.leaf)
+            raise
         finally:
             if own:
                 opened.close()
@@ -236,18 +240,13 @@ def _exists(name: str, folder: int) -> bool:
 
 def _write_new(folder: int, name: str, iterator) -> int:
     """Create ``name`` in the folder ``folder`` (never through a symlink, never over a file) and
-    write the chunks of ``iterator``; a failure (a full disk) removes the partial file."""
+    write the chunks of ``iterator`` (the caller removes what a failure leaves)."""
     try:
         fd = os.open(name, _NEW_FILE_FLAGS, 0o644, dir_fd=folder)
     except FileExistsError:  # a random name taken: planted, as a symlink or a file
         raise UnsafeFolder(f"entry file {name!r} already exists in the store") from None
-    try:
-        with os.fdopen(fd, "wb") as writer:
-            return sum(writer.write(chunk) for chunk in iterator)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=folder)
-        raise
+    with os.fdopen(fd, "wb") as writer:
+        return sum(writer.write(chunk) for chunk in iterator)
 
 
 def open_regular(path: str) -> BinaryIO:
