@@ -211,9 +211,10 @@ class TextRows:
     def _warn_unsigned(self) -> None:
         with self._lock:
             (count,) = self._db.execute("SELECT COUNT(*) FROM texts").fetchone()
-        if count:
+        if count:  # never deleted here: a process without keys may still share the folder
             log.warning("text index %s: %d unsigned row(s) of an index without keys ignored "
-                        "(this store has keys; record the texts again)", self.folder, count)
+                        "(this store has keys; record the texts again, and remove the old "
+                        "folder: those rows hold their texts in clear)", self.folder, count)
 
     def _delete(self, ids: list[int]) -> None:
         try:
