@@ -116,7 +116,7 @@ class Refusals:
 
     def __init__(self, size: int = REFUSED_HEADERS) -> None:
         self._size = size
-        self._seen: OrderedDict[bytes, EntryError] = OrderedDict()
+        self._seen: OrderedDict[bytes, tuple[type[EntryError], str, bool]] = OrderedDict()
         self._lock = threading.Lock()  # entries are read from many threads at once
 
     def check(self, key: bytes) -> None:
@@ -127,13 +127,17 @@ class Refusals:
             if seen is None:
                 return
             self._seen.move_to_end(key)
-        if isinstance(seen, AuthError):
-            raise AuthError(str(seen), retired=seen.retired)
-        raise type(seen)(str(seen))
+        kind, message, retired = seen
+        if issubclass(kind, AuthError):
+            raise AuthError(message, retired=retired)
+        raise kind(message)
 
     def add(self, key: bytes, error: EntryError) -> None:
+        # the kind and message only: the error itself holds its traceback, whose frames hold
+        # the reader (an open file) and the store
+        retired = isinstance(error, AuthError) and error.retired
         with self._lock:
-            self._seen[key] = error
+            self._seen[key] = (type(error), str(error), retired)
             self._seen.move_to_end(key)
             while len(self._seen) > self._size:
                 self._seen.popitem(last=False)
