@@ -34,6 +34,8 @@ def disk_stats(directory: Path, ns_id: str = "", keys: StoreKeys | None = None,
     try:
         usage = tier.usage()
         hits, misses = tier.lifetime_counts()
+    except TypeError as exc:  # a settings row of the wrong type: the index itself is damaged
+        raise ValueError(f"damaged settings in {directory / 'cache.db'}: {exc}") from None
     finally:
         tier.close()
     rows = index_rows(directory)

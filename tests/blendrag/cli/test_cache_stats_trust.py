@@ -153,3 +153,17 @@ def test_an_index_that_is_not_one_is_an_error_line(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("blendrag cache stats: error: ")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("setting,value", [("count", "x"), ("size", None), ("hits", "zz"),
+                                           ("size_limit", "abc")])
+def test_damaged_index_settings_are_an_error_line(tmp_path, capsys, setting, value):
+    _fill(tmp_path / "kv")
+    con = sqlite3.connect(tmp_path / "kv" / "cache.db")
+    con.execute("UPDATE Settings SET value = ? WHERE key = ?", (value, setting))
+    con.commit()
+    con.close()
+    assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("blendrag cache stats: error: ")
+    assert len(err.strip().splitlines()) == 1
