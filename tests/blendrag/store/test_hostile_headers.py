@@ -1,0 +1,131 @@
+"""Entry headers that parse as JSON but hold what no tensor has (infinite, NaN, negative or
+overflowing sizes and offsets, nesting deep enough to exhaust a recursive parser), with store
+keys and without: a counted miss at ``get``, ``open_layers``, a request's prefill and ``cache
+stats``, never an exception; the entry is dropped and stored again by the next write; and a
+refused header is not parsed again."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from blendrag import BlendConfig
+from blendrag.cli import cache as store_cli
+from blendrag.store import codec
+from blendrag.store.auth import StoreKeys
+from blendrag.store.disk import DiskTier
+from helpers.kvgen import make_kv, same_bits
+from helpers.mutations import hostile_header
+from helpers.tiny import PREFIX, SUFFIX
+
+KEYS = StoreKeys({"k1": b"signing-secret-one-0123456789"}, "k1")
+HOSTILE = [("data_offsets", "1e999"), ("data_offsets", "Infinity"), ("data_offsets", "NaN"),
+           ("data_offsets", "-1"), ("data_offsets", str(10**40)), ("shape", "-Infinity"),
+           ("shape", str(2**64)), ("shape", "1" + "0" * 5000), ("meta:shape", "1e999"),
+           ("meta:shape", str(10**40)), ("meta:token_ids", "NaN"), ("meta:shape", "deep"),
+           ("meta:token_ids", "deep"), ("deep", "")]
+
+
+def _unsigned(data: bytes) -> bytes:
+    """``data`` with its header tag's name changed: read as an older (version-5) or unsigned
+    entry, whose header a keyed store must parse to judge."""
+    return data.replace(b'"header_tag":', b'"header_taf":', 1)
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["plain", "keyed"])
+@pytest.mark.parametrize(("where", "value"), HOSTILE)
+def test_a_hostile_header_is_a_counted_miss_dropped_and_rewritten(make_store, keys, where,
+                                                                  value):
+    store = make_store(auth_key=keys)
+    store.put("k", make_kv(1))
+    tier = store.tiers[1].tier
+    name = store.stored_name("k")
+    for variant in ([lambda d: d] if keys is None else [lambda d: d, _unsigned]):
+        valid = codec.encode(name, make_kv(1), signer=keys)
+        tier.put(name, hostile_header(variant(valid), where, value))
+        store.tiers[0].tier.delete(name)  # the RAM tier in front holds the valid rows
+        assert store.get("k") is None and store.open_layers("k") is None  # no exception
+        assert store.stats().tier("disk").corrupt >= 1
+        assert store.missing(["k"]) == ["k"]  # dropped: to be computed again
+        store.put("k", make_kv(1))
+        store.tiers[0].tier.delete(name)
+        assert same_bits(store.get("k"), make_kv(1))
+    assert store.stats().auth_failures == 0
+
+
+def _fetch(tier, name: str) -> bytes | None:
+    found = tier.fetch(name)
+    if found is None or isinstance(found, bytes):
+        return found
+    with found:
+        return found.read()
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["plain", "keyed"])
+def test_a_request_over_hostile_headers_gets_the_cold_logits(engine_for, make_store, tmp_path,
+                                                            keys, one_thread):
+    config = BlendConfig(selector="cacheblend", ratio=0.3)
+    chunks = ["fact one.", "fact two.", "fact three.", "fact four."]
+    engine = engine_for("llama", layers=2)
+    engine.store = make_store(ram_bytes=0, auth_key=keys)
+    layout = engine.build_prompt(PREFIX, chunks, SUFFIX)
+    engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids)
+    tier = engine.store.tiers[0].tier
+    for i, ids in enumerate(layout.chunk_ids):
+        name = engine.store.stored_name(engine.key(layout.chunk_prefix_ids, ids))
+        where, value = HOSTILE[i * 3 % len(HOSTILE)]
+        tier.put(name, hostile_header(_fetch(tier, name) or b"", where, value))
+    cold = engine_for("llama", layers=2)
+    cold.store = make_store(ram_bytes=0, disk_dir=tmp_path / "cold")
+    ref = cold.prefill(layout, config)
+
+    pre = engine.prefill(layout, config)
+    assert torch.equal(pre.logits, ref.logits)
+    assert pre.stats.cache.chunk_misses == len(chunks)
+    again = engine.prefill(layout, config)  # stored again
+    assert again.stats.cache.chunk_hits == len(chunks)
+    assert torch.equal(again.logits, ref.logits)
+
+
+def test_cache_stats_over_hostile_headers(make_store, tmp_path, capsys):
+    store = make_store(ram_bytes=0)
+    tier = store.tiers[0].tier
+    for i, (where, value) in enumerate(HOSTILE):
+        store.put(f"k{i}", make_kv(i))
+        name = store.stored_name(f"k{i}")
+        tier.put(name, hostile_header(_fetch(tier, name) or b"", where, value))
+    store.put("valid", make_kv(99))
+    parser = argparse.ArgumentParser(prog="blendrag")
+    store_cli.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["cache", "stats", "--store-dir", str(tmp_path / "kv"), "--json"])
+    assert args.func(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["disk"]["entries"] == len(HOSTILE) + 1
+    assert same_bits(store.get("valid"), make_kv(99))
+
+
+def test_a_refused_header_is_not_parsed_again(make_store, monkeypatch):
+    store = make_store(ram_bytes=0, auth_key=KEYS)
+    store.put("k", make_kv(1, tokens=64))
+    tier = store.tiers[0].tier
+    name = store.stored_name("k")
+    # a forgery: a header of valid JSON that is not signed with this store's keys, kept
+    forged = codec.encode(name, make_kv(2, tokens=64))
+    tier.put(name, forged)
+    parsed = []
+    loads = codec.headers.loads
+
+    def counted(raw):
+        parsed.extend([1] if isinstance(raw, bytes) else [])  # the header, not its fields
+        return loads(raw)
+
+    monkeypatch.setattr(codec.headers, "loads", counted)
+    for _ in range(5):
+        assert store.get("k") is None and store.open_layers("k") is None
+    assert len(parsed) == 1  # the first read parsed it; every later one knew it refused
+    assert store.stats().auth_failures == 10  # still counted at every read
+    assert _fetch(tier, name) == forged  # and left as it is
+    assert DiskTier(store.config.disk_dir, None).entry_path(name) is not None
