@@ -49,5 +49,5 @@ def test_demo_command_on_the_real_model(tmp_path: Path, capsys) -> None:
     assert main(["demo", "--out-dir", str(tmp_path), "--store-dir", str(tmp_path / "kv"),
                  "--questions", "2", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "[3/3] per mode over 2 questions" in out
-    assert "ok full" in out  # full prefill answers the first questions correctly
+    assert "[3/3] per mode over 2 questions" in out and "has gold" in out
+    assert "gold full" in out  # full prefill answers the first questions with the gold
