@@ -257,7 +257,7 @@ class EntryReader:
         try:
             self.dtype = _DTYPES[meta["dtype"]]
             # before version 4, K and V were stored in the dtype a read returns
-            stored = meta["stored"] if meta["version"] in ("4", "5") else meta["dtype"]
+            stored = meta["stored"] if meta["version"] not in ("2", "3") else meta["dtype"]
             self.stored = _STORED[stored]
             self.shape = tuple(_count(x) for x in headers.loads(meta["shape"]))
             self.token_ids = tuple(_count(t) for t in headers.loads(meta["token_ids"]))

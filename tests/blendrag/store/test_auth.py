@@ -251,3 +251,11 @@ def test_a_replaced_copy_of_keys_pickles_with_every_role(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="no longer holds key") as info:
         pickle.loads(pickled)
     assert a not in str(info.value) and b not in str(info.value)
+
+
+@pytest.mark.parametrize("kv_format", ["bfloat16", "float16", "int8"])
+def test_signed_entries_of_every_stored_format_round_trip(tmp_path, kv_format):
+    kv = make_kv(11, profile=True)
+    data = encode("a", kv, kv_format, KEYS)
+    plain = decode(encode("a", kv, kv_format), "a")  # the same rows, unsigned
+    assert same_bits(decode(data, "a", KEYS), plain) and same_bits(decode(data, "a"), plain)
