@@ -30,8 +30,10 @@ CORE = {
     "blendrag.calibration": {"blendrag.checks", "blendrag.config", "blendrag.prompt", "blendrag.kv",
                              "blendrag.store", "blendrag.engine", "blendrag.eval",
                              "blendrag.integration"},
+    # store: the text index is signed and sealed with the store's keys
     "blendrag.integration": {"blendrag.spec", "blendrag.config", "blendrag.prompt", "blendrag.kv",
-                             "blendrag.model", "blendrag.engine", "blendrag.ingest"},
+                             "blendrag.model", "blendrag.store", "blendrag.engine",
+                             "blendrag.ingest"},
     "blendrag.distributed": {"blendrag.spec", "blendrag.checks", "blendrag.config",
                              "blendrag.prompt", "blendrag.model", "blendrag.store",
                              "blendrag.ingest", "blendrag.engine", "blendrag.integration"},

@@ -165,13 +165,13 @@ def _check(args: argparse.Namespace):
 
 def _run(args: argparse.Namespace, source, config):
     from blendrag.ingest import ingest_source
-    from blendrag.integration.text_index import ChunkTextIndex
+    from blendrag.integration.text_index import index_for_store
     from blendrag.store import TieredKVStore
 
     with TieredKVStore(config) as store:
         engine = engine_spec(args, chat=args.chat, system=args.system,
                              chunk_prefix=args.chunk_prefix).build(store)
-        index = ChunkTextIndex(args.text_index) if args.text_index else None
+        index = index_for_store(args.text_index, config) if args.text_index else None
         summary = ingest_source(engine, source, prefix=args.prefix,
                                 progress=not args.no_progress, text_index=index,
                                 batch_size=args.batch_size, profile=args.profile_neighbours)
@@ -193,7 +193,7 @@ def _calibrate(args: argparse.Namespace, engine, texts: list[str]) -> None:
     record = calibrate(engine, texts, flow=flow,
                        on_prompt=Progress("calibrating", unit="prompts",
                                           enabled=not args.no_progress), **extra)
-    path = CalibrationBook.beside(engine.store.disk_dir).put(record)
+    path = CalibrationBook.of_store(engine.store).put(record)  # signed, in its namespace
     print(report(record, path, "the ingested passages", len(texts)), file=sys.stderr)
     if path is None:
         print("blendrag precompute: the calibration is not kept: the store has no disk tier "

@@ -95,9 +95,9 @@ class IngestSettings(EngineSpec):
         """The text index the texts are recorded in, or None."""
         if self.text_index is None:
             return None
-        from blendrag.integration.text_index import ChunkTextIndex
+        from blendrag.integration.text_index import index_for_store
 
-        return ChunkTextIndex(self.text_index)
+        return index_for_store(self.text_index, self.store)
 
 
 def shared_tiers(store: StoreConfig) -> list[str]:

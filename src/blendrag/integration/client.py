@@ -37,8 +37,9 @@ from blendrag.integration.ingestion_key import (
     engine_persistence,
     require_chunk_prefix,
 )
-from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.integration.text_index import ChunkTextIndex, index_for_store
 from blendrag.prompt import PromptBuilder
+from blendrag.store.config import StoreConfig
 
 PROGRESS_MIN = 32
 """Batches of at least this many chunks get a progress bar unless told otherwise."""
@@ -283,9 +284,9 @@ def _persisted(folder: Path, engine: BlendEngine, ns_id: str) -> ChunkTextIndex:
     """A text index in ``folder`` under the store's keys (rows signed, texts encrypted when the
     store encrypts), bound to the namespace id ``ns_id``."""
     config = getattr(engine.store, "config", None)  # a TieredKVStore's StoreConfig
-    keys, encrypt = getattr(config, "auth_key", None), getattr(config, "encrypt", False)
-    return ChunkTextIndex(folder, keys=keys, encrypt=encrypt is True and keys is not None,
-                          namespace=ns_id)
+    if not isinstance(config, StoreConfig):  # a store with no keys to sign with (RAM)
+        return ChunkTextIndex(folder, namespace=ns_id)
+    return index_for_store(folder, config, ns_id)
 
 
 class ClientViews:

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from blendrag.integration.span_hash import SpanHasher, text_hash, with_length, with_lengths
 from blendrag.store.auth import StoreKeys
+from blendrag.store.config import StoreConfig
 
 ANCHOR = 64
 """Anchor length of texts at least this long (long anchors: texts sharing a head stay apart)."""
@@ -257,6 +258,17 @@ def find_texts(prompt: str, texts: Iterable[str]) -> list[tuple[int, int]]:
             spans.append((i, i + longest[i]))
             cursor = i + longest[i]
     return spans
+
+
+def index_for_store(path: str | Path, config: StoreConfig,
+                    ns_id: str | None = None) -> ChunkTextIndex:
+    """A text index persisted in ``path`` under the keys of the store ``config`` describes:
+    rows signed (and texts sealed where it encrypts) when it has keys, bound to the namespace
+    id ``ns_id`` (None: the config's namespace); what a precompute job, a worker and a
+    framework LLM all record into."""
+    keys = config.auth_key
+    return ChunkTextIndex(path, keys=keys, encrypt=config.encrypt and keys is not None,
+                          namespace=config.names.ns_id if ns_id is None else ns_id)
 
 
 def split_spans(prompt: str, spans: Sequence[tuple[int, int]]) -> PromptSplit:

@@ -219,3 +219,23 @@ def test_kv_format_stores_compressed_entries_that_any_store_reads(model_dir, tmp
     assert len(chunks) == 2 * len(PASSAGES)  # each chunk in context and alone, nothing else
     int8 = sum(sizes["int8"][k] for k in chunks)
     assert int8 < 0.4 * sum(sizes["model"][k] for k in chunks)  # small chunks: scales weigh
+
+
+def test_a_keyed_precompute_signs_the_text_index_it_records(model_dir, tmp_path,
+                                                           capsys):
+    from blendrag.integration.text_index import ChunkTextIndex
+    from blendrag.store.auth import StoreKeys
+    from blendrag.store.names import Names
+
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("k1=" + b"deployment-secret-0123456789".hex())
+    f = tmp_path / "chunks.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
+    argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), "--namespace", "acme",
+                 "--store-keys", str(keys_file), "--text-index", str(tmp_path / "index"))
+    assert main(argv) == 0
+    keys = StoreKeys.from_file(keys_file)
+    signed = ChunkTextIndex(tmp_path / "index", keys=keys, namespace=Names("acme", keys).ns_id)
+    assert len(signed) == len(PASSAGES)  # every row verifies under the store's keys
+    other = ChunkTextIndex(tmp_path / "index", keys=keys, namespace="another-tenant-id")
+    assert len(other) == 0  # bound to acme's namespace id

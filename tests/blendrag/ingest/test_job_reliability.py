@@ -9,11 +9,11 @@ import errno
 import os
 import sqlite3
 
-import diskcache
 import pytest
 
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.ingest import Ingestion, chunks_from_folder, chunks_from_jsonl, ingest_source
+from blendrag.store import disk_files
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -29,16 +29,16 @@ def engine(model_dir, make_store) -> BlendEngine:
 
 def _full_disk_after(monkeypatch, writes: int) -> None:
     """Make the disk full once ``writes`` more entry files have been written."""
-    real = diskcache.Disk._write
+    real = disk_files._write_new
     left = [writes]
 
-    def write(self, full_path, iterator, mode, encoding=None):
+    def write(folder, name, iterator):
         if left[0] <= 0:
             raise OSError(errno.ENOSPC, "No space left on device")
         left[0] -= 1
-        return real(self, full_path, iterator, mode, encoding)
+        return real(folder, name, iterator)
 
-    monkeypatch.setattr(diskcache.Disk, "_write", write)
+    monkeypatch.setattr(disk_files, "_write_new", write)
 
 
 def test_full_disk_counts_only_what_was_persisted_and_names_the_rest(engine, monkeypatch,

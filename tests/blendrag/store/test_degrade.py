@@ -8,10 +8,9 @@ import os
 import stat
 from pathlib import Path
 
-import diskcache
 import pytest
 
-from blendrag.store import StoreConfig, TieredKVStore
+from blendrag.store import StoreConfig, TieredKVStore, disk_files
 from helpers import procs
 from helpers.kvgen import make_kv, same_bits
 
@@ -41,15 +40,15 @@ def test_full_disk_degrades_with_one_warning_leaves_no_partial_file_and_recovers
 ):
     store = make_store(retry_after_s=3600)
     store.put("before", make_kv(0))
-    real_write = diskcache.Disk._write
+    real_write = disk_files._write_new
 
-    def enospc(self, full_path, iterator, mode, encoding=None):
-        os.makedirs(os.path.dirname(full_path), exist_ok=True)
-        with open(full_path, "wb") as f:
+    def enospc(folder, name, iterator):
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=folder)
+        with os.fdopen(fd, "wb") as f:
             f.write(b"partial")  # what a full disk leaves behind
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(diskcache.Disk, "_write", enospc)
+    monkeypatch.setattr(disk_files, "_write_new", enospc)
     with caplog.at_level(logging.WARNING, logger="blendrag.store"):
         for i in range(1, 4):
             store.put(f"k{i}", make_kv(i))
@@ -61,7 +60,7 @@ def test_full_disk_degrades_with_one_warning_leaves_no_partial_file_and_recovers
     assert len(files) == 1  # only "before"; the partial file was removed
 
     # Space is back and the bench has expired: the disk is used again.
-    monkeypatch.setattr(diskcache.Disk, "_write", real_write)
+    monkeypatch.setattr(disk_files, "_write_new", real_write)
     store.config.retry_after_s = 0
     for slot in store.tiers:
         slot.health.retry_after_s = 0
