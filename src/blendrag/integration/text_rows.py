@@ -118,6 +118,10 @@ class TextRows:
         if encrypt and keys is None:
             raise ValueError("an encrypted text index needs the store's keys (keys=StoreKeys)")
         self.folder = Path(folder)
+        for path in (self.folder, self.folder / FILE):  # SQLite would follow a planted link
+            if path.is_symlink():
+                raise ValueError(f"text index: {path} is a symbolic link; the index is kept "
+                                 "only in a real folder (remove the link)")
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         # one connection, used under the lock: requests run in worker threads

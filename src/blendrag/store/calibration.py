@@ -191,6 +191,13 @@ class CalibrationBook:
         self._memory[name] = record
         if self.folder is None:
             return None
+        # the records' folders are the store's own: a planted link would send them elsewhere
+        inner = [self.folder] + ([self.folder.parent]
+                                 if self.folder.parent.name == "calibrations" else [])
+        for folder in inner:  # the store's own folder may be a link its operator made
+            if folder.is_symlink():
+                raise ValueError(f"calibration records are kept only inside the store: "
+                                 f"{folder} is a symbolic link (remove it)")
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / name
         fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=".tmp-", suffix=".json")

@@ -119,3 +119,14 @@ def test_the_default_index_takes_the_stores_keys(model_dir, tmp_path):
     _plant(index.path, "texts", "y", PLANTED)
     again = default_text_index(engine)
     assert again.split(PROMPT).chunks == (DOCS[0], "\n\n", DOCS[1])
+
+
+def test_an_index_folder_that_is_a_link_is_refused(tmp_path):
+    from blendrag.integration.text_index import ChunkTextIndex
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "text_index").symlink_to(outside)
+    with pytest.raises(ValueError, match="symbolic link"):
+        ChunkTextIndex(tmp_path / "text_index")
+    assert list(outside.iterdir()) == []

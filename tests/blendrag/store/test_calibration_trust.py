@@ -216,3 +216,16 @@ def test_the_default_namespace_without_keys_keeps_the_folder_it_always_had(tmp_p
         path = CalibrationBook.of_store(store).put(record())
     assert path.parent == tmp_path / "calibrations"
     assert CalibrationBook.beside(tmp_path).latest(M, T) == record()
+
+
+def test_records_are_never_written_through_a_planted_link(tmp_path):
+    from blendrag.store.calibration import CalibrationBook
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (tmp_path / "kv").mkdir()
+    (tmp_path / "kv" / "calibrations").symlink_to(outside)
+    book = CalibrationBook.beside(tmp_path / "kv")
+    with pytest.raises(ValueError, match="symbolic link"):
+        book.put(record())
+    assert list(outside.iterdir()) == []
