@@ -16,6 +16,7 @@ written before namespaces existed reads the same.
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -24,6 +25,11 @@ from blendrag.store.auth import StoreKeys
 DEFAULT_NAMESPACE = ""
 MAX_NAMESPACE = 256
 NS_ID_CHARS = 16
+PRINTABLE = frozenset({"L", "M", "N", "P", "S"})
+"""Unicode major categories a namespace may use (letters, marks, numbers, punctuation,
+symbols), and the space U+0020 (``Zs``): never a control (Cc: NUL, DEL, U+0085), format (Cf:
+U+202E turns text around), surrogate (Cs: no UTF-8 for it), private-use (Co), unassigned (Cn),
+line or paragraph separator (Zl, Zp) or another space (a name must read as it is stored)."""
 
 
 @dataclass(frozen=True)
@@ -83,10 +89,33 @@ def split(name: str) -> tuple[str, str]:
 
 
 def check_namespace(namespace: object) -> str:
-    """``namespace`` if it is a valid one; else ValueError naming the problem."""
+    """``namespace`` if it is a valid one: a string of at most ``MAX_NAMESPACE`` printable
+    characters (``PRINTABLE``); else ValueError naming the problem (a bad character by its code
+    point)."""
     if not isinstance(namespace, str):
         raise ValueError(f"a namespace is a string (a tenant, or tenant/user), got "
                          f"{type(namespace).__name__}")
-    if len(namespace) > MAX_NAMESPACE or any(ord(c) < 32 for c in namespace):
-        raise ValueError(f"a namespace is at most {MAX_NAMESPACE} printable characters")
+    if len(namespace) > MAX_NAMESPACE:
+        raise ValueError(f"a namespace is at most {MAX_NAMESPACE} printable characters, got "
+                         f"{len(namespace)}")
+    for i, c in enumerate(namespace):
+        category = unicodedata.category(c)
+        if category[0] not in PRINTABLE and c != " ":
+            raise ValueError(f"a namespace is at most {MAX_NAMESPACE} printable characters: "
+                             f"U+{ord(c):04X} at index {i} is not printable (category "
+                             f"{category})")
     return namespace
+
+
+def check_tenant_namespace(namespace: object, public_namespace: str | None) -> str:
+    """``namespace`` if a tenant may have it: a valid namespace (``check_namespace``) that is
+    not the store's ``public_namespace``, the corpus every tenant reads (a tenant there would
+    write into it); else ValueError. The ingestion job writes that corpus through a store of
+    its own (``store.namespaced(public_namespace)``), never as a tenant."""
+    name = check_namespace(namespace)
+    if public_namespace is not None and name == public_namespace:
+        raise ValueError(f"namespace {namespace!r} is the store's public_namespace, which every "
+                         "tenant reads: a tenant there would write into it; the ingestion job "
+                         "writes it through store.namespaced(public_namespace), tenants get "
+                         "namespaces of their own")
+    return name
