@@ -13,6 +13,8 @@ import copy
 import logging
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,13 +25,14 @@ from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, Gene
 from blendrag.engine.caches.chunk_cache import ChunkCache
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 from blendrag.engine.caches.history import HistoryCache
-from blendrag.engine.caches.prefix_cache import PrefixCache
+from blendrag.engine.caches.prefix_cache import BlockShape, PrefixCache
 from blendrag.engine.compute.observers import LayerObserver
 from blendrag.engine.compute.runner import ComputeConfig, ModelRunner
 from blendrag.engine.compute.threads import DEFAULT_THREADS, check_threads, torch_threads
 from blendrag.engine.request import prefill as request
 from blendrag.engine.request.generation import GenerationResult, GenerationStream
 from blendrag.engine.request.prefill import Prefill
+from blendrag.engine.request.stats import RequestStore
 from blendrag.engine.request.warmup import WarmupConfig, WarmupReport, warm_up
 from blendrag.engine.selection.calibrated import CalibratedDefault
 from blendrag.engine.selection.controller import LoadingConfig, LoadingController
@@ -40,10 +43,15 @@ from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
 from blendrag.prompt import PromptBuilder, PromptLayout
 from blendrag.store.calibration import CalibrationRecord
+from blendrag.store.names import check_tenant_namespace
 from blendrag.store.protocol import KVStore
 from blendrag.store.ram import MemoryKVStore
 
 log = logging.getLogger(__name__)
+
+MAX_VIEWS = 64
+"""Namespace views an engine keeps for reuse, the most recently asked for; an older one lives
+on only while its caller holds it (views are cheap: the caches' budgets are the engine's)."""
 
 
 class BlendEngine:
@@ -67,7 +75,8 @@ class BlendEngine:
         ``loading``: how cached rows are loaded (pipelined by default) and how ``ratio="auto"``
         chooses (engine/selection/controller.py).
         ``prefix_cache_bytes``: keep the rows of finished requests (prompt and generated
-        tokens), at most this many bytes on the model's device, and start every request from
+        tokens), at most this many bytes on the model's device (every namespace view's
+        together), and start every request from
         the longest run of them its ids begin with (engine/caches/prefix_cache.py: the next turn of
         a
         chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
@@ -99,16 +108,23 @@ class BlendEngine:
         self.cache = ChunkCache(store if store is not None else MemoryKVStore(), self.runner,
                                 ModelIdentity(model), fingerprint, context, encode)
         self.controller = LoadingController(loading)
+        adapter = self.runner.adapter
         self.prefix_cache = None if not prefix_cache_bytes else PrefixCache(
             prefix_cache_bytes, self._prefix_root,
-            store=self.cache.store if prefix_cache_store else None)
+            store=self.cache.store if prefix_cache_store else None,
+            shape=BlockShape(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
+                             self.runner.dtype, self.runner.device))
         history_bytes = prefix_cache_bytes if history_bytes is None else history_bytes
-        self.history = HistoryCache(history_bytes) if history_bytes else None
+        self.history = (HistoryCache(history_bytes, owner=self._namespace) if history_bytes
+                        else None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
                                             lambda: self.store.disk_dir)
         self.warmup_report: WarmupReport | None = None  # what ``warmup`` took, once run
-        self._views: dict[str, BlendEngine] = {}  # namespace -> the engine serving it
+        # namespace -> the engine serving it, while someone holds it (shared by every view)
+        self._views: weakref.WeakValueDictionary[str, BlendEngine] = (
+            weakref.WeakValueDictionary())
+        self._recent: OrderedDict[str, BlendEngine] = OrderedDict()  # MAX_VIEWS kept alive
         self._views_lock = threading.Lock()
 
     @classmethod
@@ -139,14 +155,23 @@ class BlendEngine:
         never by request text): the same model, store tiers and settings; the namespace's own
         stored entries (``store.namespaced``) and its own prefix and history caches, so that no
         row one namespace computed is ever taken by another's request, and no hit reveals
-        another's passages. Made once per namespace; ``self`` for its own."""
+        another's passages. The caches' budgets are the engine's, shared by every view (the
+        least recently used rows evicted, whichever namespace's). The same view while it is
+        held or among the ``MAX_VIEWS`` most recently asked for; ``self`` for its own.
+        ValueError for the store's public namespace (every tenant reads it: the ingestion job
+        writes it through ``store.namespaced``, never as a tenant)."""
         with self._views_lock:
-            if not self._views:  # the engine this one was made from serves its own
-                self._views[self.store.namespace] = self
+            self._views.setdefault(self.store.namespace, self)
             view = self._views.get(namespace)
             if view is None:
+                public = getattr(self.store, "public", None)  # TieredKVStore's shared corpus
+                check_tenant_namespace(namespace, getattr(public, "namespace", None))
                 view = self._view(namespace)
                 self._views[namespace] = view
+            self._recent[namespace] = view
+            self._recent.move_to_end(namespace)
+            while len(self._recent) > MAX_VIEWS:
+                self._recent.popitem(last=False)
         return view
 
     def _view(self, namespace: str) -> BlendEngine:
@@ -154,12 +179,16 @@ class BlendEngine:
         view.cache = copy.copy(self.cache)
         view.cache.store = self.store.namespaced(namespace)
         if self.prefix_cache is not None:
-            old = self.prefix_cache
-            view.prefix_cache = PrefixCache(old.max_bytes, view._prefix_root, old.block_tokens,
-                                            store=view.cache.store if old.store else None)
+            view.prefix_cache = self.prefix_cache.view(
+                view._prefix_root,
+                view.cache.store if self.prefix_cache.store is not None else None)
         if self.history is not None:
-            view.history = HistoryCache(self.history.max_bytes, self.history.min_tokens)
+            view.history = self.history.view(view._namespace)
         return view
+
+    def _namespace(self) -> str:
+        """The namespace this engine serves (its store's; the history cache's owner)."""
+        return self.store.namespace
 
     def _prefix_root(self) -> str:
         """What the prefix cache's first block hash starts from (every later block inherits
@@ -193,7 +222,27 @@ class BlendEngine:
 
     @store.setter
     def store(self, store: KVStore) -> None:
+        """Serve from ``store`` now: this engine, and every namespace view of it alive, each
+        re-pointed to its namespace of ``store`` (ValueError, nothing changed, when one of them
+        is ``store``'s public namespace)."""
+        with self._views_lock:
+            views = [(ns, v) for ns, v in self._views.items() if v is not self]
+            public = getattr(getattr(store, "public", None), "namespace", None)
+            for ns, _ in views:
+                check_tenant_namespace(ns, public)
+            for ns in [ns for ns, v in self._views.items() if v is self]:
+                del self._views[ns]  # this engine's namespace may change with the store
+            self._point(store)
+            for ns, view in views:
+                view._point(store.namespaced(ns))
+            if views:
+                self._views[store.namespace] = self
+
+    def _point(self, store: KVStore) -> None:
+        """Read and write ``store`` (the prefix cache's blocks too, when it keeps them in one)."""
         self.cache.store = store
+        if self.prefix_cache is not None and self.prefix_cache.store is not None:
+            self.prefix_cache.store = store
         self.calibrated.forget()
 
     @property
@@ -330,11 +379,19 @@ class BlendEngine:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
-        parts = request.Parts(self.cache, self.runner, self.controller, self.prefix_cache,
+        # the request's own view of the store: its stats count its own lookups, never another
+        # request's (engine/request/stats.py)
+        cache = copy.copy(self.cache)
+        cache.store = RequestStore(self.cache.store)
+        parts = request.Parts(cache, self.runner, self.controller, self.prefix_cache,
                               self.history)
-        with torch_threads(self.threads):
-            pre = request.prefill(parts, request.Request(
-                layout, config, layout.num_tokens + extra_capacity, started, observers))
+        try:
+            with torch_threads(self.threads):
+                pre = request.prefill(parts, request.Request(
+                    layout, config, layout.num_tokens + extra_capacity, started, observers))
+        finally:
+            # a warning said once per chunk cache stays said once (the copy's flag)
+            self.cache._warned_long |= cache._warned_long
         pre.stats.calibration = calibration
         return pre
 

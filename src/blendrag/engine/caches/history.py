@@ -18,13 +18,18 @@ no gap to compute as a chunk (conversation text never goes to the shared chunk s
 segment whose ids begin another's (the same conversation, one turn later) replaces it.
 Segments live on the model's device within ``max_bytes``, the least recently used evicted
 first.
+
+An engine's namespace views (``BlendEngine.namespaced``) each have a cache of their own
+(``view``) over one pool of segments within the engine's one budget, evicted least recently
+used across them all: each segment records its namespace (``owner``), and a view finds, and
+replaces, only its own namespace's segments (its anchors are looked up under its namespace).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +60,7 @@ class Segment:
     ids: tuple[int, ...]
     k: torch.Tensor
     v: torch.Tensor
+    owner: str = ""  # the namespace whose request made it
 
     @property
     def nbytes(self) -> int:
@@ -74,61 +80,93 @@ class HistoryRows:
         return self.kv.num_tokens
 
 
+class _Pool:
+    """The segments of every view of one history cache, within one budget (``max_bytes``)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.segments: OrderedDict[int, Segment] = OrderedDict()  # by id(), oldest first
+        # (namespace, ANCHOR ids) -> the places those ids start in that namespace's segments
+        self.anchors: dict[tuple[str, tuple[int, ...]], list[tuple[Segment, int]]] = {}
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+
 class HistoryCache:
     """History segments of finished requests, at most ``max_bytes`` on the model's device.
-    ``min_tokens``: the shortest run a request takes."""
+    ``min_tokens``: the shortest run a request takes. ``owner()``: the namespace this cache
+    keeps and finds segments for (current when asked; default: the one namespace "")."""
 
-    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS) -> None:
+    def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS,
+                 owner: Callable[[], str] | None = None) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
             raise ValueError(f"history cache bytes must be an integer >= 0, got {max_bytes!r}")
         if isinstance(min_tokens, bool) or not isinstance(min_tokens, int) \
                 or min_tokens < ANCHOR:
             raise ValueError(f"min_tokens must be an integer >= {ANCHOR}, got {min_tokens!r}")
-        self.max_bytes, self.min_tokens = max_bytes, min_tokens
-        self._segments: OrderedDict[int, Segment] = OrderedDict()  # by id(), oldest first
-        self._anchors: dict[tuple[int, ...], list[tuple[Segment, int]]] = {}
-        self._lock = threading.Lock()
+        self.min_tokens = min_tokens
+        self.owner: Callable[[], str] = owner if owner is not None else _no_namespace
+        self._pool = _Pool(max_bytes)
+
+    def view(self, owner: Callable[[], str]) -> HistoryCache:
+        """A cache for the namespace ``owner()`` over this one's segments and budget: neither
+        ever finds or replaces the other's segments; both are evicted least recently used
+        within the one budget."""
+        view = HistoryCache(self.max_bytes, self.min_tokens, owner)
+        view._pool = self._pool
+        return view
+
+    @property
+    def max_bytes(self) -> int:
+        """The budget, shared by every view."""
+        return self._pool.max_bytes
 
     @property
     def bytes(self) -> int:
-        return sum(s.nbytes for s in self._segments.values())
+        """Bytes of the segments held now, every view's."""
+        return self._pool.bytes
 
     def __len__(self) -> int:
-        return len(self._segments)
+        return len(self._pool.segments)
 
     # ---- keep ------------------------------------------------------------------------------
 
     def keep(self, ids: Sequence[int], start: int, fused: FusedKV, rope: RopeTables) -> None:
         """Keep rows [start, len(ids)) of ``fused`` (the rows of ``ids``, keys rotated at their
-        positions; ``rope`` covers them) as a segment; a kept segment whose ids begin the new
-        one's is dropped (the new one holds it)."""
+        positions; ``rope`` covers them) as a segment; a kept segment of the same namespace
+        whose ids begin the new one's is dropped (the new one holds it)."""
         end = min(len(ids), fused.length)
         if end - start < self.min_tokens:
             return
         k = _unrotate(fused.k[:, :, start:end], rope, start)  # [L, Hkv, T, D] pre-RoPE
+        owner, pool = self.owner(), self._pool
         segment = Segment(tuple(int(t) for t in ids[start:end]), k,
-                          fused.v[:, :, start:end].clone())
-        if segment.nbytes > self.max_bytes:
+                          fused.v[:, :, start:end].clone(), owner)
+        if segment.nbytes > pool.max_bytes:
             return
-        with self._lock:
-            for old in list(self._segments.values()):
-                if segment.ids[:len(old.ids)] == old.ids:
+        with pool.lock:
+            for old in list(pool.segments.values()):
+                if old.owner == owner and segment.ids[:len(old.ids)] == old.ids:
                     self._drop(old)
-            self._segments[id(segment)] = segment
+            pool.segments[id(segment)] = segment
+            pool.bytes += segment.nbytes
             for pos in range(len(segment.ids) - ANCHOR + 1):
-                self._anchors.setdefault(segment.ids[pos:pos + ANCHOR], []).append((segment, pos))
-            while self.bytes > self.max_bytes:
-                self._drop(next(iter(self._segments.values())))
+                anchor = (owner, segment.ids[pos:pos + ANCHOR])
+                pool.anchors.setdefault(anchor, []).append((segment, pos))
+            while pool.bytes > pool.max_bytes:
+                self._drop(next(iter(pool.segments.values())))
 
     def _drop(self, segment: Segment) -> None:
-        del self._segments[id(segment)]
+        pool = self._pool
+        del pool.segments[id(segment)]
+        pool.bytes -= segment.nbytes
         for pos in range(len(segment.ids) - ANCHOR + 1):
-            anchor = segment.ids[pos:pos + ANCHOR]
-            places = [p for p in self._anchors.get(anchor, ()) if p[0] is not segment]
+            anchor = (segment.owner, segment.ids[pos:pos + ANCHOR])
+            places = [p for p in pool.anchors.get(anchor, ()) if p[0] is not segment]
             if places:
-                self._anchors[anchor] = places
+                pool.anchors[anchor] = places
             else:
-                self._anchors.pop(anchor, None)
+                pool.anchors.pop(anchor, None)
 
     # ---- find ------------------------------------------------------------------------------
 
@@ -140,14 +178,15 @@ class HistoryCache:
             return None
         ids = tuple(ids[:limit])
         best: tuple[Segment, int, int] | None = None
-        with self._lock:
-            places = self._anchors.get(ids[:ANCHOR], [])[-CANDIDATES:]
+        owner, pool = self.owner(), self._pool
+        with pool.lock:
+            places = pool.anchors.get((owner, ids[:ANCHOR]), [])[-CANDIDATES:]
             for segment, pos in reversed(places):
-                n = _common(ids, segment.ids, pos)
+                n = _common(ids, segment.ids, pos) if segment.owner == owner else 0
                 if n >= self.min_tokens and (best is None or n > best[2]):
                     best = (segment, pos, n)
             if best is not None:
-                self._segments.move_to_end(id(best[0]))
+                pool.segments.move_to_end(id(best[0]))
         return best
 
     def split(self, layout: PromptLayout) -> tuple[PromptLayout, HistoryRows | None]:
@@ -164,6 +203,10 @@ class HistoryCache:
         split = PromptLayout(layout.prefix_ids, [*layout.chunk_ids, suffix[:n]], suffix[n:],
                              layout.chunk_prefix_ids)
         return split, HistoryRows(layout.suffix_start, kv)
+
+
+def _no_namespace() -> str:
+    return ""
 
 
 def _common(ids: tuple[int, ...], other: tuple[int, ...], pos: int) -> int:
