@@ -129,3 +129,24 @@ def test_a_refused_header_is_not_parsed_again(make_store, monkeypatch):
     assert store.stats().auth_failures == 10  # still counted at every read
     assert _fetch(tier, name) == forged  # and left as it is
     assert DiskTier(store.config.disk_dir, None).entry_path(name) is not None
+
+
+def test_a_header_larger_than_its_data_can_need_is_refused_unread():
+    from blendrag.store.errors import EntryError
+    from blendrag.store.readers import BufferReader
+
+    data = codec.encode("k", make_kv(1))
+    n = int.from_bytes(data[:8], "little")
+    padded = data[8:8 + n] + b" " * (3 << 20)  # valid JSON: trailing spaces
+    big = len(padded).to_bytes(8, "little") + padded + data[8 + n:]
+    reads = []
+
+    class Counted(BufferReader):
+        def read(self, offset: int, size: int) -> bytes:
+            reads.append(size)
+            return super().read(offset, size)
+
+    with pytest.raises(EntryError, match="bytes of data"):
+        codec.open_entry(Counted(big), "k")
+    assert reads == [8]  # the length alone refused it
+    assert same_bits(codec.decode(data, "k"), make_kv(1))
