@@ -32,6 +32,7 @@ from pathlib import Path
 
 from blendrag.config import DEFAULT_BLEND
 from blendrag.engine.engine import BlendEngine
+from blendrag.eval.metrics import speedup_words
 from blendrag_bench.datasets import EvalItem
 from blendrag_bench.flows import make_flow
 from blendrag_bench.quality import ConfigSummary, QualityConfig, QualityReport, run_quality
@@ -83,7 +84,7 @@ class FidelityCheck:
             s = by_label[(selector, ratio)]
             out.append(f"  {selector}: {ratio:g} (same answer {s.same_answer:.2f}, answer KL "
                        f"{s.answer_kl:.4f}, compute {s.compute_fraction:.2f} of full's, "
-                       f"TTFT {s.speedup_vs_full:.2f}x faster)")
+                       f"TTFT {speedup_words(s.speedup_vs_full)})")
         return out
 
 

@@ -249,6 +249,8 @@ def _chosen(c: dict) -> str:
     """What a calibration record makes the default config run, in words."""
     if c["ratio"] is None:
         return "a full prefill (no ratio met the target)"
+    if c["ratio"] >= 1.0:
+        return "a full prefill (only ratio 1.0 met the target: every token recomputed)"
     if c["same_answer"] is None:  # the chosen point is not on the recorded frontier
         return f"{c['selector']} at {c['ratio']:g}"
     return (f"{c['selector']} at {c['ratio']:g}: same answer {c['same_answer']:.2f}, "

@@ -23,6 +23,7 @@ from blendrag.cli.options import (
     engine_spec,
     store_keys,
 )
+from blendrag.eval.metrics import speedup_words
 
 RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 
@@ -199,7 +200,10 @@ def report(record, path: Path | None, corpus: str, passages: int) -> str:
     else:
         lines.append(f"chosen: {chosen.selector} at {chosen.ratio:g} (same answer "
                      f"{chosen.same_answer:.2f}, answer KL {chosen.answer_kl:.4f}, TTFT "
-                     f"{chosen.speedup:.2f}x faster than full prefill); target: {target}")
+                     f"{speedup_words(chosen.speedup)}); target: {target}")
+        if chosen.ratio >= 1.0:
+            lines.append("ratio 1.0 recomputes every token: the default config runs the exact "
+                         "full prefill instead, which gives the same answers sooner")
     if path is not None:
         lines.append(f"recorded in {path}: the default BlendConfig() of an engine on this store "
                      "runs it")

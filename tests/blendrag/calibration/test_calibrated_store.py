@@ -91,3 +91,11 @@ def test_use_refuses_what_the_engine_cannot_run(stores):
     assert default.resolve(BlendConfig())[0].ratio == 0.3
     with pytest.raises(ValueError, match="a store"):
         CalibratedDefault(lambda: (M, T))
+
+
+@pytest.mark.parametrize("ratio", [1.0, None], ids=["chose-1.0", "none-met"])
+def test_a_calibration_that_recomputes_everything_runs_the_exact_full_prefill(stores, ratio):
+    plain = stores("")
+    CalibrationBook.of_store(plain).put(record(ratio))
+    config, stats = calibrated(plain).resolve(BlendConfig())
+    assert config.mode == "full" and stats is not None and stats.ratio == ratio

@@ -38,6 +38,7 @@ def test_calibrate_keeps_a_record_that_the_default_config_then_runs(model_dir, t
     out = capsys.readouterr().out
     assert "Ran: flow `integration`" in out and "chunk prefix ''" in out
     assert "chosen: preview at 1 " in out and "recorded in" in out
+    assert "runs the exact full prefill instead" in out
     assert len(list((store / "calibrations").glob("*.json"))) == 1
     with TieredKVStore(StoreConfig(disk_dir=store)) as kv:
         engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", store=kv,
@@ -45,9 +46,10 @@ def test_calibrate_keeps_a_record_that_the_default_config_then_runs(model_dir, t
         assert engine.calibration is not None and engine.calibration.ratio == 1.0
         layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
         stats = engine.prefill(layout, BlendConfig()).stats
-        assert (stats.selector, stats.ratio) == ("preview", 1.0)
+        # ratio 1.0 is a full prefill's rows: the exact full prefill runs, sooner
+        assert stats.mode == "full" and stats.calibration.ratio == 1.0
     assert main(["cache", "stats", "--store-dir", str(store)]) == 0
-    assert "the default config runs preview at 1: same answer 1.00" in capsys.readouterr().out
+    assert "the default config runs a full prefill (only ratio 1.0" in capsys.readouterr().out
 
 
 def test_the_json_record_and_the_engine_flow(model_dir, tmp_path, capsys):

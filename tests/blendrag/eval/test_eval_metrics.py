@@ -105,3 +105,10 @@ def test_first_token_kl_with_masked_tokens() -> None:
 def test_first_token_agreement() -> None:
     assert first_token_agrees(torch.tensor([0.1, 2.0, 0.3]), torch.tensor([0.0, 5.0, 4.0]))
     assert not first_token_agrees(torch.tensor([0.1, 2.0, 0.3]), torch.tensor([0.0, 1.0, 4.0]))
+
+def test_a_speedup_below_one_is_never_called_faster():
+    from blendrag.eval.metrics import speedup_words
+
+    assert speedup_words(1.52) == "1.52x faster than full prefill"
+    assert speedup_words(0.84) == "0.84x: slower than full prefill"
+    assert speedup_words(1.0, than="prefix caching") == "1.00x faster than prefix caching"

@@ -11,7 +11,8 @@ holds, and none runs a ratio of 0.
 Only a config that leaves the selector, the ratio and the options to the engine
 (``BlendConfig.calibrated``) is replaced: an explicit one always runs as given. A calibration
 of another model or tokenizer is never used: the fingerprints decide. A calibration in which
-no ratio met its target runs a full prefill (exact), and says so in the request's stats.
+no ratio below 1.0 met its target runs a full prefill (exact, and faster than blend at 1.0),
+and says so in the request's stats.
 """
 
 from __future__ import annotations
@@ -98,7 +99,9 @@ class CalibratedDefault:
         """Keep ``record`` and the config it runs (a full prefill where no ratio kept full
         prefill's answers), made once here, not at each request."""
         config = FULL
-        if record is not None and record.ratio is not None:
+        # a ratio of 1.0 recomputes every token: a full prefill's rows, reached more slowly
+        # than by the full prefill itself, which is exact: that is what runs
+        if record is not None and record.ratio is not None and record.ratio < 1.0:
             config = BlendConfig(selector=record.selector, ratio=record.ratio)
         self._chosen = (record, config)
         return self._chosen
