@@ -24,8 +24,8 @@ each layer on its own. Anything that fails a check raises ``EntryError``, which 
 into a logged miss. Every header value is untrusted until checked: the header is parsed by a
 strict, depth-checked parser (``header.py``), and with store keys only after its tag verified.
 
-Entries are written by ``safetensors.torch.save`` and read by the small strict reader below
-(positioned reads into the caller's tensors, see ``_Tensors``, through a ``RangeReader``:
+Entries are written by ``safetensors.torch.save`` and read by a small strict reader
+(``tensors.py``: positioned reads into the caller's tensors, through a ``RangeReader``:
 ``readers.py``); any safetensors tool reads them.
 """
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,7 +46,8 @@ from blendrag.store import signed_header
 from blendrag.store.auth import SHA256, StoreKeys, authenticate
 from blendrag.store.config import KV_FORMATS
 from blendrag.store.errors import AuthError, EntryError, NewerFormatError
-from blendrag.store.readers import IOV_MAX, BufferReader, FileReader, RangeReader
+from blendrag.store.readers import BufferReader, FileReader, RangeReader
+from blendrag.store.tensors import Tensors, count, remember
 
 FORMAT_NAME = "blendrag-chunk-kv"
 FORMAT_VERSION = 4  # 4: "stored" (3: "profile", "context_tag"; 2: "sensitivity", "context")
@@ -58,24 +58,7 @@ READ_VERSIONS = ("2", "3", "4", "5", "6")
 _SIGNED = ("5", "6")
 # What a signature replaces in the metadata checksum (the tag is computed after it).
 _UNCHECKSUMMED = ("meta_checksum", "auth", signed_header.FIELD)
-# Headers refused (not JSON, too deep, impossible numbers, a damaged tag, metadata that cannot
-# be the entry's), by digest of the header bytes, the entry's size and the storage key: not
-# parsed again while remembered. Refusals by the keys are remembered by the keys.
-REFUSED = headers.Refusals()
-
-
-def remember(seen: bytes, exc: EntryError, keys: StoreKeys | None) -> None:
-    """Remember the refusal ``exc`` of the header whose digest is ``seen`` (``REFUSED``; an
-    ``AuthError`` in ``keys.refusals``, which only those keys decide)."""
-    if isinstance(exc, AuthError):
-        if keys is not None:
-            keys.refusals.add(seen, exc)
-    else:
-        REFUSED.add(seen, exc)
-
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I8": torch.int8}
 _STORED = {**_DTYPES, "int8": torch.int8}
 PROFILE = "profile"
 # What version 2 called the profile tensor and the context tag field.
@@ -189,13 +172,13 @@ def open_entry(source: Source | RangeReader, key: str,
         reader = source
     else:
         reader = FileReader(source)
-    return EntryReader(_Tensors(reader, key, keys), key, keys)
+    return EntryReader(Tensors(reader, key, keys), key, keys)
 
 
 class EntryReader:
     """A verified entry header; ``layer(i)`` reads and checks one layer's K and V."""
 
-    def __init__(self, tensors: _Tensors, key: str, keys: StoreKeys | None = None) -> None:
+    def __init__(self, tensors: Tensors, key: str, keys: StoreKeys | None = None) -> None:
         self._tensors = tensors
         self._keys = keys
         try:
@@ -241,7 +224,7 @@ class EntryReader:
 
     def _authenticate(self, meta: dict, keys: StoreKeys) -> None:
         """``AuthError`` unless the entry is signed as this store requires: its raw header's tag
-        verified (``_Tensors.signed``), or a version-5 tag over its metadata; every tensor
+        verified (``Tensors.signed``), or a version-5 tag over its metadata; every tensor
         digest the tag covers a SHA-256 one."""
         version = meta["version"]
         if version not in _SIGNED:
@@ -259,8 +242,8 @@ class EntryReader:
             # before version 4, K and V were stored in the dtype a read returns
             stored = meta["stored"] if meta["version"] not in ("2", "3") else meta["dtype"]
             self.stored = _STORED[stored]
-            self.shape = tuple(_count(x) for x in headers.loads(meta["shape"]))
-            self.token_ids = tuple(_count(t) for t in headers.loads(meta["token_ids"]))
+            self.shape = tuple(count(x) for x in headers.loads(meta["shape"]))
+            self.token_ids = tuple(count(t) for t in headers.loads(meta["token_ids"]))
             self._checksums = {str(n): _text(d)
                                for n, d in dict(headers.loads(meta["checksums"])).items()}
             self.prefix_hash = str(meta["prefix_hash"])
@@ -401,147 +384,6 @@ class EntryReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _Tensors:
-    """A strictly checked safetensors header over a reader; tensors are copied into caller memory.
-
-    Why not ``safetensors.safe_open``: it memory-maps the file, and a file truncated while
-    mapped kills the process with SIGBUS. Positioned reads turn that into a short read, i.e.
-    an ``EntryError``, and read exactly one tensor's bytes. Writing still uses safetensors.
-    """
-
-    def __init__(self, reader: RangeReader, key: str = "", keys: StoreKeys | None = None) -> None:
-        """``keys``: the header's tag is checked over its raw bytes (and ``key``, the storage
-        key) before they are parsed (``signed_header.py``); ``signed`` says whether it
-        verified (False: an older or unsigned entry, which the metadata's checks decide).
-        ``seen``: what a refusal of this header is remembered by (``remember``)."""
-        self._reader = reader
-        self.signed = False
-        try:
-            raw = headers.read_raw(reader)  # a storage failure raises as it is
-            self.seen = headers.digest(raw, reader.size, key)
-            REFUSED.check(self.seen)
-            if keys is not None:
-                keys.refusals.check(self.seen)
-            try:
-                header = self._parse_header(raw, key, keys)
-                self._base = 8 + len(raw)
-                self._read_specs(header, reader.size - self._base)
-            except EntryError as exc:
-                remember(self.seen, exc, keys)
-                raise
-        except BaseException:
-            reader.close()
-            raise
-
-    def _parse_header(self, raw: bytes, key: str, keys: StoreKeys | None) -> dict:
-        """The header in ``raw``, parsed once its tag (with ``keys``) verified."""
-        tag = signed_header.locate(raw) if keys is not None else None
-        if keys is not None and tag is not None:
-            signed_header.check_tag(signed_header.check_sum(raw, tag), tag, key, keys)
-            self.signed = True
-        header = headers.loads(raw)
-        if not isinstance(header, dict):
-            raise EntryError("header is not a JSON object")
-        meta = header.pop("__metadata__", None)
-        if meta is not None and not (isinstance(meta, dict) and all(
-                isinstance(v, str) for v in meta.values())):
-            raise EntryError("header metadata is not a map of strings")
-        self.metadata = meta
-        return header
-
-    def _read_specs(self, header: dict, data_len: int) -> None:
-        """Every tensor's (dtype, shape, start, end), checked against the ``data_len`` bytes
-        after the header."""
-        try:
-            self._specs = {name: _spec(name, spec, data_len) for name, spec in header.items()}
-        except EntryError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - untrusted values: anything else is a defect
-            raise EntryError(f"malformed header entry: {type(exc).__name__}") from None
-        end = max((end for _, _, _, end in self._specs.values()), default=0)
-        if end != data_len:  # bytes no tensor holds: not what was written
-            raise EntryError(f"{data_len - end} bytes past the last tensor")
-
-    def names(self) -> list[str]:
-        return list(self._specs)
-
-    def spec(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
-        """(dtype, shape) the header gives tensor ``name``."""
-        dtype, shape, _, _ = self._specs[name]
-        return dtype, shape
-
-    @property
-    def reader(self) -> RangeReader:
-        """The reader under the header (what it can do: ``RangeReader``'s declared traits)."""
-        return self._reader
-
-    def span(self, name: str) -> tuple[int, int]:
-        """Absolute [start, end) byte range of stored tensor ``name`` in the entry."""
-        _, _, start, end = self._specs[name]
-        return self._base + start, self._base + end
-
-    def read_ahead(self, layers: list[list[str]]) -> None:
-        """Tell the reader the byte spans of each layer's tensors (``layers[i]``: stored
-        names), in the order they will be read."""
-        self._reader.read_ahead([[self.span(n) for n in names] for names in layers])
-
-    def read_many(self, items: list[tuple[str, torch.Tensor]]) -> None:
-        """Read several tensors with one positioned scatter read per run of tensors that are
-        adjacent in the file (all of an entry's tensors are: one system call per entry)."""
-        placed = sorted(((*self._place(name, out), name) for name, out in items),
-                        key=lambda p: (p[0], p[1]))
-        run: list[tuple[int, int, memoryview, str]] = []
-        for item in placed:
-            if run and (item[0] != run[-1][1] or len(run) == IOV_MAX):
-                self._read_run(run)
-                run = []
-            run.append(item)
-        if run:
-            self._read_run(run)
-
-    def _read_run(self, run: list[tuple[int, int, memoryview, str]]) -> None:
-        got = self._reader.read_into_many(self._base + run[0][0], [buf for _, _, buf, _ in run])
-        if got != run[-1][1] - run[0][0]:
-            short = next(name for start, end, _, name in run if run[0][0] + got < end)
-            raise EntryError(f"truncated in {short}")
-
-    def _place(self, name: str, out: torch.Tensor) -> tuple[int, int, memoryview]:
-        """(start, end) of ``name`` in the data section and a byte view of ``out`` to read into."""
-        dtype, shape, start, end = self._specs[name]
-        if dtype != out.dtype or shape != tuple(out.shape):
-            raise EntryError(f"{name} is {dtype} {shape}, expected {out.dtype} {tuple(out.shape)}")
-        # writes land in ``out``
-        return start, end, memoryview(out.view(torch.uint8).numpy().reshape(-1))
-
-    def close(self) -> None:
-        self._reader.close()
-
-
-def _spec(name: str, spec: Any, data_len: int) -> tuple[torch.dtype, tuple[int, ...], int, int]:
-    """(dtype, shape, start, end) of one header entry (parsed JSON: anything), every field
-    checked against the data."""
-    try:
-        dtype = _ST_DTYPES[spec["dtype"]]
-        shape = tuple(_count(x) for x in spec["shape"])
-        start, end = (_count(x) for x in spec["data_offsets"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EntryError(f"malformed header entry {str(name)[:40]!r}: {exc!r}"[:300]) from None
-    numel = math.prod(shape) if shape else 1
-    if min(shape, default=0) < 0 or not 0 <= start <= end <= data_len:
-        raise EntryError(f"header entry {name!r} points outside the data")
-    if end - start != numel * dtype.itemsize:
-        raise EntryError(f"header entry {name!r}: {end - start} bytes for shape {shape}")
-    return dtype, shape, start, end
-
-
-def _count(x: Any) -> int:
-    """A size, offset or token id from a header: a non-negative integer (not a bool, a float or
-    a string), else ``ValueError``."""
-    if type(x) is not int or not 0 <= x <= headers.MAX_INT:
-        raise ValueError(f"{str(x)[:24]!r} is not a count")
-    return x
 
 
 def _text(x: Any) -> str:
