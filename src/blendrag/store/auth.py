@@ -3,11 +3,13 @@
 A shared tier (Redis, S3, a shared folder) is written by every process that can reach it. The
 checksums inside an entry catch damage, not forgery: anyone who can write there could store
 rows under a valid key. With ``StoreConfig(auth_key=StoreKeys...)`` every entry a byte tier
-writes carries an HMAC-SHA256 tag over its storage key and header (whose per-tensor SHA-256
-digests cover the payload), made with the *active* key and naming it by id; a read checks the
-tag before any tensor is built (``codec.py``). Keys rotate: a new active key signs new
-entries while the old one, still *accepted*, verifies the entries it signed; once the old one
-is *retired* its entries are misses that may be rewritten under the new key.
+writes carries an HMAC-SHA256 tag over its storage key and raw header bytes (whose per-tensor
+SHA-256 digests cover the payload), made with the *active* key and naming it by id; a read
+checks the tag before the header is parsed (``signed_header.py``; entries signed before,
+version 5, carry a tag over their parsed metadata: ``authenticate``). Keys rotate: a new
+active key signs new entries while the old one, still *accepted*, verifies the entries it
+signed; once the old one is *retired* its entries are misses that may be rewritten under the
+new key.
 
 Stored names are keyed too (``names.py``): HMAC under the *naming* key, which stays the same
 across rotations (renaming would orphan every entry), so someone who can list the store
