@@ -259,3 +259,35 @@ def test_signed_entries_of_every_stored_format_round_trip(tmp_path, kv_format):
     data = encode("a", kv, kv_format, KEYS)
     plain = decode(encode("a", kv, kv_format), "a")  # the same rows, unsigned
     assert same_bits(decode(data, "a", KEYS), plain) and same_bits(decode(data, "a"), plain)
+
+
+def _version_5(key: str, kv, keys: StoreKeys) -> bytes:
+    """``kv`` as a build before version 6 signed it: an HMAC over the parsed metadata."""
+    import json
+
+    import safetensors.torch
+
+    from blendrag.store.auth import signed_bytes
+    from blendrag.store.codec import meta_digest
+
+    data = encode(key, kv, "model", keys)
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8:8 + n])["__metadata__"]
+    del meta["header_tag"]
+    meta["version"] = "5"
+    del meta["meta_checksum"]
+    meta["meta_checksum"] = meta_digest(meta)
+    meta["auth"] = keys.sign(signed_bytes(meta))
+    return safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
+
+
+def test_entries_signed_by_version_5_are_still_read_and_checked():
+    kv = make_kv(12)
+    old = _version_5("a", kv, KEYS)
+    assert same_bits(decode(old, "a", KEYS), kv) and same_bits(decode(old, "a"), kv)
+    with pytest.raises(AuthError):
+        decode(old, "a", ATTACKER)  # another key
+    with pytest.raises(AuthError):
+        decode(old, "b", KEYS)  # another name
+    with pytest.raises(AuthError):
+        decode(_version_5("a", kv, ATTACKER), "a", KEYS)
