@@ -1,17 +1,20 @@
-"""Plain (unkeyed) disk entries whose payload is damaged are a miss from the first request on,
+"""Disk entries whose payload is damaged are a miss from the first request on,
 including the entries read whole while a request opens its rows (the ingestion context's
 filler prefixes): that request gets the logits of a request over a cold store, and each
 damaged entry is deleted and stored again."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from blendrag import BlendConfig, GenerationConfig
 from blendrag.engine.caches.context import ChunkContext
+from blendrag.store.auth import StoreKeys
 from blendrag.store.disk import DiskTier
 from helpers.tiny import PREFIX, SUFFIX
 
+KEYS = StoreKeys({"k1": b"signing-secret-one-0123456789"}, "k1")
 CHUNKS = ["fact one.", "fact two.", "fact three."]
 
 
@@ -25,11 +28,12 @@ def _flip_payload(path, flips: int = 8) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["plain", "keyed"])
 def test_damaged_disk_entries_are_a_miss_at_the_first_request(engine_for, make_store, tmp_path,
-                                                              one_thread):
+                                                              keys, one_thread):
     config = BlendConfig()  # the default: the preview selector
     engine = engine_for("llama", layers=4, context=ChunkContext())
-    engine.store = make_store(kv_format="bfloat16")
+    engine.store = make_store(kv_format="bfloat16", auth_key=keys)
     layout = engine.build_prompt(PREFIX, CHUNKS, SUFFIX)
     engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids)
     disk = DiskTier(engine.store.config.disk_dir, None)
@@ -37,7 +41,7 @@ def test_damaged_disk_entries_are_a_miss_at_the_first_request(engine_for, make_s
     assert len(damaged) > len(CHUNKS)  # the prefixes of the fillers are stored too
     for key in damaged:
         _flip_payload(disk.entry_path(key))
-    engine.store = make_store(kv_format="bfloat16")  # a fresh process: an empty RAM tier
+    engine.store = make_store(kv_format="bfloat16", auth_key=keys)  # a fresh process: empty RAM
     cold = engine_for("llama", layers=4, context=ChunkContext())
     cold.store = make_store(kv_format="bfloat16", disk_dir=tmp_path / "cold")
     ref = cold.prefill(layout, config)
