@@ -51,8 +51,10 @@ class StoreConfig:
                    (``names.py``); "" the default namespace (``store.namespaced(ns)`` gives
                    another namespace's view of the same tiers)
     public_namespace: a namespace every namespace also reads (never writes): a corpus the
-                   ingestion job shares with every tenant, written by that job alone (its
-                   ``namespace``); None: none shared
+                   ingestion job shares with every tenant, written by that job alone (through
+                   ``store.namespaced(public_namespace)``); never a tenant's namespace
+                   (``engine.namespaced`` refuses it: ``names.check_tenant_namespace``); None:
+                   none shared
     auth_key:      the deployment's ``StoreKeys`` (``StoreKeys.from_env()``, ``from_file``):
                    every entry a byte tier writes is signed and every read verified before
                    use; a forged, foreign or unsigned entry is a miss, never used, promoted,
