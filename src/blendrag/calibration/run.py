@@ -19,7 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from blendrag.calibration.flows import Flow, make_flow
+from blendrag.calibration.plan import EXACT, PromptPlan
 from blendrag.calibration.prompts import CalibrationPrompt, make_prompts
+from blendrag.calibration.saved import Result, SavedProgress
 from blendrag.calibration.target import CalibrationTarget
 from blendrag.checks import is_finite_number
 from blendrag.config import BlendConfig
@@ -54,12 +56,17 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
               per_prompt: int = 4, ratios: Sequence[float] = RATIOS,
               selectors: Sequence[str] = ("preview",), flow: str = "engine", seed: int = 0,
               questions: str = "generic", instruction: str = INSTRUCTION,
-              on_prompt: Callable[[int, int], None] | None = None) -> CalibrationRecord:
+              on_prompt: Callable[[int, int], None] | None = None,
+              budget_s: float | None = None,
+              saved: Callable[[dict], SavedProgress] | None = None) -> CalibrationRecord:
     """The calibration of ``engine`` on ``passages`` (see the module docstring): a record to
     keep (``CalibrationBook.put``) or use at once (``engine.use_calibration``).
     ``flow``: ``engine`` or ``integration`` (``flows.py``); ``questions``: ``generic`` or
     ``model`` (written by the model, ``prompts.py``); ``instruction``: the prompts' prefix;
-    ``on_prompt(done, total)`` after each prompt."""
+    ``on_prompt(done, total)`` after each prompt. ``budget_s``: seconds the measuring may take
+    (fewer prompts when they do not fit: ``plan.py``); ``saved(settings)``: where progress is
+    kept prompt by prompt and taken up again (``saved.py``; the caller removes it once the
+    record is kept)."""
     if questions not in QUESTIONS:
         raise ValueError(f"questions must be one of {QUESTIONS}, got {questions!r}")
     if not ratios or not selectors:
@@ -68,40 +75,74 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
         raise ValueError(f"calibration ratios must be in (0, 1] (0 recomputes nothing), got "
                          f"{tuple(ratios)!r}")
     t0 = time.perf_counter()
-    made = make_prompts(passages, prompts, per_prompt, seed,
-                        ask=model_questions(engine) if questions == "model" else None)
-    points, runs = measure(engine, made, target, ratios, selectors, flow, on_prompt,
-                           instruction)
+    plan = PromptPlan(target, prompts, ratios, selectors, budget_s)
+    corpus = corpus_id(list(passages))
+    progress = None if saved is None else saved(
+        {"model": engine.model_fp, "tokenizer": engine.tokenizer_fp, "corpus": corpus,
+         "per_prompt": per_prompt, "seed": seed, "questions": questions,
+         "instruction": instruction, "flow": flow, "selectors": list(selectors),
+         "ratios": list(ratios), "answer_tokens": target.answer_tokens})
+    runs = make_flow(flow, engine, profile="profile" in selectors)
+    rows = measure_planned(engine, runs, passages, plan, per_prompt, seed, questions,
+                           instruction, on_prompt, progress)
+    points = frontier(rows, target.first_sentence) + exact_points(plan, len(rows))
     selector, ratio = choose(points, target)
     return CalibrationRecord(
-        model=engine.model_fp, tokenizer=engine.tokenizer_fp, corpus=corpus_id(list(passages)),
+        model=engine.model_fp, tokenizer=engine.tokenizer_fp, corpus=corpus,
         selector=selector, ratio=ratio,
         target={"same_answer": target.same_answer, "answer_kl": target.answer_kl,
                 "answer_tokens": target.answer_tokens, "first_sentence": target.first_sentence},
-        frontier=tuple(points), flow=runs, prompts=len(made),
+        frontier=tuple(points), flow=runs.describe(), prompts=len(rows),
         seconds=time.perf_counter() - t0)
 
 
-@dataclass(frozen=True)
-class Answered:
-    """One config's answer to one prompt against full prefill's: whether the whole answers
-    are the same, whether their first sentences are, the answer KL and the TTFT (full prefill's
-    own row: same, KL 0)."""
+Answered = Result  # one config's answer to one prompt against full prefill's (``saved.py``)
 
-    selector: str | None
-    ratio: float | None
-    same_answer: bool
-    same_first_sentence: bool
-    answer_kl: float
-    ttft_s: float
+
+def measure_planned(engine: BlendEngine, runs: Flow, passages: Sequence[str], plan: PromptPlan,
+                    per_prompt: int, seed: int, questions: str, instruction: str,
+                    on_prompt: Callable[[int, int], None] | None,
+                    progress: SavedProgress | None) -> list[list[Answered]]:
+    """Per prompt, full prefill's row then each (selector, ratio) the plan still runs: the
+    prompts saved by an earlier run first, then new ones while the budget allows."""
+    rows = [] if progress is None else progress.load()[:plan.planned]
+    for row in rows:
+        for r in row[1:]:
+            if (r.selector, r.ratio) in plan.tallies:
+                plan.record((str(r.selector), float(r.ratio or 0)), r.same_answer, r.answer_kl)
+    if progress is not None:
+        progress.start(rows)
+    made = make_prompts(passages, plan.planned, per_prompt, seed,
+                        ask=model_questions(engine) if questions == "model" else None)
+    while len(rows) < plan.fits(len(rows)):
+        i = len(rows)
+        configs = [FULL] + [BlendConfig(selector=s, ratio=r) for s, r in plan.alive()]
+        row = answer_one(engine, runs, parts_of(made[i], instruction), configs,
+                         plan.target.answer_tokens, i)
+        for r in row[1:]:
+            plan.record((str(r.selector), float(r.ratio or 0)), r.same_answer, r.answer_kl)
+        rows.append(row)
+        if progress is not None:
+            progress.add(i, row)
+        if on_prompt is not None:
+            on_prompt(i + 1, plan.planned)
+    return rows
+
+
+def exact_points(plan: PromptPlan, prompts: int) -> list[FrontierPoint]:
+    """Ratio 1.0's points, not measured: a full prefill's rows, answers and speed
+    (``plan.py``)."""
+    if EXACT not in plan.ratios or prompts == 0:
+        return []
+    return [FrontierPoint(s, EXACT, 1.0, 0.0, 1.0, prompts) for s in plan.selectors]
 
 
 def measure(engine: BlendEngine, made: Sequence[CalibrationPrompt], target: CalibrationTarget,
             ratios: Sequence[float], selectors: Sequence[str], flow: str = "engine",
             on_prompt: Callable[[int, int], None] | None = None,
             instruction: str = INSTRUCTION) -> tuple[list[FrontierPoint], str]:
-    """The frontier of ``selectors`` x ``ratios`` over ``made`` (means over prompts), and the
-    words of the flow that ran."""
+    """The frontier of ``selectors`` x ``ratios`` over ``made`` (means over prompts), every
+    config measured on every prompt, and the words of the flow that ran."""
     runs = make_flow(flow, engine, profile="profile" in selectors)
     parts = [parts_of(p, instruction) for p in made]
     rows = answer(engine, runs, parts, ratios, selectors, target.answer_tokens, on_prompt)
@@ -117,33 +158,44 @@ def answer(engine: BlendEngine, runs: Flow, prompts: Sequence[PromptParts],
     configs = [FULL] + [BlendConfig(selector=s, ratio=r) for s in selectors for r in ratios]
     out = []
     for i, parts in enumerate(prompts):
-        parts, layout = _fitted(engine, runs, parts, answer_tokens)
-        runs.ingest(i, parts, layout)
-        results = compare_answers(engine, layout, configs, answer_tokens)
-        first = _first_sentence(results[0].answer.text)
-        out.append([Answered(r.config.selector if r.config.mode == "blend" else None,
-                             r.config.ratio if r.config.mode == "blend" else None,
-                             r.same_answer, _first_sentence(r.answer.text) == first,
-                             r.answer_kl, r.stats.timing.ttft_s) for r in results])
+        out.append(answer_one(engine, runs, parts, configs, answer_tokens, i))
         if on_prompt is not None:
             on_prompt(i + 1, len(prompts))
     return out
 
 
+def answer_one(engine: BlendEngine, runs: Flow, parts: PromptParts,
+               configs: Sequence[BlendConfig], answer_tokens: int,
+               index: int) -> list[Answered]:
+    """One prompt (the ``index``-th) answered by each of ``configs`` (full prefill's first)."""
+    parts, layout = _fitted(engine, runs, parts, answer_tokens)
+    runs.ingest(index, parts, layout)
+    results = compare_answers(engine, layout, configs, answer_tokens)
+    first = _first_sentence(results[0].answer.text)
+    return [Answered(r.config.selector if r.config.mode == "blend" else None,
+                     r.config.ratio if r.config.mode == "blend" else None,
+                     r.same_answer, _first_sentence(r.answer.text) == first,
+                     r.answer_kl, r.stats.timing.ttft_s) for r in results]
+
+
 def frontier(rows: Sequence[Sequence[Answered]], first_sentence: bool = False,
              ) -> list[FrontierPoint]:
-    """The mean over prompts of each (selector, ratio): same answer (whole, or the first
-    sentences'), answer KL, and full prefill's mean TTFT over its mean TTFT."""
-    full_s = statistics.mean(r[0].ttft_s for r in rows)
+    """The mean over the prompts that ran it of each (selector, ratio): same answer (whole, or
+    the first sentences'), answer KL, and full prefill's mean TTFT on those prompts over its
+    mean TTFT (a ratio dropped midway counts the prompts it ran)."""
+    runs: dict[tuple[str | None, float | None], list[tuple[Answered, Answered]]] = {}
+    for row in rows:
+        for a in row[1:]:
+            runs.setdefault((a.selector, a.ratio), []).append((row[0], a))
     points = []
-    for j, head in enumerate(rows[0][1:], start=1):
-        col = [r[j] for r in rows]
-        same = [a.same_first_sentence if first_sentence else a.same_answer for a in col]
-        points.append(FrontierPoint(str(head.selector), float(head.ratio or 0.0),
+    for (selector, ratio), pairs in runs.items():
+        same = [a.same_first_sentence if first_sentence else a.same_answer for _, a in pairs]
+        full_s = statistics.mean(f.ttft_s for f, _ in pairs)
+        points.append(FrontierPoint(str(selector), float(ratio or 0.0),
                                     statistics.mean(map(float, same)),
-                                    statistics.mean(a.answer_kl for a in col),
-                                    full_s / statistics.mean(a.ttft_s for a in col),
-                                    len(col)))
+                                    statistics.mean(a.answer_kl for _, a in pairs),
+                                    full_s / statistics.mean(a.ttft_s for _, a in pairs),
+                                    len(pairs)))
     return points
 
 

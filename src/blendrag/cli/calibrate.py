@@ -26,6 +26,7 @@ from blendrag.cli.options import (
 from blendrag.eval.metrics import speedup_words
 
 RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+DEFAULT_BUDGET_S = 600.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,6 +93,11 @@ def add_calibration_options(p: argparse.ArgumentParser) -> None:
                    help="questions from a fixed generic set, or written by the model about one "
                         "passage of each prompt (a chat model) (default: generic)")
     p.add_argument("--seed", type=int, default=0, help="prompts' draw (default: 0)")
+    p.add_argument("--budget", type=duration, default=DEFAULT_BUDGET_S, metavar="TIME",
+                   help="time the measuring may take, e.g. 10m, 90s, 1h; 0: no limit. Fewer "
+                        "prompts when they do not fit (said in the report); progress is kept "
+                        "prompt by prompt in the store, and the same command run again goes "
+                        "on from it (default: 10m)")
 
 
 def target_from(args: argparse.Namespace):
@@ -113,7 +119,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     except (ValueError, OSError, ImportError) as exc:
         print(f"blendrag calibrate: error: {exc}", file=sys.stderr)
         return 2
-    emit(args, record_dict(record), report(record, path, str(args.corpus), len(texts)))
+    emit(args, record_dict(record), report(record, path, str(args.corpus), len(texts),
+                                           args.prompts))
     return 0
 
 
@@ -144,7 +151,9 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
     """Calibrate (on ``engine``, or on one loaded from the arguments with a disk store at
     ``--store-dir``, in ``--namespace``, signed with ``--store-keys``) and keep the record in
     the store's namespace, where its engines read it; (the record, the file written)."""
+    from blendrag.calibration.plan import PromptPlan
     from blendrag.calibration.run import calibrate
+    from blendrag.calibration.saved import SavedProgress
     from blendrag.cli.progress import Progress
     from blendrag.store.calibration import CalibrationBook
 
@@ -156,12 +165,25 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
                                           auth_key=store_keys(args)))
         engine = engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
     try:
+        plan = PromptPlan(target, args.prompts, args.ratios, args.selectors)
+        if not args.no_progress:
+            budget = "no time limit" if not args.budget else f"a budget of {args.budget:g} s"
+            print(f"calibrate: {plan.words()}; {budget}", file=sys.stderr)
         bar = Progress("calibrating", unit="prompts", enabled=not args.no_progress)
+        saved: list[SavedProgress] = []
+
+        def keep(settings: dict) -> SavedProgress:
+            saved.append(SavedProgress(engine.store.disk_dir, settings, store_keys(args)))
+            return saved[-1]
+
         record = calibrate(engine, texts, target, prompts=args.prompts,
                            per_prompt=args.per_prompt, ratios=args.ratios,
                            selectors=args.selectors, flow=args.flow, seed=args.seed,
-                           questions=args.questions, on_prompt=bar)
+                           questions=args.questions, on_prompt=bar,
+                           budget_s=args.budget or None, saved=keep)
         path = CalibrationBook.of_store(engine.store).put(record)
+        for progress in saved:  # the record is kept: nothing to go on from
+            progress.done()
         engine.use_calibration(record)
         return record, path
     finally:
@@ -175,17 +197,23 @@ def record_dict(record) -> dict:
     return asdict(record)
 
 
-def report(record, path: Path | None, corpus: str, passages: int) -> str:
-    """The frontier and the choice, in words."""
+def report(record, path: Path | None, corpus: str, passages: int,
+           asked: int | None = None) -> str:
+    """The frontier and the choice, in words; ``asked``: the prompts asked for (the report
+    says when the budget allowed fewer)."""
+    fewer = (f" (the time budget allowed {record.prompts} of the {asked} asked for)"
+             if asked is not None and record.prompts < asked else "")
     lines = [f"Ran: {record.flow}",
              f"corpus: {corpus} ({passages} passages, id {record.corpus[:12]}); "
-             f"{record.prompts} prompts; took {record.seconds:.0f} s",
+             f"{record.prompts} prompts{fewer}; took {record.seconds:.0f} s",
              f"{'selector':<12}{'ratio':>7}{'same answer':>13}{'(90 % bound)':>14}"
-             f"{'answer KL':>11}{'TTFT vs full':>14}"]
+             f"{'answer KL':>11}{'TTFT vs full':>14}{'prompts':>9}"]
     for p in record.frontier:
         bound = f"{lower_bound(p.same_answer, p.prompts):.2f}" if p.prompts else "-"
+        note = "  (a full prefill: not measured)" if p.ratio >= 1.0 else (
+            "  (dropped: could not meet the target)" if p.prompts < record.prompts else "")
         lines.append(f"{p.selector:<12}{p.ratio:>7.2f}{p.same_answer:>13.2f}{bound:>14}"
-                     f"{p.answer_kl:>11.4f}{p.speedup:>13.2f}x")
+                     f"{p.answer_kl:>11.4f}{p.speedup:>13.2f}x{p.prompts:>9}{note}")
     t = record.target
     target = ", ".join([*([f"same answer >= {t['same_answer']:g}"] if t["same_answer"] is not None
                           else []),
@@ -220,6 +248,20 @@ def _passages(path: Path, glob: str, field: str) -> list[str]:
     if not path.exists():
         raise ValueError(f"--corpus {path} does not exist")
     raise ValueError(f"--corpus {path}: give a folder of passages or a .jsonl file")
+
+
+def duration(text: str) -> float:
+    """A time as seconds: "600", "90s", "10m", "1.5h"; "0": no limit."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    number, unit = (text[:-1], units[text[-1]]) if text[-1:] in units else (text, 1.0)
+    try:
+        seconds = float(number) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a time such as 10m, 90s or 1h, got "
+                                         f"{text!r}") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"a time must be >= 0 and finite, got {text!r}")
+    return seconds
 
 
 def _floats(text: str) -> tuple[float, ...]:

@@ -98,3 +98,35 @@ def test_precompute_then_calibrate(model_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Ran: flow `integration`" in err and "24 prompts" in err
     assert len(list((store / "calibrations").glob("*.json"))) == 1
+
+
+def test_the_budget_says_what_it_allowed_and_progress_is_removed_once_kept(model_dir, tmp_path,
+                                                                         capsys):
+    store = tmp_path / "kv"
+    argv = [*_args(model_dir("llama"), store, _corpus(tmp_path)), "--budget", "0.001"]
+    argv.remove("--no-progress")
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    # one prompt measured, then its pace leaves no room for another
+    assert "3 prompts x 1 ratios measured" in captured.err  # said before it starts
+    assert "needs at least 15 prompts" in captured.err
+    assert "1 prompts (the time budget allowed 1 of the 3 asked for)" in captured.out
+    assert not list((store / "calibration-progress").glob("*.jsonl"))  # record kept: gone
+
+
+@pytest.mark.parametrize("text,seconds", [("600", 600.0), ("90s", 90.0), ("10m", 600.0),
+                                          ("1.5h", 5400.0), ("0", 0.0)])
+def test_a_budget_is_read_as_a_time(text, seconds):
+    from blendrag.cli.calibrate import duration
+
+    assert duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["ten minutes", "-5m", "inf", "nan"])
+def test_a_budget_that_is_not_a_time_is_refused(text):
+    import argparse
+
+    from blendrag.cli.calibrate import duration
+
+    with pytest.raises(argparse.ArgumentTypeError, match="time"):
+        duration(text)

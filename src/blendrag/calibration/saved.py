@@ -1,0 +1,162 @@
+"""A calibration's progress, saved prompt by prompt, so that the same command run again after
+a stop (a kill, a closed laptop, a budget) goes on where it was instead of starting over.
+
+One JSON-lines file per calibration *settings* (model, tokenizer, corpus, prompts' draw, flow,
+instruction, selectors, ratios, answer length: ``settings_id``), named by their digest in the
+store's ``calibration-progress`` folder: a first line with the settings, then one line per
+prompt measured (its index and each config's result). Prompt i is the same prompt whatever
+the count asked for (``make_prompts`` draws them in order), so a run with another
+``--prompts`` or ``--budget`` takes the saved prompts too. The file is removed once the record
+is kept.
+
+The folder is part of the store: its bytes are untrusted. Every line is checked field by field
+(a line that is not a prompt's result ends the saved part there: the prompts after it are
+measured again); with store keys each line is signed and a line whose tag fails is refused the
+same way. A planted file can therefore cost time, never choose a ratio.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from blendrag.store.auth import StoreKeys
+
+log = logging.getLogger(__name__)
+
+FOLDER = "calibration-progress"
+MAX_LINE = 1 << 16  # a prompt's line is a few hundred bytes
+
+
+@dataclass(frozen=True)
+class Result:
+    """One config's result on one prompt (full prefill's: selector and ratio None)."""
+
+    selector: str | None
+    ratio: float | None
+    same_answer: bool
+    same_first_sentence: bool
+    answer_kl: float
+    ttft_s: float
+
+
+def settings_id(settings: dict) -> str:
+    """The digest that names a calibration's saved progress."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class SavedProgress:
+    """The saved prompts of one calibration's ``settings`` under ``store_dir`` (None: nothing
+    saved, a calibration in memory), signed with ``keys`` where given."""
+
+    def __init__(self, store_dir: Path | None, settings: dict,
+                 keys: StoreKeys | None = None) -> None:
+        self.settings, self.keys = settings, keys
+        self.path = (None if store_dir is None
+                     else Path(store_dir) / FOLDER / f"{settings_id(settings)}.jsonl")
+
+    def load(self) -> list[list[Result]]:
+        """The prompts saved by an earlier run of the same settings, in order (prompt 0, 1,
+        ...): up to the first line that is missing, damaged or not signed."""
+        if self.path is None or not self.path.is_file() or self.path.is_symlink():
+            return []
+        rows: list[list[Result]] = []
+        with self.path.open("rb") as f:
+            lines = iter(f)
+            if self._parse(next(lines, b"")) != {"settings": self.settings}:
+                return []
+            for raw in lines:
+                row = _results(self._parse(raw), len(rows))
+                if row is None:
+                    log.warning("calibration progress %s: line %d is not a prompt's result; "
+                                "measuring from prompt %d again", self.path, len(rows) + 2,
+                                len(rows))
+                    break
+                rows.append(row)
+        return rows
+
+    def start(self, rows: list[list[Result]]) -> None:
+        """Write the settings line and ``rows`` (what this run goes on from) afresh."""
+        if self.path is None:
+            return
+        for folder in (self.path.parent, self.path):
+            if folder.is_symlink():
+                raise ValueError(f"calibration progress: {folder} is a symbolic link; it is "
+                                 "written only inside the store (remove the link)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w") as f:
+            f.write(self._line({"settings": self.settings}))
+            for i, row in enumerate(rows):
+                f.write(self._line(_row_doc(i, row)))
+        os.replace(tmp, self.path)
+
+    def add(self, index: int, row: list[Result]) -> None:
+        """Append prompt ``index``'s results (flushed: a kill after this keeps them)."""
+        if self.path is None:
+            return
+        with self.path.open("a") as f:
+            f.write(self._line(_row_doc(index, row)))
+            f.flush()
+            os.fsync(f.fileno())
+
+    def done(self) -> None:
+        """The record is kept: the progress is no longer needed."""
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+    def _line(self, doc: dict) -> str:
+        body = json.dumps(doc, sort_keys=True)
+        tag = self.keys.sign(body.encode()) if self.keys is not None else ""
+        return json.dumps({"body": body, "tag": tag}) + "\n"
+
+    def _parse(self, raw: bytes) -> object:
+        if not raw or len(raw) > MAX_LINE:
+            return None
+        try:
+            outer = json.loads(raw)
+            body, tag = outer["body"], outer["tag"]
+            if not isinstance(body, str) or not isinstance(tag, str):
+                return None
+            if self.keys is not None and self.keys.verify(tag, body.encode()) is not None:
+                return None
+            return json.loads(body)
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return None
+
+
+def _row_doc(index: int, row: list[Result]) -> dict:
+    return {"prompt": index, "results": [[r.selector, r.ratio, r.same_answer,
+                                          r.same_first_sentence, r.answer_kl, r.ttft_s]
+                                         for r in row]}
+
+
+def _results(doc: object, index: int) -> list[Result] | None:
+    """A saved line's results, checked field by field; None for anything else."""
+    if not isinstance(doc, dict) or doc.get("prompt") != index:
+        return None
+    items = doc.get("results")
+    if not isinstance(items, list) or not items:
+        return None
+    out = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 6):
+            return None
+        selector, ratio, same, first, kl, ttft = item
+        numbers_ok = all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                         and math.isfinite(x) and x >= 0 for x in (kl, ttft))
+        if not (numbers_ok and isinstance(same, bool) and isinstance(first, bool)
+                and (selector is None or isinstance(selector, str))
+                and (ratio is None or (isinstance(ratio, (int, float))
+                                       and not isinstance(ratio, bool) and 0 < ratio <= 1))):
+            return None
+        out.append(Result(selector, None if ratio is None else float(ratio), same, first,
+                          float(kl), float(ttft)))
+    if out[0].selector is not None or out[0].ratio is not None:
+        return None  # full prefill's row comes first
+    return out
