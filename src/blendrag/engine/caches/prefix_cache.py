@@ -92,6 +92,7 @@ class _Pool:
         self.max_bytes = max_bytes
         self.blocks: OrderedDict[str, Block] = OrderedDict()  # least recently used first
         self.bytes = 0
+        self.refused = 0  # stored blocks not used: rows of another shape or dtype
         self.lock = threading.Lock()
 
 
@@ -144,6 +145,12 @@ class PrefixCache:
 
     def __len__(self) -> int:
         return len(self._pool.blocks)
+
+    @property
+    def refused(self) -> int:
+        """Blocks read from the store and not used (rows of another shape or dtype than the
+        model's: a miss), every view's."""
+        return self._pool.refused
 
     def chain(self, ids: Sequence[int]) -> list[str]:
         """The chain hash of every whole block of ``ids``, in order."""
@@ -239,6 +246,8 @@ class PrefixCache:
                 continue
             shape = self.shape or self._held_shape()
             if shape is not None and not shape.fits(kv, len(ids)):
+                with self._pool.lock:
+                    self._pool.refused += 1
                 log.warning("stored prefix-cache block has rows %s %s, not the model's %s: a "
                             "miss, computed again", tuple(kv.keys.shape), kv.keys.dtype, shape)
                 continue
