@@ -59,7 +59,8 @@ ALLOWED = {
 # the protocol, the RAM default, layer-wise reads (what a store hands the layer loop) and the
 # calibration records kept beside the entries
 ENGINE_STORE_MODULES = {"blendrag.store", "blendrag.store.protocol", "blendrag.store.ram",
-                        "blendrag.store.layered", "blendrag.store.calibration"}
+                        "blendrag.store.layered", "blendrag.store.calibration",
+                        "blendrag.store.names"}  # names: which namespaces a tenant may take
 
 
 def unit(module: str) -> str | None:
@@ -136,7 +137,8 @@ def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_defa
     assert used <= ENGINE_STORE_MODULES | {
         f"{m}.{n}" for m in ENGINE_STORE_MODULES
         for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "MemoryLayeredEntry",
-                  "LayerReadError", "CalibrationBook", "CalibrationRecord")
+                  "LayerReadError", "CalibrationBook", "CalibrationRecord",
+                  "StoreStats", "TierCounters", "check_tenant_namespace")
     }
 
 

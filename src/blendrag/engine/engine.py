@@ -24,6 +24,7 @@ import torch
 from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
 from blendrag.engine.caches.chunk_cache import ChunkCache
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
+from blendrag.engine.caches.device_tier import DeviceTier, default_budget
 from blendrag.engine.caches.history import HistoryCache
 from blendrag.engine.caches.prefix_cache import BlockShape, PrefixCache
 from blendrag.engine.compute.observers import LayerObserver
@@ -105,9 +106,10 @@ class BlendEngine:
         fingerprint = (tokenizer_fingerprint(tokenizer) if tokenizer is not None
                        else "no-tokenizer")
         encode = self.prompts.encode if self.prompts is not None else None
-        self.cache = ChunkCache(store if store is not None else MemoryKVStore(), self.runner,
-                                ModelIdentity(model), fingerprint, context, encode)
         self.controller = LoadingController(loading)
+        self.cache = ChunkCache(store if store is not None else MemoryKVStore(), self.runner,
+                                ModelIdentity(model), fingerprint, context, encode,
+                                self._device_tier())
         adapter = self.runner.adapter
         self.prefix_cache = None if not prefix_cache_bytes else PrefixCache(
             prefix_cache_bytes, self._prefix_root,
@@ -118,8 +120,9 @@ class BlendEngine:
         self.history = (HistoryCache(history_bytes, owner=self._namespace) if history_bytes
                         else None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        # the records of the store's namespace, verified with its keys (calibrated.py)
         self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
-                                            lambda: self.store.disk_dir)
+                                            store=lambda: self.store)
         self.warmup_report: WarmupReport | None = None  # what ``warmup`` took, once run
         # namespace -> the engine serving it, while someone holds it (shared by every view)
         self._views: weakref.WeakValueDictionary[str, BlendEngine] = (
@@ -176,8 +179,9 @@ class BlendEngine:
 
     def _view(self, namespace: str) -> BlendEngine:
         view = copy.copy(self)
-        view.cache = copy.copy(self.cache)
-        view.cache.store = self.store.namespaced(namespace)
+        view.cache = self.cache.with_store(self.store.namespaced(namespace), home=True)
+        cache = view.cache  # (not the view: a calibration that held it would be a cycle)
+        view.calibrated = self.calibrated.for_store(lambda: cache.store)
         if self.prefix_cache is not None:
             view.prefix_cache = self.prefix_cache.view(
                 view._prefix_root,
@@ -185,6 +189,18 @@ class BlendEngine:
         if self.history is not None:
             view.history = self.history.view(view._namespace)
         return view
+
+    def _device_tier(self) -> DeviceTier | None:
+        """The device tier the loading config asks for (engine/caches/device_tier.py): its
+        budget, or by default a share of the device memory free once the model is loaded and
+        a request buffer of the model's whole context is set aside (none on a CPU)."""
+        budget = self.controller.config.device_tier_bytes
+        if budget is None:
+            a = self.runner.adapter
+            buffer = (2 * a.num_layers * a.num_kv_heads * a.head_dim * a.max_positions
+                      * self.runner.dtype.itemsize)  # K and V: [L, Hkv, positions, D]
+            budget = default_budget(self.runner.device, buffer)
+        return DeviceTier(budget, self.runner.device) if budget else None
 
     def _namespace(self) -> str:
         """The namespace this engine serves (its store's; the history cache's owner)."""
@@ -241,6 +257,8 @@ class BlendEngine:
     def _point(self, store: KVStore) -> None:
         """Read and write ``store`` (the prefix cache's blocks too, when it keeps them in one)."""
         self.cache.store = store
+        if self.cache.device_tier is not None:  # its names were the old store's
+            self.cache.device_tier.clear()
         if self.prefix_cache is not None and self.prefix_cache.store is not None:
             self.prefix_cache.store = store
         self.calibrated.forget()
@@ -381,17 +399,12 @@ class BlendEngine:
         config, calibration = self.calibrated.resolve(config)
         # the request's own view of the store: its stats count its own lookups, never another
         # request's (engine/request/stats.py)
-        cache = copy.copy(self.cache)
-        cache.store = RequestStore(self.cache.store)
+        cache = self.cache.with_store(RequestStore(self.cache.store))
         parts = request.Parts(cache, self.runner, self.controller, self.prefix_cache,
                               self.history)
-        try:
-            with torch_threads(self.threads):
-                pre = request.prefill(parts, request.Request(
-                    layout, config, layout.num_tokens + extra_capacity, started, observers))
-        finally:
-            # a warning said once per chunk cache stays said once (the copy's flag)
-            self.cache._warned_long |= cache._warned_long
+        with torch_threads(self.threads):
+            pre = request.prefill(parts, request.Request(
+                layout, config, layout.num_tokens + extra_capacity, started, observers))
         pre.stats.calibration = calibration
         return pre
 
@@ -448,8 +461,8 @@ class BlendEngine:
         history cache: the store and the caches are left as they were."""
         config = config if config is not None else WarmupConfig()
         sandbox = copy.copy(self)
-        sandbox.cache = copy.copy(self.cache)
-        sandbox.cache.store = MemoryKVStore()
+        sandbox.cache = self.cache.with_store(MemoryKVStore(), home=True)
+        sandbox.cache.device_tier = None  # the synthetic chunks take no device memory
         sandbox.prefix_cache = sandbox.history = None
         vocab = self.runner.model.get_input_embeddings().num_embeddings  # type: ignore[operator]
         with torch_threads(self.threads):

@@ -11,6 +11,7 @@ Computing uses the runner's pooled request buffer, so it happens before a reques
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +19,10 @@ from dataclasses import dataclass, field
 import torch
 
 from blendrag.config import BlendConfig, profile_depth
+from blendrag.engine.caches.backfill import Backfill, Piece
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext, in_context
+from blendrag.engine.caches.device_tier import TIER as DEVICE
+from blendrag.engine.caches.device_tier import DeviceTier
 from blendrag.engine.caches.history import HISTORY_TAG, HistoryRows
 from blendrag.engine.caches.profile import neighbours, profiled
 from blendrag.engine.compute.fused_kv import CachedSegment
@@ -45,14 +49,19 @@ class RequestRows:
     opened: list[LayeredEntry] = field(default_factory=list)
     chunk_hits: int = 0
     chunk_misses: int = 0
+    device_hits: int = 0  # entries (chunks and the prefix) served by the device tier
     hit_chunks: list[int] = field(default_factory=list)  # indices of the chunks found stored
     prefix_hit: bool = False
     exact_first: bool = False  # the first passage's rows are its exact ones (ChunkContext)
     profiles_computed: int = 0
     chunks_without_context: int = 0  # too long for the ingestion context (``context_for``)
+    # keeps an entry read through in the device tier (``ChunkCache.keep_on_device``)
+    promote: Callable[[LayeredEntry], None] | None = None
 
     def close(self) -> None:
         for entry in self.opened:
+            if self.promote is not None:
+                self.promote(entry)
             entry.close()
 
     def failing_at(self, layer: int, known: str) -> list[str]:
@@ -84,17 +93,24 @@ class ChunkCache:
 
     def __init__(self, store: KVStore, runner: ModelRunner, identity: ModelIdentity,
                  tokenizer_fp: str, context: ChunkContext,
-                 encode: Callable[[str], list[int]] | None) -> None:
+                 encode: Callable[[str], list[int]] | None,
+                 device_tier: DeviceTier | None = None) -> None:
         if context.fillers and encode is None:
             raise ValueError("an ingestion context with fillers needs a tokenizer to encode them")
         self.store = store
         self.runner = runner
+        # hot entries in the model's device memory, looked up first (device_tier.py); shared
+        # by every namespace view of the engine: stored names keep namespaces apart
+        self.device_tier = device_tier if device_tier is not None and device_tier.max_bytes \
+            else None
         self.identity = identity
         self.tokenizer_fp = tokenizer_fp
         self.context = context
         self._encode = encode
         self._filler_ids = {context: [encode(f) for f in context.fillers] if encode else []}
-        self._warned_long = False
+        self.backfill = Backfill()  # one worker per engine: its namespace views share it
+        self._warned_long = [False]  # shared by the request copies (``with_store``)
+        self._home = self  # the engine's own cache, which a request copy is made from
 
     # ---- keys and lookups ----------------------------------------------------------------
 
@@ -119,8 +135,8 @@ class ChunkCache:
         room = self.runner.max_positions - len(chunk_prefix_ids) - max(map(len, fillers))
         if len(chunk_ids) <= room:
             return self.context
-        if not self._warned_long:
-            self._warned_long = True
+        if not self._warned_long[0]:
+            self._warned_long[0] = True
             log.warning("a chunk of %d tokens does not fit the model's context of %d positions "
                         "after its chunk prefix and the ingestion context's fillers: such chunks "
                         "are computed after the chunk prefix alone (no context)", len(chunk_ids),
@@ -136,7 +152,9 @@ class ChunkCache:
         key = self.key(chunk_prefix_ids, chunk_ids, context)
         if key in skip:
             return None
-        entry = self.store.open_layers(key)
+        entry = self._on_device(key)
+        if entry is None:
+            entry = self.store.open_layers(key)
         if entry is None:
             return None
         if opened is not None:
@@ -146,6 +164,23 @@ class ChunkCache:
         if opened is None:
             entry.close()
         return None
+
+    def _on_device(self, key: str) -> LayeredEntry | None:
+        """The device tier's copy of ``key`` in this store's namespace, if it holds one."""
+        if self.device_tier is None:
+            return None
+        return self.device_tier.get(self._device_name(key))
+
+    def _device_name(self, key: str) -> str:
+        """``key`` in the device tier: under this store's namespace id (a keyed hash of the
+        tenant with store keys), so that namespaces never share a row there either."""
+        return f"{self.store.namespace_id}\0{key}"
+
+    def keep_on_device(self, entry: LayeredEntry) -> None:
+        """After a request: an entry it read through from the store goes to the device tier
+        (``DeviceTier.promote`` keeps only complete, verified store entries)."""
+        if self.device_tier is not None and entry.key:
+            self.device_tier.promote(self._device_name(entry.key), entry)
 
     def _matches(self, entry: LayeredEntry, chunk_prefix_ids: Ids, chunk_ids: Ids,
                  context: ChunkContext) -> bool:
@@ -202,9 +237,12 @@ class ChunkCache:
         (prefixes): in the model's dtype whatever the store's format, so a chunk computed after
         a stored prefix equals one computed after a fresh one (else the entries a job stores
         would depend on where its batches start)."""
-        self.store.put(self.key(chunk_prefix_ids, chunk_ids, context), kv, ram=ram, exact=exact)
+        key = self.key(chunk_prefix_ids, chunk_ids, context)
+        self.store.put(key, kv, ram=ram, exact=exact)
         if alone is not None:
             self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone, ram=ram)
+        if ram and self.device_tier is not None:  # a request's miss: hot, on the device now
+            self.device_tier.put(self._device_name(key), kv)
 
     def compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids, chunk_ids: Ids,
                      context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
@@ -276,7 +314,7 @@ class ChunkCache:
         ``history``: the chunk of an earlier turn's rows (engine/caches/history.py), taken as they
         are:
         not looked up, not stored."""
-        rows = RequestRows()
+        rows = RequestRows(promote=self.keep_on_device if self.device_tier else None)
         if config.mode == "full":
             return rows
         try:
@@ -292,19 +330,42 @@ class ChunkCache:
         request (its prefix, its chunks) takes before ``rows_for`` returns: a chunk after the
         ids it is computed after, and once more after each filler of its context. Looks keys
         up; loads nothing. ``history``: as for ``rows_for`` (never computed)."""
+        passes = []
+        for piece in self.absent(layout, config, history):
+            n = len(piece.chunk_prefix_ids) + len(piece.ids)
+            passes += [n] + [n + len(f) for f in self._fillers(piece.context)]
+        return passes
+
+    def absent(self, layout: PromptLayout, config: BlendConfig,
+               history: HistoryRows | None = None) -> list[Piece]:
+        """The request's prefix and chunks that no store holds (what ``rows_for`` would compute
+        first), prefix first; looks keys up, loads nothing. ``history``: as for ``rows_for``."""
         if config.mode == "full":
             return []
-        pieces = [((), layout.prefix_ids, NO_CONTEXT)] if layout.prefix_ids else []
-        pieces += [(p, ids, context) for _, span, p, ids, context, _ in self._chunks(layout, config)
+        pieces = [Piece((), tuple(layout.prefix_ids), NO_CONTEXT,
+                        self.key((), layout.prefix_ids, NO_CONTEXT), exact=True)
+                  ] if layout.prefix_ids else []
+        pieces += [Piece(tuple(p), tuple(ids), context, self.key(p, ids, context))
+                   for _, span, p, ids, context, _ in self._chunks(layout, config)
                    if history is None or span[0] != history.start]
-        keys = [self.key(p, ids, context) for p, ids, context in pieces]
-        absent = set(self.store.missing(keys))
-        passes = []
-        for (after, ids, context), key in zip(pieces, keys):
-            if key in absent:
-                n = len(after) + len(ids)
-                passes += [n] + [n + len(f) for f in self._fillers(context)]
-        return passes
+        missing = set(self.store.missing([piece.key for piece in pieces]))
+        return [piece for piece in pieces if piece.key in missing]
+
+    def backfill_later(self, pieces: Sequence[Piece]) -> int:
+        """Compute and store ``pieces`` off the request's path (``backfill.py``), into the
+        store this cache was made over (not a request's view of it); how many were queued."""
+        return self.backfill.submit(self._home, pieces)
+
+    def with_store(self, store: KVStore, home: bool = False) -> ChunkCache:
+        """This cache over ``store``, sharing everything else (the device tier, the backfill,
+        the warnings said once): a request's own view of the same storage (its stats count
+        its own calls), or with ``home`` a store of its own (a namespace's view), where its
+        backfilled pieces go."""
+        clone = copy.copy(self)
+        clone.store = store
+        if home:
+            clone._home = clone
+        return clone
 
     def _chunks(self, layout: PromptLayout, config: BlendConfig, head: int = 0):
         """Per chunk after row ``head``: (its index, its span, the ids it is computed after,
@@ -369,6 +430,7 @@ class ChunkCache:
         if kv is None:
             entry = self.open(chunk_prefix_ids, ids, context, failed.keys(), rows.opened)
             if entry is not None:
+                rows.device_hits += entry.tier == DEVICE
                 return entry, True
             kv = self._compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context)
             if key in failed:

@@ -28,6 +28,7 @@ attempt computes those chunks instead, each once whatever the attempts (``load_r
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
 log = logging.getLogger(__name__)
+FULL = BlendConfig(mode="full")
 
 @dataclass(frozen=True)
 class Parts:
@@ -91,8 +93,9 @@ class Request:
     ``started`` (``time.perf_counter()`` when it arrived: its TTFT starts there), ``observers``
     of the main pass (a ``PhaseClock`` among them times every phase). Across attempts:
     ``history`` (the earlier turn's rows of its history chunk), ``failed`` (keys whose entry
-    failed to load, with the KV computed for each), ``choice`` (the cost profile's record; None
-    when not asked); ``stats``: the current attempt's."""
+    failed to load, with the KV computed for each), ``choice`` (the cost profile's record, or
+    the record of a full prefill run because its chunks were missing; None when not asked),
+    ``backfilled`` (its missing pieces queued); ``stats``: the current attempt's."""
 
     layout: PromptLayout
     config: BlendConfig
@@ -102,6 +105,7 @@ class Request:
     history: HistoryRows | None = None
     failed: dict[str, ChunkKV | None] = field(default_factory=dict)
     choice: ModeChoice | None = None
+    backfilled: int = 0  # missing pieces queued to be computed off its path
     stats: RequestStats = field(default_factory=lambda: RequestStats(mode="full"))
 
     @property
@@ -167,9 +171,11 @@ def prefill(parts: Parts, req: Request) -> Prefill:
             continue
         pre.stats.cache.load_retries = attempts - 1
         pre.conversation_start = conversation_start
+        pre.stats.cache.backfilled = req.backfilled
         if req.choice is not None:
             pre.stats.controller.mode = req.choice
-            observe_choice(parts.runner.costs(), req.choice, pre.stats.timing.ttft_s)
+            if req.choice.reason == "predicted":  # the profile's own prediction, checked
+                observe_choice(parts.runner.costs(), req.choice, pre.stats.timing.ttft_s)
         return pre
 
 
@@ -189,16 +195,42 @@ def _mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | Non
     choice's record (None: not asked). Not asked of a request that begins with prefix-cache
     rows (every mode then computes little) or that is a full prefill already."""
     layout, config = req.layout, req.config
+    if config.mode == "full" or _has_head(parts, layout, config):
+        return config, None
+    missing = _missing_first(parts, req)
+    if missing is not None:
+        return FULL, missing
     wanted = parts.controller.config.full_when_faster
     if wanted is None:
         wanted = parts.runner.device.type == "cuda"
-    if not wanted or config.mode == "full" or _has_head(parts, layout, config):
+    if not wanted:
         return config, None
     misses = tuple(parts.cache.miss_passes(layout, config, req.history))
     shape = PromptShape(layout.num_tokens, len(layout.prefix_ids),
                         layout.suffix_start - len(layout.prefix_ids), len(layout.suffix_ids),
                         layout.chunk_spans[0][1], misses)
     return choose_mode(parts.runner.costs(), config, shape)
+
+
+def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
+    """A full prefill's record when at least ``full_when_missing`` of the request's chunk
+    tokens are in no store (the first question on new documents): computing them first costs
+    several full prefills, so the request runs one, exact, and its missing pieces are queued
+    to be computed off its path (engine/caches/backfill.py); None otherwise."""
+    share = parts.controller.config.full_when_missing
+    if share is None:
+        return None
+    absent = parts.cache.absent(req.layout, req.config, req.history)
+    chunk_tokens = req.layout.suffix_start - len(req.layout.prefix_ids)
+    missing = sum(len(p.ids) for p in absent if p.chunk_prefix_ids or not p.exact)
+    if not absent or chunk_tokens <= 0 or missing < share * chunk_tokens:
+        return None
+    req.backfilled = parts.cache.backfill_later(absent)
+    log.info("%d of %d chunk tokens are in no store yet: running an exact full prefill instead "
+             "of computing them first; %d pieces (chunks, prefix) queued to be computed and "
+             "stored for the next request", missing, chunk_tokens, len(absent))
+    return ModeChoice(req.config.label, FULL.label, math.nan, math.nan, math.nan, math.nan,
+                      len(absent), reason="chunks missing")
 
 
 def _has_head(parts: Parts, layout: PromptLayout, config: BlendConfig) -> bool:
@@ -255,6 +287,7 @@ def _count_rows(stats: RequestStats, layout: PromptLayout, opened: Opened) -> No
     # rows_for numbered the chunks of ``rest``: those before the head are not in it
     skipped = len(layout.chunk_ids) - len(opened.rest.chunk_ids)
     c.chunk_hits, c.chunk_misses = rows.chunk_hits, rows.chunk_misses
+    c.device_hits = rows.device_hits
     c.hit_chunks = [skipped + i for i in rows.hit_chunks]
     c.prefix_hit, c.exact_first = rows.prefix_hit or bool(first.rows), rows.exact_first
     c.profiles_computed = rows.profiles_computed

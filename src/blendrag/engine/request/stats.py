@@ -59,7 +59,10 @@ class CacheStats:
     chunks_without_context: chunks too long for the ingestion context, whose rows were
     computed after the chunk prefix alone; load_retries: attempts redone because cached entries
     failed to load midway (those chunks recomputed); store: what this request did to the store
-    (``StoreStats.since(before).to_dict()``)."""
+    (``StoreStats.since(before).to_dict()``); device_hits: entries (chunks and the prefix)
+    served from the device tier (engine/caches/device_tier.py), no host copy; backfilled:
+    pieces (the prefix, chunks) in no store that this request, run as a full prefill, queued
+    to be computed off its path (engine/caches/backfill.py)."""
 
     chunk_hits: int = 0
     chunk_misses: int = 0
@@ -74,6 +77,8 @@ class CacheStats:
     chunks_without_context: int = 0
     load_retries: int = 0
     store: dict | None = None
+    device_hits: int = 0
+    backfilled: int = 0
 
 
 @dataclass
@@ -175,6 +180,7 @@ class ModeChoice:
     passes_s: float
     full_passes_s: float
     miss_passes: int
+    reason: str = "predicted"  # or "chunks missing": LoadingConfig.full_when_missing
 
 
 @dataclass

@@ -58,6 +58,15 @@ class LoadingConfig:
       (short
       prompts, many missing chunks); None: on CUDA devices only (on a CPU the profile costs
       seconds and cached modes were faster at every size measured).
+    full_when_missing: a request whose chunk tokens are in no store at this share or more
+      runs as a full prefill (exact, and faster than computing its chunks first) and its
+      missing chunks are computed and stored off its path, for the next request
+      (engine/caches/backfill.py); 0.5 is what the first question on new documents wants;
+      None (the default): missing chunks are computed first, in the request.
+    device_tier_bytes: keep hot chunk KVs in the model's device memory, at most this many
+      bytes (engine/caches/device_tier.py: a hit copies nothing from the host); None: half of
+      the device memory free after the model and a request buffer of the model's context on
+      CUDA, 0 (off) on a CPU, whose RAM tier is that memory already.
     """
 
     prefetch_layers: int = 4
@@ -66,8 +75,19 @@ class LoadingConfig:
     min_step: float = 0.05
     ema: float = 0.5
     full_when_faster: bool | None = None
+    device_tier_bytes: int | None = None
+    full_when_missing: float | None = None
 
     def __post_init__(self) -> None:
+        if self.full_when_missing is not None and not (
+                is_finite_number(self.full_when_missing) and 0 < self.full_when_missing <= 1):
+            raise ValueError(f"full_when_missing must be None or in (0, 1], got "
+                             f"{self.full_when_missing!r}")
+        if self.device_tier_bytes is not None and (
+                isinstance(self.device_tier_bytes, bool)
+                or not isinstance(self.device_tier_bytes, int) or self.device_tier_bytes < 0):
+            raise ValueError(f"device_tier_bytes must be None or an int >= 0, got "
+                             f"{self.device_tier_bytes!r}")
         if isinstance(self.prefetch_layers, bool) or not isinstance(self.prefetch_layers, int) \
                 or self.prefetch_layers < 0:
             raise ValueError(f"prefetch_layers must be an int >= 0, got {self.prefetch_layers!r}")
