@@ -48,10 +48,12 @@ def test_the_rows_an_earlier_request_left_are_zeroed_and_no_more():
         first.k.fill_(1.0)
         first.v.fill_(2.0)
         first.length = 180
+        first.drop_earlier_rows()
         del first
         second = _take(pool, 50)
         second.k[:, :, :30] = 3.0  # its prompt: 30 rows
         second.length = 30
+        second.drop_earlier_rows()  # its main pass done
         assert _rows_past(second.base[0], 30) == 0 and _rows_past(second.base[1], 30) == 0
         assert second.k[:, :, :30].eq(3.0).all()  # its own rows are kept
         second.k[:, :, 30:40] = 4.0  # decoding writes rows after the prompt: kept
@@ -64,11 +66,33 @@ def test_an_attempt_that_stops_before_its_length_is_set_leaves_nothing_to_the_ne
     with torch.inference_mode():
         whole = _take(pool, 8)
         whole.length = 0
+        whole.drop_earlier_rows()
         del whole
         failed = _take(pool, 120)  # views of the pooled buffer (256 rows)
         failed.k[:, :, :120] = 5.0  # written, then abandoned with no length set
         del failed
         short = _take(pool, 10)
         short.length = 10
+        short.drop_earlier_rows()
         assert _rows_past(short.base[0], 10) == 0 and _rows_past(short.base[1], 10) == 0
         assert short.k[:, :, :10].eq(5.0).all()  # rows before its length are left to it
+
+
+def test_rows_placed_ahead_of_an_early_pass_are_not_dropped():
+    """A pass before the main one (the bridge after prefix-cache rows) sets the length while the
+    layer feed may have placed later rows already: those rows stay (they were zeroed when the
+    length was first set, giving wrong logits now and then)."""
+    pool = BufferPool()
+    with torch.inference_mode():
+        first = _take(pool, 100)
+        first.k.fill_(1.0)
+        first.length = 100
+        first.drop_earlier_rows()
+        del first
+        second = _take(pool, 80)
+        second.k[:, :, 46:80] = 7.0  # placed ahead by the feed: a later chunk's rows
+        second.length = 46  # the bridge's pass ends at row 46
+        assert second.k[:, :, 46:80].eq(7.0).all()
+        second.length = 80  # the main pass
+        second.drop_earlier_rows()
+        assert second.k[:, :, 46:80].eq(7.0).all() and _rows_past(second.base[0], 80) == 0

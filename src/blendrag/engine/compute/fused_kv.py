@@ -44,9 +44,9 @@ class FusedKV:
     0 x NaN).
 
     A pooled buffer lent again still holds the last request's rows, perhaps another tenant's:
-    when this request's ``length`` is first set (its main pass is done, every row before it its
-    own) the rows from there to the end of what earlier requests wrote are zeroed, so what the
-    caller gets back (``k``, ``v``, ``base``) holds no row of another request."""
+    once this request's main pass is done (``drop_earlier_rows``) the rows past its length up to
+    the end of what earlier requests wrote are zeroed, so what the caller gets back (``k``,
+    ``v``, ``base``) holds no row of another request."""
 
     def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
@@ -78,15 +78,24 @@ class FusedKV:
 
     @length.setter
     def length(self, n: int) -> None:
-        written = self._written
-        if written is not None:  # once: rows past the prompt an earlier request left behind
-            self._written = None
-            k, v = self.base  # [layers, kv_heads, rows, head_dim]
-            if written.rows > n:
-                k[:, :, n:written.rows] = 0
-                v[:, :, n:written.rows] = 0
-            written.rows = self.capacity  # what this request may write from now on (decoding)
         self._length = n
+
+    def drop_earlier_rows(self) -> None:
+        """Zero the rows from ``length`` to the end of what earlier requests wrote into the
+        pooled buffer (once). Called when the request's main pass is done, every row before
+        ``length`` its own and no reader placing rows any more: not when ``length`` is first
+        set, which a pass before the main one (the bridge after prefix-cache rows, the preview
+        pass) does while the layer feed may be placing later rows ahead."""
+        written = self._written
+        if written is None:
+            return
+        self._written = None
+        k, v = self.base  # [layers, kv_heads, rows, head_dim]
+        n = self._length
+        if written.rows > n:
+            k[:, :, n:written.rows] = 0
+            v[:, :, n:written.rows] = 0
+        written.rows = self.capacity  # what this request may write from now on (decoding)
 
     @property
     def capacity(self) -> int:
@@ -134,7 +143,8 @@ class BufferPool:
     keeps a Prefill, its FusedKV or any slice of it keeps its rows. One buffer is kept, the
     largest asked for so far; ``clear()`` drops it. The pool records how far requests wrote
     into it (``Extent``): a request it is lent to zeroes the rows past its own length up to
-    there (``FusedKV.length``), which costs only the rows another request left behind.
+    there (``FusedKV.drop_earlier_rows``), which costs only the rows another request left
+    behind.
     """
 
     def __init__(self) -> None:

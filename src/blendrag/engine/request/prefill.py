@@ -323,6 +323,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Prefill:
                 else make_plan(parts, req, opened, running))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
         out = runner.run(plan, fused, rope, (counts, *req.watchers), clock)  # 3. run
+        fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
         clock.lap("logits")
         _sync(runner.device)
