@@ -7,7 +7,7 @@ from pathlib import Path
 
 from blendrag.checks import check_at_least
 from blendrag.store.auth import StoreKeys
-from blendrag.store.names import Names, check_namespace
+from blendrag.store.names import Names, check_namespace, check_tenant_namespace
 
 # A per-user directory, shared by every process of that user (diskcache is process-safe).
 DEFAULT_DISK_DIR = Path.home() / ".cache" / "blendrag" / "kv"
@@ -126,6 +126,7 @@ class StoreConfig:
         check_namespace(self.namespace)
         if self.public_namespace is not None:
             check_namespace(self.public_namespace)
+            check_tenant_namespace(self.namespace, self.public_namespace)
         if self.auth_key is not None and not isinstance(self.auth_key, StoreKeys):
             raise ValueError("StoreConfig.auth_key must be StoreKeys (StoreKeys.from_env(), "
                              f"StoreKeys.from_file(path)), got {type(self.auth_key).__name__}")

@@ -92,7 +92,11 @@ class TieredKVStore(Named):
         """This store's tiers as ``namespace`` sees them: its own entries only, under its own
         names (the same tiers, health and counters; closing the view closes nothing)."""
         view = copy.copy(self)
-        view.config = dataclasses.replace(self.config, namespace=namespace)
+        public = self.config.public_namespace
+        # the public namespace's own view (its ingestion job) reads no other public corpus
+        view.config = dataclasses.replace(self.config, namespace=namespace,
+                                          public_namespace=None if namespace == public
+                                          else public)
         view.names = view.config.names
         view._owner = False
         return view

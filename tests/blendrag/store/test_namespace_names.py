@@ -56,3 +56,14 @@ def test_a_tenant_never_gets_the_public_namespace():
     assert check_tenant_namespace("public", None) == "public"  # no corpus shared: any name
     with pytest.raises(ValueError, match="U\\+007F"):
         check_tenant_namespace("bad\x7f", "public")
+
+
+def test_a_store_config_cannot_make_a_tenant_of_its_public_namespace(tmp_path):
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    with pytest.raises(ValueError, match="public_namespace"):
+        StoreConfig(ram_bytes=1 << 20, namespace="public", public_namespace="public")
+    tenant = TieredKVStore(StoreConfig(ram_bytes=1 << 20, namespace="acme",
+                                       public_namespace="public"))
+    job = tenant.namespaced("public")  # the ingestion job's view: writes the public corpus
+    assert job.namespace == "public" and job.config.public_namespace is None
