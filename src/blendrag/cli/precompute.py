@@ -184,13 +184,13 @@ def _calibrate(args: argparse.Namespace, engine, texts: list[str]) -> None:
     """``blendrag calibrate`` over the passages just ingested, as the prompts were described:
     the integration's flow with --chunk-prefix, the engine's after --prefix."""
     from blendrag.calibration.run import calibrate
-    from blendrag.cli.calibrate import report
+    from blendrag.cli.calibrate import DEFAULT_BUDGET_S, report
     from blendrag.cli.progress import Progress
     from blendrag.store.calibration import CalibrationBook
 
     flow = "integration" if args.chunk_prefix is not None else "engine"
     extra = {"instruction": args.prefix} if args.prefix else {}
-    record = calibrate(engine, texts, flow=flow,
+    record = calibrate(engine, texts, flow=flow, budget_s=DEFAULT_BUDGET_S,
                        on_prompt=Progress("calibrating", unit="prompts",
                                           enabled=not args.no_progress), **extra)
     path = CalibrationBook.of_store(engine.store).put(record)  # signed, in its namespace
