@@ -108,6 +108,8 @@ def run(cfg: DemoConfig, out: Callable[[str], None] = print) -> DemoResult:
         f"parameters, {engine.dtype} on {engine.device}{threads}; loaded in "
         f"{time.perf_counter() - t_start:.1f} s")
     llm, store = _ingest(cfg, engine, corpus, out)
+    # what the default config runs, and any warning about it, before the first table
+    engine.calibrated.resolve(cfg.blend)
     result = _ask(cfg, llm, store, corpus, out)
     _summary(cfg, result, out)
     out(f"\ndemo finished in {time.perf_counter() - t_start:.0f} s")
