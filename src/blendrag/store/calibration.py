@@ -160,6 +160,15 @@ class CalibrationBook:
         self.refused: list[tuple[str, str]] = []  # (file, why) of the last read: not used
 
     @classmethod
+    def of_default_store(cls, selectors: Collection[str] | None = None) -> CalibrationBook:
+        """The default namespace's book of the store the command line uses by default
+        (``StoreConfig()``'s disk tier, ``~/.cache/blendrag/kv``): where ``blendrag calibrate``
+        keeps a record unless told otherwise."""
+        from blendrag.store.config import DEFAULT_DISK_DIR
+
+        return cls.beside(DEFAULT_DISK_DIR, selectors=selectors)
+
+    @classmethod
     def beside(cls, disk_dir: Path | None, names: Names | None = None,
                selectors: Collection[str] | None = None) -> CalibrationBook:
         """The book of namespace ``names`` (None: the default one, without keys) of a store

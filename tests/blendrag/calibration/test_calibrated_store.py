@@ -99,3 +99,22 @@ def test_a_calibration_that_recomputes_everything_runs_the_exact_full_prefill(st
     CalibrationBook.of_store(plain).put(record(ratio))
     config, stats = calibrated(plain).resolve(BlendConfig())
     assert config.mode == "full" and stats is not None and stats.ratio == ratio
+
+
+def test_an_in_memory_store_names_the_one_line_fix(tmp_path, monkeypatch, caplog):
+    import logging
+
+    import blendrag.store.config as store_config
+    from blendrag.store.ram import MemoryKVStore
+
+    monkeypatch.setattr(store_config, "DEFAULT_DISK_DIR", tmp_path)
+    memory = MemoryKVStore()
+    with caplog.at_level(logging.WARNING):
+        calibrated(memory).resolve(BlendConfig())
+    assert "is where `blendrag calibrate`" in caplog.text
+    assert "store=TieredKVStore(StoreConfig())" in caplog.text
+    caplog.clear()
+    CalibrationBook.beside(tmp_path).put(record(0.5))  # what `blendrag calibrate` kept
+    with caplog.at_level(logging.WARNING):
+        config, stats = calibrated(memory).resolve(BlendConfig())
+    assert stats is None and "holds a calibration of this model" in caplog.text

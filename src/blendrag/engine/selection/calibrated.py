@@ -118,9 +118,24 @@ class CalibratedDefault:
         if record is None:
             if not self._warned:
                 self._warned = True
-                log.warning("no calibration of this model in the store: the default blend runs "
-                            "%s, whose fidelity on this model has not been measured; measure it "
-                            "with `blendrag calibrate --model ... --corpus ...` (or precompute "
-                            "--calibrate)", config.label)
+                log.warning("%s", self._missing_words(config))
             return config, None
         return calibrated, CalibrationStats(**record.summary())
+
+    def _missing_words(self, config: BlendConfig) -> str:
+        """Why the default runs uncalibrated, and the one step that changes it."""
+        words = (f"no calibration of this model in the store: the default blend runs "
+                 f"{config.label}, whose fidelity on this model has not been measured; measure "
+                 f"it with `blendrag calibrate --model ... --corpus ...` (or precompute "
+                 f"--calibrate)")
+        store = self._store() if self._store is not None else None
+        if store is None or getattr(store, "disk_dir", None) is not None:
+            return words
+        # an in-memory store (from_pretrained's default): the command line's store is another
+        model, tokenizer = self._identity()
+        found = CalibrationBook.of_default_store(SELECTORS).latest(model, tokenizer)
+        there = ("holds a calibration of this model" if found is not None else
+                 "is where `blendrag calibrate` and `precompute` keep theirs")
+        return (f"{words}. This engine's store is in memory; the command line's default store "
+                f"(~/.cache/blendrag/kv) {there}: open it with "
+                f"BlendEngine.from_pretrained(..., store=TieredKVStore(StoreConfig()))")
