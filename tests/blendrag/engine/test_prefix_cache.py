@@ -196,6 +196,12 @@ def test_blend_after_cached_rows_reuses_them_up_to_a_chunk_boundary(chat_engine,
     a, b = _two_prompts(engine)
     engine.prefill(a, FULL)  # exact rows of the prefix and the first passage
     pre = engine.prefill(b, config)
+    if config.mode == "blend":  # at 1.0 it computes more than the exact path: that runs
+        choice = pre.stats.controller.mode
+        assert pre.stats.mode == "full" and choice.reason.startswith("exact prefix cache")
+        full = plain.prefill(b, FULL)
+        assert (pre.logits - full.logits).abs().max() < 1e-5
+        return
     first_end = b.chunk_spans[0][1]
     taken, bridged = pre.stats.cache.prefix_cache_tokens, pre.stats.compute.bridged_tokens
     # the blocks stop inside the first passage: its last tokens computed after them
@@ -206,9 +212,6 @@ def test_blend_after_cached_rows_reuses_them_up_to_a_chunk_boundary(chat_engine,
     # reuse: the first passage's rows computed after the prefix either way (NO_CONTEXT);
     # blend at 1.0: every chunk token recomputed, i.e. a full prefill's rows
     assert (pre.logits - ref.logits).abs().max() < 1e-5
-    if config.mode == "blend":
-        full = plain.prefill(b, FULL)
-        assert (pre.logits - full.logits).abs().max() < 1e-5
 
 
 def test_a_partial_blend_after_cached_rows_blends_only_the_chunks_after_them(chat_engine,
@@ -263,3 +266,19 @@ def test_hit_chunks_are_numbered_in_the_whole_layout_after_a_head(chat_engine, o
     pre = engine.prefill(b, BLEND)
     assert pre.stats.cache.prefix_cache_tokens >= b.chunk_spans[0][1] - 4  # passage 1 cached
     assert pre.stats.cache.hit_chunks == [1]  # passage 3, second in b, read from the store
+
+
+def test_a_cached_mode_runs_the_exact_path_when_it_computes_no_more(chat_engine, one_thread):
+    """A chat's next turn after an exact turn: the prefix cache holds the whole earlier prompt
+    and answer exactly, so a full prefill computes only the new question; blend would compute
+    as much or more (its preview pass, its ratio of the chunks after its own head)."""
+    engine = chat_engine()
+    a, _ = _two_prompts(engine)
+    turn = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX + " Paris.\nQuestion: and then?\nAnswer:")
+    engine.prefill(a, FULL)  # exact rows of the whole first prompt
+    pre = engine.prefill(turn, BlendConfig(selector="preview", ratio=0.2))
+    choice = pre.stats.controller.mode
+    assert pre.stats.mode == "full" and choice.ran == "full"
+    assert choice.reason.startswith("exact prefix cache")
+    plain = chat_engine(prefix_cache_bytes=0)
+    assert (pre.logits - plain.prefill(turn, FULL).logits).abs().max() < 1e-5

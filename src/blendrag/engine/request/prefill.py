@@ -48,7 +48,12 @@ from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
 from blendrag.engine.selection.ape import ApeSpan
 from blendrag.engine.selection.controller import LoadingController, decide, observe
-from blendrag.engine.selection.costs import PromptShape, choose_mode, observe_choice
+from blendrag.engine.selection.costs import (
+    PromptShape,
+    choose_mode,
+    exact_path_choice,
+    observe_choice,
+)
 from blendrag.engine.selection.preview import suffix_attention
 from blendrag.engine.selection.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
@@ -195,7 +200,13 @@ def _mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | Non
     choice's record (None: not asked). Not asked of a request that begins with prefix-cache
     rows (every mode then computes little) or that is a full prefill already."""
     layout, config = req.layout, req.config
-    if config.mode == "full" or _has_head(parts, layout, config):
+    if config.mode == "full":
+        return config, None
+    if parts.prefix_cache is not None:
+        exact = _exact_path(parts, req)
+        if exact is not None:
+            return FULL, exact
+    if _has_head(parts, layout, config):
         return config, None
     missing = _missing_first(parts, req)
     if missing is not None:
@@ -231,6 +242,22 @@ def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
              "stored for the next request", missing, chunk_tokens, len(absent))
     return ModeChoice(req.config.label, FULL.label, math.nan, math.nan, math.nan, math.nan,
                       len(absent), reason="chunks missing")
+
+
+def _exact_path(parts: Parts, req: Request) -> ModeChoice | None:
+    """The exact prefix-cache path's record when it computes no more than ``req.config``
+    would (engine/selection/costs.py ``exact_path_choice``)."""
+    cache = parts.prefix_cache
+    if cache is None or req.config.mode not in ("blend", "reuse"):
+        return None
+    exact = head_rules.match(cache, req.layout, FULL)
+    loose = head_rules.match(cache, req.layout, req.config)
+    try:
+        head = head_rules.head_for(req.layout, req.config, loose)
+        return exact_path_choice(req.layout, req.config, exact.tokens, head)
+    finally:
+        cache.release(exact)
+        cache.release(loose)
 
 
 def _has_head(parts: Parts, layout: PromptLayout, config: BlendConfig) -> bool:

@@ -180,7 +180,9 @@ class ModeChoice:
     passes_s: float
     full_passes_s: float
     miss_passes: int
-    reason: str = "predicted"  # or "chunks missing": LoadingConfig.full_when_missing
+    # "predicted" (the cost profile), "chunks missing" (LoadingConfig.full_when_missing) or
+    # "exact prefix cache: ..." (its exact rows leave no more to compute: costs.py)
+    reason: str = "predicted"
 
 
 @dataclass

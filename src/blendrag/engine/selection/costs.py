@@ -34,12 +34,15 @@ from typing import Protocol
 
 import torch
 
+import blendrag.engine.request.head as head_rules
 from blendrag.config import BlendConfig, CheckLayerOptions, token_budget
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.loop import LoopPlan
+from blendrag.engine.request.head import Head
 from blendrag.engine.request.stats import ModeChoice
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTables
+from blendrag.prompt import PromptLayout
 
 log = logging.getLogger(__name__)
 
@@ -236,3 +239,32 @@ def observe_choice(costs: DeviceCosts, choice: ModeChoice, ttft_s: float) -> Non
     """Fold what a request whose mode was chosen took (``ttft_s``) into ``costs``."""
     passes = choice.full_passes_s if choice.ran != choice.asked else choice.passes_s
     costs.observe(choice.ran, passes, ttft_s)
+
+
+def exact_path_choice(layout: PromptLayout, config: BlendConfig, exact_tokens: int,
+                      head: Head) -> ModeChoice | None:
+    """A full prefill's record when the exact path, a full prefill taking the prefix cache's
+    ``exact_tokens`` exact rows, computes no more tokens than ``config`` would after its own
+    ``head`` (exact and approximate rows): then it is at least as fast and exact (a chat's
+    next turn after exact turns; the prefix cache keeps every finished request). None when
+    ``config`` computes fewer, or is no blend or reuse."""
+    if config.mode not in ("blend", "reuse") or exact_tokens <= 0:
+        return None
+    full_tail = layout.num_tokens - exact_tokens
+    if head_rules.tail_only(layout, config, head):
+        cached_tail = layout.num_tokens - head.rows
+    else:
+        rest = head_rules.after(layout, head)
+        chunk_tokens = rest.suffix_start - len(rest.prefix_ids)
+        ratio = config.ratio if config.mode == "blend" else 0.0
+        preview = len(rest.suffix_ids) if config.mode == "blend" and config.selector == "preview" \
+            else 0  # its preview pass computes the suffix once more
+        cached_tail = (head.rows - head.taken + token_budget(ratio, chunk_tokens)
+                       + len(rest.suffix_ids) + preview)
+    if full_tail > cached_tail:
+        return None
+    log.info("the exact prefix-cache path computes %d tokens, %s %d: running it", full_tail,
+             config.label, cached_tail)
+    return ModeChoice(config.label, FULL.label, math.nan, math.nan, math.nan, math.nan, 0,
+                      reason=f"exact prefix cache: {full_tail} tokens to compute, "
+                             f"{config.label} {cached_tail}")
