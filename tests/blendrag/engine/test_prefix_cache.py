@@ -274,7 +274,8 @@ def test_a_cached_mode_runs_the_exact_path_when_it_computes_no_more(chat_engine,
     as much or more (its preview pass, its ratio of the chunks after its own head)."""
     engine = chat_engine()
     a, _ = _two_prompts(engine)
-    turn = engine.build_prompt(PREFIX, PASSAGES[:2], SUFFIX + " Paris.\nQuestion: and then?\nAnswer:")
+    turn = engine.build_prompt(PREFIX, PASSAGES[:2],
+                               SUFFIX + " Paris.\nQuestion: and then?\nAnswer:")
     engine.prefill(a, FULL)  # exact rows of the whole first prompt
     pre = engine.prefill(turn, BlendConfig(selector="preview", ratio=0.2))
     choice = pre.stats.controller.mode
