@@ -138,7 +138,8 @@ def test_the_engine_reaches_the_store_only_through_its_protocol_and_the_ram_defa
         f"{m}.{n}" for m in ENGINE_STORE_MODULES
         for n in ("KVStore", "MemoryKVStore", "LayeredEntry", "MemoryLayeredEntry",
                   "LayerReadError", "CalibrationBook", "CalibrationRecord",
-                  "StoreStats", "TierCounters", "check_tenant_namespace")
+                  "StoreStats", "TierCounters", "check_tenant_namespace",
+                  "LayeredEntryWrapper")
     }
 
 

@@ -130,6 +130,56 @@ class _Shape:
     exact = True  # whether the rows are as computed (not rounded to a smaller stored format)
 
 
+class LayeredEntryWrapper:
+    """``inner`` as it is; a subclass overrides the reads it changes (``layer``,
+    ``materialize``, ``close``). The header fields are copied when it is made: they are fixed
+    once an entry is open."""
+
+    def __init__(self, inner: LayeredEntry) -> None:
+        self.inner = inner
+        self.key, self.tier, self.exact = inner.key, inner.tier, inner.exact
+        self.token_ids, self.prefix_hash = inner.token_ids, inner.prefix_hash
+        self.context_tag = inner.context_tag
+        self.profile, self.context_shift = inner.profile, inner.context_shift
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return self.inner.shape  # [L, Hkv, T, D]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.inner.dtype
+
+    @property
+    def num_tokens(self) -> int:
+        return self.inner.num_tokens
+
+    @property
+    def num_layers(self) -> int:
+        return self.inner.num_layers
+
+    @property
+    def layer_nbytes(self) -> int:
+        return self.inner.layer_nbytes
+
+    @property
+    def stored_layer_nbytes(self) -> int:
+        return self.inner.stored_layer_nbytes
+
+    @property
+    def complete(self) -> bool:
+        return self.inner.complete
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.layer(i)  # each [Hkv, T, D]
+
+    def materialize(self) -> ChunkKV:
+        return self.inner.materialize()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def _four(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
     layers, heads, tokens, dim = shape  # [L, Hkv, T, D]
     return layers, heads, tokens, dim

@@ -4,20 +4,19 @@ each (no ``__getattr__``).
 
 - ``TierWrapper``: a ``Tier`` over ``inner`` (``throttle.ThrottledTier``; ``TieredKVStore``'s
   ``wrap`` hook takes one).
-- ``LayeredEntryWrapper``: a ``LayeredEntry`` over ``inner`` (``counted.CountedLayeredEntry``,
-  ``throttle.ThrottledLayers``). The header fields are copied when it is made: they are fixed
-  once an entry is open.
+- ``LayeredEntryWrapper`` (defined beside the protocol it forwards, ``layered.py``): a
+  ``LayeredEntry`` over ``inner`` (``counted.CountedLayeredEntry``,
+  ``throttle.ThrottledLayers``, the request path's per-request counting).
 """
 
 from __future__ import annotations
 
-import torch
-
-from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
-from blendrag.store.layered import LayeredEntry
+from blendrag.store.layered import LayeredEntry, LayeredEntryWrapper
 from blendrag.store.protocol import TierUsage
 from blendrag.store.tier import Tier
+
+__all__ = ["LayeredEntryWrapper", "TierWrapper"]
 
 
 class TierWrapper(Tier):
@@ -57,55 +56,6 @@ class TierWrapper(Tier):
 
     def unusable(self, exc: BaseException) -> bool:
         return self.inner.unusable(exc)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class LayeredEntryWrapper:
-    """``inner`` as it is; a subclass overrides the reads it changes (``layer``,
-    ``materialize``, ``close``)."""
-
-    def __init__(self, inner: LayeredEntry) -> None:
-        self.inner = inner
-        self.key, self.tier, self.exact = inner.key, inner.tier, inner.exact
-        self.token_ids, self.prefix_hash = inner.token_ids, inner.prefix_hash
-        self.context_tag = inner.context_tag
-        self.profile, self.context_shift = inner.profile, inner.context_shift
-
-    @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return self.inner.shape  # [L, Hkv, T, D]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inner.dtype
-
-    @property
-    def num_tokens(self) -> int:
-        return self.inner.num_tokens
-
-    @property
-    def num_layers(self) -> int:
-        return self.inner.num_layers
-
-    @property
-    def layer_nbytes(self) -> int:
-        return self.inner.layer_nbytes
-
-    @property
-    def stored_layer_nbytes(self) -> int:
-        return self.inner.stored_layer_nbytes
-
-    @property
-    def complete(self) -> bool:
-        return self.inner.complete
-
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inner.layer(i)  # each [Hkv, T, D]
-
-    def materialize(self) -> ChunkKV:
-        return self.inner.materialize()
 
     def close(self) -> None:
         self.inner.close()

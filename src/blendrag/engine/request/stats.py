@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from blendrag.config import BlendConfig
 from blendrag.prompt import PromptLayout
+from blendrag.store.layered import LayeredEntryWrapper
 from blendrag.store.protocol import KVStore, StoreStats, TierCounters
 
 if TYPE_CHECKING:
@@ -392,46 +393,15 @@ class RequestStore:
         self.store.close()
 
 
-class _OwnLayers:
+class _OwnLayers(LayeredEntryWrapper):
     """An entry a request opened: each layer's first read counted at its tier in the request's
     ``store``, and what closing it writes (a promotion to faster tiers), every other call
-    forwarded."""
+    forwarded (``LayeredEntryWrapper``)."""
 
     def __init__(self, inner: LayeredEntry, store: RequestStore) -> None:
-        self.inner, self._store, self._read = inner, store, set[int]()
+        super().__init__(inner)
+        self._store, self._read = store, set[int]()
         self._own = store._own.get(inner.tier, TierCounters())
-        self.key, self.tier, self.exact = inner.key, inner.tier, inner.exact
-        self.token_ids, self.prefix_hash = inner.token_ids, inner.prefix_hash
-        self.context_tag = inner.context_tag
-        self.profile, self.context_shift = inner.profile, inner.context_shift
-
-    @property
-    def shape(self) -> tuple[int, int, int, int]:
-        return self.inner.shape  # [L, Hkv, T, D]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.inner.dtype
-
-    @property
-    def num_tokens(self) -> int:
-        return self.inner.num_tokens
-
-    @property
-    def num_layers(self) -> int:
-        return self.inner.num_layers
-
-    @property
-    def layer_nbytes(self) -> int:
-        return self.inner.layer_nbytes
-
-    @property
-    def stored_layer_nbytes(self) -> int:
-        return self.inner.stored_layer_nbytes
-
-    @property
-    def complete(self) -> bool:
-        return self.inner.complete
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
