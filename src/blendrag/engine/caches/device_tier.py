@@ -88,10 +88,8 @@ class DeviceTier:
         """Keep a copy of ``entry`` (read from the store as ``name``) when every layer of it
         has been read and verified; whether it is held now. Entries computed in the request,
         from the history cache or already on the device are not promoted here."""
-        if self.max_bytes == 0 or not entry.complete or entry.tier in (TIER, "computed"):
-            return False
-        if entry.tier != "ram" and entry.tier not in _STORE_TIERS:
-            return False  # rows that are not a store entry (the history cache's)
+        if self.max_bytes == 0 or not entry.complete or entry.tier not in _STORE_TIERS:
+            return False  # not read through, or not a store's (computed, history, ours)
         return self.put(name, entry.materialize())
 
     def put(self, name: str, kv: ChunkKV) -> bool:
@@ -161,7 +159,7 @@ class DeviceTier:
             self.evictions += 1
 
 
-_STORE_TIERS = frozenset({"disk", "redis", "s3"})
+_STORE_TIERS = frozenset({"ram", "disk", "redis", "s3"})  # what a store's tiers are named
 
 
 def _nbytes(kv: ChunkKV) -> int:

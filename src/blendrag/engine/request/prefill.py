@@ -203,11 +203,12 @@ def _mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | Non
     if config.mode == "full":
         return config, None
     if parts.prefix_cache is not None:
-        exact = _exact_path(parts, req)
+        exact_tokens, cached, head = _cached_heads(parts.prefix_cache, layout, config)
+        exact = exact_path_choice(layout, config, exact_tokens, head)
         if exact is not None:
             return FULL, exact
-    if _has_head(parts, layout, config):
-        return config, None
+        if cached:  # it begins with prefix-cache rows: every mode computes little
+            return config, None
     missing = _missing_first(parts, req)
     if missing is not None:
         return FULL, missing
@@ -233,7 +234,7 @@ def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
         return None
     absent = parts.cache.absent(req.layout, req.config, req.history)
     chunk_tokens = req.layout.suffix_start - len(req.layout.prefix_ids)
-    missing = sum(len(p.ids) for p in absent if p.chunk_prefix_ids or not p.exact)
+    missing = sum(len(p.ids) for p in absent if not p.exact)  # chunks (the prefix is exact)
     if not absent or chunk_tokens <= 0 or missing < share * chunk_tokens:
         return None
     req.backfilled = parts.cache.backfill_later(absent)
@@ -244,29 +245,16 @@ def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
                       len(absent), reason="chunks missing")
 
 
-def _exact_path(parts: Parts, req: Request) -> ModeChoice | None:
-    """The exact prefix-cache path's record when it computes no more than ``req.config``
-    would (engine/selection/costs.py ``exact_path_choice``)."""
-    cache = parts.prefix_cache
-    if cache is None or req.config.mode not in ("blend", "reuse"):
-        return None
-    exact = head_rules.match(cache, req.layout, FULL)
-    loose = head_rules.match(cache, req.layout, req.config)
-    try:
-        head = head_rules.head_for(req.layout, req.config, loose)
-        return exact_path_choice(req.layout, req.config, exact.tokens, head)
-    finally:
-        cache.release(exact)
-        cache.release(loose)
-
-
-def _has_head(parts: Parts, layout: PromptLayout, config: BlendConfig) -> bool:
-    cache = parts.prefix_cache
-    if cache is None:
-        return False
+def _cached_heads(cache: PrefixCache, layout: PromptLayout,
+                  config: BlendConfig) -> tuple[int, int, head_rules.Head]:
+    """What the prefix cache holds of the prompt's beginning, in one lookup: its exact rows
+    (the leading exact run of what ``config`` takes: what the exact path would take), the rows
+    ``config`` takes, and the head it would start from."""
     found = head_rules.match(cache, layout, config)
-    cache.release(found)
-    return found.tokens > 0
+    try:
+        return found.exact_tokens, found.tokens, head_rules.head_for(layout, config, found)
+    finally:
+        cache.release(found)
 
 
 # ---- 1. open ----------------------------------------------------------------------------------
