@@ -91,12 +91,6 @@ class Backfill:
             self._cond.notify_all()
         return queued
 
-    @property
-    def pending(self) -> int:
-        """Pieces queued or being computed."""
-        with self._cond:
-            return len(self._jobs) + self._busy
-
     def wait(self, timeout: float | None = None) -> bool:
         """Block until nothing is queued or being computed; False on ``timeout``."""
         with self._cond:
