@@ -36,6 +36,7 @@ from blendrag.store.auth import StoreKeys
 from blendrag.store.calibration_checks import (
     authenticate,
     check_count,
+    check_difference,
     check_fields,
     check_fraction,
     check_target,
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 MAX_TEXT = 4096  # characters of a record's free text (its flow's words)
 MAX_POINTS = 1024  # frontier points: selectors x ratios
 FUTURE_S = 86_400.0  # clock skew allowed to a record's date; later dates are refused
+QUALITY_FIELDS = frozenset({"quality", "quality_bound"})  # FrontierPoint's, --qa only
 _WARNED: set[tuple[str, str]] = set()  # (file, digest of its bytes): each bad record said once
 _WARNED_LOCK = threading.Lock()
 
@@ -60,7 +62,9 @@ _WARNED_LOCK = threading.Lock()
 class FrontierPoint:
     """One selector at one ratio over the calibration prompts: the share of whole answers equal
     to full prefill's, the mean answer KL, TTFT against full prefill's (speed-up), and the
-    number of prompts."""
+    number of prompts. A calibration on labelled questions (``--qa``) also keeps the mean
+    answer ``quality`` against the gold answers and ``quality_bound``, the lower confidence
+    bound of its mean difference from full prefill's (None elsewhere: not measured)."""
 
     selector: str
     ratio: float
@@ -68,6 +72,8 @@ class FrontierPoint:
     answer_kl: float
     speedup: float
     prompts: int = 0  # how many prompts the shares are over (0: not recorded)
+    quality: float | None = None
+    quality_bound: float | None = None
 
     def __post_init__(self) -> None:
         check_text("FrontierPoint.selector", self.selector, 64)
@@ -76,6 +82,10 @@ class FrontierPoint:
         for name in ("answer_kl", "speedup"):
             check_at_least(f"FrontierPoint.{name}", getattr(self, name))
         check_count("FrontierPoint.prompts", self.prompts, 0)
+        if self.quality is not None:
+            check_fraction("FrontierPoint.quality", self.quality)
+        if self.quality_bound is not None:
+            check_difference("FrontierPoint.quality_bound", self.quality_bound)
 
 
 @dataclass(frozen=True)
@@ -299,7 +309,8 @@ def _record(outer: dict) -> CalibrationRecord:
         if not isinstance(points, list) or len(points) > MAX_POINTS:
             raise ValueError(f"the frontier must be a list of at most {MAX_POINTS} points")
         for p in points:
-            check_fields("a frontier point", p, FrontierPoint)
+            # records written before the answer-quality fields: not measured
+            check_fields("a frontier point", p, FrontierPoint, QUALITY_FIELDS)
         frontier = tuple(FrontierPoint(**p) for p in points)
         return CalibrationRecord(frontier=frontier, **body)
     except (KeyError, TypeError, ArithmeticError) as exc:

@@ -21,6 +21,10 @@ FORMAT = 1
 MAX_BYTES = 1 << 20  # a record is a few KiB: a larger file is not one, and is not read whole
 _SIGNED = b"blendrag-calibration-record\0"
 TARGET_FIELDS = frozenset({"same_answer", "answer_kl", "answer_tokens", "first_sentence"})
+QUALITY_KIND = "answer_quality"  # a target on answer quality against gold answers (--qa)
+QUALITY_TARGET_FIELDS = frozenset({"kind", "margin", "confidence", "metric", "answer_tokens",
+                                   "questions", "full_quality", "quality", "bound"})
+QUALITY_METRICS = frozenset({"qa_f1", "rouge_l", "contains"})  # blendrag.eval.metrics.METRICS
 
 
 def read_bounded(path: Path) -> bytes:
@@ -83,17 +87,23 @@ def sha(text: str) -> str:
 
 # ---- fields ----------------------------------------------------------------------------
 
-def check_fields(label: str, body: object, kind: type) -> None:
+def check_fields(label: str, body: object, kind: type,
+                 optional: frozenset[str] = frozenset()) -> None:
     """ValueError unless ``body`` is a dict of exactly the dataclass ``kind``'s fields (one
-    left out would take its default: a date left out is not "now")."""
+    left out would take its default: a date left out is not "now"), less any of ``optional``
+    (fields added later whose default means "not measured": records written before them)."""
     names = {f.name for f in fields(kind)}
-    if not isinstance(body, dict) or set(body) != names:
+    if not isinstance(body, dict) or not names - optional <= set(body) <= names:
         have = sorted(map(str, body)) if isinstance(body, dict) else type(body).__name__
         raise ValueError(f"{label} must have the fields {sorted(names)}, got {have}")
 
 
 def check_target(target: object) -> None:
-    """A calibration target as a record keeps it (``CalibrationTarget``'s fields)."""
+    """A calibration target as a record keeps it: ``CalibrationTarget``'s fields, or the
+    answer-quality target's (``kind`` "answer_quality": ``check_quality_target``)."""
+    if isinstance(target, dict) and "kind" in target:
+        check_quality_target(target)
+        return
     if not isinstance(target, dict) or set(target) != TARGET_FIELDS:
         raise ValueError(f"CalibrationRecord.target must be a dict of {sorted(TARGET_FIELDS)}")
     same, kl = target["same_answer"], target["answer_kl"]
@@ -106,6 +116,40 @@ def check_target(target: object) -> None:
     check_count("CalibrationRecord.target answer_tokens", target["answer_tokens"], 1)
     if not isinstance(target["first_sentence"], bool):
         raise ValueError("CalibrationRecord.target first_sentence must be a bool")
+
+
+def check_quality_target(target: dict) -> None:
+    """The answer-quality target (``blendrag.calibration.quality``) and what it measured: the
+    margin and confidence asked, the metric, the answer length, the questions, full prefill's
+    mean quality, and the chosen ratio's mean quality and the lower bound of its difference
+    from full's (both None when no ratio met the target)."""
+    label = "CalibrationRecord.target"
+    if target.get("kind") != QUALITY_KIND or set(target) != QUALITY_TARGET_FIELDS:
+        raise ValueError(f"{label} of kind {QUALITY_KIND!r} must be a dict of "
+                         f"{sorted(QUALITY_TARGET_FIELDS)}")
+    for name in ("margin", "full_quality"):
+        check_fraction(f"{label} {name}", target[name])
+    if not (is_finite_number(target["confidence"]) and 0.5 <= target["confidence"] < 1):
+        raise ValueError(f"{label} confidence must be in [0.5, 1), got {target['confidence']!r}")
+    if target["metric"] not in QUALITY_METRICS:
+        raise ValueError(f"{label} metric must be one of {sorted(QUALITY_METRICS)}, got "
+                         f"{str(target['metric'])[:40]!r}")
+    check_count(f"{label} answer_tokens", target["answer_tokens"], 1)
+    check_count(f"{label} questions", target["questions"], 1)
+    quality, bound = target["quality"], target["bound"]
+    if (quality is None) != (bound is None):
+        raise ValueError(f"{label} quality and bound are both None (no ratio met the target) "
+                         "or both numbers")
+    if quality is not None:
+        check_fraction(f"{label} quality", quality)
+        check_difference(f"{label} bound", bound)
+
+
+def check_difference(label: str, value: object) -> None:
+    """A bound on a difference of two qualities in [0, 1]: finite and at most 1 (it may lie
+    below -1, where few questions vary widely)."""
+    if not (is_finite_number(value) and value <= 1):  # type: ignore[operator]
+        raise ValueError(f"{label} must be a finite number <= 1, got {str(value)[:40]!r}")
 
 
 def check_text(label: str, value: object, longest: int, empty: bool = False) -> None:
