@@ -41,6 +41,19 @@ def min_prompts(target: CalibrationTarget, most: int = 10_000) -> int:
     return most + 1
 
 
+def fitting(planned: int, done: int, started: float, budget_s: float | None) -> int:
+    """How many of ``planned`` items (prompts, questions) a budget of ``budget_s`` seconds from
+    ``started`` (``time.perf_counter``) allows, ``done`` measured so far at their pace: never
+    fewer than ``done``, never more than ``planned`` (all of them without a budget, or before
+    any pace is known)."""
+    if budget_s is None or done == 0:
+        return planned
+    spent = time.perf_counter() - started
+    pace = spent / done
+    more = max(0, math.floor((budget_s - spent) / pace)) if pace > 0 else planned
+    return min(planned, done + more)
+
+
 @dataclass
 class Tally:
     """What one (selector, ratio) measured so far."""
@@ -100,12 +113,7 @@ class PromptPlan:
     def fits(self, done: int) -> int:
         """The prompts the budget allows, ``done`` measured so far at their pace (never fewer
         than ``done``, never more than ``planned``); ``planned`` shrinks to it."""
-        if self.budget_s is None or done == 0:
-            return self.planned
-        spent = time.perf_counter() - self.started
-        pace = spent / done
-        more = max(0, math.floor((self.budget_s - spent) / pace)) if pace > 0 else self.planned
-        self.planned = min(self.planned, done + more)
+        self.planned = fitting(self.planned, done, self.started, self.budget_s)
         return self.planned
 
     def words(self) -> str:

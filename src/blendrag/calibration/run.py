@@ -28,6 +28,7 @@ from blendrag.config import BlendConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.eval.answer import compare_answers
 from blendrag.eval.metrics import normalize_answer
+from blendrag.prompt import PromptLayout
 from blendrag.store.calibration import CalibrationRecord, FrontierPoint, corpus_id
 
 RATIOS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
@@ -69,11 +70,7 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
     record is kept)."""
     if questions not in QUESTIONS:
         raise ValueError(f"questions must be one of {QUESTIONS}, got {questions!r}")
-    if not ratios or not selectors:
-        raise ValueError("calibration needs at least one ratio and one selector")
-    if not all(is_finite_number(r) and 0 < r <= 1 for r in ratios):
-        raise ValueError(f"calibration ratios must be in (0, 1] (0 recomputes nothing), got "
-                         f"{tuple(ratios)!r}")
+    check_grid(ratios, selectors)
     t0 = time.perf_counter()
     plan = PromptPlan(target, prompts, ratios, selectors, budget_s)
     corpus = corpus_id(list(passages))
@@ -94,6 +91,15 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
                 "answer_tokens": target.answer_tokens, "first_sentence": target.first_sentence},
         frontier=tuple(points), flow=runs.describe(), prompts=len(rows),
         seconds=time.perf_counter() - t0)
+
+
+def check_grid(ratios: Sequence[float], selectors: Sequence[str]) -> None:
+    """ValueError unless there is a ratio and a selector, every ratio in (0, 1]."""
+    if not ratios or not selectors:
+        raise ValueError("calibration needs at least one ratio and one selector")
+    if not all(is_finite_number(r) and 0 < r <= 1 for r in ratios):
+        raise ValueError(f"calibration ratios must be in (0, 1] (0 recomputes nothing), got "
+                         f"{tuple(ratios)!r}")
 
 
 Answered = Result  # one config's answer to one prompt against full prefill's (``saved.py``)
@@ -168,7 +174,7 @@ def answer_one(engine: BlendEngine, runs: Flow, parts: PromptParts,
                configs: Sequence[BlendConfig], answer_tokens: int,
                index: int) -> list[Answered]:
     """One prompt (the ``index``-th) answered by each of ``configs`` (full prefill's first)."""
-    parts, layout = _fitted(engine, runs, parts, answer_tokens)
+    parts, layout = fitted(engine, runs, parts, answer_tokens)
     runs.ingest(index, parts, layout)
     results = compare_answers(engine, layout, configs, answer_tokens)
     first = _first_sentence(results[0].answer.text)
@@ -199,7 +205,8 @@ def frontier(rows: Sequence[Sequence[Answered]], first_sentence: bool = False,
     return points
 
 
-def _fitted(engine: BlendEngine, runs, parts: PromptParts, new_tokens: int):
+def fitted(engine: BlendEngine, runs: Flow, parts: PromptParts, new_tokens: int,
+           ) -> tuple[PromptParts, PromptLayout]:
     """``parts`` and its layout, its last passages dropped while the prompt and its answer do
     not fit the model's context (one passage at least: ValueError if even that does not)."""
     while True:

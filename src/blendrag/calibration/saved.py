@@ -24,6 +24,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, Protocol, TypeVar
 
 from blendrag.store.auth import StoreKeys
 
@@ -45,14 +46,29 @@ class Result:
     ttft_s: float
 
 
+class ConfigResult(Protocol):
+    """A result of one config: full prefill's has no selector and no ratio."""
+
+    @property
+    def selector(self) -> str | None: ...
+
+    @property
+    def ratio(self) -> float | None: ...
+
+
+R = TypeVar("R", bound=ConfigResult)
+
+
 def settings_id(settings: dict) -> str:
     """The digest that names a calibration's saved progress."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:32]
 
 
-class SavedProgress:
-    """The saved prompts of one calibration's ``settings`` under ``store_dir`` (None: nothing
-    saved, a calibration in memory), signed with ``keys`` where given."""
+class SavedRows(Generic[R]):
+    """The saved rows (one a prompt or question: full prefill's result, then each config's) of
+    one calibration's ``settings`` under ``store_dir`` (None: nothing saved, a calibration in
+    memory), signed with ``keys`` where given. A subclass says how one result is written
+    (``dump``) and read back, checked field by field (``parse``)."""
 
     def __init__(self, store_dir: Path | None, settings: dict,
                  keys: StoreKeys | None = None) -> None:
@@ -60,18 +76,26 @@ class SavedProgress:
         self.path = (None if store_dir is None
                      else Path(store_dir) / FOLDER / f"{settings_id(settings)}.jsonl")
 
-    def load(self) -> list[list[Result]]:
+    def dump(self, result: R) -> list:
+        """One result as a JSON list."""
+        raise NotImplementedError
+
+    def parse(self, item: object) -> R | None:
+        """A saved result, checked field by field; None for anything else."""
+        raise NotImplementedError
+
+    def load(self) -> list[list[R]]:
         """The prompts saved by an earlier run of the same settings, in order (prompt 0, 1,
         ...): up to the first line that is missing, damaged or not signed."""
         if self.path is None or not self.path.is_file() or self.path.is_symlink():
             return []
-        rows: list[list[Result]] = []
+        rows: list[list[R]] = []
         with self.path.open("rb") as f:
             lines = iter(f)
             if self._parse(next(lines, b"")) != {"settings": self.settings}:
                 return []
             for raw in lines:
-                row = _results(self._parse(raw), len(rows))
+                row = self._results(self._parse(raw), len(rows))
                 if row is None:
                     log.warning("calibration progress %s: line %d is not a prompt's result; "
                                 "measuring from prompt %d again", self.path, len(rows) + 2,
@@ -80,7 +104,7 @@ class SavedProgress:
                 rows.append(row)
         return rows
 
-    def start(self, rows: list[list[Result]]) -> None:
+    def start(self, rows: list[list[R]]) -> None:
         """Write the settings line and ``rows`` (what this run goes on from) afresh."""
         if self.path is None:
             return
@@ -93,15 +117,15 @@ class SavedProgress:
         with tmp.open("w") as f:
             f.write(self._line({"settings": self.settings}))
             for i, row in enumerate(rows):
-                f.write(self._line(_row_doc(i, row)))
+                f.write(self._line(self._row_doc(i, row)))
         os.replace(tmp, self.path)
 
-    def add(self, index: int, row: list[Result]) -> None:
+    def add(self, index: int, row: list[R]) -> None:
         """Append prompt ``index``'s results (flushed: a kill after this keeps them)."""
         if self.path is None:
             return
         with self.path.open("a") as f:
-            f.write(self._line(_row_doc(index, row)))
+            f.write(self._line(self._row_doc(index, row)))
             f.flush()
             os.fsync(f.fileno())
 
@@ -130,33 +154,55 @@ class SavedProgress:
             return None
 
 
-def _row_doc(index: int, row: list[Result]) -> dict:
-    return {"prompt": index, "results": [[r.selector, r.ratio, r.same_answer,
-                                          r.same_first_sentence, r.answer_kl, r.ttft_s]
-                                         for r in row]}
+    def _row_doc(self, index: int, row: list[R]) -> dict:
+        return {"prompt": index, "results": [self.dump(r) for r in row]}
+
+    def _results(self, doc: object, index: int) -> list[R] | None:
+        """A saved line's results, checked field by field; None for anything else."""
+        if not isinstance(doc, dict) or doc.get("prompt") != index:
+            return None
+        items = doc.get("results")
+        if not isinstance(items, list) or not items:
+            return None
+        out = []
+        for item in items:
+            result = self.parse(item)
+            if result is None:
+                return None
+            out.append(result)
+        if out[0].selector is not None or out[0].ratio is not None:
+            return None  # full prefill's row comes first
+        return out
 
 
-def _results(doc: object, index: int) -> list[Result] | None:
-    """A saved line's results, checked field by field; None for anything else."""
-    if not isinstance(doc, dict) or doc.get("prompt") != index:
-        return None
-    items = doc.get("results")
-    if not isinstance(items, list) or not items:
-        return None
-    out = []
-    for item in items:
+def is_amount(x: object) -> bool:
+    """A finite number >= 0 (not a bool), as a saved KL or time is."""
+    return (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= 0)
+
+
+def is_config(selector: object, ratio: object) -> bool:
+    """A saved result's selector and ratio: both None (full prefill) or a name and a ratio in
+    (0, 1]."""
+    return ((selector is None or isinstance(selector, str))
+            and (ratio is None or (isinstance(ratio, (int, float))
+                                   and not isinstance(ratio, bool) and 0 < ratio <= 1)))
+
+
+class SavedProgress(SavedRows[Result]):
+    """The saved prompts of a calibration against full prefill's answers (``Result`` rows)."""
+
+    def dump(self, result: Result) -> list:
+        r = result
+        return [r.selector, r.ratio, r.same_answer, r.same_first_sentence, r.answer_kl,
+                r.ttft_s]
+
+    def parse(self, item: object) -> Result | None:
         if not (isinstance(item, list) and len(item) == 6):
             return None
         selector, ratio, same, first, kl, ttft = item
-        numbers_ok = all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                         and math.isfinite(x) and x >= 0 for x in (kl, ttft))
-        if not (numbers_ok and isinstance(same, bool) and isinstance(first, bool)
-                and (selector is None or isinstance(selector, str))
-                and (ratio is None or (isinstance(ratio, (int, float))
-                                       and not isinstance(ratio, bool) and 0 < ratio <= 1))):
+        if not (is_amount(kl) and is_amount(ttft) and isinstance(same, bool)
+                and isinstance(first, bool) and is_config(selector, ratio)):
             return None
-        out.append(Result(selector, None if ratio is None else float(ratio), same, first,
-                          float(kl), float(ttft)))
-    if out[0].selector is not None or out[0].ratio is not None:
-        return None  # full prefill's row comes first
-    return out
+        return Result(selector, None if ratio is None else float(ratio), same, first,
+                      float(kl), float(ttft))
