@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from blendrag.calibration import FLOWS
 from blendrag.calibration.target import lower_bound
+from blendrag.cli.calibrate_qa import add_qa_options, calibrate_qa
 from blendrag.cli.options import (
     add_chat_option,
     add_json_option,
@@ -42,14 +45,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_store_dir_option(p)
     add_namespace_options(p)
-    p.add_argument("--corpus", type=Path, required=True,
+    p.add_argument("--corpus", type=Path,
                    help="your passages: a folder (one passage per file matching --glob) or a "
-                        "JSON-lines file (one per line, under --field)")
+                        "JSON-lines file (one per line, under --field); needed unless --qa "
+                        "gives every question its passages")
     p.add_argument("--glob", default="*.txt", help="file pattern under a --corpus folder "
                                                    "(default: *.txt)")
     p.add_argument("--field", default="text",
                    help="JSONL field holding a passage (default: text)")
     add_target_options(p)
+    add_qa_options(p)
     add_calibration_options(p)
     add_chat_option(p)
     add_progress_option(p)
@@ -111,9 +116,13 @@ def target_from(args: argparse.Namespace):
 
 def _calibrate(args: argparse.Namespace) -> int:
     """0: calibrated and recorded; 2: bad input, said in one ``error:`` line."""
+    if args.qa is not None:
+        return calibrate_qa(args)
     try:
+        if args.corpus is None:
+            raise ValueError("give --corpus (your passages), or --qa (labelled questions)")
         target = target_from(args)
-        texts = _passages(args.corpus, args.glob, args.field)
+        texts = passages(args.corpus, args.glob, args.field)
         check_inputs(args, texts)
         apply_threads(args)
         record, path = run(args, texts, target)
@@ -136,6 +145,12 @@ def check_inputs(args: argparse.Namespace, texts: list[str]) -> None:
         raise ValueError("--ratios must be fractions in (0, 1] (a ratio of 0 recomputes "
                          "nothing: a reuse, not a calibrated blend)")
     make_prompts(texts, 1, args.per_prompt)  # too few passages: said here
+    check_store(args)
+
+
+def check_store(args: argparse.Namespace) -> None:
+    """ValueError unless ``--store-dir`` is given and its calibrations folder can be
+    written."""
     if args.store_dir is None:
         raise ValueError("calibration is kept beside the store's disk tier: give --store-dir")
     folder = Path(args.store_dir) / "calibrations"
@@ -158,14 +173,7 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
     from blendrag.cli.progress import Progress
     from blendrag.store.calibration import CalibrationBook
 
-    store = None
-    if engine is None:
-        from blendrag.store import StoreConfig, TieredKVStore
-
-        store = TieredKVStore(StoreConfig(disk_dir=args.store_dir, namespace=args.namespace,
-                                          auth_key=store_keys(args)))
-        engine = engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
-    try:
+    with opened(args, engine) as engine:
         plan = PromptPlan(target, args.prompts, args.ratios, args.selectors)
         if not args.no_progress:
             budget = "no time limit" if not args.budget else f"a budget of {args.budget:g} s"
@@ -187,9 +195,23 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
             progress.done()
         engine.use_calibration(record)
         return record, path
+
+
+@contextmanager
+def opened(args: argparse.Namespace, engine=None) -> Iterator:
+    """``engine``, or one loaded from the arguments on a disk store at ``--store-dir`` in
+    ``--namespace``, signed with ``--store-keys`` (closed after)."""
+    if engine is not None:
+        yield engine
+        return
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    store = TieredKVStore(StoreConfig(disk_dir=args.store_dir, namespace=args.namespace,
+                                      auth_key=store_keys(args)))
+    try:
+        yield engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
     finally:
-        if store is not None:
-            store.close()
+        store.close()
 
 
 def record_dict(record) -> dict:
@@ -239,7 +261,8 @@ def report(record, path: Path | None, corpus: str, passages: int,
     return "\n".join(lines)
 
 
-def _passages(path: Path, glob: str, field: str) -> list[str]:
+def passages(path: Path, glob: str, field: str) -> list[str]:
+    """The passages of ``--corpus``: a folder's files or a JSON-lines file's field."""
     from blendrag.ingest.sources import chunks_from_folder, chunks_from_jsonl
 
     if path.is_dir():
