@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from blendrag.engine.compute.attention import kernel_for
+from blendrag.engine.compute.batch_decode import batchable, decode_batch
 from blendrag.engine.compute.decode import StaticDecoder, static_rope
 from blendrag.engine.compute.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.compute.layer import attend, finish, project
@@ -64,6 +65,7 @@ class ModelRunner:
         self.kernel = kernel_for(self.compute.attention, self.device)
         self._pool = BufferPool()  # the request KV buffer, lent again once free
         self._decoder = self._static_decoder()
+        self._static = static_rope(self.adapter)  # RoPE gathered at any positions at once
         self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
 
     @property
@@ -160,6 +162,25 @@ class ModelRunner:
             h = finish(a, layer, h, o)
         fused.length = p + 1
         return self.logits(a.norm(h)[0])
+
+    def decode_many(self, tokens: Sequence[int], kvs: Sequence[FusedKV]) -> torch.Tensor:
+        """Append ``tokens[j]`` to request KV ``kvs[j]`` for every j -> their next-token logits
+        [N, vocab] float32: one batched forward for the requests that may share one
+        (engine/compute/batch_decode.py), each other request decoded alone. One request alone
+        takes :meth:`decode` (on CUDA its captured step)."""
+        static = self._static
+        together = [j for j, kv in enumerate(kvs) if batchable(kv, static)]
+        if len(together) < 2:
+            together = []
+        rows: dict[int, torch.Tensor] = {}
+        if together:
+            out = decode_batch(self.adapter, self.kernel, [tokens[j] for j in together],
+                               [kvs[j] for j in together])
+            rows.update(zip(together, out))
+        for j, kv in enumerate(kvs):
+            if j not in rows:
+                rows[j] = self.decode(tokens[j], kv)
+        return torch.stack([rows[j] for j in range(len(kvs))])
 
     def compute_chunk(self, prefix: ChunkKV | None, prefix_ids: Sequence[int],
                       chunk_ids: Sequence[int]) -> ChunkKV:

@@ -30,7 +30,12 @@ class GenerationResult:
 
 class GenerationStream:
     """Iterator of text deltas decoded after ``prefill`` by ``runner``; ``result`` is set once it
-    is exhausted. ``eos_token_ids``: the model's, used unless ``cfg`` gives its own."""
+    is exhausted. ``eos_token_ids``: the model's, used unless ``cfg`` gives its own.
+
+    The token loop is a state machine so that a scheduler can drive many streams with one
+    batched decoding step (blendrag.serving): ``pending`` is the token whose next-token logits
+    the stream needs (None once done) and ``advance(logits)`` takes them; iterating the stream
+    decodes ``pending`` alone with ``runner.decode``. Both ways run the same text handling."""
 
     def __init__(self, runner: ModelRunner, tokenizer, eos_token_ids: set[int], prefill: Prefill,
                  cfg: GenerationConfig, on_done: Callable[[list[int]], None] | None = None,
@@ -41,11 +46,17 @@ class GenerationStream:
         self.threads = threads
         self.on_done = on_done
         self.tokenizer = tokenizer
-        self.eos_token_ids = eos_token_ids
+        self.eos = set(cfg.eos_token_ids) if cfg.eos_token_ids is not None else eos_token_ids
         self.prefill = prefill
         self.cfg = cfg
         self.result: GenerationResult | None = None
-        self._iter = self._run()
+        self.pending: int | None = None
+        self._generator = make_generator(cfg, runner.device)
+        self._ids: list[int] = []
+        self._text, self._emitted = "", 0
+        self._ready: list[str] = []  # deltas not yet handed out by iteration
+        self._t_first = 0.0
+        self._started = False
 
     def __iter__(self) -> Iterator[str]:
         return self
@@ -53,42 +64,69 @@ class GenerationStream:
     def __next__(self) -> str:
         # per step, not for the stream's life: the caller's own work between tokens keeps
         # the caller's thread count
-        with torch_threads(self.threads):
-            return next(self._iter)
+        while not self._ready:
+            if not self._started:
+                self._ready = self.start()
+            elif self.pending is not None:
+                with torch_threads(self.threads):
+                    logits = self.runner.decode(self.pending, self.prefill.fused)
+                self._ready = self.advance(logits)
+            else:
+                raise StopIteration
+        return self._ready.pop(0)
 
-    def _run(self) -> Iterator[str]:
-        cfg, stats = self.cfg, self.prefill.stats
-        eos = set(cfg.eos_token_ids) if cfg.eos_token_ids is not None else self.eos_token_ids
-        generator = make_generator(cfg, self.runner.device)
-        token = next_token(self.prefill.logits, cfg, generator)
-        t_first = time.perf_counter()
-        ids: list[int] = []
-        emitted, text, reason = 0, "", "length"
-        while True:
-            if token in eos:
-                reason = "eos"
-                break
-            ids.append(token)
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-            cut = _first_stop(text, cfg.stop)
-            if cut is not None:
-                text, reason = text[:cut], "stop"
-                break
-            safe = _safe_end(text, cfg.stop) if cfg.stream_holdback else len(text)
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-            if len(ids) >= cfg.max_new_tokens:
-                break
-            token = next_token(self.runner.decode(token, self.prefill.fused), cfg, generator)
-        if len(text) > emitted:
-            yield text[emitted:]
-        stats.decode.new_tokens = len(ids)
-        stats.decode.decode_s = time.perf_counter() - t_first
+    def start(self) -> list[str]:
+        """The first token, from the prefill's logits: its text deltas (non-empty strings)."""
+        if self._started:
+            raise RuntimeError("the stream has started already")
+        self._started = True
+        with torch_threads(self.threads):
+            token = next_token(self.prefill.logits, self.cfg, self._generator)
+        self._t_first = time.perf_counter()
+        return self._accept(token)
+
+    def advance(self, logits: torch.Tensor) -> list[str]:
+        """logits: [vocab], the next-token logits after ``pending`` -> the text deltas of the
+        token chosen from them."""
+        if self.pending is None:
+            raise RuntimeError("the stream needs no logits: it has not started or is done")
+        return self._accept(next_token(logits, self.cfg, self._generator))
+
+    def _accept(self, token: int) -> list[str]:
+        self.pending = None
+        cfg = self.cfg
+        if token in self.eos:
+            return self._finish("eos")
+        self._ids.append(token)
+        text = self.tokenizer.decode(self._ids, skip_special_tokens=True)
+        cut = _first_stop(text, cfg.stop)
+        if cut is not None:
+            self._text = text[:cut]
+            return self._finish("stop")
+        self._text = text
+        safe = _safe_end(text, cfg.stop) if cfg.stream_holdback else len(text)
+        out: list[str] = []
+        if safe > self._emitted:
+            out.append(text[self._emitted:safe])
+            self._emitted = safe
+        if len(self._ids) >= cfg.max_new_tokens:
+            return out + self._finish("length")
+        self.pending = token
+        return out
+
+    def _finish(self, reason: str) -> list[str]:
+        """The answer is done: the stats, ``result``, ``on_done``; the text not yet handed out."""
+        tail = [self._text[self._emitted:]] if len(self._text) > self._emitted else []
+        self._emitted = len(self._text)
+        stats = self.prefill.stats
+        stats.decode.new_tokens = len(self._ids)
+        stats.decode.decode_s = time.perf_counter() - self._t_first
         stats.decode.finish_reason = reason
-        self.result = GenerationResult(text=text, token_ids=ids, finish_reason=reason, stats=stats)
+        self.result = GenerationResult(text=self._text, token_ids=list(self._ids),
+                                       finish_reason=reason, stats=stats)
         if self.on_done is not None:
-            self.on_done(ids)
+            self.on_done(self._ids)
+        return tail
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -1,0 +1,55 @@
+"""How a scheduler serves many requests at once (``ServingConfig``), checked when made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from blendrag.checks import check_at_least
+
+
+@dataclass(frozen=True)
+class ServingConfig:
+    """Limits of one engine's scheduler (blendrag.serving.scheduler).
+
+    max_seqs: requests decoding at once, one batched step for all of them.
+    max_queue: requests waiting to start; one more is refused at once (``QueueFull``).
+    max_prefill_tokens: prompt tokens prefilled between two decoding steps (at least one
+      request's whatever its length): requests that are decoding wait at most that long for
+      their next token when new requests arrive.
+    pool_tokens: request KV rows all running requests may hold together (prompt + answer each,
+      counted in blocks of ``block_tokens``); None: ``max_seqs`` requests of the model's longest
+      context. A request that can never fit is refused (``PromptTooLarge``); one that cannot fit
+      now waits for others to finish.
+    timeout_s: a request not done within this many seconds of its arrival fails with
+      ``RequestTimeout`` (None: no limit); ``submit`` may set its own.
+    threads: torch's CPU threads in the scheduler's steps (None: the engine's).
+    idle_s: the scheduler's thread ends after this long without work (a new request starts it
+      again).
+    """
+
+    max_seqs: int = 16
+    max_queue: int = 256
+    max_prefill_tokens: int = 8192
+    pool_tokens: int | None = None
+    block_tokens: int = 16
+    timeout_s: float | None = None
+    threads: int | None = None
+    idle_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "max_queue", "max_prefill_tokens", "block_tokens"):
+            _count(name, getattr(self, name), 1)
+        if self.pool_tokens is not None:
+            _count("pool_tokens", self.pool_tokens, self.block_tokens)
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0 seconds or None, got {self.timeout_s!r}")
+        if self.threads is not None:
+            _count("threads", self.threads, 1)
+        if not self.idle_s > 0:
+            raise ValueError(f"idle_s must be > 0 seconds, got {self.idle_s!r}")
+
+
+def _count(label: str, value: object, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{label} must be an integer, got {value!r}")
+    check_at_least(label, value, low)

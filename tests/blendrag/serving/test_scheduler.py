@@ -1,0 +1,243 @@
+"""The scheduler serves many requests at once and each gets its answer exactly as alone: the
+same text and tokens (greedy and seeded sampling), the same first-token logits, whatever else
+shares its steps (modes, namespaces, generation settings); limits give the request they are
+about a clear error and nothing to the others; cancelled and timed-out requests free their
+pool blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from blendrag import BlendConfig, GenerationConfig
+from blendrag.serving import (
+    PromptTooLarge,
+    QueueFull,
+    RequestCancelled,
+    RequestTimeout,
+    Scheduler,
+    ServingConfig,
+)
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+GREEDY = GenerationConfig(max_new_tokens=10, eos_token_ids=())
+REQUESTS = [  # (passages, blend, generation): modes, lengths and settings side by side
+    (PASSAGES, BlendConfig(mode="full"), GREEDY),
+    (PASSAGES[:2], BlendConfig(mode="blend", ratio=0.3), GREEDY),
+    (PASSAGES[1:], BlendConfig(mode="reuse"), GenerationConfig(max_new_tokens=7,
+                                                               eos_token_ids=())),
+    (PASSAGES[::-1], BlendConfig(mode="blend", ratio=0.2),
+     GenerationConfig(max_new_tokens=9, temperature=0.8, top_k=20, seed=7, eos_token_ids=())),
+]
+
+
+@pytest.fixture
+def engine(engine_for):
+    engine = engine_for("llama")
+    engine.ingest(PASSAGES, PREFIX)
+    return engine
+
+
+def _layouts(engine):
+    return [engine.build_prompt(PREFIX, list(p), SUFFIX) for p, _, _ in REQUESTS]
+
+
+def _alone(engine):
+    return [engine.generate(lay, blend, gen)
+            for lay, (_, blend, gen) in zip(_layouts(engine), REQUESTS)]
+
+
+def test_requests_served_together_get_their_answers_alone(engine):
+    want = _alone(engine)
+    scheduler = Scheduler(engine.runner)
+    handles = [scheduler.submit(engine, lay, blend, gen)
+               for lay, (_, blend, gen) in zip(_layouts(engine), REQUESTS)]
+    got = [h.wait(60) for h in handles]
+    for a, b in zip(want, got):
+        assert b.token_ids == a.token_ids and b.text == a.text
+        assert b.finish_reason == a.finish_reason
+        assert b.stats.mode == a.stats.mode
+    assert scheduler.stats.mean_batch > 1.5  # they did share steps
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
+    scheduler.close()
+
+
+def test_first_token_logits_equal_alone(engine):
+    layouts = _layouts(engine)
+    alone = [engine.prefill(lay, blend).logits for lay, (_, blend, _) in zip(layouts, REQUESTS)]
+    scheduler = Scheduler(engine.runner)
+    handles = [scheduler.submit(engine, lay, blend, gen)
+               for lay, (_, blend, gen) in zip(layouts, REQUESTS)]
+    for h, want in zip(handles, alone):
+        h.wait(60)
+        assert h.prefill is not None and torch.allclose(h.prefill.logits, want, atol=1e-4)
+    scheduler.close()
+
+
+def test_namespaces_share_steps_and_keep_their_own_answers(engine):
+    tenant = engine.namespaced("tenant-a")
+    tenant.ingest(PASSAGES, PREFIX)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    reuse = BlendConfig(mode="reuse")
+    want = [engine.generate(layout, reuse, GREEDY).token_ids,
+            tenant.generate(layout, reuse, GREEDY).token_ids]
+    scheduler = Scheduler(engine.runner)
+    handles = [scheduler.submit(e, layout, reuse, GREEDY) for e in (engine, tenant)]
+    assert [h.wait(60).token_ids for h in handles] == want
+    assert handles[1].result is not None
+    assert handles[1].result.stats.cache.chunk_hits == len(PASSAGES)  # its own store's rows
+    scheduler.close()
+
+
+def test_streaming_from_threads_and_event_loops(engine):
+    want = [r.text for r in _alone(engine)]
+    scheduler = Scheduler(engine.runner)
+    layouts = _layouts(engine)
+    texts: dict[int, str] = {}
+
+    def user(j):
+        lay, (_, blend, gen) = layouts[j], REQUESTS[j]
+        texts[j] = "".join(scheduler.submit(engine, lay, blend, gen))
+
+    async def users():
+        async def one(j):
+            lay, (_, blend, gen) = layouts[j], REQUESTS[j]
+            return "".join([d async for d in scheduler.submit(engine, lay, blend, gen)])
+        return await asyncio.gather(*(one(j) for j in (2, 3)))
+
+    threads = [threading.Thread(target=user, args=(j,)) for j in (0, 1)]
+    for t in threads:
+        t.start()
+    texts.update(zip((2, 3), asyncio.run(users())))
+    for t in threads:
+        t.join(60)
+    assert [texts[j] for j in range(4)] == want
+    scheduler.close()
+
+
+def test_full_queue_refuses_only_the_new_request(engine):
+    scheduler = Scheduler(engine.runner, ServingConfig(max_queue=1, max_seqs=1))
+    layout = _layouts(engine)[0]
+    first = scheduler.submit(engine, layout, BlendConfig(mode="full"), GREEDY)
+    refused = 0
+    others = []
+    for _ in range(6):  # the queue holds one while the first runs
+        try:
+            others.append(scheduler.submit(engine, layout, BlendConfig(mode="full"), GREEDY))
+        except QueueFull as exc:
+            assert "max_queue=1" in str(exc)
+            refused += 1
+    assert refused >= 1
+    assert first.wait(60).finish_reason == "length"
+    for h in others:
+        assert len(h.wait(60).token_ids) == GREEDY.max_new_tokens
+    scheduler.close()
+
+
+def test_prompt_larger_than_the_pool_is_refused_with_numbers(engine):
+    scheduler = Scheduler(engine.runner, ServingConfig(pool_tokens=64, block_tokens=16))
+    layout = _layouts(engine)[0]
+    with pytest.raises(PromptTooLarge, match=r"need \d+ blocks of 16 rows; the KV pool holds 4"):
+        scheduler.submit(engine, layout, BlendConfig(mode="full"), GREEDY)
+    assert scheduler.waiting == 0 and scheduler.pool.free_blocks == 4
+    scheduler.close()
+
+
+def test_timeout_fails_that_request_and_frees_its_blocks(engine):
+    scheduler = Scheduler(engine.runner)
+    layout = _layouts(engine)[0]
+    slow = scheduler.submit(engine, layout, BlendConfig(mode="full"),
+                            GenerationConfig(max_new_tokens=400, eos_token_ids=()),
+                            timeout_s=0.3)
+    fine = scheduler.submit(engine, layout, BlendConfig(mode="full"), GREEDY)
+    with pytest.raises(RequestTimeout, match="timeout of 0.3 s"):
+        slow.wait(60)
+    assert len(fine.wait(60).token_ids) == GREEDY.max_new_tokens
+    _settle(scheduler)
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
+    assert scheduler.stats.timed_out == 1
+    scheduler.close()
+
+
+def test_cancelled_request_frees_its_pool_blocks(engine):
+    scheduler = Scheduler(engine.runner)
+    layout = _layouts(engine)[0]
+    gen = GenerationConfig(max_new_tokens=400, eos_token_ids=())
+    handle = scheduler.submit(engine, layout, BlendConfig(mode="full"), gen)
+    stream = iter(handle)
+    next(stream)  # running: it holds its blocks
+    held = scheduler.pool.blocks - scheduler.pool.free_blocks
+    assert held == scheduler.pool.blocks_for(layout.num_tokens + gen.max_new_tokens)
+    handle.cancel()
+    with pytest.raises(RequestCancelled):
+        list(stream)
+    _settle(scheduler)
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
+    assert scheduler.stats.cancelled == 1 and scheduler.running == 0
+    scheduler.close()
+
+
+def test_a_client_that_goes_away_cancels_its_request(engine):
+    scheduler = Scheduler(engine.runner)
+    layout = _layouts(engine)[0]
+    gen = GenerationConfig(max_new_tokens=400, eos_token_ids=())
+
+    async def leave_early():
+        handle = scheduler.submit(engine, layout, BlendConfig(mode="full"), gen)
+
+        async def read():
+            async for _ in handle:
+                pass
+        task = asyncio.create_task(read())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return handle
+
+    handle = asyncio.run(leave_early())
+    assert handle.cancelled
+    _settle(scheduler)
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
+    scheduler.close()
+
+
+def test_a_failing_request_fails_alone(engine):
+    scheduler = Scheduler(engine.runner)
+    layouts = _layouts(engine)
+
+    def broken(_prefill):
+        raise RuntimeError("planted")
+
+    bad = scheduler.submit(engine, layouts[0], BlendConfig(mode="full"), GREEDY, prepare=broken)
+    good = scheduler.submit(engine, layouts[1], BlendConfig(mode="full"), GREEDY)
+    with pytest.raises(RuntimeError, match="planted"):
+        bad.wait(60)
+    assert len(good.wait(60).token_ids) == GREEDY.max_new_tokens
+    _settle(scheduler)
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
+    scheduler.close()
+
+
+def test_other_models_and_bad_configs_are_refused(engine, engine_for):
+    scheduler = Scheduler(engine.runner)
+    other = engine_for("qwen3")
+    with pytest.raises(ValueError, match="another model"):
+        scheduler.submit(other, other.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(),
+                         GREEDY)
+    for bad in ({"max_seqs": 0}, {"max_queue": 1.5}, {"timeout_s": 0}, {"pool_tokens": 3},
+                {"threads": 0}, {"idle_s": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ServingConfig(**bad)
+    scheduler.close()
+
+
+def _settle(scheduler, timeout=10.0):
+    """Wait until the scheduler holds no request."""
+    end = time.monotonic() + timeout
+    while (scheduler.running or scheduler.waiting) and time.monotonic() < end:
+        time.sleep(0.02)
