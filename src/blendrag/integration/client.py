@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationResult, GenerationStream, RequestStats
+from blendrag.engine.request.prefill import Prefill
 from blendrag.ingest import IngestCounts, Ingestion
 from blendrag.integration.chunks import ChunkFormat
 from blendrag.integration.fallback import FallbackFixes, FallbackMonitor, IngestionMonitor
@@ -39,6 +40,7 @@ from blendrag.integration.ingestion_key import (
 )
 from blendrag.integration.text_index import ChunkTextIndex, index_for_store
 from blendrag.prompt import PromptBuilder
+from blendrag.serving import ServedRequest, scheduler_for
 from blendrag.store.config import StoreConfig
 
 PROGRESS_MIN = 32
@@ -47,17 +49,26 @@ PROGRESS_MIN = 32
 
 @dataclass
 class BlendRequest:
-    """One running request: its prompt layout (and how its chunks were found) and the engine's
-    token stream; ``result`` once the stream is exhausted."""
+    """One running request: its prompt layout (and how its chunks were found) and its token
+    stream: the engine's own (run in the caller's thread), or the scheduler's handle (served
+    with other requests; iterated from a thread or with ``async for``); ``result`` once the
+    stream is exhausted."""
 
     prompt: FlatLayout
-    stream: GenerationStream
+    stream: GenerationStream | ServedRequest
 
     @property
     def result(self) -> GenerationResult:
         if self.stream.result is None:
             raise RuntimeError("the request's stream is not exhausted yet")
         return self.stream.result
+
+    @property
+    def served(self) -> ServedRequest:
+        """The scheduler's handle of a request started with ``served=True``."""
+        if not isinstance(self.stream, ServedRequest):
+            raise TypeError("the request runs in its caller's thread, not on the scheduler")
+        return self.stream
 
     @property
     def blended(self) -> bool:
@@ -206,12 +217,14 @@ class BlendClient:
 
     def start(self, prompt: str, blend: BlendConfig, generation: GenerationConfig, *,
               texts: Sequence[str] | None = None, templated: bool = False,
-              strict: bool = False) -> BlendRequest:
+              strict: bool = False, served: bool = False) -> BlendRequest:
         """Lay ``prompt`` out at the retrieved chunks' ``texts`` when given (recorded for later
         flat prompts), else at the ingested texts, and start the engine's token stream; a plain
         full prefill when no chunk is found (warned once and counted, or
         ``NoChunkFoundError`` when ``strict``). ``templated``: the prompt already spells the chat
-        template. TTFT counts from when the chunks were looked for."""
+        template. TTFT counts from when the chunks were looked for. ``served``: queue it on the
+        scheduler of the engine's model (blendrag.serving: batched with every other request
+        served at the time) instead of running it in this thread."""
         flat = self.layout(prompt, texts=texts, templated=templated)
         if flat.full_only:
             if blend.mode == "full":  # asked for: not a fallback
@@ -221,6 +234,13 @@ class BlendClient:
                                      len(texts or ()))
             blend = dataclasses.replace(blend, mode="full")  # nothing cached to blend
         started = time.perf_counter() - flat.match_s
+        if served:
+            def prepare(prefill: Prefill, match_s: float = flat.match_s) -> None:
+                prefill.stats.timing.match_s = match_s
+            handle = scheduler_for(self.engine).submit(self.engine, flat.layout, blend,
+                                                       generation, started=started,
+                                                       prepare=prepare)
+            return BlendRequest(flat, handle)
         stream = self.engine.stream(flat.layout, blend, generation, started=started)
         stream.prefill.stats.timing.match_s = flat.match_s
         return BlendRequest(flat, stream)

@@ -26,7 +26,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a test by hiding t
     ) from exc
 
 from blendrag.langchain.chain import create_blend_retrieval_chain
-from blendrag.langchain.llm import BlendLLM, ChatBlend
+from blendrag.langchain.chat import ChatBlend
+from blendrag.langchain.llm import BlendLLM
 
 __all__ = ["BlendChroma", "BlendLLM", "ChatBlend", "SentenceTransformerEmbeddings",
            "create_blend_retrieval_chain"]

@@ -11,7 +11,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
 
 from blendrag.integration.chunks import DEFAULT_SEPARATOR
-from blendrag.langchain.llm import BlendLLM, ChatBlend, format_documents
+from blendrag.langchain.chat import ChatBlend
+from blendrag.langchain.llm import BlendLLM, format_documents
 
 
 def create_blend_retrieval_chain(

@@ -5,20 +5,16 @@ messages, generation info, callbacks, tracing params) to the client's calls."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseLLM
 from langchain_core.language_models.base import LangSmithParams
-from langchain_core.language_models.chat_models import BaseChatModel, generate_from_stream
-from langchain_core.messages import AIMessageChunk, BaseMessage, ChatMessage
-from langchain_core.messages.ai import UsageMetadata
 from langchain_core.outputs import (
-    ChatGenerationChunk,
-    ChatResult,
     Generation,
     GenerationChunk,
     LLMResult,
@@ -43,6 +39,10 @@ from blendrag.store.protocol import KVStore
 
 log = logging.getLogger(__name__)
 
+_SERVED: ContextVar[bool] = ContextVar("blendrag_served", default=False)
+"""Set while LangChain's ``batch`` runs: its requests (each ``invoke`` in a worker thread, which
+copies this context) are served by the engine's scheduler, together."""
+
 FIXES = FallbackFixes(
     empty_index="ingest through BlendChroma.from_documents(docs, embedding=..., llm=llm), or open "
                 "an existing collection with BlendChroma(..., llm=llm), which records its texts; "
@@ -61,8 +61,6 @@ FIXES = FallbackFixes(
 
 # Keyword arguments LangChain itself may pass down to _generate/_stream: not ours, not an error.
 _LANGCHAIN_KEYS = frozenset({"stream", "model", "ls_structured_output_format"})
-_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool",
-          "function": "function"}
 
 
 def format_documents(documents: Sequence[Document], document_prompt: str) -> list[str]:
@@ -145,9 +143,21 @@ class BlendParams(ClientViews, BlendSettings):
         return {"model": self.engine.name, **self.settings(),
                 "document_prompt": self.document_prompt}
 
+    def batch(self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False,
+              **kwargs: Any) -> list[Any]:
+        """LangChain's ``batch``, every request served by the engine's scheduler: the requests
+        share its batched decoding steps (blendrag.serving) instead of each running alone."""
+        token = _SERVED.set(True)
+        try:
+            return super().batch(  # type: ignore[misc]  # the Runnable this is mixed into
+                inputs, config, return_exceptions=return_exceptions, **kwargs)
+        finally:
+            _SERVED.reset(token)
+
     def _start(self, prompt: str, templated: bool, stop: Sequence[str] | None,
-               kwargs: dict[str, Any]) -> BlendRequest:
-        """Lay ``prompt`` out at the chunks it holds and start the engine's token stream."""
+               kwargs: dict[str, Any], served: bool = False) -> BlendRequest:
+        """Lay ``prompt`` out at the chunks it holds and start its token stream: in this thread,
+        or ``served`` by the engine's scheduler (the batch and async paths)."""
         warn_unknown(type(self).__name__, kwargs, {"documents", *_LANGCHAIN_KEYS})
         docs = kwargs.get("documents")
         if docs is not None and not all(isinstance(d, Document) for d in docs):
@@ -158,7 +168,8 @@ class BlendParams(ClientViews, BlendSettings):
         return client.start(prompt, self.blend_config(**overrides),
                             self.generation_config([*(stop or ()), *stops], **overrides),
                             texts=texts, templated=templated,
-                            strict=strict_from(kwargs, self.strict))
+                            strict=strict_from(kwargs, self.strict),
+                            served=served or _SERVED.get())
 
     def _ls_params(self, model_type: str, stop: list[str] | None,
                    kwargs: dict[str, Any]) -> LangSmithParams:
@@ -203,12 +214,55 @@ class BlendLLM(BlendParams, BaseLLM):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> LLMResult:
         # The token stream is the only generation path: invoke == stream by construction.
         callbacks = run_manager if self.streaming else None
-        generations = []
-        for prompt in prompts:
-            chunks = list(self._stream(prompt, stop, callbacks, **kwargs))
+        if len(prompts) > 1 or _SERVED.get():  # LangChain's batch: served together
+            requests = self._start_all(prompts, stop, kwargs)
+            generations = [[self._collect(r, callbacks)] for r in requests]
+        else:
+            chunks = list(self._stream(prompts[0], stop, callbacks, **kwargs))
             text = "".join(c.text for c in chunks)
-            generations.append([Generation(text=text, generation_info=chunks[-1].generation_info)])
+            generations = [[Generation(text=text, generation_info=chunks[-1].generation_info)]]
         return LLMResult(generations=generations, llm_output={"model_name": self.engine.name})
+
+    async def _agenerate(self, prompts: list[str], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                         **kwargs: Any) -> LLMResult:
+        """Every prompt served by the engine's scheduler, awaited on this event loop (no thread
+        per call)."""
+        callbacks = run_manager if self.streaming else None
+        requests = self._start_all(prompts, stop, kwargs)
+        generations = []
+        for request in requests:
+            text = ""
+            async for delta in request.served:
+                text += delta
+                if callbacks is not None:
+                    await callbacks.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
+            info = self._client.finish(request)
+            generations.append([Generation(text=text, generation_info=info)])
+        return LLMResult(generations=generations, llm_output={"model_name": self.engine.name})
+
+    def _start_all(self, prompts: list[str], stop: list[str] | None,
+                   kwargs: dict[str, Any]) -> list[BlendRequest]:
+        """Every prompt queued on the scheduler; those queued already are cancelled when one
+        cannot start."""
+        requests: list[BlendRequest] = []
+        try:
+            for prompt in prompts:
+                requests.append(self._start(prompt, False, stop, dict(kwargs), served=True))
+        except BaseException:
+            for request in requests:
+                request.served.cancel()
+            raise
+        return requests
+
+    def _collect(self, request: BlendRequest,
+                 callbacks: CallbackManagerForLLMRun | None) -> Generation:
+        text = ""
+        for delta in request.stream:
+            text += delta
+            if callbacks is not None:
+                callbacks.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
+        return Generation(text=text, generation_info=self._client.finish(request))
 
     def _stream(self, prompt: str, stop: list[str] | None = None,
                 run_manager: CallbackManagerForLLMRun | None = None,
@@ -223,72 +277,14 @@ class BlendLLM(BlendParams, BaseLLM):
             yield chunk
         yield GenerationChunk(text="", generation_info=self._client.finish(request))
 
-
-class ChatBlend(BlendParams, BaseChatModel):
-    """LangChain ``BaseChatModel`` over a :class:`~blendrag.BlendEngine` (instruct models).
-
-    The messages are rendered with the tokenizer's chat template (the engine's ``system``
-    message is added when the conversation has none); the rendered text is split at the
-    retrieved chunk texts exactly as :class:`BlendLLM` splits a prompt: the Documents given
-    as ``documents=``, else the texts of ``text_index``. The answer's ``usage_metadata``
-    counts prompt and new tokens; ``response_metadata["blendrag"]`` holds the request stats.
-    """
-
-    @model_validator(mode="after")
-    def _check_template(self) -> ChatBlend:
-        if not getattr(self.engine.tokenizer, "chat_template", None):
-            raise ValueError("ChatBlend needs a tokenizer with a chat_template; use BlendLLM for "
-                             "this model")
-        return self
-
-    @property
-    def _llm_type(self) -> str:
-        return "blendrag-chat"
-
-    @property
-    def _identifying_params(self) -> dict[str, Any]:
-        return self._params()
-
-    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
-        return self._ls_params("chat", stop, kwargs)
-
-    def render(self, messages: list[BaseMessage]) -> str:
-        """The conversation as the model reads it (chat template, assistant header last)."""
-        return self._client.render_chat([{"role": _role(m), "content": str(m.text)}
-                                         for m in messages])
-
-    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        # The token stream is the only generation path: invoke == stream by construction.
-        # (BaseChatModel itself reports streamed tokens to callbacks.)
-        return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
-
-    def _stream(self, messages: list[BaseMessage], stop: list[str] | None = None,
-                run_manager: CallbackManagerForLLMRun | None = None,
-                **kwargs: Any) -> Iterator[ChatGenerationChunk]:
-        request = self._start(self.render(messages), True, stop, kwargs)
-        # BaseChatModel reports every chunk to on_llm_new_token (and adds an empty "last" chunk,
-        # reported too, when ours is not marked last): the final metadata rides on the last text
-        # delta, so each delta is handed out once the next one is known (one decode step later)
-        # and callbacks count exactly the text chunks.
-        held: str | None = None
-        for delta in request.stream:
-            if held is not None:
-                yield ChatGenerationChunk(message=AIMessageChunk(content=held))
-            held = delta
-        info = self._client.finish(request)
-        stats = request.result.stats
-        prompt, new = stats.prompt.tokens, stats.decode.new_tokens
-        usage = UsageMetadata(input_tokens=prompt, output_tokens=new, total_tokens=prompt + new)
-        last = AIMessageChunk(content=held or "", usage_metadata=usage, chunk_position="last",
-                              response_metadata={"model_name": self.engine.name,
-                                                 "model_provider": "blendrag"})
-        yield ChatGenerationChunk(message=last, generation_info=info)
-
-
-def _role(message: BaseMessage) -> str:
-    if isinstance(message, ChatMessage):
-        return message.role
-    if message.type not in _ROLES:
-        raise ValueError(f"ChatBlend cannot render a {message.type!r} message")
-    return _ROLES[message.type]
+    async def _astream(self, prompt: str, stop: list[str] | None = None,
+                       run_manager: AsyncCallbackManagerForLLMRun | None = None,
+                       **kwargs: Any) -> AsyncIterator[GenerationChunk]:
+        """:meth:`_stream` served by the engine's scheduler, awaited on this event loop."""
+        request = self._start(prompt, False, stop, kwargs, served=True)
+        async for delta in request.served:
+            chunk = GenerationChunk(text=delta)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(delta, chunk=chunk)
+            yield chunk
+        yield GenerationChunk(text="", generation_info=self._client.finish(request))

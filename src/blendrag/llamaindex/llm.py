@@ -10,9 +10,8 @@ messages to turns, the stream to ``CompletionResponse`` objects.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,9 +186,11 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
 
     # ---- requests ----------------------------------------------------------------------------
 
-    def _start(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> BlendRequest:
+    def _start(self, prompt: str, formatted: bool, kwargs: dict[str, Any],
+               served: bool = False) -> BlendRequest:
         """Split at the nodes' texts (else the ingested texts), tokenize piece by piece, start
-        the engine's stream. ``formatted``: the prompt already has the chat template."""
+        the engine's stream (``served``: queue it on the engine's scheduler). ``formatted``:
+        the prompt already has the chat template."""
         warn_unknown(type(self).__name__, kwargs, {"nodes"})
         nodes = kwargs.get("nodes")
         texts = [self.chunk_text(n) for n in nodes] if nodes is not None else None
@@ -197,7 +198,8 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         client = self._client.serving(namespace_from(kwargs, self.namespace))
         return client.start(prompt, self.blend_config(**overrides),
                             self.generation_config(stop, **overrides), texts=texts,
-                            templated=formatted, strict=strict_from(kwargs, self.strict))
+                            templated=formatted, strict=strict_from(kwargs, self.strict),
+                            served=served)
 
     def _responses(self, request: BlendRequest) -> CompletionResponseGen:
         """One response per text delta, then a final one (empty delta) carrying the stats."""
@@ -205,12 +207,16 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         for delta in request.stream:
             text += delta
             yield CompletionResponse(text=text, delta=delta)
+        yield self._final(request)
+
+    def _final(self, request: BlendRequest) -> CompletionResponse:
+        """The final response (empty delta): the whole text, the tokens and the stats."""
         info = self._client.finish(request)
         result = request.result
         meta = {"blended": info["blended"], "stats": info["blendrag"],
                 "prompt": info["blendrag_prompt"]}
         raw = {"token_ids": list(result.token_ids), "finish_reason": result.finish_reason, **meta}
-        yield CompletionResponse(text=result.text, delta="", raw=raw, additional_kwargs=meta)
+        return CompletionResponse(text=result.text, delta="", raw=raw, additional_kwargs=meta)
 
     def _complete(self, prompt: str, formatted: bool, kwargs: dict[str, Any]) -> CompletionResponse:
         *_, last = self._responses(self._start(prompt, formatted, kwargs))  # drain the stream
@@ -248,43 +254,44 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
             self._responses(self._start(prompt, formatted, kwargs))
         )
 
-    # Prefill and decode steps block for their whole duration: the async variants run them in
-    # a worker thread so that the event loop stays free meanwhile.
+    # The async variants are served by the engine's scheduler (blendrag.serving): every
+    # request in flight shares its batched decoding steps, and each is awaited on the caller's
+    # event loop, with no thread per call.
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False,
                         **kwargs: Any) -> CompletionResponse:
-        """Async :meth:`complete` (runs in a worker thread)."""
-        return await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+        """Async :meth:`complete`, served with every other request in flight."""
+        request = self._start(prompt, formatted, kwargs, served=True)
+        async for _ in request.served:  # the text deltas: the final response has them all
+            pass
+        return self._final(request)
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False,
                                **kwargs: Any) -> CompletionResponseAsyncGen:
-        """Async :meth:`stream_complete` (prefill and each decode step in a worker thread)."""
-        stream = await asyncio.to_thread(self._start, prompt, formatted, kwargs)
-        return _in_thread(self._responses(stream))
+        """Async :meth:`stream_complete`, served with every other request in flight."""
+        return self._aresponses(self._start(prompt, formatted, kwargs, served=True))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        """Async :meth:`chat`."""
+        """Async :meth:`chat`, served with every other request in flight."""
         prompt, formatted = self._chat_prompt(messages)
-        response = await asyncio.to_thread(self._complete, prompt, formatted, kwargs)
+        response = await self.acomplete(prompt, formatted, **kwargs)
         return completion_response_to_chat_response(response)
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage],
                            **kwargs: Any) -> ChatResponseAsyncGen:
-        """Async :meth:`stream_chat`."""
+        """Async :meth:`stream_chat`, served with every other request in flight."""
         prompt, formatted = self._chat_prompt(messages)
-        stream = await asyncio.to_thread(self._start, prompt, formatted, kwargs)
-        return astream_completion_response_to_chat_response(_in_thread(self._responses(stream)))
+        return astream_completion_response_to_chat_response(
+            self._aresponses(self._start(prompt, formatted, kwargs, served=True)))
 
-
-async def _in_thread(responses: Iterator[CompletionResponse],
-                     ) -> AsyncGenerator[CompletionResponse, None]:
-    """Async iteration over a blocking iterator, each step in a worker thread."""
-    while True:
-        item = await asyncio.to_thread(next, responses, None)
-        if item is None:
-            return
-        yield item
+    async def _aresponses(self, request: BlendRequest) -> CompletionResponseAsyncGen:
+        """:meth:`_responses` of a served request, on the event loop."""
+        text = ""
+        async for delta in request.served:
+            text += delta
+            yield CompletionResponse(text=text, delta=delta)
+        yield self._final(request)

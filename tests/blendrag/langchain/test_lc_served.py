@@ -1,0 +1,83 @@
+"""LangChain's batch and async paths are served by the engine's scheduler (blendrag.serving):
+several requests share its batched decoding steps, and each answer equals the one ``invoke``
+gives alone, for ``BlendLLM`` and ``ChatBlend``."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("langchain_core")
+
+from langchain_core.documents import Document  # noqa: E402
+from langchain_core.messages import HumanMessage, SystemMessage  # noqa: E402
+
+from blendrag.serving import scheduler_for  # noqa: E402
+from helpers.lc_data import PASSAGES, TEMPLATE  # noqa: E402
+
+QUESTIONS = ("Where was Lionel Messi born?", "Who moved to Paris?", "What is reused?",
+             "Which city is named first?")
+DOCS = [Document(page_content=p) for p in PASSAGES[:3]]
+
+
+def _prompt(question: str) -> str:
+    return TEMPLATE.format(context="\n\n".join(PASSAGES[:3]), input=question)
+
+
+def _messages(question: str) -> list:
+    return [SystemMessage("Answer from the passages below.\n" + "\n\n".join(PASSAGES[:3])),
+            HumanMessage(question)]
+
+
+def _served(engine):
+    stats = scheduler_for(engine).stats
+    return stats.requests, stats.decoded, stats.steps
+
+
+def test_batch_is_served_together_and_equals_invoke(llm, engine):
+    alone = [llm.invoke(_prompt(q), documents=DOCS) for q in QUESTIONS]
+    before = _served(engine)
+    together = llm.batch([_prompt(q) for q in QUESTIONS], documents=DOCS)
+    after = _served(engine)
+    assert together == alone
+    assert after[0] - before[0] == len(QUESTIONS)
+    assert (after[1] - before[1]) > (after[2] - before[2])  # steps held several requests
+
+
+def test_abatch_ainvoke_astream_are_served_and_equal_invoke(llm, engine):
+    alone = [llm.invoke(_prompt(q), documents=DOCS) for q in QUESTIONS]
+    before = _served(engine)
+
+    async def run():
+        streamed = ["".join([c async for c in llm.astream(_prompt(q), documents=DOCS)])
+                    for q in QUESTIONS[:1]]
+        invoked = await asyncio.gather(*(llm.ainvoke(_prompt(q), documents=DOCS)
+                                         for q in QUESTIONS))
+        batched = await llm.abatch([_prompt(q) for q in QUESTIONS], documents=DOCS)
+        return streamed, list(invoked), batched
+
+    streamed, invoked, batched = asyncio.run(run())
+    assert streamed == alone[:1] and invoked == alone and batched == alone
+    assert _served(engine)[0] - before[0] == 1 + 2 * len(QUESTIONS)
+    assert llm.last_stats is not None and llm.last_stats.decode.new_tokens > 0
+
+
+def test_chat_batch_and_async_are_served_and_equal_invoke(engine):
+    from blendrag.langchain import ChatBlend
+
+    chat = ChatBlend(engine=engine, ratio=0.3, max_tokens=8)
+    alone = [chat.invoke(_messages(q), documents=DOCS).content for q in QUESTIONS]
+    before = _served(engine)
+    together = [m.content for m in chat.batch([_messages(q) for q in QUESTIONS],
+                                              documents=DOCS)]
+
+    async def run():
+        return [m.content for m in await asyncio.gather(
+            *(chat.ainvoke(_messages(q), documents=DOCS) for q in QUESTIONS))]
+
+    assert together == alone
+    assert asyncio.run(run()) == alone
+    after = _served(engine)
+    assert after[0] - before[0] == 2 * len(QUESTIONS)
+    assert (after[1] - before[1]) > (after[2] - before[2])
