@@ -17,17 +17,18 @@ RANDOM = "random"  # --model value of the benchmarks' default: random weights of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from blendrag_bench import precompute_cli, quality_cli
+    from blendrag_bench import precompute_cli, quality_cli, serve_cli
 
     group = sub.add_parser("bench", help="benchmarks: TTFT, store and precompute throughput, "
                            "chunk matching, answer quality, fidelity on your own prompts",
                            description="Benchmarks; docs/benchmarks.md has the figures they "
                                        "made, with the commands.")
     bench = group.add_subparsers(dest="bench", required=True,
-                                 metavar="{ttft,chat,store,precompute,match,quality,"
+                                 metavar="{ttft,chat,serve,store,precompute,match,quality,"
                                          "fidelity,calibration}")
     _register_ttft(bench)
     _register_chat(bench)
+    serve_cli.register(bench)
     _register_store(bench)
     precompute_cli.register(bench)
     _register_match(bench)

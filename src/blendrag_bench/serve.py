@@ -1,0 +1,250 @@
+"""`blendrag bench serve`: one engine serving many users, against the same engine serving one
+request at a time, over the same RAG prompts.
+
+Workload: MuSiQue questions with ``passages`` passages each (cut to ``passage_tokens``), the
+passages ingested before anything is timed, answers of exactly ``answer_tokens`` tokens (EOS
+ignored, so every configuration decodes the same work), greedy. Per mode (full prefill, the
+default blend):
+
+- ``one at a time``: every request through ``engine.stream`` in turn (the engine as it was
+  before it had a scheduler): the baseline;
+- ``U users``: U closed-loop users, each sending its next request when its answer is done,
+  through the scheduler (blendrag.serving);
+- ``poisson R/s``: requests arriving at random at R per second, through the scheduler.
+
+Per run: requests/s, output tokens/s, p50/p95 TTFT (from the request's arrival to its first
+text delta: queueing included), p50/p95 time per output token, each against the baseline, and
+how many answers equal the baseline's token for token.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from blendrag.config import BlendConfig, GenerationConfig
+from blendrag.engine.engine import BlendEngine
+from blendrag.prompt import PromptLayout
+from blendrag.serving import Scheduler, ServingConfig
+from blendrag_bench.datasets import load_musique
+from blendrag_bench.quality import fit_item
+
+MODES = {"full": BlendConfig(mode="full"), "default": BlendConfig()}
+
+
+@dataclass(frozen=True)
+class ServeBenchConfig:
+    """users: closed-loop user counts; rates: Poisson arrival rates (requests/s);
+    requests: requests per run; passages/passage_tokens: each prompt's retrieved passages;
+    answer_tokens: tokens decoded per answer; modes: names in ``MODES``."""
+
+    users: tuple[int, ...] = (1, 2, 4)
+    rates: tuple[float, ...] = ()
+    requests: int = 8
+    passages: int = 5
+    passage_tokens: int = 100
+    answer_tokens: int = 32
+    modes: tuple[str, ...] = ("full", "default")
+    max_seqs: int = 16
+    serve_threads: int | None = None  # the scheduler's torch threads (None: the engine's)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.users and not self.rates:
+            raise ValueError("give at least one user count or arrival rate")
+        if any(u < 1 for u in self.users) or any(not r > 0 for r in self.rates):
+            raise ValueError(f"users must be >= 1 and rates > 0, got {self.users}, {self.rates}")
+        for name in ("requests", "passages", "passage_tokens", "answer_tokens", "max_seqs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        unknown = set(self.modes) - set(MODES)
+        if unknown or not self.modes:
+            raise ValueError(f"modes must be among {sorted(MODES)}, got {self.modes}")
+
+
+@dataclass
+class Served:
+    """One request as its user saw it."""
+
+    arrived: float
+    first: float = 0.0
+    last: float = 0.0
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.arrived
+
+    @property
+    def tpot(self) -> float:
+        """Seconds per output token after the first."""
+        return (self.last - self.first) / max(1, len(self.tokens) - 1)
+
+
+def prompts(engine: BlendEngine, cfg: ServeBenchConfig) -> list[PromptLayout]:
+    """The workload's prompts, their passages ingested."""
+    items = [fit_item(engine, it, cfg.passage_tokens)
+             for it in load_musique(limit=cfg.requests, passages=cfg.passages)]
+    for it in items:
+        engine.ingest(list(it.chunks), it.prefix)
+    return [engine.build_prompt(it.prefix, list(it.chunks), it.suffix) for it in items]
+
+
+def one_at_a_time(engine: BlendEngine, layouts: list[PromptLayout], blend: BlendConfig,
+                  gen: GenerationConfig) -> tuple[list[Served], float]:
+    out, t0 = [], time.perf_counter()
+    for layout in layouts:
+        served = Served(time.perf_counter())
+        stream = engine.stream(layout, blend, gen, started=served.arrived)
+        _read(served, stream)
+        served.tokens = stream.result.token_ids if stream.result else []
+        out.append(served)
+    return out, time.perf_counter() - t0
+
+
+def closed_loop(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLayout],
+                blend: BlendConfig, gen: GenerationConfig,
+                users: int) -> tuple[list[Served], float]:
+    """``users`` users sending ``layouts`` in turn, each its next once its answer is done."""
+    queue = list(enumerate(layouts))
+    lock = threading.Lock()
+    out: list[Served | None] = [None] * len(layouts)
+
+    def user() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                j, layout = queue.pop(0)
+            out[j] = _serve(scheduler, engine, layout, blend, gen)
+
+    return _timed(lambda: _in_threads(user for _ in range(users)), out)
+
+
+def poisson(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLayout],
+            blend: BlendConfig, gen: GenerationConfig, rate: float,
+            seed: int) -> tuple[list[Served], float]:
+    """``layouts`` arriving at random, ``rate`` per second on average."""
+    rng = random.Random(seed)
+    out: list[Served | None] = [None] * len(layouts)
+
+    def arrivals() -> None:
+        threads = []
+        for j, layout in enumerate(layouts):
+            def one(j: int = j, layout: PromptLayout = layout) -> None:
+                out[j] = _serve(scheduler, engine, layout, blend, gen)
+            t = threading.Thread(target=one)
+            t.start()
+            threads.append(t)
+            time.sleep(rng.expovariate(rate))
+        for t in threads:
+            t.join()
+
+    return _timed(arrivals, out)
+
+
+def _serve(scheduler: Scheduler, engine: BlendEngine, layout: PromptLayout,
+           blend: BlendConfig, gen: GenerationConfig) -> Served:
+    served = Served(time.perf_counter())
+    handle = scheduler.submit(engine, layout, blend, gen, started=served.arrived)
+    _read(served, handle)
+    served.tokens = handle.wait().token_ids
+    return served
+
+
+def _read(served: Served, deltas: Iterable[str]) -> None:
+    for _ in deltas:
+        if not served.first:
+            served.first = time.perf_counter()
+    served.last = time.perf_counter()
+    served.first = served.first or served.last
+
+
+def _timed(run: Callable[[], None], out: list[Served | None]) -> tuple[list[Served], float]:
+    t0 = time.perf_counter()
+    run()
+    wall = time.perf_counter() - t0
+    return [s for s in out if s is not None], wall
+
+
+def _in_threads(targets: Iterable[Callable[[], None]]) -> None:
+    threads = [threading.Thread(target=t) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def summary(name: str, served: list[Served], wall: float, base: list[Served] | None,
+            base_wall: float | None, want: list[list[int]] | None) -> dict:
+    """One row: throughput, latencies, and each against the baseline."""
+    tokens = sum(len(s.tokens) for s in served)
+    row = {"run": name, "requests": len(served), "wall_s": wall,
+           "requests_per_s": len(served) / wall, "tokens_per_s": tokens / wall,
+           "ttft_p50_s": _pct([s.ttft for s in served], 50),
+           "ttft_p95_s": _pct([s.ttft for s in served], 95),
+           "tpot_p50_s": _pct([s.tpot for s in served], 50),
+           "tpot_p95_s": _pct([s.tpot for s in served], 95)}
+    if base is not None and base_wall is not None:
+        row["throughput_x"] = base_wall / wall
+        row["ttft_p95_x"] = row["ttft_p95_s"] / _pct([s.ttft for s in base], 95)
+        row["tpot_p50_x"] = _pct([s.tpot for s in base], 50) / row["tpot_p50_s"]
+    if want is not None:
+        row["same_answer"] = sum(s.tokens == w for s, w in zip(served, want))
+    return row
+
+
+def _pct(values: list[float], q: int) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def run(engine: BlendEngine, cfg: ServeBenchConfig,
+        on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every mode's baseline and runs; the rows, each also handed to ``on_row``."""
+    layouts = prompts(engine, cfg)
+    gen = GenerationConfig(max_new_tokens=cfg.answer_tokens, eos_token_ids=())
+    scheduler = Scheduler(engine.runner, ServingConfig(
+        max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads))
+    rows = []
+    try:
+        for mode in cfg.modes:
+            for row in _mode_rows(scheduler, engine, layouts, MODES[mode], gen, cfg):
+                row["mode"] = mode
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+    finally:
+        scheduler.close()
+    return rows
+
+
+def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLayout],
+               blend: BlendConfig, gen: GenerationConfig, cfg: ServeBenchConfig) -> Iterable[dict]:
+    engine.generate(layouts[0], blend, gen)  # warm: the first request's one-off costs
+    base, base_wall = one_at_a_time(engine, layouts, blend, gen)
+    want = [s.tokens for s in base]
+    yield summary("one at a time", base, base_wall, None, None, None)
+    for users in cfg.users:
+        served, wall = closed_loop(scheduler, engine, layouts, blend, gen, users)
+        yield summary(f"{users} users", served, wall, base, base_wall, want)
+    for rate in cfg.rates:
+        served, wall = poisson(scheduler, engine, layouts, blend, gen, rate, cfg.seed)
+        yield summary(f"poisson {rate:g}/s", served, wall, base, base_wall, want)
+
+
+def format_row(row: dict) -> str:
+    line = (f"{row['mode']:<8} {row['run']:<14} {row['requests_per_s']:7.3f} req/s "
+            f"{row['tokens_per_s']:7.1f} tok/s  TTFT p50 {row['ttft_p50_s'] * 1e3:7.0f} ms "
+            f"p95 {row['ttft_p95_s'] * 1e3:7.0f} ms  TPOT p50 {row['tpot_p50_s'] * 1e3:6.1f} ms "
+            f"p95 {row['tpot_p95_s'] * 1e3:6.1f} ms")
+    if "throughput_x" in row:
+        line += (f"  | throughput {row['throughput_x']:.2f}x, p95 TTFT {row['ttft_p95_x']:.2f}x, "
+                 f"tok/s per user {row['tpot_p50_x']:.2f}x, same answer "
+                 f"{row['same_answer']}/{row['requests']}")
+    return line

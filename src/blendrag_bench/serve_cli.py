@@ -1,0 +1,77 @@
+"""`blendrag bench serve`: many users on one engine against one request at a time
+(``serve.py``). ``blendrag_bench.cli`` adds it to the ``bench`` group."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from blendrag.cli.options import add_json_option, add_model_options, emit
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
+def register(bench: argparse._SubParsersAction) -> None:
+    """Add ``serve`` to the ``blendrag bench`` group."""
+    s = bench.add_parser(
+        "serve", help="throughput and latency of many users on one engine vs one at a time",
+        description="Closed-loop users and Poisson arrivals over the same RAG prompts, through "
+                    "the engine's scheduler (batched decoding), against the engine serving one "
+                    "request at a time: requests/s, tokens/s, p50/p95 TTFT and time per output "
+                    "token, side by side.")
+    add_model_options(s)
+    s.add_argument("--users", type=_ints, default=(1, 2, 4),
+                   help="comma-separated closed-loop user counts (default: 1,2,4; a GPU: "
+                        "1,4,16)")
+    s.add_argument("--rates", type=_floats, default=(),
+                   help="comma-separated Poisson arrival rates, requests/s (default: none)")
+    s.add_argument("--requests", type=int, default=8, help="requests per run (default: 8)")
+    s.add_argument("--passages", type=int, default=5,
+                   help="retrieved passages per prompt (default: 5)")
+    s.add_argument("--passage-tokens", type=int, default=100,
+                   help="each passage cut to this many tokens (default: 100)")
+    s.add_argument("--answer-tokens", type=int, default=32,
+                   help="tokens decoded per answer, EOS ignored (default: 32)")
+    s.add_argument("--modes", default="full,default",
+                   help="comma-separated: full, default (default: full,default)")
+    s.add_argument("--serve-threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads of the scheduler's steps (default: --threads)")
+    add_json_option(s, "one record per run")
+    s.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from blendrag.engine.engine import BlendEngine
+    from blendrag_bench.serve import ServeBenchConfig, format_row, run
+
+    try:
+        cfg = ServeBenchConfig(users=args.users, rates=args.rates, requests=args.requests,
+                               passages=args.passages, passage_tokens=args.passage_tokens,
+                               answer_tokens=args.answer_tokens,
+                               modes=tuple(m for m in args.modes.split(",") if m),
+                               serve_threads=args.serve_threads)
+    except ValueError as e:
+        print(f"blendrag bench serve: error: {e}", file=sys.stderr)
+        return 2
+    engine = BlendEngine.from_pretrained(args.model, dtype=args.dtype, device=args.device,
+                                         gguf_file=args.gguf_file, threads=args.threads or None)
+    quiet = args.json == "-"
+    if not quiet:
+        print(f"bench serve: {engine.name} on {engine.device}, {cfg.requests} requests of "
+              f"{cfg.passages} x {cfg.passage_tokens}-token passages, {cfg.answer_tokens}-token "
+              "answers; against one request at a time")
+    rows = run(engine, cfg, on_row=None if quiet else lambda r: print(format_row(r), flush=True))
+    emit(args, rows, "")
+    return 0

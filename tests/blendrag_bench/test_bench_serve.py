@@ -1,0 +1,47 @@
+"""`blendrag bench serve` on the demo model: every run's rows are there, each served answer is
+the one-at-a-time answer, and the command prints its table and JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from blendrag import BlendEngine
+from blendrag_bench.serve import ServeBenchConfig, run
+
+SMALL = dict(requests=3, passages=2, passage_tokens=30, answer_tokens=4)
+
+
+def test_runs_side_by_side_with_the_baseline():
+    engine = BlendEngine.from_pretrained("demo", device="cpu")
+    rows = run(engine, ServeBenchConfig(users=(1, 3), rates=(50.0,), modes=("full", "default"),
+                                        **SMALL))
+    assert [(r["mode"], r["run"]) for r in rows] == [
+        (m, n) for m in ("full", "default")
+        for n in ("one at a time", "1 users", "3 users", "poisson 50/s")]
+    for row in rows:
+        assert row["requests"] == 3 and row["tokens_per_s"] > 0
+        assert row["ttft_p95_s"] >= row["ttft_p50_s"] > 0
+        if row["run"] != "one at a time":
+            assert row["same_answer"] == 3  # served together, answered as alone
+            assert row["throughput_x"] > 0
+
+
+def test_bad_settings_are_refused():
+    for bad in ({"users": (), "rates": ()}, {"users": (0,)}, {"rates": (-1.0,)},
+                {"modes": ("fast",)}, {"requests": 0}):
+        with pytest.raises(ValueError):
+            ServeBenchConfig(**bad)
+
+
+def test_command_prints_the_table_and_json(tmp_path, capsys):
+    from blendrag.cli import main
+
+    out = tmp_path / "serve.json"
+    assert main(["bench", "serve", "--model", "demo", "--device", "cpu", "--users", "2",
+                 "--requests", "2", "--passages", "2", "--passage-tokens", "20",
+                 "--answer-tokens", "3", "--modes", "full", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "one at a time" in text and "2 users" in text and "same answer 2/2" in text
+    assert [r["run"] for r in json.loads(out.read_text())] == ["one at a time", "2 users"]
