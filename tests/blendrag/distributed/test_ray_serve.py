@@ -1,0 +1,95 @@
+"""Two Ray Serve replicas of one engine on a single-node Ray cluster on 127.0.0.1, sharing one
+Redis tier: a chunk ingested through one replica is served as a hit by the other; the HTTP
+route answers completions in OpenAI's shape and refuses bad bodies with a 400. Skipped, saying
+why, without Ray Serve (``pip install "blendrag[serve]"``)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from blendrag.spec import EngineSpec
+from blendrag.store import StoreConfig
+from helpers.ray_cluster import import_ray, local_cluster
+from helpers.tiny import PASSAGES
+
+import_ray()
+serve = pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install "
+                                                "'blendrag[serve]') - serving on Ray untested")
+httpx = pytest.importorskip("httpx")
+from blendrag.distributed.ray_serve import BlendServer, ServeSettings, app  # noqa: E402
+
+pytestmark = [pytest.mark.processes]
+DOCS = [p.strip() for p in PASSAGES[:3]]
+
+
+def _prompt(question: str) -> str:
+    from blendrag.integration.chunks import ChunkFormat
+
+    fmt = ChunkFormat()
+    return ("Answer from the passages.\n" + fmt.join([fmt.format(d) for d in DOCS])
+            + f"\nQuestion: {question}\nAnswer:")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served(model_dir, redis_server):
+    spec = EngineSpec(model=str(model_dir("llama")), device="cpu", chat=False, chunk_prefix="",
+                      store=StoreConfig(ram_bytes=64 << 20, disk_dir=None,
+                                        redis_url=redis_server.url, redis_prefix="serve:"))
+    port = _free_port()
+    with local_cluster(num_cpus=2):
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        handle = serve.run(app(ServeSettings(spec, replicas=2, cpus_per_replica=0.5)),
+                           name="blendrag", route_prefix="/")
+        try:
+            yield handle, f"http://127.0.0.1:{port}"
+        finally:
+            serve.shutdown()
+
+
+def test_a_chunk_ingested_through_one_replica_is_a_hit_on_the_other(served):
+    handle, _ = served
+    ingested = handle.ingest.remote(DOCS).result()
+    assert ingested["computed"] == len(DOCS)
+    body = {"prompt": _prompt("who was born first?"), "documents": DOCS, "max_tokens": 4}
+    others = []
+    for _ in range(40):  # Ray Serve picks the replica: ask until the other one answers
+        answer = handle.complete.remote(body).result()
+        if answer["replica"] != ingested["replica"]:
+            others.append(answer)
+            break
+    assert others, "every request went to the replica that ingested"
+    stats = others[0]["blendrag"]
+    # the documents and the separators between them, every one read from the shared tier
+    assert stats["chunk_hits"] >= len(DOCS) and stats["chunk_misses"] == 0
+    assert others[0]["usage"]["completion_tokens"] == 4
+
+
+def test_http_route_answers_and_refuses_bad_bodies(served):
+    _, url = served
+    with httpx.Client(base_url=url, timeout=120) as http:
+        assert http.get("/health").json()["status"] == "ok"
+        r = http.post("/v1/completions", json={"prompt": _prompt("where?"), "documents": DOCS,
+                                               "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] in ("length", "eos", "stop")
+        assert http.post("/v1/completions", json={"prompt": 3}).status_code == 400
+        assert http.post("/v1/ingest", json={"texts": "not a list"}).status_code == 400
+        assert http.post("/v1/nowhere", json={}).status_code == 404
+
+
+def test_settings_need_a_shared_tier(model_dir):
+    with pytest.raises(ValueError, match="shared tier"):
+        ServeSettings(EngineSpec(model=str(model_dir("llama")), store=StoreConfig(disk_dir=None)))
+    with pytest.raises(ValueError, match="replicas"):
+        ServeSettings(EngineSpec(model="x", store=StoreConfig(disk_dir=None,
+                                                              redis_url="redis://h:1/0")),
+                      replicas=0)
+    assert BlendServer.__init__ is not None
