@@ -29,16 +29,23 @@ class RopeTable:
         self.start = start
         self.cos: torch.Tensor = cos[0]
         self.sin: torch.Tensor = sin[0]
+        self._swapped: torch.Tensor | None = None  # sin with its halves swapped, made once
 
     def at(self, pos: torch.Tensor | slice) -> Rotation:
         """The rotation at absolute positions ``pos`` ([A] or a slice): cos/sin gathered once,
         for every tensor rotated at those positions (each layer's queries and keys)."""
-        idx: torch.Tensor | slice
-        if isinstance(pos, slice):
-            idx = slice(pos.start - self.start, pos.stop - self.start)
-        else:
-            idx = pos - self.start if self.start else pos
+        if isinstance(pos, slice):  # e.g. rows placed in the request's KV, rotated in place
+            rows = slice(pos.start - self.start, pos.stop - self.start)
+            return Rotation(self.cos[rows], self.sin[rows], self.swapped_sin()[rows])
+        idx = pos - self.start if self.start else pos
         return Rotation(self.cos[idx], self.sin[idx])
+
+    def swapped_sin(self) -> torch.Tensor:
+        """[n - start, R]: sin's halves swapped, [s2, s1] (``Rotation.rotate_in_place``), made
+        at the first use: one kernel per table and request, for every layer's cached rows."""
+        if self._swapped is None:
+            self._swapped = _swap_halves(self.sin)
+        return self._swapped
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor | slice) -> torch.Tensor:
         """x: [heads, A, D] at absolute positions ``pos`` -> rotated x (same shape, contiguous)."""
@@ -55,12 +62,15 @@ class Rotation:
 
     The positions a request computes change only at a selector's check layers, and layers of
     one kind share their table, so one ``Rotation`` serves the queries and keys of many layers:
-    the gather of cos/sin is not repeated per layer."""
+    the gather of cos/sin is not repeated per layer. ``swapped``: sin's halves swapped, [A, R]
+    (``RopeTable.swapped_sin``; made here when not given)."""
 
-    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor,
+                 swapped: torch.Tensor | None = None) -> None:
         self.rotary_dim = r = cos.shape[-1]
         h = r // 2
         self.dtype = cos.dtype  # computed in: the model's dtype, or float32 (OLMo 2)
+        self.cos, self.sin, self._swapped = cos, sin, swapped
         self.c1, self.c2 = cos[:, :h], cos[:, h:]  # [A, R/2] each
         self.s1, self.s2 = sin[:, :h], sin[:, h:]
 
@@ -111,24 +121,50 @@ class Rotation:
         return out.to(x.dtype)
 
     def rotate_in_place(self, x: torch.Tensor) -> None:
-        """Rotate x: [heads, A, D] where it lies (rows of the request's KV that hold pre-RoPE
-        keys), with ``rotate_into``'s arithmetic (bit for bit): many segments' rows, copied in
-        side by side, rotated by one set of kernels."""
-        r = self.rotary_dim
-        x = x[..., :r]  # partial rotary: the rest passes unrotated
-        h = r // 2
-        x1, x2 = x[..., :h], x[..., h:]
-        c1, c2, s1, s2 = self.c1, self.c2, self.s1, self.s2
-        if self.dtype != x.dtype:  # float32 cos/sin: rotated in float32, rounded once
-            f1, f2 = x1.to(self.dtype), x2.to(self.dtype)
-            t1, t2 = f1 * c1 - f2 * s1, f2 * c2 + f1 * s2
-        else:
-            t1 = x1 * c1
-            t1.sub_(x2 * s1)
-            t2 = x2 * c2
-            t2.add_(x1 * s2)
-        x1.copy_(t1)
-        x2.copy_(t2)
+        """Rotate x: [..., A, D] where it lies (rows of the request's KV that hold pre-RoPE
+        keys: [heads, A, D] of one layer, or [layers, heads, A, D] of many), with
+        ``rotate_into``'s arithmetic (bit for bit): many segments' rows of many layers, copied
+        in side by side, rotated by one set of four kernels (six when cos/sin are float32).
+
+        Its temporaries (the products with sin, and x in float32 for float32 cos/sin) are at
+        most ``SCRATCH_BYTES`` at a time: layers beyond that are rotated a block at a time."""
+        x = x[..., :self.rotary_dim]  # partial rotary: the rest passes unrotated
+        if x.dim() > 3:  # [layers, heads, A, R]: the scratch of a block of layers is bounded
+            per_layer = x[0].numel() * self.dtype.itemsize * (1 if self.dtype == x.dtype else 2)
+            step = max(1, SCRATCH_BYTES // max(per_layer, 1))
+            if step < x.shape[0]:
+                for a in range(0, x.shape[0], step):
+                    self.rotate_in_place(x[a:a + step])
+                return
+        if self.dtype == x.dtype:
+            self._rotate(x)
+            return
+        f = x.to(self.dtype)  # float32 cos/sin: rotated in float32, rounded once
+        self._rotate(f)
+        x.copy_(f)
+
+    def _rotate(self, x: torch.Tensor) -> None:
+        """x: [..., A, R] in cos/sin's dtype, rotated in place: x1*c1 - x2*s1 and x2*c2 + x1*s2,
+        each product rounded once and then the sum, as ``rotate_into`` (and HF) compute them."""
+        h = self.rotary_dim // 2
+        if self._swapped is None:
+            self._swapped = _swap_halves(self.sin)
+        p = x * self._swapped  # [..., A, R]: [x1*s2, x2*s1], before x changes
+        x.mul_(self.cos)  # [x1*c1, x2*c2]
+        x[..., :h].sub_(p[..., h:])
+        x[..., h:].add_(p[..., :h])
+
+
+def _swap_halves(t: torch.Tensor) -> torch.Tensor:
+    """t: [A, R] -> [A, R] with its halves swapped: [t2, t1]."""
+    h = t.shape[-1] // 2
+    return torch.cat((t[:, h:], t[:, :h]), dim=-1)
+
+
+# At most this many bytes of temporaries while rotating cached keys in place (a block of
+# layers at a time): every layer of a long prompt's rows at once would need as much again as
+# the request's keys.
+SCRATCH_BYTES = 64 << 20
 
 
 class RopeTables:

@@ -101,19 +101,25 @@ class FusedKV:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def place(self, layer: int, segments: list[CachedSegment],
+    def place(self, layers: slice, segments: list[CachedSegment],
               rows: list[tuple[torch.Tensor, torch.Tensor]], rope: RopeTable,
               clock: PhaseClock = OFF) -> None:
-        """Write the cached rows of ``layer``: ``rows[j]`` = (pre-RoPE keys, values) of
-        ``segments[j]``, each [Hkv, T, D] (read by the layer feed); values and keys copied into
-        their rows of this request, then the keys of each run of adjacent segments rotated
-        where they lie, by one set of kernels (not one per segment)."""
+        """Write the cached rows of ``layers`` (one layer or many, all rotating with the table
+        ``rope``): ``rows[j]`` = (pre-RoPE keys, values) of ``segments[j]``, each
+        [layers, Hkv, T, D] (read by the layer feed); values and keys copied into their rows of
+        this request, one copy each per segment for all the layers, then the keys of each run
+        of adjacent segments rotated where they lie, by one set of kernels for all the layers
+        (not one per segment, nor per layer: a request's launches on a GPU).
+
+        Copied first, rotated after, in the buffer's dtype: the rows a stored dtype other than
+        the model's gives are rounded to it before they are rotated, as a layer's own keys are."""
         for seg, (k, v) in zip(segments, rows):
-            self.v[layer, :, seg.start:seg.end] = v  # [Hkv, T, D], cast to the buffer's dtype
-            self.k[layer, :, seg.start:seg.end] = k
+            # [layers, Hkv, T, D], cast to the buffer's dtype
+            self.v[layers, :, seg.start:seg.end] = v
+            self.k[layers, :, seg.start:seg.end] = k
         clock.lap("load")
         for start, end in _runs(segments):
-            rope.at(slice(start, end)).rotate_in_place(self.k[layer, :, start:end])
+            rope.at(slice(start, end)).rotate_in_place(self.k[layers, :, start:end])
         clock.lap("rotate")
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

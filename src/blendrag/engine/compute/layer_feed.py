@@ -1,11 +1,23 @@
-"""Cached rows for the layer loop, one layer at a time, placed into the request's KV: read and
-placed in the loop, or ahead of it.
+"""Cached rows for the layer loop, placed into the request's KV a layer (or every layer) at a
+time: read and placed in the loop, or ahead of it.
 
 The loop calls ``feed.wait(i)`` before layer i; when it returns, layer i's cached rows of every
 segment are in the request's KV, values copied and keys rotated to their positions in this
 request (``FusedKV.place``). The rows are read through each segment's ``kv.layer(i)``
 (``store/layered.py``: views for an entry in RAM, positioned reads for disk, GETRANGE for
-Redis, ranged GETs for S3). One reading path, two schedules:
+Redis, ranged GETs for S3), and placed a block of layers at a time:
+
+- every entry read already and its rows where the request's KV is (the RAM tier on a CPU, the
+  device tier, a chunk computed by this request, history rows): nothing is left to read, so
+  the rows of every layer are placed at once, one copy per segment and one rotation per run
+  of adjacent segments for all the layers (``entry.materialize()``: [L, Hkv, T, D]), a
+  block per run of layers that share a RoPE table (Gemma 3: its local and global layers).
+  Layer by layer that is a few kernels per segment and per layer, on a GPU a large share of
+  a cached request's launches;
+- otherwise (disk, Redis, S3, or host rows for a GPU) one layer at a time, read while the
+  loop computes the layers before it.
+
+One reading path, two schedules:
 
 - ``depth=0`` (sequential loading): ``wait(i)`` reads and places layer i on the caller's
   thread; the request's time is load + compute.
@@ -18,9 +30,11 @@ Redis, ranged GETs for S3). One reading path, two schedules:
   rows in ``wait``, on the loop's thread: a timed request (``PhaseClock``) charges the copy
   and the rotation to their own phases.
 
-The rows and the arithmetic are the same either way, so pipelined and sequential requests
-compute identical logits (tests/blendrag/engine/test_pipelined.py). A read that fails raises
-its error (``LayerReadError``) from ``wait`` of that layer, on the loop's thread.
+The rows and the arithmetic are the same either way (per element, the same operations on the
+same operands whatever the block), so pipelined and sequential requests, a layer or every
+layer at a time, compute identical logits (tests/blendrag/engine/test_pipelined.py,
+test_placing.py). A read that fails raises its error (``LayerReadError``) from ``wait`` of
+that layer (of the first layer of its block), on the loop's thread.
 
 On CUDA the reader works on a stream of its own: host rows are copied into pinned staging
 buffers, sent with non-blocking copies, placed by kernels on that stream, and an event is
@@ -35,14 +49,17 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 
 from blendrag.engine.compute.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.compute.observers import OFF, PhaseClock
+from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 
-Rows = list[tuple[torch.Tensor, torch.Tensor]]  # per segment: (pre-RoPE keys, values) [Hkv, T, D]
+# per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
+Rows = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class LayerFeed:
@@ -69,6 +86,12 @@ class LayerFeed:
         self.tier_s: dict[str, float] = {}
         self.tier_bytes: dict[str, int] = {}
         self._next = 0
+        self._ready = 0  # layers [0, _ready) were waited for (a block covers several)
+        # every entry's K and V, [L, Hkv, T, D], when all were read already (decided at the
+        # first read, on the thread that reads); ``_whole``: placed every layer at once
+        self._opened = False
+        self._stacked: list[ChunkKV] | None = None
+        self._whole = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # on CUDA the reader copies and places on a stream of its own
@@ -93,18 +116,22 @@ class LayerFeed:
             raise ValueError(f"layers are read in order: asked for layer {i}, next is "
                              f"{self._next}")
         self._next += 1
+        if i < self._ready:  # placed with an earlier layer's block
+            return
         t0 = time.perf_counter()
         if self._thread is None:
-            self._place(i, self._read(i), clock)
+            end, rows = self._read(i)
+            self._place(i, end, rows, clock)
         else:
             item = self._queue.get()
             if isinstance(item, BaseException):
                 raise item
-            rows, event = item
+            end, ahead, event = item
             if event is not None:
-                _CudaStager.consume(rows, event, self.device)
-            if rows is not None:  # read ahead, placed here
-                self._place(i, rows, clock)
+                _CudaStager.consume(ahead, event, self.device)
+            if ahead is not None:  # read ahead, placed here
+                self._place(i, end, ahead, clock)
+        self._ready = end
         self.wait_s += time.perf_counter() - t0
 
     def close(self) -> None:
@@ -122,42 +149,78 @@ class LayerFeed:
         if self._stager is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stager.stream)
 
-    def _read(self, i: int) -> Rows:
+    def _read(self, i: int) -> tuple[int, Rows]:
+        """The next block of layers, [i, end), and its rows of every segment."""
+        if not self._opened:
+            self._open()
+        if self._stacked is not None:
+            end = self._block_end(i) if self._whole else i + 1
+            return end, [(kv.keys[i:end], kv.values[i:end]) for kv in self._stacked]
         rows = []
         for seg in self.segments:
             t0 = time.perf_counter()
-            rows.append(seg.kv.layer(i))
-            tier = seg.kv.tier
-            self.tier_s[tier] = self.tier_s.get(tier, 0.0) + time.perf_counter() - t0
-            self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + seg.kv.layer_nbytes
-        return rows
+            k, v = seg.kv.layer(i)  # [Hkv, T, D] each
+            self._count(seg, t0, 1)
+            rows.append((k[None], v[None]))  # a block of one layer
+        return i + 1, rows
 
-    def _place(self, i: int, rows: Rows, clock: PhaseClock = OFF) -> None:
+    def _open(self) -> None:
+        """At the first read: whether every entry was read already (then its rows are taken
+        whole, at no cost) and whether they lie on the request KV's device (then every layer
+        is placed at once; host rows for a GPU go layer by layer, through the staging buffers
+        when pipelined)."""
+        self._opened = True
+        if not all(seg.kv.complete for seg in self.segments):
+            return
+        stacked = []
+        for seg in self.segments:
+            t0 = time.perf_counter()
+            stacked.append(seg.kv.materialize())  # every layer read and verified already
+            self._count(seg, t0, seg.kv.num_layers)
+        self._stacked = stacked
+        self._whole = all(kv.keys.device == self.device and kv.values.device == self.device
+                          for kv in stacked)
+
+    def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
+        tier = seg.kv.tier
+        self.tier_s[tier] = self.tier_s.get(tier, 0.0) + time.perf_counter() - t0
+        self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + layers * seg.kv.layer_nbytes
+
+    def _block_end(self, i: int) -> int:
+        """The end of the run of layers from ``i`` that rotate with layer i's RoPE table."""
+        table, end = self.rope.layer(i), i + 1
+        while end < self.num_layers and self.rope.layer(end) is table:
+            end += 1
+        return end
+
+    def _place(self, i: int, end: int, rows: Rows, clock: PhaseClock = OFF) -> None:
         t0 = time.perf_counter()
-        self.fused.place(i, self.segments, rows, self.rope.layer(i), clock)
+        self.fused.place(slice(i, end), self.segments, rows, self.rope.layer(i), clock)
         self.place_s += time.perf_counter() - t0
 
     def _run(self) -> None:
-        place: Callable[[int, Rows], None] | None = self._place if self.place_ahead else None
         with torch.inference_mode():  # the request's KV is an inference tensor
-            for i in range(self.num_layers):
+            i = 0
+            while i < self.num_layers:
                 if self._stop.is_set():
                     return
-                item: tuple[Rows | None, torch.cuda.Event | None]
+                item: tuple[int, Rows | None, torch.cuda.Event | None]
                 try:
-                    rows = self._read(i)
+                    end, rows = self._read(i)
+                    place = partial(self._place, i, end) if self.place_ahead else None
                     if self._stager is not None:
-                        item = self._stager.send(i, rows, place)
+                        item = (end, *self._stager.send(rows, place))
                     elif place is not None:
-                        place(i, rows)
-                        item = (None, None)
+                        place(rows)
+                        item = (end, None, None)
                     else:
-                        item = (rows, None)
+                        item = (end, rows, None)
                 except BaseException as exc:  # handed to the loop's thread, raised by wait(i)
                     self._put(exc)
                     return
                 if not self._put(item):
                     return
+                i = end
 
     def _put(self, item: object) -> bool:
         while not self._stop.is_set():
@@ -184,9 +247,9 @@ class _CudaStager:
             ([], None) for _ in range(depth + 2)]
         self._turn = 0
 
-    def send(self, i: int, rows: Rows, place: Callable[[int, Rows], None] | None,
+    def send(self, rows: Rows, place: Callable[[Rows], None] | None,
              ) -> tuple[Rows | None, torch.cuda.Event]:
-        """Layer ``i``'s rows on the device, placed when ``place`` is given (then None is
+        """A block's rows on the device, placed when ``place`` is given (then None is
         returned for the rows), and the event that follows the copies (and the placing)."""
         buffers, done = self._slots[self._turn]
         if done is not None:
@@ -209,7 +272,7 @@ class _CudaStager:
                 out.append(buf.to(self.device, non_blocking=True))
             on_device = [(out[2 * j], out[2 * j + 1]) for j in range(len(rows))]
             if place is not None:
-                place(i, on_device)
+                place(on_device)
             event = torch.cuda.Event()
             event.record(self.stream)
         self._slots[self._turn] = (buffers, event)

@@ -1,0 +1,172 @@
+"""Placing cached rows (``FusedKV.place`` through the layer feed): every layer at once when every
+entry is in memory, else a layer at a time; either way the rows of HF's own rotation, bit for
+bit, and a number of ops per request that does not grow with the layers when whole."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from blendrag.engine.compute.fused_kv import CachedSegment
+from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.model.rope import RopeTable
+from blendrag.store.layered import LayeredEntryWrapper, MemoryLayeredEntry
+
+# (start, tokens) of each segment: one run; runs with gaps; after rows that are not cached (a
+# prefix computed or taken from the prefix cache)
+LAYOUTS = {
+    "adjacent": [(0, 8), (8, 5), (13, 7)],
+    "gaps": [(2, 6), (12, 4), (16, 3), (25, 9)],
+    "after-prefix": [(10, 6), (16, 6)],
+}
+# views: no kernel (what a TorchDispatchMode sees of slicing a tensor)
+VIEWS = {"slice", "select", "unsqueeze", "view", "as_strided", "alias", "expand", "detach",
+         "t", "transpose", "_unsafe_view"}
+
+
+class Ops(TorchDispatchMode):
+    """The aten ops run on this thread that are not views: the kernels of a device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEWS:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class Unread(LayeredEntryWrapper):
+    """An entry not read yet (a disk or Redis entry): the feed places it a layer at a time."""
+
+    @property
+    def complete(self) -> bool:
+        return False
+
+
+def segments_of(engine, layout, stored: torch.dtype, seed: int = 0) -> list[CachedSegment]:
+    a, g = engine.adapter, torch.Generator().manual_seed(seed)
+    out = []
+    for start, t in layout:
+        shape = (a.num_layers, a.num_kv_heads, t, a.head_dim)  # [L, Hkv, T, D]
+        k = torch.randn(shape, generator=g).to(stored)
+        v = torch.randn(shape, generator=g).to(stored)
+        out.append(CachedSegment(start, MemoryLayeredEntry(ChunkKV(k, v, (1,) * t))))
+    return out
+
+
+def placed(engine, segments, n: int, depth: int = 0, whole: bool = True):
+    """The request KV after the feed placed ``segments``, rows it did not place NaN."""
+    runner = engine.runner
+    fused, rope = runner.buffer(n), runner.rope(n)
+    fused.k.fill_(float("nan"))
+    fused.v.fill_(float("nan"))
+    if not whole:
+        segments = [CachedSegment(s.start, Unread(s.kv)) for s in segments]
+    feed = runner.feed(segments, fused, rope, depth=depth)
+    with torch.inference_mode():
+        for i in range(engine.adapter.num_layers):
+            feed.wait(i)
+    feed.close()
+    return fused, rope
+
+
+def reference(engine, segments, n: int):
+    """HF's rotation, ``x * cos + rotate_half(x) * sin``, of each segment's keys at each layer
+    (in the buffer's dtype, as a full prefill rotates its own keys), values as they are."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    a, dtype, rope = engine.adapter, engine.dtype, engine.runner.rope(n)
+    k = torch.full((a.num_layers, a.num_kv_heads, n, a.head_dim), float("nan"), dtype=dtype)
+    v = k.clone()
+    for i in range(a.num_layers):
+        table: RopeTable = rope.layer(i)
+        r = table.cos.shape[-1]
+        for seg in segments:
+            rows = slice(seg.start, seg.end)
+            x = seg.kv.kv.keys[i].to(dtype)  # [Hkv, T, D]
+            cos, sin = table.cos[rows], table.sin[rows]
+            k[i, :, rows] = x
+            k[i, :, rows, :r] = x[..., :r] * cos + rotate_half(x[..., :r]) * sin
+            v[i, :, rows] = seg.kv.kv.values[i].to(dtype)
+    return k, v
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("family,dtype,stored", [
+    ("llama", "float32", torch.float32),
+    ("llama", "bfloat16", torch.bfloat16),
+    ("llama", "bfloat16", torch.float32),  # rows stored wider than the model: rounded first
+    ("gemma3", "float32", torch.float32),  # a RoPE table per kind of layer
+    ("gemma3", "bfloat16", torch.bfloat16),
+    ("olmo2", "bfloat16", torch.bfloat16),  # cos/sin in float32
+    ("phi3", "bfloat16", torch.bfloat16),  # partial rotary
+])
+def test_placing_every_layer_at_once_is_hf_rope_bit_for_bit(engine_for, family, dtype, stored,
+                                                           layout):
+    kw = {"partial_rotary_factor": 0.75} if family == "phi3" else {}
+    engine = engine_for(family, dtype=dtype, layers=4, **kw)
+    segments = segments_of(engine, LAYOUTS[layout], stored)
+    n = max(s.end for s in segments) + 3  # rows after the last segment: not placed
+    ref_k, ref_v = reference(engine, segments, n)
+    for depth, whole in ((0, True), (2, True), (0, False), (2, False)):
+        fused, _ = placed(engine, segments, n, depth, whole)
+        assert same_bits(fused.k[:, :, :n], ref_k), (depth, whole)
+        assert same_bits(fused.v[:, :, :n], ref_v), (depth, whole)
+
+
+def test_rotating_a_block_of_layers_bounds_its_scratch(engine_for, monkeypatch):
+    """Layers beyond the scratch bound are rotated a block at a time, with the same bits."""
+    import blendrag.model.rope as rope_module
+
+    engine = engine_for("llama", dtype="bfloat16", layers=4)
+    segments = segments_of(engine, LAYOUTS["adjacent"], torch.bfloat16)
+    n = 24
+    whole, _ = placed(engine, segments, n)
+    a = engine.adapter
+    one_layer = a.num_kv_heads * 20 * a.head_dim * 2  # the run's keys of a layer, bf16
+    monkeypatch.setattr(rope_module, "SCRATCH_BYTES", one_layer)
+    blocks, _ = placed(engine, segments, n)
+    assert same_bits(blocks.k[:, :, :n], whole.k[:, :, :n])
+
+
+def placing_ops(engine, segments, n: int, whole: bool) -> Counter[str]:
+    """The ops of placing every layer (sequential: on this thread), the tables made first."""
+    runner = engine.runner
+    fused, rope = runner.buffer(n), runner.rope(n)
+    if not whole:
+        segments = [CachedSegment(s.start, Unread(s.kv)) for s in segments]
+    feed = runner.feed(segments, fused, rope, depth=0)
+    ops = Ops()
+    with torch.inference_mode(), ops:
+        for i in range(engine.adapter.num_layers):
+            feed.wait(i)
+    return ops.ops
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_placing_every_layer_takes_ops_per_segment_not_per_layer(engine_for, layout):
+    """Whole: one copy of keys and one of values per segment and four kernels per run of
+    adjacent segments (and the swapped sin table, once), whatever the number of layers; a
+    layer at a time, as many per layer."""
+    spans = LAYOUTS[layout]
+    runs = 1 + sum(a[0] + a[1] != b[0] for a, b in zip(spans, spans[1:]))
+    counts = {}
+    for layers in (2, 4):
+        engine = engine_for("llama", layers=layers)
+        segments = segments_of(engine, spans, torch.float32)
+        n = max(s.end for s in segments)
+        counts[layers] = (sum(placing_ops(engine, segments, n, True).values()),
+                          sum(placing_ops(engine, segments, n, False).values()))
+    per_place = 2 * len(spans) + 4 * runs
+    assert counts[2][0] == counts[4][0] == per_place + 1, counts
+    assert counts[4][1] - counts[2][1] == 2 * per_place, counts
