@@ -7,7 +7,9 @@ store's ``calibration-progress`` folder: a first line with the settings, then on
 prompt measured (its index and each config's result). Prompt i is the same prompt whatever
 the count asked for (``make_prompts`` draws them in order), so a run with another
 ``--prompts`` or ``--budget`` takes the saved prompts too. The file is removed once the record
-is kept.
+is kept. A calibration on labelled questions (``qa_run.py``) keeps its rows the same way,
+question by question (``SavedRows``: the file format is shared, each result's fields are its
+own).
 
 The folder is part of the store: its bytes are untrusted. Every line is checked field by field
 (a line that is not a prompt's result ends the saved part there: the prompts after it are

@@ -41,7 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "question), answer each with full prefill and with blend at every ratio, "
                     "as your application runs them, and record in the store the smallest "
                     "ratio meeting the target: the default BlendConfig() of an engine on "
-                    "that store then runs it. No labels needed.")
+                    "that store then runs it. No labels needed; with --qa FILE, labelled "
+                    "questions instead: the smallest ratio whose answer quality stays within "
+                    "--margin of full prefill's.")
     add_model_options(p)
     add_store_dir_option(p)
     add_namespace_options(p)
