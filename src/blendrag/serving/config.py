@@ -13,22 +13,27 @@ class ServingConfig:
 
     max_seqs: requests decoding at once, one batched step for all of them.
     max_queue: requests waiting to start; one more is refused at once (``QueueFull``).
-    max_prefill_tokens: prompt tokens prefilled between two decoding steps (at least one
-      request's whatever its length): requests that are decoding wait at most that long for
-      their next token when new requests arrive.
+    prefill_workers: threads that prefill admitted requests beside the decoding loop (a new
+      prompt's prefill then never stalls the running requests' next tokens; on a CPU it runs on
+      another core); 0: prefills run in the decoding loop's thread between two steps.
+    max_prefill_tokens: with ``prefill_workers=0``, prompt tokens prefilled between two
+      decoding steps (at least one request's whatever its length): requests that are decoding
+      wait at most that long for their next token when new requests arrive.
     pool_tokens: request KV rows all running requests may hold together (prompt + answer each,
       counted in blocks of ``block_tokens``); None: ``max_seqs`` requests of the model's longest
       context. A request that can never fit is refused (``PromptTooLarge``); one that cannot fit
       now waits for others to finish.
     timeout_s: a request not done within this many seconds of its arrival fails with
       ``RequestTimeout`` (None: no limit); ``submit`` may set its own.
-    threads: torch's CPU threads in the scheduler's steps (None: the engine's).
+    threads: torch's CPU threads of each of the scheduler's threads, decoding and prefilling
+      (None: the engine's).
     idle_s: the scheduler's thread ends after this long without work (a new request starts it
       again).
     """
 
     max_seqs: int = 16
     max_queue: int = 256
+    prefill_workers: int = 1
     max_prefill_tokens: int = 8192
     pool_tokens: int | None = None
     block_tokens: int = 16
@@ -39,6 +44,9 @@ class ServingConfig:
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_queue", "max_prefill_tokens", "block_tokens"):
             _count(name, getattr(self, name), 1)
+        if isinstance(self.prefill_workers, bool) or not isinstance(self.prefill_workers, int):
+            raise ValueError(f"prefill_workers must be an integer, got {self.prefill_workers!r}")
+        check_at_least("prefill_workers", self.prefill_workers, 0)
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
         if self.timeout_s is not None and not self.timeout_s > 0:

@@ -1,31 +1,33 @@
 """The scheduler: many requests on one model, continuous batching.
 
-Requests from any thread or event loop join one queue (``submit``); one thread runs the model.
-Each turn of its loop:
+Requests from any thread or event loop join one queue (``submit``). One thread decodes; each
+turn of its loop:
 
 1. drops the requests that were cancelled or ran past their timeout (their pool blocks freed);
 2. admits waiting requests while there is a free sequence slot and room in the KV pool, and
-   prefills them, up to ``max_prefill_tokens`` prompt tokens per turn (at least one request):
-   each prefill is the engine's own, in whatever mode the request asked for (blend, reuse,
-   prefix cache, full), so its first token is exactly what it would be alone;
+   has them prefilled: by the prefill worker (``ServingConfig.prefill_workers``, a thread of its
+   own, so that a new prompt's prefill runs beside the running requests' decoding instead of
+   stalling it), or in this thread between two steps (``prefill_workers=0``: at most
+   ``max_prefill_tokens`` prompt tokens a turn). Each prefill is the engine's own, in whatever
+   mode the request asked for (blend, reuse, prefix cache, full), so its first token is exactly
+   what it would be alone;
 3. decodes the next token of every running request in one batched step
-   (``ModelRunner.decode_many``): requests join the batch after their prefill and leave it
-   at their last token, at every step.
+   (``ModelRunner.decode_many``): requests join the batch after their prefill and leave it at
+   their last token, at every step.
 
 A request's rows live in its own request KV from its prefill to its last token; nothing one
 request computes reads another's rows (the batched step attends per request), so requests of
 different namespaces, modes and generation settings share a step and each gets its own answer.
-The scheduler is shared by every view of an engine (``scheduler_for``): one thread per model.
+The scheduler is shared by every view of an engine (``shared.py``: one per model).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -38,39 +40,12 @@ from blendrag.prompt import PromptLayout
 from blendrag.serving.config import ServingConfig
 from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
+from blendrag.serving.jobs import Job, SchedulerStats
 from blendrag.serving.pool import BlockPool
 
-
-@dataclass
-class _Job:
-    engine: BlendEngine
-    layout: PromptLayout
-    blend: BlendConfig
-    generation: GenerationConfig
-    handle: ServedRequest
-    started: float
-    deadline: float | None
-    prepare: Callable[[Prefill], None] | None
-    stream: GenerationStream | None = None
-    blocks: int = 0  # pool blocks held while running
-    timeout_s: float | None = field(default=None)
-
-
-@dataclass
-class SchedulerStats:
-    """What the scheduler has done since it was made."""
-
-    requests: int = 0
-    steps: int = 0  # batched decoding steps
-    decoded: int = 0  # tokens decoded in them
-    refused: int = 0  # requests refused at submit (queue full, too large)
-    timed_out: int = 0
-    cancelled: int = 0
-
-    @property
-    def mean_batch(self) -> float:
-        """Requests per decoding step, on average."""
-        return self.decoded / self.steps if self.steps else 0.0
+WAIT_S = 0.05
+"""How long the loop waits when it can neither admit nor decode (a prefill in flight, the pool
+full): a finished prefill or a new request wakes it sooner."""
 
 
 class Scheduler:
@@ -83,8 +58,11 @@ class Scheduler:
         self.pool = BlockPool(self._pool_tokens() // self.config.block_tokens,
                               self.config.block_tokens)
         self.stats = SchedulerStats()
-        self._waiting: deque[_Job] = deque()
-        self._running: list[_Job] = []
+        self._waiting: deque[Job] = deque()
+        self._running: list[Job] = []  # the decoding loop's own
+        self._ready: list[Job] = []  # prefilled by a worker, joining at the next step
+        self._prefilling = 0
+        self._pool_threads: ThreadPoolExecutor | None = None
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -123,8 +101,8 @@ class Scheduler:
         timeout_s = timeout_s if timeout_s is not None else self.config.timeout_s
         now = time.perf_counter()
         started = now if started is None else started
-        job = _Job(engine, layout, blend, generation, ServedRequest(), started,
-                   None if timeout_s is None else now + timeout_s, prepare, timeout_s=timeout_s)
+        job = Job(engine, layout, blend, generation, ServedRequest(), started, timeout_s,
+                  None if timeout_s is None else now + timeout_s, prepare)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
@@ -150,17 +128,21 @@ class Scheduler:
         """Fail every request not done yet and stop the thread."""
         with self._cond:
             self._closed = True
-            jobs = [*self._waiting, *self._running]
+            jobs = [*self._waiting, *self._running, *self._ready]
             self._cond.notify_all()
         for job in jobs:
             job.handle.fail(RuntimeError("the scheduler was closed"))
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+        if self._pool_threads is not None:
+            self._pool_threads.shutdown(wait=True)
+            self._pool_threads = None
 
     @property
     def running(self) -> int:
-        return len(self._running)
+        """Requests prefilling or decoding."""
+        return len(self._running) + len(self._ready) + self._prefilling
 
     @property
     def waiting(self) -> int:
@@ -169,25 +151,32 @@ class Scheduler:
     # ---- the loop ----------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        threads = self.config.threads
         while True:
             with self._cond:
-                if not self._work():
+                if not self._closed and not self._work():
                     self._cond.wait(self.config.idle_s)
                 if self._closed or not self._work():
-                    self._thread = None
-                    self._free(self._running)
-                    self._running = []
-                    return
+                    break
             self._drop_gone()
-            with torch_threads(threads if threads is not None else self._engine_threads()):
-                self._admit()
-                self._step()
+            with torch_threads(self._threads()):
+                admitted = self._admit()
+                stepped = self._step()
+            if not (admitted or stepped):
+                with self._cond:
+                    if not self._ready and not self._closed:
+                        self._cond.wait(WAIT_S)
+        with self._cond:
+            self._thread = None
+            jobs, self._running = [*self._running, *self._ready], []
+            self._ready.clear()
+        self._free(jobs)
 
     def _work(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._waiting or self._running or self._ready or self._prefilling)
 
-    def _engine_threads(self) -> int | None:
+    def _threads(self) -> int | None:
+        if self.config.threads is not None:
+            return self.config.threads
         jobs = [*self._running, *self._waiting]
         return jobs[0].engine.threads if jobs else None
 
@@ -195,7 +184,9 @@ class Scheduler:
         """Free the requests that were cancelled or ran past their timeout."""
         now = time.perf_counter()
         with self._cond:
-            gone = [j for j in (*self._waiting, *self._running) if _gone(j, now)]
+            self._running += self._ready
+            self._ready.clear()
+            gone = [j for j in (*self._waiting, *self._running) if j.gone(now)]
             self._waiting = deque(j for j in self._waiting if j not in gone)
         self._running = [j for j in self._running if j not in gone]
         for job in gone:
@@ -208,25 +199,55 @@ class Scheduler:
                     f"({'decoding' if job.stream is not None else 'waiting to start'})"))
         self._free(gone)
 
-    def _admit(self) -> None:
-        budget = self.config.max_prefill_tokens
-        while len(self._running) < self.config.max_seqs:
+    def _admit(self) -> bool:
+        """Start the prefill of waiting requests while slots and pool blocks allow; whether any
+        started."""
+        admitted, budget = False, self.config.max_prefill_tokens
+        inline = self.config.prefill_workers == 0
+        while True:
             with self._cond:
-                if not self._waiting:
-                    return
+                busy = len(self._running) + len(self._ready) + self._prefilling
+                if not self._waiting or busy >= self.config.max_seqs:
+                    return admitted
                 job = self._waiting[0]
                 tokens = job.layout.num_tokens
-                if tokens > budget and budget < self.config.max_prefill_tokens:
-                    return  # the next turn's (decoding goes on meanwhile)
+                if inline and admitted and tokens > budget:
+                    return admitted  # the next turn's: the running requests decode first
                 blocks = self.pool.reserve(tokens + job.generation.max_new_tokens)
                 if blocks is None:
-                    return  # room once a running request is done
+                    return admitted  # room once a running request is done
                 self._waiting.popleft()
-            job.blocks = blocks
-            budget -= tokens
-            self._start(job)
+                job.blocks = blocks
+                if not inline:
+                    self._prefilling += 1
+            admitted, budget = True, budget - tokens
+            if inline:
+                if self._prefill(job):
+                    self._running.append(job)
+            else:
+                self._workers().submit(self._prefill_aside, job)
 
-    def _start(self, job: _Job) -> None:
+    def _workers(self) -> ThreadPoolExecutor:
+        if self._pool_threads is None:
+            self._pool_threads = ThreadPoolExecutor(self.config.prefill_workers,
+                                                    thread_name_prefix="blendrag-prefill")
+        return self._pool_threads
+
+    def _prefill_aside(self, job: Job) -> None:
+        """A prefill worker's task: ``job`` prefilled, then handed to the decoding loop."""
+        live = False
+        try:
+            with torch_threads(self._threads()):
+                live = self._prefill(job)
+        finally:
+            with self._cond:
+                self._prefilling -= 1
+                if live:
+                    self._ready.append(job)
+                self._cond.notify_all()
+
+    def _prefill(self, job: Job) -> bool:
+        """Prefill ``job`` and hand out its first token; whether it goes on decoding."""
         try:
             stream = job.engine.stream(job.layout, job.blend, job.generation,
                                        started=job.started)
@@ -234,60 +255,64 @@ class Scheduler:
             if job.prepare is not None:
                 job.prepare(stream.prefill)
             job.stream = stream
-            self._deliver(job, stream.start())
+            return not self._deliver(job, stream.start())
         except Exception as exc:  # this request's error, never another's
             job.handle.fail(exc)
             self._free([job])
-            return
-        if job.stream is not None and job.stream.result is None:
-            self._running.append(job)
+            return False
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One batched decoding step over the running requests; whether there was one."""
+        with self._cond:
+            self._running += self._ready
+            self._ready.clear()
         jobs = [j for j in self._running if j.stream is not None and j.stream.pending is not None]
         if not jobs:
-            return
+            return False
         streams = [j.stream for j in jobs if j.stream is not None]
         tokens = [s.pending for s in streams if s.pending is not None]
         try:
             logits = self.runner.decode_many(tokens, [s.prefill.fused for s in streams])
         except Exception:  # find whose step failed: each alone, the others go on
             for job in jobs:
-                self._advance_alone(job)
-            return
+                self._advance(job, self._alone)
+            return True
         self.stats.steps += 1
         self.stats.decoded += len(jobs)
         for job, row in zip(jobs, logits):
             self._advance(job, _with(row))
+        return True
 
-    def _advance_alone(self, job: _Job) -> None:
-        def one(s: GenerationStream) -> list[str]:
-            token = s.pending
-            if token is None:
-                return []
-            return s.advance(self.runner.decode(token, s.prefill.fused))
-        self._advance(job, one)
+    def _alone(self, stream: GenerationStream) -> list[str]:
+        token = stream.pending
+        if token is None:
+            return []
+        return stream.advance(self.runner.decode(token, stream.prefill.fused))
 
-    def _advance(self, job: _Job, step: Callable[[GenerationStream], list[str]]) -> None:
-        stream = job.stream
-        if stream is None:
+    def _advance(self, job: Job, step: Callable[[GenerationStream], list[str]]) -> None:
+        if job.stream is None:
             return
         try:
-            self._deliver(job, step(stream))
+            done = self._deliver(job, step(job.stream))
         except Exception as exc:
             job.handle.fail(exc)
-            self._running.remove(job)
+            done = True
             self._free([job])
+        if done:
+            self._running.remove(job)
 
-    def _deliver(self, job: _Job, deltas: list[str]) -> None:
+    def _deliver(self, job: Job, deltas: list[str]) -> bool:
+        """Hand out ``deltas``; whether the request is done (its result handed out, its blocks
+        freed)."""
         job.handle.put(deltas)
         stream = job.stream
-        if stream is not None and stream.result is not None:
-            job.handle.finish(stream.result)
-            if job in self._running:
-                self._running.remove(job)
-            self._free([job])
+        if stream is None or stream.result is None:
+            return False
+        job.handle.finish(stream.result)
+        self._free([job])
+        return True
 
-    def _free(self, jobs: list[_Job]) -> None:
+    def _free(self, jobs: list[Job]) -> None:
         for job in jobs:
             if job.blocks:
                 self.pool.free(job.blocks)
@@ -298,25 +323,3 @@ class Scheduler:
 def _with(logits: torch.Tensor) -> Callable[[GenerationStream], list[str]]:
     """A stream's step that takes ``logits`` (its row of a batched step)."""
     return lambda stream: stream.advance(logits)
-
-
-def _gone(job: _Job, now: float) -> bool:
-    return job.handle.cancelled or (job.deadline is not None and now > job.deadline)
-
-
-_SCHEDULERS: weakref.WeakKeyDictionary[ModelRunner, Scheduler] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
-
-
-def scheduler_for(engine: BlendEngine, config: ServingConfig | None = None) -> Scheduler:
-    """The scheduler of ``engine``'s model, shared by all its namespace views and every framework
-    LLM over them (made at the first call; ``config`` applies then: a later different config is
-    a ValueError, since one model has one scheduler)."""
-    with _LOCK:
-        scheduler = _SCHEDULERS.get(engine.runner)
-        if scheduler is None:
-            scheduler = _SCHEDULERS[engine.runner] = Scheduler(engine.runner, config)
-        elif config is not None and config != scheduler.config:
-            raise ValueError(f"this engine's model is served with {scheduler.config} already; "
-                             "close that scheduler first")
-        return scheduler

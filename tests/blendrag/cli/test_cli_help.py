@@ -39,8 +39,8 @@ def test_every_command_is_listed() -> None:
         "blendrag", "blendrag precompute", "blendrag calibrate", "blendrag cache",
         "blendrag cache stats",
         "blendrag cache clear", "blendrag cache plan", "blendrag bench", "blendrag bench ttft",
-        "blendrag bench store", "blendrag bench chat", "blendrag bench precompute",
-        "blendrag bench match", "blendrag bench quality", "blendrag bench fidelity",
+        "blendrag bench store", "blendrag bench chat", "blendrag bench serve",
+        "blendrag bench precompute", "blendrag bench match", "blendrag bench quality", "blendrag bench fidelity",
         "blendrag bench calibration", "blendrag demo"}
 
 
@@ -63,7 +63,8 @@ def test_one_name_per_idea() -> None:
     opts = {path: {a.option_strings[-1] for a in _options(p)} for path, p in COMMANDS.items()}
     for path in ("blendrag precompute", "blendrag demo", "blendrag bench ttft",
                  "blendrag bench store", "blendrag bench quality", "blendrag bench fidelity",
-                 "blendrag bench chat", "blendrag calibrate", "blendrag bench calibration"):
+                 "blendrag bench chat", "blendrag bench serve", "blendrag calibrate",
+                 "blendrag bench calibration"):
         assert {"--model", "--device", "--dtype", "--threads"} <= opts[path], path
     for path in ("blendrag precompute", "blendrag cache stats", "blendrag cache clear",
                  "blendrag demo", "blendrag bench store", "blendrag calibrate"):

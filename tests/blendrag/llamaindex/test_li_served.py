@@ -9,7 +9,7 @@ import asyncio
 from llama_index.core.llms import ChatMessage
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from blendrag.serving import scheduler_for
+from blendrag.serving import ServingConfig, scheduler_for
 from helpers.li_data import ingest
 from helpers.tiny import PASSAGES
 
@@ -25,7 +25,7 @@ def test_async_requests_are_served_together_and_equal_sync(make_llm):
     context = "".join(llm.chunk_text(n) for n in nodes)
     prompts = [f"{PREFIX}{context}Question: {q}\nAnswer:" for q in QUESTIONS]
     alone = [llm.complete(p, nodes=nodes).text for p in prompts]
-    stats = scheduler_for(llm.engine).stats
+    stats = scheduler_for(llm.engine, ServingConfig(prefill_workers=0)).stats  # see test_lc_served
     before = (stats.requests, stats.decoded, stats.steps)
 
     async def run():

@@ -51,9 +51,11 @@ def _alone(engine):
             for lay, (_, blend, gen) in zip(_layouts(engine), REQUESTS)]
 
 
-def test_requests_served_together_get_their_answers_alone(engine):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_requests_served_together_get_their_answers_alone(engine, workers):
+    """Prefilled beside the decoding loop (a worker) or in it between steps."""
     want = _alone(engine)
-    scheduler = Scheduler(engine.runner)
+    scheduler = Scheduler(engine.runner, ServingConfig(prefill_workers=workers))
     handles = [scheduler.submit(engine, lay, blend, gen)
                for lay, (_, blend, gen) in zip(_layouts(engine), REQUESTS)]
     got = [h.wait(60) for h in handles]
@@ -61,7 +63,8 @@ def test_requests_served_together_get_their_answers_alone(engine):
         assert b.token_ids == a.token_ids and b.text == a.text
         assert b.finish_reason == a.finish_reason
         assert b.stats.mode == a.stats.mode
-    assert scheduler.stats.mean_batch > 1.5  # they did share steps
+    if workers == 0:  # prefilled together before the first step: they share every step
+        assert scheduler.stats.mean_batch > 1.5
     assert scheduler.pool.free_blocks == scheduler.pool.blocks
     scheduler.close()
 
@@ -119,8 +122,10 @@ def test_streaming_from_threads_and_event_loops(engine):
     scheduler.close()
 
 
-def test_full_queue_refuses_only_the_new_request(engine):
-    scheduler = Scheduler(engine.runner, ServingConfig(max_queue=1, max_seqs=1))
+@pytest.mark.parametrize("workers", [0, 1])
+def test_full_queue_refuses_only_the_new_request(engine, workers):
+    scheduler = Scheduler(engine.runner, ServingConfig(max_queue=1, max_seqs=1,
+                                                       prefill_workers=workers))
     layout = _layouts(engine)[0]
     first = scheduler.submit(engine, layout, BlendConfig(mode="full"), GREEDY)
     refused = 0
@@ -152,9 +157,9 @@ def test_timeout_fails_that_request_and_frees_its_blocks(engine):
     layout = _layouts(engine)[0]
     slow = scheduler.submit(engine, layout, BlendConfig(mode="full"),
                             GenerationConfig(max_new_tokens=400, eos_token_ids=()),
-                            timeout_s=0.3)
+                            timeout_s=0.001)  # past before its second token, whatever the speed
     fine = scheduler.submit(engine, layout, BlendConfig(mode="full"), GREEDY)
-    with pytest.raises(RequestTimeout, match="timeout of 0.3 s"):
+    with pytest.raises(RequestTimeout, match="timeout of 0.001 s"):
         slow.wait(60)
     assert len(fine.wait(60).token_ids) == GREEDY.max_new_tokens
     _settle(scheduler)
@@ -189,11 +194,13 @@ def test_a_client_that_goes_away_cancels_its_request(engine):
     async def leave_early():
         handle = scheduler.submit(engine, layout, BlendConfig(mode="full"), gen)
 
+        first = asyncio.Event()
+
         async def read():
             async for _ in handle:
-                pass
+                first.set()
         task = asyncio.create_task(read())
-        await asyncio.sleep(0.3)
+        await first.wait()  # decoding: then the client goes away
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -206,8 +213,9 @@ def test_a_client_that_goes_away_cancels_its_request(engine):
     scheduler.close()
 
 
-def test_a_failing_request_fails_alone(engine):
-    scheduler = Scheduler(engine.runner)
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_failing_request_fails_alone(engine, workers):
+    scheduler = Scheduler(engine.runner, ServingConfig(prefill_workers=workers))
     layouts = _layouts(engine)
 
     def broken(_prefill):
@@ -230,7 +238,7 @@ def test_other_models_and_bad_configs_are_refused(engine, engine_for):
         scheduler.submit(other, other.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(),
                          GREEDY)
     for bad in ({"max_seqs": 0}, {"max_queue": 1.5}, {"timeout_s": 0}, {"pool_tokens": 3},
-                {"threads": 0}, {"idle_s": -1}):
+                {"threads": 0}, {"idle_s": -1}, {"prefill_workers": -1}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ServingConfig(**bad)
     scheduler.close()
