@@ -51,6 +51,7 @@ class ServeBenchConfig:
     modes: tuple[str, ...] = ("full", "default")
     max_seqs: int = 16
     serve_threads: int | None = None  # the scheduler's torch threads (None: the engine's)
+    prefill_workers: int | None = None  # ServingConfig.prefill_workers (None: per device)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -210,7 +211,8 @@ def run(engine: BlendEngine, cfg: ServeBenchConfig,
     layouts = prompts(engine, cfg)
     gen = GenerationConfig(max_new_tokens=cfg.answer_tokens, eos_token_ids=())
     scheduler = Scheduler(engine.runner, ServingConfig(
-        max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads))
+        max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads,
+        prefill_workers=cfg.prefill_workers))
     rows = []
     try:
         for mode in cfg.modes:

@@ -48,6 +48,9 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help="comma-separated: full, default (default: full,default)")
     s.add_argument("--serve-threads", type=int, default=None, metavar="N",
                    help="torch CPU threads of the scheduler's steps (default: --threads)")
+    s.add_argument("--prefill-workers", type=int, default=None, metavar="N",
+                   help="threads prefilling beside the decoding loop; 0: between its steps "
+                        "(ServingConfig.prefill_workers; default: 1 on a GPU, 0 on a CPU)")
     add_json_option(s, "one record per run")
     s.set_defaults(func=_serve)
 
@@ -61,7 +64,8 @@ def _serve(args: argparse.Namespace) -> int:
                                passages=args.passages, passage_tokens=args.passage_tokens,
                                answer_tokens=args.answer_tokens,
                                modes=tuple(m for m in args.modes.split(",") if m),
-                               serve_threads=args.serve_threads)
+                               serve_threads=args.serve_threads,
+                               prefill_workers=args.prefill_workers)
     except ValueError as e:
         print(f"blendrag bench serve: error: {e}", file=sys.stderr)
         return 2

@@ -14,8 +14,12 @@ class ServingConfig:
     max_seqs: requests decoding at once, one batched step for all of them.
     max_queue: requests waiting to start; one more is refused at once (``QueueFull``).
     prefill_workers: threads that prefill admitted requests beside the decoding loop (a new
-      prompt's prefill then never stalls the running requests' next tokens; on a CPU it runs on
-      another core); 0: prefills run in the decoding loop's thread between two steps.
+      prompt's prefill then never stalls the running requests' next tokens: on a GPU their
+      kernels interleave with the steps', on a CPU it takes another core); 0: prefills run in
+      the decoding loop's thread between two steps. None: one on a GPU, none on a CPU, where
+      a second compute thread pays only with a core of its own (on the 2-vCPU machine of
+      docs/benchmarks.md two threads shared one core's arithmetic: 4 users gave 1.17x
+      one-at-a-time's throughput with a worker, 1.56x without).
     max_prefill_tokens: with ``prefill_workers=0``, prompt tokens prefilled between two
       decoding steps (at least one request's whatever its length): requests that are decoding
       wait at most that long for their next token when new requests arrive.
@@ -33,7 +37,7 @@ class ServingConfig:
 
     max_seqs: int = 16
     max_queue: int = 256
-    prefill_workers: int = 1
+    prefill_workers: int | None = None
     max_prefill_tokens: int = 8192
     pool_tokens: int | None = None
     block_tokens: int = 16
@@ -44,9 +48,8 @@ class ServingConfig:
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_queue", "max_prefill_tokens", "block_tokens"):
             _count(name, getattr(self, name), 1)
-        if isinstance(self.prefill_workers, bool) or not isinstance(self.prefill_workers, int):
-            raise ValueError(f"prefill_workers must be an integer, got {self.prefill_workers!r}")
-        check_at_least("prefill_workers", self.prefill_workers, 0)
+        if self.prefill_workers is not None:
+            _count("prefill_workers", self.prefill_workers, 0)
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
         if self.timeout_s is not None and not self.timeout_s > 0:

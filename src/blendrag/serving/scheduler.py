@@ -7,10 +7,10 @@ turn of its loop:
 2. admits waiting requests while there is a free sequence slot and room in the KV pool, and
    has them prefilled: by the prefill worker (``ServingConfig.prefill_workers``, a thread of its
    own, so that a new prompt's prefill runs beside the running requests' decoding instead of
-   stalling it), or in this thread between two steps (``prefill_workers=0``: at most
-   ``max_prefill_tokens`` prompt tokens a turn). Each prefill is the engine's own, in whatever
-   mode the request asked for (blend, reuse, prefix cache, full), so its first token is exactly
-   what it would be alone;
+   stalling it: the default on a GPU), or in this thread between two steps (the default on a
+   CPU: at most ``max_prefill_tokens`` prompt tokens a turn). Each prefill is the engine's
+   own, in whatever mode the request asked for (blend, reuse, prefix cache, full), so its first
+   token is exactly what it would be alone;
 3. decodes the next token of every running request in one batched step
    (``ModelRunner.decode_many``): requests join the batch after their prefill and leave it at
    their last token, at every step.
@@ -63,6 +63,9 @@ class Scheduler:
         self._ready: list[Job] = []  # prefilled by a worker, joining at the next step
         self._prefilling = 0
         self._pool_threads: ThreadPoolExecutor | None = None
+        workers = self.config.prefill_workers
+        self._workers_count = (workers if workers is not None
+                               else int(runner.device.type == "cuda"))
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -187,8 +190,6 @@ class Scheduler:
             self._running += self._ready
             self._ready.clear()
             gone = [j for j in (*self._waiting, *self._running) if j.gone(now)]
-            self._waiting = deque(j for j in self._waiting if j not in gone)
-        self._running = [j for j in self._running if j not in gone]
         for job in gone:
             if job.handle.cancelled:
                 self.stats.cancelled += 1
@@ -197,13 +198,16 @@ class Scheduler:
                 job.handle.fail(RequestTimeout(
                     f"the request was not done within its timeout of {job.timeout_s:g} s "
                     f"({'decoding' if job.stream is not None else 'waiting to start'})"))
-        self._free(gone)
+        self._free(gone)  # before they leave the lists: nobody sees them gone still holding
+        with self._cond:
+            self._waiting = deque(j for j in self._waiting if j not in gone)
+        self._running = [j for j in self._running if j not in gone]
 
     def _admit(self) -> bool:
         """Start the prefill of waiting requests while slots and pool blocks allow; whether any
         started."""
         admitted, budget = False, self.config.max_prefill_tokens
-        inline = self.config.prefill_workers == 0
+        inline = self._workers_count == 0
         while True:
             with self._cond:
                 busy = len(self._running) + len(self._ready) + self._prefilling
@@ -218,18 +222,20 @@ class Scheduler:
                     return admitted  # room once a running request is done
                 self._waiting.popleft()
                 job.blocks = blocks
-                if not inline:
-                    self._prefilling += 1
+                self._prefilling += 1  # neither waiting nor running: counted until it is
             admitted, budget = True, budget - tokens
             if inline:
-                if self._prefill(job):
-                    self._running.append(job)
+                live = self._prefill(job)
+                with self._cond:
+                    self._prefilling -= 1
+                    if live:
+                        self._running.append(job)
             else:
                 self._workers().submit(self._prefill_aside, job)
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool_threads is None:
-            self._pool_threads = ThreadPoolExecutor(self.config.prefill_workers,
+            self._pool_threads = ThreadPoolExecutor(self._workers_count,
                                                     thread_name_prefix="blendrag-prefill")
         return self._pool_threads
 

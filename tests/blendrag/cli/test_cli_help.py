@@ -40,8 +40,8 @@ def test_every_command_is_listed() -> None:
         "blendrag cache stats",
         "blendrag cache clear", "blendrag cache plan", "blendrag bench", "blendrag bench ttft",
         "blendrag bench store", "blendrag bench chat", "blendrag bench serve",
-        "blendrag bench precompute", "blendrag bench match", "blendrag bench quality", "blendrag bench fidelity",
-        "blendrag bench calibration", "blendrag demo"}
+        "blendrag bench precompute", "blendrag bench match", "blendrag bench quality",
+        "blendrag bench fidelity", "blendrag bench calibration", "blendrag demo"}
 
 
 @pytest.mark.parametrize("path", sorted(COMMANDS))
