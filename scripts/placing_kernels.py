@@ -6,8 +6,10 @@ The default workload of ``bench ttft`` (random Mistral-shaped model, 32 prefix +
 + 64 suffix tokens, chunk KVs precomputed in the RAM store), loaded sequentially
 (``prefetch_layers=0``) so that the placing runs on the loop's thread, where a
 ``TorchDispatchMode`` sees it. Kernels: the aten ops that are not views (on a GPU, one launch
-each). A reuse request and a cacheblend@15 % one, each after a warm-up call. The figures
-quoted in docs/benchmarks.md ("Placing every layer at once") and docs/architecture.md.
+each). A reuse request and a cacheblend@15 % one, each after a warm-up call, with the CPU's
+bound on the rotation's scratch (blocks of layers that fit its caches) and with a GPU's
+(``rope.SCRATCH_BYTES``). The figures quoted in docs/benchmarks.md ("Placing every layer at
+once") and docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from blendrag import BlendConfig
 from blendrag.engine.compute import fused_kv
+from blendrag.model import rope
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
 VIEWS = {"slice", "select", "unsqueeze", "view", "as_strided", "alias", "expand", "detach",
@@ -64,13 +67,18 @@ def main() -> None:
     layout = random_layout(w, engine.model.config.vocab_size)
     engine.precompute(layout.prefix_ids, layout.chunk_ids)
     engine.loading = dataclasses.replace(engine.loading, prefetch_layers=0)
-    for config in (BlendConfig(mode="reuse"), BlendConfig(selector="cacheblend", ratio=0.15)):
-        engine.prefill(layout, config)  # warm: the pooled buffer, the store's RAM tier
-        counted.total, counted.placing = 0, Counter()
-        with counted:
-            engine.prefill(layout, config)
-        print(f"{config.label}: {counted.total} kernels per request, "
-              f"{sum(counted.placing.values())} placing cached rows {dict(counted.placing)}")
+    bounds = {"the CPU's": rope.SCRATCH_BYTES["cpu"], "a GPU's": rope.SCRATCH_BYTES["cuda"]}
+    for bound_name, bound in bounds.items():
+        rope.SCRATCH_BYTES["cpu"] = bound
+        for config in (BlendConfig(mode="reuse"),
+                       BlendConfig(selector="cacheblend", ratio=0.15)):
+            engine.prefill(layout, config)  # warm: the pooled buffer, the store's RAM tier
+            counted.total, counted.placing = 0, Counter()
+            with counted:
+                engine.prefill(layout, config)
+            print(f"{config.label}, {bound_name} scratch bound: {counted.total} kernels per "
+                  f"request, {sum(counted.placing.values())} placing cached rows "
+                  f"{dict(counted.placing)}")
 
 
 if __name__ == "__main__":

@@ -131,12 +131,14 @@ def test_rotating_a_block_of_layers_bounds_its_scratch(engine_for, monkeypatch):
     engine = engine_for("llama", dtype="bfloat16", layers=4)
     segments = segments_of(engine, LAYOUTS["adjacent"], torch.bfloat16)
     n = 24
-    whole, _ = placed(engine, segments, n)
     a = engine.adapter
     one_layer = a.num_kv_heads * 20 * a.head_dim * 2  # the run's keys of a layer, bf16
-    monkeypatch.setattr(rope_module, "SCRATCH_BYTES", one_layer)
-    blocks, _ = placed(engine, segments, n)
-    assert same_bits(blocks.k[:, :, :n], whole.k[:, :, :n])
+    placed_at = {}
+    for bound in (1 << 40, one_layer, 3 * one_layer):  # one block; blocks of 1; of 3 then 1
+        monkeypatch.setitem(rope_module.SCRATCH_BYTES, "cpu", bound)
+        placed_at[bound], _ = placed(engine, segments, n)
+    whole = placed_at.pop(1 << 40).k[:, :, :n]
+    assert all(same_bits(f.k[:, :, :n], whole) for f in placed_at.values())
 
 
 def placing_ops(engine, segments, n: int, whole: bool) -> Counter[str]:

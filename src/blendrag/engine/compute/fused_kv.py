@@ -109,7 +109,8 @@ class FusedKV:
         [layers, Hkv, T, D] (read by the layer feed); values and keys copied into their rows of
         this request, one copy each per segment for all the layers, then the keys of each run
         of adjacent segments rotated where they lie, by one set of kernels for all the layers
-        (not one per segment, nor per layer: a request's launches on a GPU).
+        (not one per segment, nor per layer: a request's launches on a GPU; on a CPU a block
+        of layers that fits its caches at a time, ``rope.SCRATCH_BYTES``).
 
         Copied first, rotated after, in the buffer's dtype: the rows a stored dtype other than
         the model's gives are rounded to it before they are rotated, as a layer's own keys are."""

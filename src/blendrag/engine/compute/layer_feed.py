@@ -10,8 +10,9 @@ Redis, ranged GETs for S3), and placed a block of layers at a time:
 - every entry read already and its rows where the request's KV is (the RAM tier on a CPU, the
   device tier, a chunk computed by this request, history rows): nothing is left to read, so
   the rows of every layer are placed at once, one copy per segment and one rotation per run
-  of adjacent segments for all the layers (``entry.materialize()``: [L, Hkv, T, D]), a
-  block per run of layers that share a RoPE table (Gemma 3: its local and global layers).
+  of adjacent segments for all the layers (``entry.materialize()``: [L, Hkv, T, D]; the
+  rotation a block of layers at a time past ``rope.SCRATCH_BYTES``), a block per run of
+  layers that share a RoPE table (Gemma 3: its local and global layers).
   Layer by layer that is a few kernels per segment and per layer, on a GPU a large share of
   a cached request's launches;
 - otherwise (disk, Redis, S3, or host rows for a GPU) one layer at a time, read while the
