@@ -80,4 +80,17 @@ def decode_batch(adapter: LlamaAdapter, kernel: str, tokens: Sequence[int],
         h = finish(adapter, layer, h, torch.cat(outs, dim=1))  # o: [H, N, D] -> h: [N, hidden]
     for kv, p in zip(kvs, lengths):
         kv.length = p + 1
-    return adapter.logits(adapter.norm(h)).float()  # [N, vocab]
+    return _logits(adapter, adapter.norm(h)).float()  # [N, vocab]
+
+
+def _logits(adapter: LlamaAdapter, h: torch.Tensor) -> torch.Tensor:
+    """h: [N, hidden] (final-normed) -> logits [N, vocab]. On a CPU a plain output projection is
+    taken weight-major (``W @ h^T``): for a few rows that is the matrix-vector path, where
+    ``linear`` packs the whole vocabulary's weights for a matrix product (SmolLM2's 49,152 x 576
+    head: 4.6 ms against 17 ms for two rows, 5.3 against 13 ms for four)."""
+    head = adapter.lm_head
+    plain = (type(adapter).logits is LlamaAdapter.logits and isinstance(head, torch.nn.Linear)
+             and head.bias is None)
+    if plain and h.device.type == "cpu":
+        return (head.weight @ h.T).T
+    return adapter.logits(h)
