@@ -206,9 +206,12 @@ def _pct(values: list[float], q: int) -> float:
 
 
 def run(engine: BlendEngine, cfg: ServeBenchConfig,
-        on_row: Callable[[dict], None] | None = None) -> list[dict]:
-    """Every mode's baseline and runs; the rows, each also handed to ``on_row``."""
-    layouts = prompts(engine, cfg)
+        on_row: Callable[[dict], None] | None = None,
+        layouts: list[PromptLayout] | None = None) -> list[dict]:
+    """Every mode's baseline and runs; the rows, each also handed to ``on_row``. ``layouts``:
+    the requests' prompts, their chunks stored already (default: the workload's, ingested
+    here)."""
+    layouts = prompts(engine, cfg) if layouts is None else layouts
     gen = GenerationConfig(max_new_tokens=cfg.answer_tokens, eos_token_ids=())
     scheduler = Scheduler(engine.runner, ServingConfig(
         max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads,

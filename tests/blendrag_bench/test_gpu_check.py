@@ -31,9 +31,13 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     for figure in ("3k default (preview@20%)", "16k reuse", "chat turns >= 2, full+prefix-cache",
                    "chat, new passages, turns >= 2 vs full",
                    "decode graph vs HF generate", "disk -> device", "exactness checks failed",
-                   "cold start: first request / warm, worst mode", "cold start: warm-up s"):
+                   "cold start: first request / warm, worst mode", "cold start: warm-up s",
+                   "serve 4 users, default: throughput vs one at a time",
+                   "serve 4 users, default: same answers as alone",
+                   "decode: 4 requests' step vs one"):
         assert f"| {figure} |" in summary
     assert "| exactness checks failed | 0 | 0 | PASS |" in summary
+    assert "| serve 4 users, full: same answers as alone | 4/4 | all | PASS |" in summary
     ttft = (out / "ttft-3k.txt").read_text()  # the cold start, then the 3k phase
     assert ttft.index("# cold:") < ttft.index("# ttft-3k:") and "first/warm" in ttft
     exactness = (out / "exactness.txt").read_text()

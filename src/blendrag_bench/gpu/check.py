@@ -19,6 +19,8 @@ sends back):
 - ``chat.txt``: ``bench chat`` (random and random-history workloads, 4 turns) at the same shape;
 - ``loading.txt``: the disk tier (page cache) to the device, and pipelined TTFT from it;
 - ``decode.txt``: tokens per second of eager decoding, the CUDA-graph step and HF generate;
+  then ``bench serve``: 4 and 16 users through the scheduler against one request at a time,
+  and one batched decoding step of 16 requests against one request's;
 - ``profile.txt``: one request of each mode under ``torch.profiler``: top ops, launches, syncs.
 """
 
@@ -49,6 +51,8 @@ PHASES = {
     "exactness": ("exactness.txt", 110),
     "ttft-16k": ("ttft-16k.txt", 60),
     "decode": ("decode.txt", 100),  # the 7B-shaped model's build (~15 s), graph capture, HF
+    # many users through the scheduler against one at a time (its report follows decoding's)
+    "serve": ("decode.txt", 120),
     "chat": ("chat.txt", 120),  # two workloads: the same passages, new ones every turn
     "loading": ("loading.txt", 60),
     "profile": ("profile.txt", 40),
@@ -110,10 +114,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
-    from blendrag_bench.gpu import cold, exactness, profile, shapes, speed
+    from blendrag_bench.gpu import cold, exactness, profile, serving, shapes, speed
 
     path = out / PHASES[name][0]
-    with path.open("a") as f:  # two phases may share a file (cold start, ttft-3k)
+    with path.open("a") as f:  # two phases may share a file (cold start, ttft-3k; serve)
         def emit(line: str) -> None:
             f.write(line + "\n")
             f.flush()  # what a stopped phase wrote stays
@@ -131,6 +135,8 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
             heads = profile.run(emit, small)
         elif name == "cold":
             heads = cold.run(emit, small)
+        elif name == "serve":
+            heads = serving.serve(emit, small)
         else:
             heads = {"chat": speed.chat, "loading": speed.loading,
                      "decode": speed.decode}[name](emit, small)

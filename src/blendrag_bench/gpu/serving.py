@@ -1,0 +1,90 @@
+"""The GPU check's serving phase: ``bench serve`` at the check's shape (Mistral-7B's, random
+weights, bf16): many users through the scheduler against one request at a time, and one
+batched decoding step of 16 requests against one request's step.
+
+Random weights have no tokenizer: the answers are token ids, written as text by ``IdsText`` so
+that the token loop (stop strings, streaming) runs as it does for text."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import replace
+
+import torch
+
+from blendrag.config import BlendConfig
+from blendrag.prompt import PromptLayout
+from blendrag_bench.gpu.shapes import sync, workload
+from blendrag_bench.gpu.speed import Emit
+from blendrag_bench.serve import ServeBenchConfig, format_row, run
+from blendrag_bench.ttft import build_engine, random_layout
+
+REQUESTS, ANSWER = 16, 64
+STEP_BATCH = 16
+
+
+class IdsText:
+    """A tokenizer's ``decode`` for token ids without a vocabulary: " <id>" per token."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(f" {i}" for i in ids)
+
+
+def serve(emit: Emit, small: bool) -> dict[str, tuple[float | str, str, bool | None]]:
+    """Throughput and latency of 4 and 16 users (2 and 4 with ``small``) against one request at
+    a time, full prefill and the default blend; the batched step's tokens per second."""
+    w = workload(small, "3k", suffix_tokens=32)
+    engine = build_engine(w)
+    engine.tokenizer = IdsText()
+    vocab = engine.model.config.vocab_size
+    layouts = [random_layout(replace(w, seed=w.seed + j), vocab) for j in range(
+        4 if small else REQUESTS)]
+    for layout in layouts:  # ingestion, not timed
+        engine.precompute(layout.prefix_ids, layout.chunk_ids)
+    cfg = ServeBenchConfig(users=(2, 4) if small else (4, 16), requests=len(layouts),
+                           answer_tokens=4 if small else ANSWER)
+    emit(f"bench serve: {len(layouts)} requests of {w.chunks} x {w.chunk_tokens} chunk tokens, "
+         f"{cfg.answer_tokens}-token answers, against one request at a time")
+    rows = run(engine, cfg, on_row=lambda r: emit(format_row(r)), layouts=layouts)
+    top = f"{cfg.users[-1]} users"
+    out: dict[str, tuple[float | str, str, bool | None]] = {}
+    for row in rows:
+        if row["run"] != top:
+            continue
+        mode = row["mode"]
+        out[f"serve {top}, {mode}: throughput vs one at a time"] = (
+            row["throughput_x"], ">= 6x", row["throughput_x"] >= 6)
+        out[f"serve {top}, {mode}: p95 TTFT vs alone"] = (
+            row["ttft_p95_x"], "<= 3x", row["ttft_p95_x"] <= 3)
+        out[f"serve {top}, {mode}: same answers as alone"] = (
+            f"{row['same_answer']}/{row['requests']}", "all",
+            row["same_answer"] == row["requests"])
+    gain = _step_gain(engine, layouts, 4 if small else STEP_BATCH)
+    emit(f"one batched step of {4 if small else STEP_BATCH} requests: {gain:.2f}x the tokens/s "
+         "of one request's step")
+    out[f"decode: {4 if small else STEP_BATCH} requests' step vs one"] = (gain, ">= 8x",
+                                                                          gain >= 8)
+    return out
+
+
+def _step_gain(engine, layouts: list[PromptLayout], n: int) -> float:
+    """Tokens per second of one batched step of ``n`` requests over one request's step."""
+    pres = [engine.prefill(layouts[j % len(layouts)], BlendConfig(mode="reuse"),
+                           extra_capacity=32) for j in range(n)]
+    tokens = [int(p.logits.argmax()) for p in pres]
+
+    def timed(step) -> float:
+        times = []
+        for _ in range(8):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[2:])
+
+    one = timed(lambda: engine.runner.decode(tokens[0], pres[0].fused))
+    many = timed(lambda: engine.runner.decode_many(tokens, [p.fused for p in pres]))
+    with torch.inference_mode():
+        return n * one / many
