@@ -21,7 +21,7 @@ REPEATS = 12
 
 def step_costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> None:
     layouts = prompts(engine, ServeBenchConfig(requests=max(counts)))
-    pres = [engine.prefill(lay, BlendConfig(mode="full"), extra_capacity=2 * REPEATS)
+    pres = [engine.prefill(lay, BlendConfig(mode="full"), extra_capacity=REPEATS * len(counts))
             for lay in layouts]
     tokens = [int(p.logits.argmax()) for p in pres]
     single = 0.0
