@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,9 @@ class Scheduler:
     views) as ``config`` says."""
 
     def __init__(self, runner: ModelRunner, config: ServingConfig | None = None) -> None:
-        self.runner = runner
+        # held weakly: the registry of schedulers (shared.py) must not keep a model alive that
+        # nobody serves any more (a running request holds its engine, and so the model)
+        self._runner = weakref.ref(runner)
         self.config = config if config is not None else ServingConfig()
         self.pool = BlockPool(self._pool_tokens() // self.config.block_tokens,
                               self.config.block_tokens)
@@ -69,6 +72,14 @@ class Scheduler:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+
+    @property
+    def runner(self) -> ModelRunner:
+        """The model this scheduler serves."""
+        runner = self._runner()
+        if runner is None:
+            raise RuntimeError("the scheduler's model is gone (its engine was dropped)")
+        return runner
 
     def _pool_tokens(self) -> int:
         if self.config.pool_tokens is not None:
@@ -141,6 +152,10 @@ class Scheduler:
         if self._pool_threads is not None:
             self._pool_threads.shutdown(wait=True)
             self._pool_threads = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def running(self) -> int:

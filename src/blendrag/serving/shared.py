@@ -21,7 +21,7 @@ def scheduler_for(engine: BlendEngine, config: ServingConfig | None = None) -> S
     a ValueError, since one model has one scheduler)."""
     with _LOCK:
         scheduler = _SCHEDULERS.get(engine.runner)
-        if scheduler is None:
+        if scheduler is None or scheduler.closed:  # a closed one is replaced
             scheduler = _SCHEDULERS[engine.runner] = Scheduler(engine.runner, config)
         elif config is not None and config != scheduler.config:
             raise ValueError(f"this engine's model is served with {scheduler.config} already; "

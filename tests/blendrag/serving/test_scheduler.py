@@ -249,3 +249,34 @@ def _settle(scheduler, timeout=10.0):
     end = time.monotonic() + timeout
     while (scheduler.running or scheduler.waiting) and time.monotonic() < end:
         time.sleep(0.02)
+
+
+def test_the_shared_scheduler_does_not_keep_a_dropped_engine_alive(engine_for):
+    import gc
+    import weakref
+
+    from blendrag.serving import scheduler_for
+
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    scheduler_for(engine).submit(engine, layout, BlendConfig(mode="full"), GREEDY).wait(60)
+    model = weakref.ref(engine.runner)
+    scheduler_for(engine).close()
+    del engine
+    gc.collect()
+    assert model() is None
+
+
+def test_a_closed_shared_scheduler_is_replaced(engine):
+    from blendrag.serving import scheduler_for
+
+    first = scheduler_for(engine)
+    first.close()
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    with pytest.raises(RuntimeError, match="closed"):
+        first.submit(engine, layout, BlendConfig(mode="full"), GREEDY)
+    second = scheduler_for(engine)
+    assert second is not first
+    assert len(second.submit(engine, layout, BlendConfig(mode="full"), GREEDY).wait(60)
+               .token_ids) == GREEDY.max_new_tokens
+    second.close()
