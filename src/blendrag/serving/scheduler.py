@@ -133,11 +133,6 @@ class Scheduler:
             self._cond.notify_all()
         return job.handle
 
-    def wake(self) -> None:
-        """Let the scheduler look at its requests now (a request was cancelled)."""
-        with self._cond:
-            self._cond.notify_all()
-
     def close(self) -> None:
         """Fail every request not done yet and stop the thread."""
         with self._cond:
