@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
+from blendrag.engine.compute.attention import AttentionPlan, LastPlan
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.loop import ActiveTokens
@@ -66,9 +67,8 @@ def decode_batch(adapter: LlamaAdapter, kernel: str, tokens: Sequence[int],
     lengths = [kv.length for kv in kvs]
     pos = torch.tensor(lengths, device=device)  # [N]
     h = adapter.embed(torch.tensor(list(tokens), device=device))  # [N, hidden]
-    # each token's own attention plan, as its eager step builds it: keys [0, p_j]
-    actives = [ActiveTokens(pos[j:j + 1], p + 1, adapter, kernel, dtype)
-               for j, p in enumerate(lengths)]
+    # each token's own attention plan over keys [0, p_j], made once per window
+    plans = [_Plans(adapter, kernel, pos[j:j + 1], p + 1, dtype) for j, p in enumerate(lengths)]
     rope = rotations(adapter, pos, dtype)
     for i, layer in enumerate(adapter.layers):
         q, k, _, v = project(adapter, layer, h, rope[i])  # q: [H, N, D]; k, v: [Hkv, N, D]
@@ -76,11 +76,29 @@ def decode_batch(adapter: LlamaAdapter, kernel: str, tokens: Sequence[int],
         outs = []
         for j, kv in enumerate(kvs):
             kv.write(i, pos[j:j + 1], k[:, j:j + 1], v[:, j:j + 1])
-            outs.append(attend(adapter, i, q[:, j:j + 1], kv, actives[j].plan(window)))
+            outs.append(attend(adapter, i, q[:, j:j + 1], kv, plans[j].get(window)))
         h = finish(adapter, layer, h, torch.cat(outs, dim=1))  # o: [H, N, D] -> h: [N, hidden]
     for kv, p in zip(kvs, lengths):
         kv.length = p + 1
     return _logits(adapter, adapter.norm(h)).float()  # [N, vocab]
+
+
+class _Plans:
+    """One decoded token's attention plans, per sliding window. A token that sees every key
+    before it (no window, or a window longer than its keys; no soft cap) takes the plan without
+    a mask, made here from its length on the host: ``plan_attention`` would read its position
+    back from the device, one sync per request and step on a GPU."""
+
+    def __init__(self, adapter: LlamaAdapter, kernel: str, pos: torch.Tensor, n: int,
+                 dtype: torch.dtype) -> None:
+        self.n, self.softcap = n, adapter.attn_softcap
+        self.active = ActiveTokens(pos, n, adapter, kernel, dtype)  # its eager step's plans
+        self.last = LastPlan(n)
+
+    def get(self, window: int | None) -> AttentionPlan:
+        if self.softcap is None and (window is None or window >= self.n):
+            return self.last
+        return self.active.plan(window)
 
 
 def _logits(adapter: LlamaAdapter, h: torch.Tensor) -> torch.Tensor:
