@@ -61,7 +61,7 @@ def test_a_documented_command_parses(where, command):
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("example", ["langchain_rag.py", "llamaindex_rag.py"])
+@pytest.mark.parametrize("example", ["langchain_rag.py", "llamaindex_rag.py", "serve_users.py"])
 def test_an_example_runs_to_the_end(example):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / example), "--questions", "1"],
                           capture_output=True, text=True, timeout=600, check=False)
