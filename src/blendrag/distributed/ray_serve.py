@@ -13,7 +13,8 @@ HTTP (a small completions API in OpenAI's shape, plus ingestion):
 - ``POST /v1/completions`` ``{"prompt": str, "documents": [str, ...], "max_tokens": int,
   "temperature": float, "mode": str, "ratio": float}``: the prompt spells each document in it
   as the chunk format writes it (``ChunkFormat``, as LangChain's ``documents=``); the answer is
-  ``{"choices": [{"text", "finish_reason"}], "usage": {...}, "blendrag": stats, "replica"}``;
+  ``{"choices": [{"text", "finish_reason"}], "usage": {...}, "blendrag": stats, "replica"}``
+  (a full queue: 503; past its timeout: 504; a bad body: 400 that says what is wrong);
 - ``POST /v1/ingest`` ``{"texts": [str, ...]}``: precompute and store their KVs;
 - ``GET /health``.
 
@@ -126,6 +127,8 @@ class BlendServer:
             return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
         except QueueFull as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
+        except TimeoutError as exc:  # the request's timeout (ServingConfig.timeout_s)
+            return JSONResponse({"error": str(exc)}, status_code=504)
         except (ValueError, TypeError) as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
 
