@@ -134,7 +134,10 @@ def first_token_kl(reference_logits: torch.Tensor, logits: torch.Tensor) -> floa
 
 def speedup_words(speedup: float, than: str = "full prefill") -> str:
     """A TTFT ratio (``than``'s TTFT over this one's) in words that cannot be misread:
-    "1.52x faster than full prefill", or "0.84x: slower than full prefill"."""
+    "1.52x faster than full prefill", "0.84x: slower than full prefill", or "1.00x: as fast as
+    full prefill" (what rounds to 1.00x: a full prefill itself, say)."""
+    if f"{speedup:.2f}" == "1.00":
+        return f"1.00x: as fast as {than}"
     if speedup >= 1.0:
         return f"{speedup:.2f}x faster than {than}"
     return f"{speedup:.2f}x: slower than {than}"

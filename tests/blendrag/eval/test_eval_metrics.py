@@ -111,4 +111,6 @@ def test_a_speedup_below_one_is_never_called_faster():
 
     assert speedup_words(1.52) == "1.52x faster than full prefill"
     assert speedup_words(0.84) == "0.84x: slower than full prefill"
-    assert speedup_words(1.0, than="prefix caching") == "1.00x faster than prefix caching"
+    assert speedup_words(1.0, than="prefix caching") == "1.00x: as fast as prefix caching"
+    assert speedup_words(0.996) == "1.00x: as fast as full prefill"  # never "1.00x: slower"
+    assert speedup_words(1.006) == "1.01x faster than full prefill"
