@@ -467,7 +467,8 @@ class BlendEngine:
         vocab = self.runner.model.get_input_embeddings().num_embeddings  # type: ignore[operator]
         with torch_threads(self.threads):
             self.warmup_report = warm_up(self.runner, lambda layout, blend, extra: (
-                sandbox.prefill(layout, blend, extra)), vocab, config)
+                sandbox.prefill(layout, blend, extra)), vocab, config,
+                settle=sandbox.cache.backfill.wait)
         log.info("%s", self.warmup_report.summary())
         return self.warmup_report
 

@@ -12,7 +12,9 @@ nothing), and the next request over those passages hits them.
 Each job carries the chunk cache it came from, so a namespace view's pieces land in that
 namespace. The queue is bounded (``capacity``): a piece that does not fit is dropped, and the
 next request that misses it queues it again. A piece already queued is not queued twice. A
-failure to compute or store a piece is logged and counted, never raised into a request.
+failure to compute or store a piece is logged and counted, never raised into a request. The
+worker ends when the queue is empty and the next ``submit`` starts another: an engine that is
+dropped leaves no idle thread behind (nor one holding its model).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class Piece:
 
 
 class Backfill:
-    """One worker thread computing queued pieces in order (started at the first ``submit``)."""
+    """One worker thread computing queued pieces in order (started by a ``submit`` that finds
+    none running, ended when the queue is empty)."""
 
     def __init__(self, capacity: int = CAPACITY) -> None:
         if capacity < 1:
@@ -65,6 +68,7 @@ class Backfill:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.computed = self.dropped = self.failed = 0
+        self.warned = False  # a request handing it pieces said so at WARNING (prefill.py)
         _LIVE.add(self)
 
     def submit(self, cache: Computes, pieces: Sequence[Piece]) -> int:
@@ -96,23 +100,30 @@ class Backfill:
         with self._cond:
             return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
 
+    def cancel(self, timeout: float = 30.0) -> bool:
+        """Drop the pieces queued and wait (at most ``timeout``) for the one being computed;
+        later pieces are taken as before (the next request that misses a dropped one queues it
+        again). False on ``timeout``."""
+        with self._cond:
+            self.dropped += len(self._jobs)
+            for cache, piece in self._jobs:
+                self._queued.discard((id(cache), piece.key))
+            self._jobs.clear()
+            self._cond.notify_all()
+            return self._cond.wait_for(lambda: not self._busy, timeout)
+
     def close(self, timeout: float = 30.0) -> None:
         """Take no more pieces, drop those queued and wait (at most ``timeout``) for the one
         being computed: a thread inside torch when the interpreter exits aborts the process."""
         with self._cond:
             self._closed = True
-            self.dropped += len(self._jobs)
-            self._jobs.clear()
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join(timeout)
+        self.cancel(timeout)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs) or self._closed)
-                if self._closed:
+                if self._closed or not self._jobs:  # the next submit starts another
+                    self._thread = None
                     return
                 cache, piece = self._jobs.popleft()
                 self._busy += 1

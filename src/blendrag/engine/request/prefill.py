@@ -238,9 +238,19 @@ def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
     if not absent or chunk_tokens <= 0 or missing < share * chunk_tokens:
         return None
     req.backfilled = parts.cache.backfill_later(absent)
-    log.info("%d of %d chunk tokens are in no store yet: running an exact full prefill instead "
-             "of computing them first; %d pieces (chunks, prefix) queued to be computed and "
-             "stored for the next request", missing, chunk_tokens, len(absent))
+    backfill = parts.cache.backfill
+    # on by default: said at WARNING once per engine (a newcomer sees why an asked blend ran
+    # full), then at INFO (a service over new documents would say it on every first question)
+    level = logging.INFO if backfill.warned else logging.WARNING
+    backfill.warned = True
+    chunks = sum(not p.exact for p in absent)
+    log.log(level, "%s request: %d of %d chunk tokens (%.0f %%, %d of %d chunks) are in no store "
+            "yet, at least the %.0f %% of LoadingConfig.full_when_missing: ran an exact full "
+            "prefill instead of computing them first; %d of %d missing pieces (chunks, prefix) "
+            "queued to be computed and stored off its path, so the next request over them hits",
+            req.config.label, missing, chunk_tokens, 100 * missing / chunk_tokens, chunks,
+            len(req.layout.chunk_ids), 100 * share, req.backfilled,
+            len({p.key for p in absent}))  # a piece used twice (a separator) is one
     return ModeChoice(req.config.label, FULL.label, math.nan, math.nan, math.nan, math.nan,
                       len(absent), reason="chunks missing")
 

@@ -5,8 +5,10 @@ compiled (FlexAttention for blend's scattered queries on a GPU: about 10 s), the
 captured as a CUDA graph for its buffer, the device's cost profile timed
 (engine/selection/costs.py), the allocator's first large blocks. ``warm_up`` runs each
 configured mode on a synthetic RAG prompt of each configured size, twice (the first run
-computes its chunks, the second takes them from the store, as a warm request does), decodes a
-few tokens after it, and reports what each step took. Before that it loads the compiler's
+finds its chunks in no store: as a first question does by default, it runs a full prefill and
+the backfill computes them, ``LoadingConfig.full_when_missing``, or it computes them itself;
+the second takes them from the store, as a warm request does), decodes a few tokens after it,
+and reports what each step took. Before that it loads the compiler's
 caches that an earlier process kept (``compile_cache.py``) and after it keeps them, so that a
 second process warms up in a fraction of the first one's time.
 
@@ -98,10 +100,11 @@ class WarmupReport:
 PrefillFn = Callable[[PromptLayout, BlendConfig, int], Prefill]
 
 
-def warm_up(runner: ModelRunner, prefill: PrefillFn, vocab: int,
-            config: WarmupConfig) -> WarmupReport:
+def warm_up(runner: ModelRunner, prefill: PrefillFn, vocab: int, config: WarmupConfig,
+            settle: Callable[[], object] = lambda: None) -> WarmupReport:
     """Run ``config``'s warm-up through ``prefill`` (the sandbox's: module docstring) on
-    ``runner``, prompts of random ids below ``vocab``."""
+    ``runner``, prompts of random ids below ``vocab``; ``settle`` (untimed) after each cold
+    run: waits for the chunks its backfill is computing, which the warm run takes."""
     report, t0 = WarmupReport(), time.perf_counter()
     folder = config.compile_cache
     if folder is not None:
@@ -113,6 +116,7 @@ def warm_up(runner: ModelRunner, prefill: PrefillFn, vocab: int,
         for blend in config.configs:
             label = f"{blend.label} {n}"
             report.steps[f"{label} cold"] = _timed(runner, partial(prefill, layout, blend, 0))
+            settle()
             report.steps[f"{label} warm"] = _timed(runner, partial(
                 _warm, runner, prefill, layout, blend, config.decode_tokens))
     if folder is not None:
