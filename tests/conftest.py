@@ -123,16 +123,33 @@ def engine_for(model_dir):
     BlendEngine loaded from disk (``compute``: a ``ComputeConfig``, e.g. FlexAttention). Chunks
     are stored as computed right after the chunk prefix (``NO_CONTEXT``) unless
     ``context`` says otherwise: most tests check invariants against chunks computed alone; the
-    ingestion context's own tests (engine/test_context.py) pass the default ``ChunkContext()``."""
+    ingestion context's own tests (engine/test_context.py) pass the default ``ChunkContext()``.
+    ``loading``: ``COMPUTED_FIRST`` unless told otherwise: these tests check each mode as asked
+    over chunks a request computes and stores, where the default runs a request over chunks in
+    no store as a full prefill (the first question's behaviour, engine/test_backfill.py)."""
     from blendrag import BlendEngine
     from blendrag.engine.caches.context import NO_CONTEXT
+    from helpers.tiny import COMPUTED_FIRST
 
     def make(family: str = "llama", dtype: str = "float32", chat: bool | None = False,
-             context=NO_CONTEXT, compute=None, **kw):
+             context=NO_CONTEXT, compute=None, loading=COMPUTED_FIRST, **kw):
         return BlendEngine.from_pretrained(model_dir(family, **kw), dtype=dtype, device="cpu",
-                                           chat=chat, context=context, compute=compute)
+                                           chat=chat, context=context, compute=compute,
+                                           loading=loading)
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def no_backfill_after():
+    """No backfill worker computes into the next test: a blend request over chunks in no store
+    queues them for a worker thread (engine/caches/backfill.py, on by default); what a test left
+    queued is dropped when it ends, and the piece being computed finished first."""
+    yield
+    from blendrag.engine.caches.backfill import _LIVE
+
+    for backfill in list(_LIVE):
+        assert backfill.cancel(timeout=600), "a backfill piece still computing after 600 s"
 
 
 @pytest.fixture

@@ -10,6 +10,13 @@ from pathlib import Path
 
 import torch
 
+from blendrag.engine.selection.controller import LoadingConfig
+
+# Every request computes the chunks it finds in no store and uses them, as asked: the tests of a
+# mode's rows over freshly computed chunks. The default (``full_when_missing=0.5``) runs such a
+# request as an exact full prefill and computes its chunks off its path (engine/test_backfill.py).
+COMPUTED_FIRST = LoadingConfig(full_when_missing=None)
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog near the river bank.",
     "Lionel Messi scored twice for Argentina; Cristiano Ronaldo answered with a header.",

@@ -28,8 +28,9 @@ from blendrag.prompt import PromptLayout
 
 TOL = 1e-4
 # every mode runs as asked: on CUDA the cost profile would run these tiny models' cached modes
-# as full prefills (LoadingConfig.full_when_faster), and a check would compare full with full
-AS_ASKED = LoadingConfig(full_when_faster=False)
+# as full prefills (LoadingConfig.full_when_faster), and so would a request over chunks in no
+# store (full_when_missing): a check would compare full with full
+AS_ASKED = LoadingConfig(full_when_faster=False, full_when_missing=None)
 COMMON = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
 GEMMA = dict(head_dim=16, sliding_window=32, query_pre_attn_scalar=16)
@@ -193,7 +194,7 @@ def disk_tier(report: Report, device: str) -> None:
     folder = tempfile.mkdtemp()
     for prefetch in (4, 0):
         store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=folder, kv_format="model"))
-        loading = LoadingConfig(prefetch_layers=prefetch, full_when_faster=False)
+        loading = dataclasses.replace(AS_ASKED, prefetch_layers=prefetch)
         BlendEngine(model, None, store=store, loading=loading).prefill(
             LAYOUT, BlendConfig(mode="reuse"))  # computes and stores the chunks
         store.close()

@@ -27,14 +27,18 @@ def record(engine: BlendEngine, selector: str = "epic", ratio: float | None = 0.
 
 @pytest.fixture
 def on_store(model_dir, tmp_path):
-    """factory() -> an engine over a disk store at tmp_path/kv (a new one each call)."""
+    """factory() -> an engine over a disk store at tmp_path/kv (a new one each call), the
+    passages ingested: a request runs the mode the calibration resolves to, not the full
+    prefill of a first question over passages in no store."""
     stores = []
 
     def make() -> BlendEngine:
         store = TieredKVStore(StoreConfig(disk_dir=tmp_path / "kv"))
         stores.append(store)
-        return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                           store=store)
+        engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                             store=store)
+        engine.ingest(PASSAGES, prefix=PREFIX)
+        return engine
 
     yield make
     for s in stores:

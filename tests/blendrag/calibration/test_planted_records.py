@@ -38,8 +38,12 @@ def engine_on(model_dir, tmp_path):
 
     def make() -> BlendEngine:
         stores.append(TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv")))
-        return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                           store=stores[-1])
+        engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                             store=stores[-1])
+        # the passages ingested: a request runs the mode the default resolves to, not a first
+        # question's full prefill
+        engine.ingest(PASSAGES, prefix=PREFIX)
+        return engine
 
     yield make
     for s in stores:

@@ -18,9 +18,34 @@ FULL = BlendConfig(mode="full")
 
 
 def engine_for(model_dir, **loading) -> BlendEngine:
-    settings = {"full_when_missing": 0.5, **loading}
+    """The tiny Llama with the default loading config unless told otherwise."""
     return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                       context=NO_CONTEXT, loading=LoadingConfig(**settings))
+                                       context=NO_CONTEXT, loading=LoadingConfig(**loading))
+
+
+def test_on_by_default_at_half_the_chunk_tokens(model_dir):
+    assert LoadingConfig().full_when_missing == 0.5
+    engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
+                                         context=NO_CONTEXT)  # no loading config given
+    pre = engine.prefill(engine.build_prompt(PREFIX, PASSAGES, SUFFIX), BLEND)
+    assert pre.stats.mode == "full" and pre.stats.cache.backfilled == len(PASSAGES) + 1
+
+
+def test_the_warning_says_what_happened_in_numbers_once(model_dir, caplog):
+    engine = engine_for(model_dir)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    tokens = sum(map(len, layout.chunk_ids))
+    with caplog.at_level(logging.INFO, logger="blendrag.engine"):
+        engine.prefill(layout, BLEND)
+        engine.prefill(layout, BLEND)  # its pieces queued already (or stored meanwhile)
+    said = [r for r in caplog.records if "in no store yet" in r.getMessage()]
+    assert said and said[0].levelno == logging.WARNING
+    assert all(r.levelno == logging.INFO for r in said[1:])  # once per engine at WARNING
+    n = len(PASSAGES)
+    assert (f"{BLEND.label} request: {tokens} of {tokens} chunk tokens (100 %, {n} of {n} chunks)"
+            in said[0].getMessage())
+    assert "at least the 50 %" in said[0].getMessage()
+    assert f"{n + 1} of {n + 1} missing pieces (chunks, prefix) queued" in said[0].getMessage()
 
 
 def test_new_passages_run_a_full_prefill_and_are_stored_for_the_next_request(model_dir):
@@ -96,3 +121,40 @@ def test_a_piece_is_queued_once_and_the_queue_is_bounded():
     assert backfill.wait(timeout=10) and backfill.computed == 2
     backfill.close()
     assert backfill.submit(cache, pieces) == 0  # closed: takes nothing
+
+
+def test_the_worker_ends_when_idle_and_cancel_drops_the_queue():
+    import threading
+    import time
+
+    from blendrag.engine.caches.backfill import Backfill, Piece
+
+    gate = threading.Event()
+
+    class Slow:
+        def kv(self, *args, **kwargs):
+            gate.wait(10)
+
+    def computing() -> None:  # until the worker holds a piece
+        deadline = time.monotonic() + 10
+        while not backfill._busy and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    backfill, cache = Backfill(), Slow()
+    pieces = [Piece((), (i,), NO_CONTEXT, f"k{i}") for i in range(3)]
+    assert backfill.submit(cache, pieces) == 3 and backfill._thread is not None
+    gate.set()
+    assert backfill.wait(timeout=10)
+    thread = backfill._thread
+    if thread is not None:  # past its last piece, not yet out of the loop
+        thread.join(10)
+    assert backfill._thread is None  # no idle thread kept per engine
+    gate.clear()
+    assert backfill.submit(cache, pieces) == 3  # a new worker takes them
+    computing()
+    threading.Timer(0.2, gate.set).start()
+    assert backfill.cancel(timeout=10)  # the one being computed finished, the rest dropped
+    assert backfill.wait(timeout=10) and backfill.computed == 3 + 1
+    assert backfill.dropped == 2
+    assert backfill.submit(cache, pieces[:1]) == 1  # still open: a dropped piece queued again
+    assert backfill.wait(timeout=10)

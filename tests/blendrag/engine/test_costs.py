@@ -107,6 +107,7 @@ def test_off_on_a_cpu_by_default_and_when_asked(model_dir):
                            "scattered": PassCost(1.0, 0, 0)})
     for enabled in (None, False):  # None: CUDA devices only
         engine = engine_with(model_dir, slow, enabled)
+        engine.ingest(PASSAGES, prefix=PREFIX)  # none missing: the profile alone would decide
         layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
         pre = engine.prefill(layout, BlendConfig())
         assert pre.stats.mode == "blend" and pre.stats.controller.mode is None

@@ -21,8 +21,9 @@ MODES = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode=
          BlendConfig(), BlendConfig(selector="cacheblend", ratio=0.3),
          BlendConfig(selector="epic", ratio=0.3)]
 TOL = 1e-4
-# each mode as asked: the cost profile would run these tiny models' cached modes as full
-AS_ASKED = LoadingConfig(full_when_faster=False)
+# each mode as asked: the cost profile would run these tiny models' cached modes as full, and
+# so would the default over chunks in no store (full_when_missing)
+AS_ASKED = LoadingConfig(full_when_faster=False, full_when_missing=None)
 
 
 def engine(model_dir, compute: ComputeConfig, dtype: str = "float32", **kw) -> BlendEngine:

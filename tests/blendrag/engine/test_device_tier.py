@@ -125,7 +125,8 @@ def test_a_hot_chunk_is_served_from_the_device_tier_with_the_same_logits(model_d
     from blendrag import BlendConfig
     from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
-    engine = device_engine(model_dir, tmp_path)
+    # the other namespace below computes its chunks in the request, not in the backfill
+    engine = device_engine(model_dir, tmp_path, full_when_missing=None)
     engine.ingest(PASSAGES, prefix=PREFIX)  # bulk ingestion: the chunks stored, not kept
     tier = engine.cache.device_tier
     assert tier is not None and len(tier) == 1  # the prefix, computed once on the device

@@ -15,7 +15,7 @@ import torch
 from blendrag import BlendConfig, BlendEngine
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 from blendrag.store.disk import DiskTier
-from helpers.tiny import PREFIX, SUFFIX
+from helpers.tiny import COMPUTED_FIRST, PREFIX, SUFFIX
 
 BLEND = BlendConfig(selector="cacheblend", ratio=0.3)
 CHUNKS = [f"fact {i}." for i in range(100)]
@@ -79,8 +79,9 @@ def test_a_hundred_entries_with_a_bad_layer_cost_one_retry(engine_for, make_stor
 @pytest.fixture
 def long_chunk_engine(model_dir):
     """An engine with the default ingestion context (fillers) on a 1,024-position model."""
+    # the request computes the long chunk itself (the fallback tested), not the backfill
     return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                       context=ChunkContext())
+                                       context=ChunkContext(), loading=COMPUTED_FIRST)
 
 
 def test_a_chunk_too_long_for_the_fillers_is_computed_without_them(long_chunk_engine, caplog,

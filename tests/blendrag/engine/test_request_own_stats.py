@@ -10,7 +10,7 @@ import pytest
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.ram import MemoryKVStore
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import COMPUTED_FIRST, PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,7 +33,7 @@ def test_two_tenants_at_once_each_see_only_their_own_hits(model_dir, tmp_path):
     layouts = {"a": engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
                "b": engine.build_prompt(PREFIX, PASSAGES, SUFFIX)}
     for name, tenant in tenants.items():
-        tenant.prefill(layouts[name], BLEND)  # cold: stores the prefix and the chunks
+        tenant.ingest(PASSAGES[:len(layouts[name].chunk_ids)], prefix=PREFIX)  # on disk
     seen: dict[str, list] = {"a": [], "b": []}
     start = threading.Barrier(2)
 
@@ -62,8 +62,10 @@ def test_two_tenants_at_once_each_see_only_their_own_hits(model_dir, tmp_path):
 
 
 def test_a_cold_request_counts_its_own_writes_and_misses(model_dir):
+    # the cold request computes and writes its chunks itself (not the backfill's worker)
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                         store=MemoryKVStore(64 << 20), context=NO_CONTEXT)
+                                         store=MemoryKVStore(64 << 20), context=NO_CONTEXT,
+                                         loading=COMPUTED_FIRST)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     cold = engine.prefill(layout, BLEND).stats.cache.store
     n = 1 + len(PASSAGES)

@@ -8,7 +8,7 @@ from blendrag import NO_CONTEXT, BlendConfig, BlendEngine
 from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig, TieredKVStore
 from helpers.kvgen import make_kv
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import COMPUTED_FIRST, PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -20,8 +20,10 @@ def _tiers(stats) -> dict[str, tuple[int, int]]:
 
 def test_per_request_deltas_show_disk_hits_after_ram_is_cleared(model_dir, tmp_path):
     config = StoreConfig(ram_bytes=1 << 20, disk_dir=tmp_path / "kv", disk_bytes=4 << 20)
+    # the cold request computes and writes its chunks itself: its own writes are counted
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
-                                         store=TieredKVStore(config), context=NO_CONTEXT)
+                                         store=TieredKVStore(config), context=NO_CONTEXT,
+                                         loading=COMPUTED_FIRST)
     layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
     n = len(PASSAGES)
     cold = engine.prefill(layout, BlendConfig(ratio=0.3)).stats.cache.store

@@ -18,7 +18,7 @@ from blendrag.store.auth import StoreKeys
 from blendrag.store.codec import decode, encode
 from helpers.backends import Backend
 from helpers.tenant_timing import arms, ks
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import COMPUTED_FIRST, PASSAGES, PREFIX, SUFFIX
 
 KEYS = StoreKeys({"k1": b"deployment-secret-0123456789"}, "k1")
 ATTACKER = StoreKeys({"k1": b"an-attackers-own-secret-012345"}, "k1")
@@ -27,10 +27,12 @@ GREEDY = GenerationConfig(max_new_tokens=8)
 
 
 def _spec(model_dir, tmp_path, **store) -> EngineSpec:
+    """Requests compute and store their chunks themselves (``COMPUTED_FIRST``): the store holds
+    what a request wrote when it returns, and no backfill worker runs beside a timed request."""
     config = StoreConfig(**{"ram_bytes": 0, "disk_dir": tmp_path / "kv", "kv_format": "model",
                             **store})
     return EngineSpec(model=model_dir("llama"), device="cpu", chat=False, chunk_prefix="",
-                      context=NO_CONTEXT, threads=None, store=config)
+                      context=NO_CONTEXT, threads=None, store=config, loading=COMPUTED_FIRST)
 
 
 def _poison(engine, signer: StoreKeys | None, keys: StoreKeys | None) -> int:

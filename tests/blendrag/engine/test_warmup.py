@@ -61,6 +61,9 @@ def test_warm_up_runs_every_mode_cold_and_warm_and_leaves_the_store_alone(model_
     # nothing of the warm-up reached the user's store or the engine's caches
     assert store.stats().gets == 0 and store.bytes == 0
     assert engine.prefix_cache is not None and len(engine.prefix_cache) == 0
+    # each cold run found its chunks in no store: they were computed off its path (the
+    # default backfill), into the sandbox's store, before the warm run took them
+    assert engine.cache.backfill.computed > 0 and engine.cache.backfill.wait(timeout=0)
 
 
 def test_requests_after_warm_up_are_those_of_a_cold_engine(model_dir):
@@ -68,6 +71,8 @@ def test_requests_after_warm_up_are_those_of_a_cold_engine(model_dir):
     warm = tiny_engine(model_dir)
     warm.warmup(SMALL)
     layout = cold.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for engine in (cold, warm):  # each mode runs as asked (none falls back for missing chunks)
+        engine.ingest(PASSAGES, prefix=PREFIX)
     for config in (BlendConfig(mode="full"), BlendConfig(mode="reuse"),
                    BlendConfig(mode="blend", selector="epic", ratio=0.3)):
         a, b = cold.prefill(layout, config), warm.prefill(layout, config)

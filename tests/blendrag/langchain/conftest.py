@@ -23,11 +23,16 @@ def tiny_model(model_dir):
 @pytest.fixture
 def engine(tiny_model):
     """A fresh engine (empty KV store) over the shared tiny model; chunk KVs are computed after
-    the canonical chunk prefix "" (after the chat template head), as framework chains need."""
+    the canonical chunk prefix "" (after the chat template head), as framework chains need.
+    A request computes the chunks it finds in no store and blends them (``COMPUTED_FIRST``):
+    these tests compare the paths' blended answers; the default's first question (a full
+    prefill, the chunks backfilled) is test_lc_chain.py's and test_lc_newcomer.py's."""
     from blendrag import NO_CONTEXT, BlendEngine
+    from helpers.tiny import COMPUTED_FIRST
 
     model, tokenizer = tiny_model
-    return BlendEngine(model, tokenizer, chat=True, chunk_prefix="", context=NO_CONTEXT)
+    return BlendEngine(model, tokenizer, chat=True, chunk_prefix="", context=NO_CONTEXT,
+                       loading=COMPUTED_FIRST)
 
 
 @pytest.fixture

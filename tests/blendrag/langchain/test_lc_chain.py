@@ -134,25 +134,33 @@ def test_async_chain_equals_sync(blend_store, llm, prompt):
     assert asyncio.run(run()) == (answer, answer)
 
 
-def test_documents_never_ingested_are_computed_then_reused(llm, embedder, chroma_client,
-                                                           collection_name,
-                                                           documents, prompt):
-    """A plain Chroma (no ingestion hook): the first query computes and stores the chunk KVs,
-    the second reuses them; afterwards the stock chain finds the chunks too."""
+def test_documents_never_ingested_are_backfilled_then_reused(llm, engine, embedder,
+                                                              chroma_client, collection_name,
+                                                              documents, prompt):
+    """A plain Chroma (no ingestion hook), with the default loading config: the first query
+    runs an exact full prefill and the chunk KVs are computed and stored off its path, the
+    second reuses them; afterwards the stock chain finds the chunks too."""
     from langchain_chroma import Chroma
 
+    from blendrag.engine.selection.controller import LoadingConfig
+
+    engine.loading = LoadingConfig()  # the default a newcomer gets (the fixture opts out)
     store = Chroma.from_documents(documents, embedding=embedder, client=chroma_client,
                                   collection_name=collection_name)
     chain = _blend_chain(store, llm, prompt)
-    first = chain.invoke({"input": QUESTION})
-    # K documents and one "\n\n" separator computed; the second separator reuses the first.
-    assert llm.last_stats.cache.chunk_misses == K + 1 and llm.last_stats.cache.chunk_hits == K - 2
+    chain.invoke({"input": QUESTION})
+    s = llm.last_stats
+    assert s.mode == "full" and s.controller.mode.reason == "chunks missing"
+    # the prompt's prefix, the K documents and the "\n\n" separator (one piece for both uses)
+    assert s.cache.backfilled == 1 + K + 1 and s.cache.chunk_misses == 0
+    assert engine.cache.backfill.wait(timeout=120)
     second = chain.invoke({"input": QUESTION})
-    assert llm.last_stats.cache.chunk_misses == 0 and llm.last_stats.cache.chunk_hits == 2 * K - 1
-    assert second["answer"] == first["answer"]
+    s = llm.last_stats
+    assert s.mode == "blend" and s.cache.backfilled == 0
+    assert s.cache.chunk_misses == 0 and s.cache.chunk_hits == 2 * K - 1
     stock = _stock_chain(store, llm, prompt).invoke({"input": QUESTION})
     assert llm.last_prompt.source == "index" and llm.last_stats.cache.chunk_hits == 2 * K - 1
-    assert stock["answer"] == first["answer"]
+    assert stock["answer"] == second["answer"]
 
 
 def test_prompt_without_known_chunks_is_a_full_prefill(llm):

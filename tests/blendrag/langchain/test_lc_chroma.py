@@ -250,8 +250,10 @@ def test_reopened_collection_records_its_texts_and_the_stock_chain_blends(
 
     BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
                                collection_name=collection_name, llm=llm)
-    fresh = BlendLLM(engine=BlendEngine(engine.model, engine.tokenizer, chat=True,
-                                        chunk_prefix="", context=NO_CONTEXT), max_tokens=4)
+    # the same KV store, as a persisted one is in a new process: its chunks are hits
+    fresh = BlendLLM(engine=BlendEngine(engine.model, engine.tokenizer, store=engine.store,
+                                        chat=True, chunk_prefix="", context=NO_CONTEXT),
+                     max_tokens=4)
     store = BlendChroma(client=chroma_client, collection_name=collection_name,
                         embedding_function=embedder, llm=fresh)
     assert len(fresh.text_index) == len(documents) and store.ingest_counts.chunks == 0

