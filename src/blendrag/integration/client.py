@@ -259,8 +259,9 @@ class BlendClient:
         """Record a finished request as the last one; its info (finish reason, stats, layout)."""
         cache = request.result.stats.cache
         request.prompt = request.prompt.after(cache.hit_chunks, cache.prefix_cache_tokens)
-        if request.blended:
-            self._ingestion.check(request.prompt, self.name, self.fixes)
+        backfilled = request.result.stats.cache.backfilled > 0  # ran full: passages in no store
+        if request.blended or (backfilled and request.prompt.matched > 0):
+            self._ingestion.check(request.prompt, self.name, self.fixes, backfilled)
         self.last_stats, self.last_prompt = request.result.stats, request.prompt
         return request.info()
 

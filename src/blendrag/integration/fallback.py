@@ -83,13 +83,18 @@ class IngestionMonitor:
     def __init__(self) -> None:
         self._warned = False
 
-    def check(self, flat: FlatLayout, llm: str, fixes: FallbackFixes) -> None:
+    def check(self, flat: FlatLayout, llm: str, fixes: FallbackFixes,
+              backfilled: bool = False) -> None:
+        """``backfilled``: the request ran an exact full prefill because its passages were in
+        no store, and they are being computed off its path (the engine's backfill)."""
         # passages an earlier turn left in the prefix cache were not computed: not a miss
         computed = flat.matched - (flat.passage_head or 0)
         if flat.full_only or computed <= 0 or flat.passage_hits != 0 or self._warned:
             return
         self._warned = True
-        log.warning("%s: none of the %d passages computed in this request had a stored KV; "
-                    "each was computed at query time, as slow as a full prefill of it (stored "
-                    "now, so later requests reuse it). Fix: %s (said once per LLM)", llm,
-                    computed, fixes.not_ingested.format(llm=llm))
+        happened = ("this request ran a full prefill and they are being computed in the "
+                    "background" if backfilled else
+                    "each was computed at query time, as slow as a full prefill of it")
+        log.warning("%s: none of the %d passages in this request had a stored KV; %s (stored "
+                    "then, so later requests reuse them). Fix: %s (said once per LLM)", llm,
+                    computed, happened, fixes.not_ingested.format(llm=llm))

@@ -66,6 +66,10 @@ def test_by_default_the_first_question_never_waits_on_its_passages(
     said = _warnings(caplog, "in no store yet")
     assert len(said) == 1 and "ran an exact full prefill" in said[0]
     assert llm.last_stats.mode == "blend" and llm.last_prompt.passage_hits == K
+    # and the framework names the fix: the ingestion hook that was left out
+    hook = _warnings(caplog, "had a stored KV")
+    assert len(hook) == 1 and "none of the 3 passages" in hook[0]
+    assert "computed in the background" in hook[0] and "BlendChroma" in hook[0]
 
 
 def test_passage_hits_leave_the_separators_out(blend_store, llm, prompt, caplog):
