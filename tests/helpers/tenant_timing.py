@@ -1,10 +1,12 @@
 """The cross-tenant timing measurement, shared by its test and by scripts/tenant_timing.py
 (which prints the figures docs/benchmarks.md cites): three arms of request times for tenant B
-over fresh passages, interleaved so that drift in the machine's load falls on all three."""
+over fresh passages, interleaved in a shuffled order so that drift in the machine's load (and
+whatever one request leaves for the next) falls on all three alike."""
 
 from __future__ import annotations
 
 import math
+import random
 import time
 
 import numpy as np
@@ -30,14 +32,16 @@ def _ttft(engine, text: str) -> float:
 def arms(a, b, samples: int) -> tuple[list[float], list[float], list[float]]:
     """Seconds of tenant ``b``'s requests for (what tenant ``a`` cached, what no one cached,
     what ``b`` cached itself: the positive control); ``a`` and ``b``: one engine's views."""
-    probe, cold, hit = [], [], []
+    arms_: dict[str, list[float]] = {"theirs": [], "nobodys": [], "mine": []}
+    order = random.Random(0)
     for i in range(samples):
         a.ingest([passage(i, "theirs")])  # cached by tenant A only
         b.ingest([passage(i, "mine")])  # cached by tenant B itself
-        probe.append(_ttft(b, passage(i, "theirs")))
-        cold.append(_ttft(b, passage(i, "nobodys")))
-        hit.append(_ttft(b, passage(i, "mine")))
-    return probe, cold, hit
+        kinds = list(arms_)
+        order.shuffle(kinds)  # no arm always runs first, or right after another one
+        for kind in kinds:
+            arms_[kind].append(_ttft(b, passage(i, kind)))
+    return arms_["theirs"], arms_["nobodys"], arms_["mine"]
 
 
 def ks(x: list[float], y: list[float]) -> tuple[float, float]:
