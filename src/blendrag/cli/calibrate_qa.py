@@ -62,10 +62,10 @@ def run(args: argparse.Namespace, items, corpus: list[str], target, engine=None)
     corpus is ``--corpus``'s, else the questions' passages'."""
     from blendrag.calibration.qa_run import SavedQuestions, calibrate_qa
     from blendrag.calibration.quality import MIN_QUESTIONS
-    from blendrag.cli.calibrate import opened
+    from blendrag.cli.calibrate import keep_record, opened
     from blendrag.cli.options import store_keys
     from blendrag.cli.progress import Progress
-    from blendrag.store.calibration import CalibrationBook, corpus_id
+    from blendrag.store.calibration import corpus_id
 
     texts = corpus or list(dict.fromkeys(p for item in items for p in item.passages))
     if not args.no_progress:
@@ -88,15 +88,13 @@ def run(args: argparse.Namespace, items, corpus: list[str], target, engine=None)
                               on_question=Progress("calibrating", unit="questions",
                                                    enabled=not args.no_progress),
                               budget_s=args.budget or None, saved=keep)
-        path = CalibrationBook.of_store(engine.store).put(record)
-        for progress in saved:  # the record is kept: nothing to go on from
-            progress.done()
-        engine.use_calibration(record)
-        return record, path
+        return record, keep_record(engine, record, saved)
 
 
 def report(record, path: Path | None, qa: str, asked: int) -> str:
     """The frontier and the choice, in words (``blendrag calibrate``'s report for ``--qa``)."""
+    from blendrag.cli.calibrate import report_tail
+
     t = record.target
     fewer = (f" (the time budget allowed {record.prompts} of the {asked})"
              if record.prompts < asked else "")
@@ -127,10 +125,4 @@ def report(record, path: Path | None, qa: str, asked: int) -> str:
                      f"{t['quality']:.2f} against full prefill's {t['full_quality']:.2f}, "
                      f"difference bound {t['bound']:+.2f} >= -{t['margin']:g}; TTFT "
                      f"{speedup_words(chosen.speedup)}); target met: {target}")
-        if chosen.ratio >= 1.0:
-            lines.append("ratio 1.0 recomputes every token: the default config runs the exact "
-                         "full prefill instead, which gives the same answers sooner")
-    if path is not None:
-        lines.append(f"recorded in {path}: the default BlendConfig() of an engine on this store "
-                     "runs it")
-    return "\n".join(lines)
+    return "\n".join(lines + report_tail(chosen, path))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,3 +161,13 @@ def emit(args: argparse.Namespace, payload: object, text: str) -> None:
 def add_progress_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress lines on stderr (default: shown)")
+
+
+def csv_of(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
+    """argparse type: a comma-separated list of ``kind`` values (empty items skipped)."""
+    def parse(text: str) -> tuple:
+        try:
+            return tuple(kind(x) for x in text.split(",") if x.strip())
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+    return parse

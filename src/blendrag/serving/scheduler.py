@@ -69,6 +69,7 @@ class Scheduler:
         workers = self.config.prefill_workers
         self._workers_count = (workers if workers is not None
                                else int(runner.device.type == "cuda"))
+        self._engine_threads: int | None = None  # set by submit (``_threads``)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
@@ -125,6 +126,7 @@ class Scheduler:
                 raise QueueFull(f"{len(self._waiting)} requests are waiting "
                                 f"(ServingConfig.max_queue={self.config.max_queue}); retry later")
             self._waiting.append(job)
+            self._engine_threads = engine.threads
             self.stats.requests += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name="blendrag-scheduler",
@@ -188,10 +190,9 @@ class Scheduler:
         return bool(self._waiting or self._running or self._ready or self._prefilling)
 
     def _threads(self) -> int | None:
-        if self.config.threads is not None:
-            return self.config.threads
-        jobs = [*self._running, *self._waiting]
-        return jobs[0].engine.threads if jobs else None
+        """torch's CPU threads for the scheduler's computing: the config's, else those of the
+        engine last submitted to (the views of one engine share its setting)."""
+        return self.config.threads if self.config.threads is not None else self._engine_threads
 
     def _drop_gone(self) -> None:
         """Free the requests that were cancelled or ran past their timeout."""

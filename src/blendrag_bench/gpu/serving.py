@@ -11,8 +11,6 @@ import statistics
 import time
 from dataclasses import replace
 
-import torch
-
 from blendrag.config import BlendConfig
 from blendrag.prompt import PromptLayout
 from blendrag_bench.gpu.shapes import sync, workload
@@ -86,5 +84,4 @@ def _step_gain(engine, layouts: list[PromptLayout], n: int) -> float:
 
     one = timed(lambda: engine.runner.decode(tokens[0], pres[0].fused))
     many = timed(lambda: engine.runner.decode_many(tokens, [p.fused for p in pres]))
-    with torch.inference_mode():
-        return n * one / many
+    return n * one / many
