@@ -17,9 +17,9 @@ class ServingConfig:
       prompt's prefill then never stalls the running requests' next tokens: on a GPU their
       kernels interleave with the steps', on a CPU it takes another core); 0: prefills run in
       the decoding loop's thread between two steps. None: one on a GPU, none on a CPU, where
-      a second compute thread pays only with a core of its own (on the 2-vCPU machine of
-      docs/benchmarks.md two threads shared one core's arithmetic: 4 users gave 1.17x
-      one-at-a-time's throughput with a worker, 1.56x without).
+      a second compute thread pays only with a core that computes (docs/benchmarks.md "Many
+      users at once": on the 2-vCPU machine 4 users gave 2.04x one-at-a-time's throughput with
+      a worker when its second vCPU computed, 1.17x when it did not; 1.56-1.71x without).
     max_prefill_tokens: with ``prefill_workers=0``, prompt tokens prefilled between two
       decoding steps (at least one request's whatever its length): requests that are decoding
       wait at most that long for their next token when new requests arrive.
