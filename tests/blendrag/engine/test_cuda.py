@@ -1,6 +1,6 @@
 """The CUDA paths (skipped without a CUDA device; ``make gpu-check`` runs them): FlexAttention
 and the lower-right causal bias against SDPA row blocks, rows placed on the layer feed's own
-stream, the decoding step replayed from a CUDA graph."""
+stream, the decoding step and the cached passes replayed from CUDA graphs."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from blendrag import BlendConfig, BlendEngine, ComputeConfig
+from blendrag import BlendConfig, BlendEngine, ComputeConfig, GenerationConfig
 from blendrag.engine.compute.attention import BlockPlan, LowerRightPlan, plan_attention
 from blendrag.engine.selection.controller import LoadingConfig
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
@@ -21,6 +21,7 @@ MODES = [BlendConfig(mode="full"), BlendConfig(mode="prefix"), BlendConfig(mode=
          BlendConfig(), BlendConfig(selector="cacheblend", ratio=0.3),
          BlendConfig(selector="epic", ratio=0.3)]
 TOL = 1e-4
+GENERATE = GenerationConfig(max_new_tokens=12)
 # each mode as asked: the cost profile would run these tiny models' cached modes as full, and
 # so would the default over chunks in no store (full_when_missing)
 AS_ASKED = LoadingConfig(full_when_faster=False, full_when_missing=None)
@@ -65,7 +66,7 @@ def test_the_lower_right_bias_is_the_exact_mask_on_cuda():
 
 
 def test_rows_placed_on_the_feeds_stream_equal_sequential_loading(model_dir):
-    gpu = engine(model_dir, ComputeConfig())
+    gpu = engine(model_dir, ComputeConfig(passes="eager"))  # the layer loop reads the feed
     layout = gpu.build_prompt(PREFIX, PASSAGES, SUFFIX)
     gpu.precompute(layout.prefix_ids, layout.chunk_ids)
     before = gpu.loading
@@ -96,3 +97,27 @@ def test_decoding_from_a_cuda_graph_equals_eager_decoding(model_dir, dtype):
             token = int(lb.argmax())
         del a, b
     assert graph.runner.static_decoder is not None and graph.runner.static_decoder.buffers == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir, dtype):
+    graphs = engine(model_dir, ComputeConfig(), dtype)  # passes "auto": captured on CUDA
+    loop = engine(model_dir, ComputeConfig(passes="eager"), dtype)
+    layout = graphs.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    configs = (BlendConfig(mode="reuse"), BlendConfig(mode="prefix"), BlendConfig(),
+               BlendConfig(selector="epic", ratio=0.3))
+    passes = graphs.runner.static_passes
+    assert passes is not None
+    for config in configs:
+        want = loop.prefill(layout, config, extra_capacity=8)
+        for _ in range(4):  # seen once (the loop), captured, replayed twice
+            got = graphs.prefill(layout, config, extra_capacity=8)
+            tol = TOL if dtype == "float32" else 2**-5 * want.logits.abs().max().item()
+            assert (got.logits - want.logits).abs().max() < tol, config.label
+            assert int(got.logits.argmax()) == int(want.logits.argmax())
+            del got
+    assert passes.graphs and passes.captures >= len(configs) and passes.replays >= 2 * len(configs)
+    if dtype == "float32":  # decoding after a replayed pass: the loop's tokens
+        a = graphs.generate(layout, BlendConfig(mode="reuse"), GENERATE)
+        b = loop.generate(layout, BlendConfig(mode="reuse"), GENERATE)
+        assert a.token_ids == b.token_ids

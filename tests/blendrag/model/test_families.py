@@ -56,7 +56,7 @@ def hf_last_logits(engine, ids) -> torch.Tensor:
 # the CPU's kernels (SDPA row blocks, eager decoding) and the GPU's (FlexAttention, compiled
 # here too, and the fixed-shape decoding step a CUDA graph replays there)
 COMPUTES = {"sdpa": ComputeConfig(attention="sdpa", decode="eager"),
-            "flex": ComputeConfig(attention="flex", decode="graph")}
+            "flex": ComputeConfig(attention="flex", decode="graph", passes="graph")}
 
 
 @pytest.fixture(params=[(f, d, c) for f in FAMILIES for d in DTYPES for c in COMPUTES],

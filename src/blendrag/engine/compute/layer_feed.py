@@ -105,6 +105,14 @@ class LayerFeed:
             self._thread.start()
 
     @property
+    def resident(self) -> bool:
+        """Whether every segment's rows were read already and lie where the request's KV is
+        (the device tier, chunks computed now, the RAM tier on a CPU): nothing is left to read,
+        and every layer is placed at once."""
+        return all(seg.kv.complete and _on(seg.kv.materialize(), self.device)
+                   for seg in self.segments)
+
+    @property
     def pipelined(self) -> bool:
         """Whether a background reader reads ahead (depth > 0 and something to read)."""
         return self.depth > 0
@@ -179,8 +187,7 @@ class LayerFeed:
             stacked.append(seg.kv.materialize())  # every layer read and verified already
             self._count(seg, t0, seg.kv.num_layers)
         self._stacked = stacked
-        self._whole = all(kv.keys.device == self.device and kv.values.device == self.device
-                          for kv in stacked)
+        self._whole = all(_on(kv, self.device) for kv in stacked)
 
     def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
         tier = seg.kv.tier
@@ -290,6 +297,10 @@ class _CudaStager:
         for k, v in rows or ():
             k.record_stream(stream)
             v.record_stream(stream)
+
+
+def _on(kv: ChunkKV, device: torch.device) -> bool:
+    return kv.keys.device == device and kv.values.device == device
 
 
 def _spec(t: torch.Tensor | None) -> tuple | None:

@@ -20,6 +20,7 @@ of a run (``loop.run_layers``) and never change what it computes.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -75,6 +76,20 @@ class LayerCounts(LayerObserver):
         self.computed.append(int(step.pos.shape[0]))
         self.chunk_computed.append(self._last[1])
         self.attended_keys.append(step.attended_keys)
+
+    def count_pass(self, pos: torch.Tensor, windows: Sequence[int | None]) -> None:
+        """Every layer computed the tokens at ``pos`` [A] (a pass no selector shrank:
+        engine/compute/static_pass.py), layer i with the sliding window ``windows[i]``: the
+        counts ``on_layer`` would take, read back at once."""
+        lo, hi = self.chunk_range
+        kinds = list(dict.fromkeys(windows))
+        seen = [(pos + 1) if w is None else (pos + 1).clamp(max=w) for w in kinds]
+        inside, *keys = torch.stack([((pos >= lo) & (pos < hi)).sum(),
+                                     *(s.sum() for s in seen)]).tolist()
+        attended = dict(zip(kinds, keys))
+        self.computed.extend(int(pos.shape[0]) for _ in windows)
+        self.chunk_computed.extend(int(inside) for _ in windows)
+        self.attended_keys.extend(int(attended[w]) for w in windows)
 
 
 class CapturedRows(LayerObserver):

@@ -20,6 +20,7 @@ from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
 from blendrag.engine.compute.observers import OFF, CapturedRows, LayerObserver, PhaseClock
+from blendrag.engine.compute.static_pass import StaticPasses, ladder
 from blendrag.engine.selection.ape import ape_attention, ape_bias
 from blendrag.engine.selection.costs import DeviceCosts
 from blendrag.kv.chunk_kv import ChunkKV
@@ -29,6 +30,7 @@ from blendrag.model.rope import RopeTables
 from blendrag.store.layered import MemoryLayeredEntry
 
 DECODE_MODES = ("auto", "graph", "eager")
+PASS_MODES = DECODE_MODES
 
 
 @dataclass(frozen=True)
@@ -41,15 +43,22 @@ class ComputeConfig:
     decode: how each token is decoded (engine/compute/decode.py): ``auto`` (a CUDA graph of the
       step on CUDA when the model's RoPE allows it, eager elsewhere), ``graph`` (the fixed-shape
       step, replayed from a CUDA graph on CUDA, run eagerly elsewhere) or ``eager``.
+    passes: how a cached pass that computes a few tokens runs (engine/compute/static_pass.py):
+      ``auto`` (with fixed shapes per bucket, replayed from CUDA graphs, on CUDA when the
+      model's RoPE allows it; the layer loop elsewhere), ``graph`` (the fixed-shape pass, run
+      eagerly off CUDA) or ``eager`` (the layer loop).
     """
 
     attention: str = "auto"
     decode: str = "auto"
+    passes: str = "auto"
 
     def __post_init__(self) -> None:
         kernel_for(self.attention, torch.device("cpu"))  # raises for an unknown kernel
         if self.decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
+        if self.passes not in PASS_MODES:
+            raise ValueError(f"passes must be one of {PASS_MODES}, got {self.passes!r}")
 
 
 class ModelRunner:
@@ -65,6 +74,7 @@ class ModelRunner:
         self.kernel = kernel_for(self.compute.attention, self.device)
         self._pool = BufferPool()  # the request KV buffer, lent again once free
         self._decoder = self._static_decoder()
+        self._passes = self._static_passes()
         self._static = static_rope(self.adapter)  # RoPE gathered at any positions at once
         self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
 
@@ -75,8 +85,13 @@ class ModelRunner:
     # ---- what a run needs ----------------------------------------------------------------
 
     def buffer(self, capacity: int) -> FusedKV:
-        """A request KV of ``capacity`` rows (views of the pooled buffer when it is free)."""
+        """A request KV of ``capacity`` rows (views of the pooled buffer when it is free); with
+        static passes at least one row more, up to the next size of their ladder
+        (engine/compute/static_pass.py: a row past the prompt for the padding, and one buffer
+        size for prompts of similar lengths, whose captured passes it keeps)."""
         a = self.adapter
+        if self._passes is not None:
+            capacity = ladder(capacity + 1)
         return self._pool.take(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype,
                                self.device)
 
@@ -100,6 +115,8 @@ class ModelRunner:
         self._pool.clear()
         if self._decoder is not None:
             self._decoder.clear()
+        if self._passes is not None:
+            self._passes.clear()
 
     def _static_decoder(self) -> StaticDecoder | None:
         mode, cuda = self.compute.decode, self.device.type == "cuda"
@@ -108,6 +125,18 @@ class ModelRunner:
         if not static_rope(self.adapter):  # frequencies that change with the length
             return None
         return StaticDecoder(self.adapter, graphs=cuda)
+
+    def _static_passes(self) -> StaticPasses | None:
+        mode, cuda = self.compute.passes, self.device.type == "cuda"
+        if mode == "eager" or (mode == "auto" and not cuda) or not static_rope(self.adapter):
+            return None
+        return StaticPasses(self.adapter, self.kernel, graphs=cuda)
+
+    @property
+    def static_passes(self) -> StaticPasses | None:
+        """The fixed-shape cached passes (engine/compute/static_pass.py), when this runner runs
+        them."""
+        return self._passes
 
     def rope(self, n: int) -> RopeTables:
         """cos/sin of positions [0, n) for every layer, from the model's own rotary embedding."""
@@ -123,7 +152,13 @@ class ModelRunner:
 
     def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
             observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
-        """Every layer of ``plan`` (engine/compute/loop.py)."""
+        """Every layer of ``plan``: a fixed-shape pass (engine/compute/static_pass.py) when
+        the runner has them and the plan is one, else the layer loop (engine/compute/loop.py)."""
+        passes = self._passes
+        if passes is not None and clock is OFF and passes.takes(plan, fused, observers):
+            out = passes.run(plan, fused, observers)
+            if out is not None:
+                return out
         return run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -142,8 +142,13 @@ def synthetic_layout(tokens: int, chunks: int, suffix: int, vocab: int) -> Promp
 
 def _warm(runner: ModelRunner, prefill: PrefillFn, layout: PromptLayout, config: BlendConfig,
           tokens: int) -> None:
-    """A warm request: ``layout``'s chunks stored, the prefill, then ``tokens`` decoded."""
+    """A warm request: ``layout``'s chunks stored, the prefill, then ``tokens`` decoded. With
+    static passes the prefill runs twice: its shape is captured the second time
+    (engine/compute/static_pass.py), here rather than by a user's request."""
     pre = prefill(layout, config, tokens)
+    if runner.static_passes is not None:
+        del pre  # its buffer free for the next prefill
+        pre = prefill(layout, config, tokens)
     token = int(pre.logits.argmax())
     for _ in range(tokens):
         token = int(runner.decode(token, pre.fused).argmax())

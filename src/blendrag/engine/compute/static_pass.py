@@ -1,0 +1,277 @@
+"""Cached passes of fixed shape, replayed from a CUDA graph per bucket.
+
+A cached request at a typical prompt computes few tokens over thousands of cached rows: reuse
+the question's few dozen, blend@15 % a few hundred, a prefix-cache tail what follows the
+cached prefix. The layer loop (engine/compute/loop.py) launches every kernel of such a pass
+from Python, and on a GPU a 7B model's pass is then bound by its launches, not by its
+arithmetic (reuse at 3k tokens: 2,235 kernels for 64 computed tokens).
+
+``StaticPasses`` runs the same pass with fixed shapes, as the decoding step does
+(engine/compute/decode.py) and as vLLM and SGLang capture their prefill and extend passes:
+
+- the computed tokens are padded to a *token bucket* (``TOKEN_BUCKETS``) and the keys to a
+  *row bucket* (``row_bucket``: at most a quarter more rows than the prompt, past it one row
+  at least): one shape per pair of buckets, whatever the request;
+- the token ids, their positions and the index of the last one are device tensors filled
+  before each pass; RoPE is gathered at the positions on the device from a table of the row
+  bucket's length; every layer's mask is built on the device from the positions (keys <= p,
+  and > p - window); the selection is made before the pass (a selector without check layers:
+  preview, epic, ...), so nothing in the pass reads a value back;
+- on CUDA each (buffer, token bucket, row bucket) is captured as a CUDA graph the second time
+  it is asked for (a shape seen once is not worth a capture; ``engine.warmup()`` asks twice)
+  and every later pass of that shape is one replay; elsewhere the same pass runs eagerly (the
+  tests compare it with the layer loop on the CPU).
+
+Exactness: a padded token sits at the row bucket's last row, past every real position. Its
+keys and values are written there and nowhere else, and no real token sees that row (a real
+token at p sees keys <= p < n). A padded token's own attention, MLP and hidden state are
+computed and dropped; they are finite (its id is 0, a real token), so no NaN reaches a masked
+key. The rows past the prompt are the request's own (``FusedKV``'s capacity), zeroed as
+before once the pass is done if an earlier request wrote there
+(``FusedKV.drop_earlier_rows``); the decoding step masks them. A real token runs the
+arithmetic of the layer loop, with its projections as rows of a larger matmul (the tests bound
+the logits' difference).
+
+What takes the layer loop instead: a selector that checks at layers (CacheBlend's), APE, a
+timed request (``PhaseClock``), an observer other than the counts, cached rows still to be read
+from a host tier (the pipelined feed overlaps their reads with the loop), more tokens than the
+largest bucket, a prompt that leaves no row past it, a model whose RoPE changes with the length.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from blendrag.engine.compute.attention import FlexPlan
+from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.layer import finish, project
+from blendrag.engine.compute.loop import LoopPlan, LoopResult
+from blendrag.engine.compute.observers import LayerCounts, LayerObserver
+from blendrag.engine.compute.softcap import capped_attention
+from blendrag.model.adapters import LlamaAdapter
+from blendrag.model.rope import RopeTables, Rotation
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
+log = logging.getLogger(__name__)
+
+# computed tokens per pass: steps of 16 to 128, of 32 to 256, of 64 to 512, of 128 to 1,024
+# and of 256 to 2,048 (SGLang's ladder is alike); a pass of more tokens is bound by its
+# arithmetic, not by its launches
+TOKEN_BUCKETS = (*range(16, 129, 16), *range(160, 257, 32), *range(320, 513, 64),
+                 *range(640, 1025, 128), *range(1280, 2049, 256))
+CAPTURE_AT = 2  # a shape is captured the second time a pass asks for it
+
+
+def token_bucket(tokens: int) -> int | None:
+    """The token bucket of a pass computing ``tokens`` tokens (None: more than the largest)."""
+    return next((b for b in TOKEN_BUCKETS if b >= tokens), None)
+
+
+def ladder(rows: int) -> int:
+    """``rows`` rounded up to a step of an eighth of the power of two below it (at least 16):
+    at most 25 % more, four sizes an octave."""
+    step = max(16, 1 << max(rows.bit_length() - 3, 0))
+    return -(-rows // step) * step
+
+
+def row_bucket(n: int, capacity: int) -> int | None:
+    """The rows a pass over an ``n``-token prompt attends over, in a request KV of ``capacity``
+    rows: ``ladder(n + 1)`` (a row past the prompt for the padded tokens), or the capacity
+    when that passes it; None when no row is left past the prompt. A runner with static
+    passes makes its request KVs ``ladder(capacity + 1)`` rows (``ModelRunner.buffer``), so
+    that a request's bucket is never cut by its capacity and requests of similar lengths share
+    one buffer size, and with it the captured passes over the pooled buffer."""
+    if n < 1 or capacity <= n:
+        return None
+    return min(ladder(n + 1), capacity)
+
+
+@dataclass
+class _Pass:
+    """One shape's inputs and tables over one buffer, and on CUDA its graph."""
+
+    k: torch.Tensor  # [layers, Hkv, capacity, D]: the buffer's whole storage
+    v: torch.Tensor
+    rows: int  # the row bucket: keys [0, rows) attended
+    rope: RopeTables  # positions [0, rows)
+    ids: torch.Tensor  # [tokens] long: the token bucket's ids (padding: 0)
+    pos: torch.Tensor  # [tokens] long: their positions (padding: rows - 1)
+    last: torch.Tensor  # [1] long: the index of the last real token
+    keys: torch.Tensor  # [rows] key positions
+    seen: int = 0
+    graph: torch.cuda.CUDAGraph | None = None
+    out: torch.Tensor | None = None  # the graph's hidden state
+
+
+class StaticPasses:
+    """Cached passes of fixed shape over each request KV's buffer (module docstring);
+    ``graphs``: capture them as CUDA graphs (CUDA only) and replay them; ``kernel``: the
+    engine's attention kernel (``flex``: FlexAttention's block mask, built in the pass)."""
+
+    KEPT_BUFFERS = 2  # buffers whose passes are kept: the pooled one, and one more
+    KEPT_SHAPES = 16  # shapes kept per buffer (a graph holds its intermediate memory)
+
+    def __init__(self, adapter: LlamaAdapter, kernel: str, graphs: bool) -> None:
+        self.adapter, self.kernel, self.graphs = adapter, kernel, graphs
+        self._by_buffer: OrderedDict[tuple, OrderedDict[tuple[int, int], _Pass]] = OrderedDict()
+        self._mempool: _POOL_HANDLE | None = None  # one memory pool for every captured pass
+        self.ran = self.replays = self.captures = 0  # passes run, of them replayed; graphs
+
+    def takes(self, plan: LoopPlan, fused: FusedKV,
+              observers: Sequence[LayerObserver]) -> bool:
+        """Whether ``plan`` runs as a static pass (module docstring: what does not)."""
+        selector = plan.selector
+        return (plan.ape is None and (selector is None or not selector.check_layers)
+                and all(type(o) is LayerCounts for o in observers)
+                and (plan.feed is None or plan.feed.resident)
+                and token_bucket(plan.active.shape[0]) is not None
+                and row_bucket(plan.ids.shape[0], fused.capacity) is not None)
+
+    def run(self, plan: LoopPlan, fused: FusedKV,
+            observers: Sequence[LayerObserver] = ()) -> LoopResult | None:
+        """Every layer of ``plan`` (``takes`` it) filling ``fused`` rows [0, N); None when the
+        layer loop should run it instead (on CUDA: a shape not yet worth a capture)."""
+        n, a = plan.ids.shape[0], plan.active.shape[0]
+        tokens, rows = token_bucket(a), row_bucket(n, fused.capacity)
+        if tokens is None or rows is None:
+            raise ValueError(f"no static pass computes {a} tokens of {n} in "
+                             f"{fused.capacity} rows")
+        st = self._state(fused, tokens, rows)
+        st.seen += 1
+        capture = self.graphs and st.k.device.type == "cuda"
+        if capture and st.graph is None and st.seen < CAPTURE_AT:
+            return None
+        if plan.feed is not None and plan.feed.segments:  # every layer's rows, on the device
+            for i in range(self.adapter.num_layers):
+                plan.feed.wait(i)
+        # the pass's inputs: no value read back (a != tokens: the padding's)
+        st.ids[:a].copy_(plan.ids.index_select(0, plan.active))
+        st.pos[:a].copy_(plan.active)
+        st.ids[a:].fill_(0)
+        st.pos[a:].fill_(rows - 1)
+        st.last.fill_(a - 1)
+        hidden = self._replay(st) if capture else self._step(st)
+        fused.length = n
+        self.ran += 1
+        windows = [self.adapter.sliding_window(i) for i in range(self.adapter.num_layers)]
+        for counts in observers:
+            if isinstance(counts, LayerCounts):
+                counts.count_pass(plan.active, windows)
+        return LoopResult(hidden=hidden.clone())
+
+    @property
+    def shapes(self) -> int:
+        """Shapes kept, over every buffer (on CUDA: captured or seen once)."""
+        return sum(len(p) for p in self._by_buffer.values())
+
+    def clear(self) -> None:
+        """Drop every pass (and its graph and buffer reference)."""
+        self._by_buffer.clear()
+
+    def _state(self, fused: FusedKV, tokens: int, rows: int) -> _Pass:
+        k, v = fused.base
+        key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype)
+        shapes = self._by_buffer.setdefault(key, OrderedDict())
+        self._by_buffer.move_to_end(key)
+        while len(self._by_buffer) > self.KEPT_BUFFERS:
+            self._by_buffer.popitem(last=False)
+        if (tokens, rows) not in shapes:
+            dev = k.device
+            shapes[(tokens, rows)] = _Pass(
+                k, v, rows, self.adapter.rope(rows, k.dtype, dev),
+                torch.zeros(tokens, dtype=torch.long, device=dev),
+                torch.zeros(tokens, dtype=torch.long, device=dev),
+                torch.zeros(1, dtype=torch.long, device=dev), torch.arange(rows, device=dev))
+            while len(shapes) > self.KEPT_SHAPES:
+                shapes.popitem(last=False)
+        shapes.move_to_end((tokens, rows))
+        return shapes[(tokens, rows)]
+
+    @torch.inference_mode()
+    def _step(self, st: _Pass) -> torch.Tensor:
+        """The pass over ``st``'s inputs -> the last real token's final-normed hidden state
+        [hidden]."""
+        a = self.adapter
+        h = a.embed(st.ids)  # [T, hidden]
+        rotations: dict[int, Rotation] = {}
+        masks: dict[int | None, torch.Tensor | FlexPlan] = {}
+        for i, layer in enumerate(a.layers):
+            table = st.rope.layer(i)
+            if id(table) not in rotations:  # gathered on the device: no sync
+                rotations[id(table)] = Rotation(table.cos.index_select(0, st.pos),
+                                                table.sin.index_select(0, st.pos))
+            q, k, _, v = project(a, layer, h, rotations[id(table)])  # q: [H, T, D]
+            st.k[i].index_copy_(1, st.pos, k)  # padding: the last row of the bucket
+            st.v[i].index_copy_(1, st.pos, v)
+            window = a.sliding_window(i)
+            if window not in masks:
+                masks[window] = self._mask(st, window, q.dtype)
+            h = finish(a, layer, h, self._attend(q, st.k[i], st.v[i], st.rows, masks[window]))
+        return a.norm(h.index_select(0, st.last))[0]
+
+    def _mask(self, st: _Pass, window: int | None,
+              dtype: torch.dtype) -> torch.Tensor | FlexPlan:
+        """Layer masks of ``window`` over the bucket's rows, built on the device: FlexAttention's
+        block mask (its plan, ``kernel == "flex"``), boolean for soft-capped attention, else
+        additive [T, rows]."""
+        if self.kernel == "flex" and self.adapter.attn_softcap is None:
+            return FlexPlan(st.pos, st.rows, window, attended_keys=0)
+        visible = st.keys[None] <= st.pos[:, None]  # [T, rows]
+        if window is not None:
+            visible &= st.keys[None] > st.pos[:, None] - window
+        if self.adapter.attn_softcap is not None:
+            return visible
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
+            ~visible, float("-inf"))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int,
+                mask: torch.Tensor | FlexPlan) -> torch.Tensor:
+        """q: [H, T, D] over the layer's k, v: [Hkv, capacity, D] -> o: [H, T, D]."""
+        a = self.adapter
+        if isinstance(mask, FlexPlan):  # over the whole buffer: whole key blocks
+            return mask.attend(q, k, v, a.scaling)
+        k, v = k[:, :rows], v[:, :rows]  # [Hkv, rows, D]
+        if a.attn_softcap is not None:
+            return capped_attention(q, k, v, mask, a.scaling, a.attn_softcap)
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask,
+                                              scale=a.scaling, enable_gqa=True)[0]
+
+    def _replay(self, st: _Pass) -> torch.Tensor:
+        if st.graph is None or st.out is None:
+            try:
+                st.graph, st.out = self._capture(st)
+                self.captures += 1
+            except Exception as exc:  # a kernel that cannot be captured: eager, still exact
+                log.warning("cached passes without CUDA graphs (%s: %s)", type(exc).__name__,
+                            exc)
+                self.graphs = False
+                return self._step(st)
+        st.graph.replay()
+        self.replays += 1
+        return st.out
+
+    def _capture(self, st: _Pass) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """``st``'s pass captured, and its hidden state, which every replay refills. The
+        warm-up runs compute the request's own rows (the same values each time)."""
+        device = st.k.device
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up: kernels compiled, libraries set up
+            for _ in range(2):
+                self._step(st)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        if self._mempool is None:
+            self._mempool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._mempool):
+            out = self._step(st)
+        return graph, out

@@ -1,0 +1,164 @@
+"""Cached passes of fixed shape (engine/compute/static_pass.py), run eagerly on the CPU: the
+logits of the layer loop in every mode that takes them, for every family's attention and RoPE;
+padded tokens never reach a real row; the counts of the stats unchanged; what does not take a
+static pass runs the layer loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blendrag import BlendConfig, ComputeConfig, GenerationConfig
+from blendrag.config import Ape
+from blendrag.engine.compute.observers import PhaseClock
+from blendrag.engine.compute.static_pass import (
+    TOKEN_BUCKETS,
+    StaticPasses,
+    ladder,
+    row_bucket,
+    token_bucket,
+)
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+STATIC = ComputeConfig(passes="graph")
+LOOP = ComputeConfig(passes="eager")
+# the modes whose main pass is a static one: no check layers (CacheBlend's selector has them)
+TAKEN = (BlendConfig(mode="reuse"), BlendConfig(mode="prefix"), BlendConfig(),
+         BlendConfig(selector="epic", ratio=0.3), BlendConfig(ratio=0.5))
+FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "qwen3": {}, "gemma2": {},
+            "gemma3": {}, "phi3": {}, "olmo2": {}}
+
+
+def test_buckets():
+    assert [token_bucket(a) for a in (1, 16, 17, 128, 129, 500, 512, 513, 2048)] == \
+        [16, 16, 32, 128, 160, 512, 512, 640, 2048]
+    assert token_bucket(2049) is None
+    assert list(TOKEN_BUCKETS) == sorted(set(TOKEN_BUCKETS))
+    for n in (1, 15, 16, 100, 511, 512, 3000, 3071, 3072, 16000):
+        rows = row_bucket(n, 1 << 20)
+        assert rows == ladder(n + 1) and n < rows <= max(n + 16, 1.25 * (n + 1)), (n, rows)
+    assert row_bucket(3000, 3001) == 3001  # cut by the capacity, past the prompt
+    assert row_bucket(3000, 3000) is None  # no row left for the padding
+    # few shapes: prompts of 3,072 to 3,583 tokens share one bucket
+    assert {row_bucket(n, 1 << 20) for n in range(3072, 3584)} == {3584}
+    assert all(ladder(r) >= r and ladder(ladder(r)) == ladder(r) for r in range(1, 5000))
+
+
+def test_request_kvs_take_the_ladders_sizes(engine_for):
+    static, loop = _pair(engine_for, "llama")
+    layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    a = static.prefill(layout, BlendConfig(mode="reuse"), extra_capacity=5)
+    b = loop.prefill(layout, BlendConfig(mode="reuse"), extra_capacity=5)
+    n = layout.num_tokens
+    assert b.fused.capacity == n + 5
+    assert a.fused.capacity == ladder(n + 6) > n + 5
+
+
+def _pair(engine_for, family, **kw):
+    return (engine_for(family, compute=STATIC, **kw), engine_for(family, compute=LOOP, **kw))
+
+
+def _counted(engine):
+    passes = engine.runner.static_passes
+    return 0 if passes is None else passes.shapes
+
+
+def _ran(engine):
+    return engine.runner.static_passes.ran
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_static_passes_give_the_layer_loops_logits(engine_for, family):
+    static, loop = _pair(engine_for, family, **FAMILIES[family])
+    assert static.runner.static_passes is not None and loop.runner.static_passes is None
+    layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for config in TAKEN:
+        before, ran = _counted(static), _ran(static)
+        a, b = static.prefill(layout, config), loop.prefill(layout, config)
+        assert _ran(static) > ran, config.label  # its main pass ran as a static one
+        assert torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0), \
+            (config.label, (a.logits - b.logits).abs().max())
+        assert _counted(static) >= max(before, 1)
+        # what the stats count is what the layer loop counts
+        ca, cb = a.stats.compute, b.stats.compute
+        assert ca.computed_per_layer == cb.computed_per_layer, config.label
+        assert ca.recomputed_chunk_tokens_per_layer == cb.recomputed_chunk_tokens_per_layer
+        assert ca.attended_keys_per_layer == cb.attended_keys_per_layer
+        # and the request KV's rows, which decoding reads next
+        n = layout.num_tokens
+        assert torch.allclose(a.fused.k[:, :, :n], b.fused.k[:, :, :n], atol=1e-5, rtol=0)
+        assert torch.allclose(a.fused.v[:, :, :n], b.fused.v[:, :, :n], atol=1e-5, rtol=0)
+
+
+def test_decoding_after_a_static_pass_is_the_same(engine_for):
+    static, loop = _pair(engine_for, "llama")
+    layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for config in (BlendConfig(mode="reuse"), BlendConfig()):
+        runs = [e.generate(layout, config, GenerationConfig(max_new_tokens=8))
+                for e in (static, loop)]
+        assert runs[0].token_ids == runs[1].token_ids
+
+
+def test_padded_tokens_never_reach_a_real_row(engine_for):
+    """The padding writes only the bucket's last row, past the prompt: garbage planted in every
+    row past the prompt beforehand changes no logit, and the rows before it are the loop's."""
+    static, loop = _pair(engine_for, "llama")
+    layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    config = BlendConfig(mode="reuse")
+    static.prefill(layout, config)  # the chunks stored
+    n = layout.num_tokens
+    clean = static.prefill(layout, config, extra_capacity=40)
+    clean_logits, clean_k = clean.logits.clone(), clean.fused.k[:, :, :n].clone()
+    del clean
+    dirty = static.prefill(layout, config, extra_capacity=40)
+    k, v = dirty.fused.base
+    k[:, :, n:].normal_(std=50)
+    v[:, :, n:].normal_(std=50)
+    del dirty
+    again = static.prefill(layout, config, extra_capacity=40)
+    assert torch.allclose(again.logits, clean_logits, atol=1e-5, rtol=0)
+    assert torch.equal(again.fused.k[:, :, :n], clean_k)
+    reference = loop.prefill(layout, config, extra_capacity=40)
+    assert torch.allclose(again.logits, reference.logits, atol=1e-5, rtol=0)
+
+
+def test_what_does_not_take_a_static_pass_runs_the_layer_loop(engine_for):
+    """CacheBlend's check layers, APE and timed requests run the loop: the same logits as the
+    loop, and no static shape made for them."""
+    static, loop = _pair(engine_for, "llama")
+    layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for config in (BlendConfig(mode="reuse"),):  # chunks stored, a shape made
+        static.prefill(layout, config)
+    ran = _ran(static)
+    for config in (BlendConfig(selector="cacheblend", ratio=0.3),
+                   BlendConfig(mode="reuse", ape=Ape())):
+        a, b = static.prefill(layout, config), loop.prefill(layout, config)
+        assert torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0), config.label
+    assert _ran(static) == ran
+    clock = PhaseClock(static.runner.device)
+    static.prefill(layout, BlendConfig(mode="reuse"), observers=(clock,))
+    assert _ran(static) == ran  # timed: the loop, whose phases the clock sees
+    assert clock.seconds.get("project", 0) > 0
+    static.prefill(layout, BlendConfig(mode="reuse"))
+    assert _ran(static) == ran + 1
+
+
+def test_dynamic_rope_runs_the_layer_loop(engine_for):
+    engine = engine_for("llama", compute=STATIC, rope={"rope_type": "dynamic", "factor": 2.0})
+    assert engine.runner.static_passes is None
+
+
+def test_shapes_and_buffers_kept_are_bounded(engine_for):
+    engine = engine_for("llama", compute=STATIC)
+    passes: StaticPasses = engine.runner.static_passes
+    for k in range(1, len(PASSAGES) + 1):  # prompts of other lengths: other row buckets
+        layout = engine.build_prompt(PREFIX, PASSAGES[:k], SUFFIX)
+        engine.prefill(layout, BlendConfig(mode="reuse"))
+    assert 1 <= passes.shapes <= StaticPasses.KEPT_BUFFERS * StaticPasses.KEPT_SHAPES
+    engine.runner.release_buffers()
+    assert passes.shapes == 0
+
+
+def test_bad_compute_settings_are_refused():
+    with pytest.raises(ValueError, match="passes must be one of"):
+        ComputeConfig(passes="fast")
