@@ -128,6 +128,11 @@ class KeyAttention(LayerObserver):
             raise ValueError("KeyAttention needs a run that computes the scores")
         self._rows.append(step.per_key)  # [N]: cut once, at the end
 
+    def take_pass(self, per_key: torch.Tensor) -> None:
+        """Every layer's attention per key at once, [layers, N] float32 (a static pass:
+        engine/compute/static_pass.py)."""
+        self._rows = list(per_key)
+
     @property
     def attention(self) -> torch.Tensor:
         return torch.stack(self._rows)[:, self.start:self.end]

@@ -14,13 +14,14 @@ import torch
 
 from blendrag.engine.compute.attention import kernel_for
 from blendrag.engine.compute.batch_decode import batchable, decode_batch
+from blendrag.engine.compute.buckets import ladder
 from blendrag.engine.compute.decode import StaticDecoder, static_rope
 from blendrag.engine.compute.fused_kv import BufferPool, CachedSegment, FusedKV
 from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
 from blendrag.engine.compute.observers import OFF, CapturedRows, LayerObserver, PhaseClock
-from blendrag.engine.compute.static_pass import StaticPasses, ladder
+from blendrag.engine.compute.static_pass import StaticPasses
 from blendrag.engine.selection.ape import ape_attention, ape_bias
 from blendrag.engine.selection.costs import DeviceCosts
 from blendrag.kv.chunk_kv import ChunkKV

@@ -33,7 +33,9 @@ arithmetic of the layer loop, with its projections as rows of a larger matmul (t
 the logits' difference).
 
 What takes the layer loop instead: a selector that checks at layers (CacheBlend's), APE, a
-timed request (``PhaseClock``), an observer other than the counts, cached rows still to be read
+timed request (``PhaseClock``), an observer other than the counts and the preview pass's
+attention per key (which the pass computes explicitly, as the loop does, a padded token
+seeing only its own row), cached rows still to be read
 from a host tier (the pipelined feed overlaps their reads with the loop), more tokens than the
 largest bucket, a prompt that leaves no row past it, a model whose RoPE changes with the length.
 """
@@ -50,10 +52,11 @@ import torch
 import torch.nn.functional as F
 
 from blendrag.engine.compute.attention import FlexPlan
+from blendrag.engine.compute.buckets import row_bucket, token_bucket
 from blendrag.engine.compute.fused_kv import FusedKV
-from blendrag.engine.compute.layer import finish, project
+from blendrag.engine.compute.layer import attend_scored, finish, project
 from blendrag.engine.compute.loop import LoopPlan, LoopResult
-from blendrag.engine.compute.observers import LayerCounts, LayerObserver
+from blendrag.engine.compute.observers import KeyAttention, LayerCounts, LayerObserver
 from blendrag.engine.compute.softcap import capped_attention
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTables, Rotation
@@ -63,36 +66,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# computed tokens per pass: steps of 16 to 128, of 32 to 256, of 64 to 512, of 128 to 1,024
-# and of 256 to 2,048 (SGLang's ladder is alike); a pass of more tokens is bound by its
-# arithmetic, not by its launches
-TOKEN_BUCKETS = (*range(16, 129, 16), *range(160, 257, 32), *range(320, 513, 64),
-                 *range(640, 1025, 128), *range(1280, 2049, 256))
+_WATCHERS = (LayerCounts, KeyAttention)  # observers a static pass serves (and the preview's)
+
 CAPTURE_AT = 2  # a shape is captured the second time a pass asks for it
-
-
-def token_bucket(tokens: int) -> int | None:
-    """The token bucket of a pass computing ``tokens`` tokens (None: more than the largest)."""
-    return next((b for b in TOKEN_BUCKETS if b >= tokens), None)
-
-
-def ladder(rows: int) -> int:
-    """``rows`` rounded up to a step of an eighth of the power of two below it (at least 16):
-    at most 25 % more, four sizes an octave."""
-    step = max(16, 1 << max(rows.bit_length() - 3, 0))
-    return -(-rows // step) * step
-
-
-def row_bucket(n: int, capacity: int) -> int | None:
-    """The rows a pass over an ``n``-token prompt attends over, in a request KV of ``capacity``
-    rows: ``ladder(n + 1)`` (a row past the prompt for the padded tokens), or the capacity
-    when that passes it; None when no row is left past the prompt. A runner with static
-    passes makes its request KVs ``ladder(capacity + 1)`` rows (``ModelRunner.buffer``), so
-    that a request's bucket is never cut by its capacity and requests of similar lengths share
-    one buffer size, and with it the captured passes over the pooled buffer."""
-    if n < 1 or capacity <= n:
-        return None
-    return min(ladder(n + 1), capacity)
 
 
 @dataclass
@@ -107,6 +83,7 @@ class _Pass:
     pos: torch.Tensor  # [tokens] long: their positions (padding: rows - 1)
     last: torch.Tensor  # [1] long: the index of the last real token
     keys: torch.Tensor  # [rows] key positions
+    scored: torch.Tensor | None = None  # [layers, rows] float32: attention paid each key
     seen: int = 0
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None  # the graph's hidden state
@@ -131,7 +108,7 @@ class StaticPasses:
         """Whether ``plan`` runs as a static pass (module docstring: what does not)."""
         selector = plan.selector
         return (plan.ape is None and (selector is None or not selector.check_layers)
-                and all(type(o) is LayerCounts for o in observers)
+                and all(type(o) in _WATCHERS for o in observers)
                 and (plan.feed is None or plan.feed.resident)
                 and token_bucket(plan.active.shape[0]) is not None
                 and row_bucket(plan.ids.shape[0], fused.capacity) is not None)
@@ -145,7 +122,8 @@ class StaticPasses:
         if tokens is None or rows is None:
             raise ValueError(f"no static pass computes {a} tokens of {n} in "
                              f"{fused.capacity} rows")
-        st = self._state(fused, tokens, rows)
+        scored = any(isinstance(o, KeyAttention) for o in observers)
+        st = self._state(fused, tokens, rows, scored)
         st.seen += 1
         capture = self.graphs and st.k.device.type == "cuda"
         if capture and st.graph is None and st.seen < CAPTURE_AT:
@@ -163,9 +141,11 @@ class StaticPasses:
         fused.length = n
         self.ran += 1
         windows = [self.adapter.sliding_window(i) for i in range(self.adapter.num_layers)]
-        for counts in observers:
-            if isinstance(counts, LayerCounts):
-                counts.count_pass(plan.active, windows)
+        for o in observers:
+            if isinstance(o, LayerCounts):
+                o.count_pass(plan.active, windows)
+            elif isinstance(o, KeyAttention) and st.scored is not None:
+                o.take_pass(st.scored[:, :n].clone())
         return LoopResult(hidden=hidden.clone())
 
     @property
@@ -177,24 +157,26 @@ class StaticPasses:
         """Drop every pass (and its graph and buffer reference)."""
         self._by_buffer.clear()
 
-    def _state(self, fused: FusedKV, tokens: int, rows: int) -> _Pass:
+    def _state(self, fused: FusedKV, tokens: int, rows: int, scored: bool) -> _Pass:
         k, v = fused.base
         key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype)
         shapes = self._by_buffer.setdefault(key, OrderedDict())
         self._by_buffer.move_to_end(key)
         while len(self._by_buffer) > self.KEPT_BUFFERS:
             self._by_buffer.popitem(last=False)
-        if (tokens, rows) not in shapes:
+        shape = (tokens, rows, scored)
+        if shape not in shapes:
             dev = k.device
-            shapes[(tokens, rows)] = _Pass(
+            shapes[shape] = _Pass(
                 k, v, rows, self.adapter.rope(rows, k.dtype, dev),
                 torch.zeros(tokens, dtype=torch.long, device=dev),
                 torch.zeros(tokens, dtype=torch.long, device=dev),
-                torch.zeros(1, dtype=torch.long, device=dev), torch.arange(rows, device=dev))
+                torch.zeros(1, dtype=torch.long, device=dev), torch.arange(rows, device=dev),
+                torch.zeros(k.shape[0], rows, device=dev) if scored else None)
             while len(shapes) > self.KEPT_SHAPES:
                 shapes.popitem(last=False)
-        shapes.move_to_end((tokens, rows))
-        return shapes[(tokens, rows)]
+        shapes.move_to_end(shape)
+        return shapes[shape]
 
     @torch.inference_mode()
     def _step(self, st: _Pass) -> torch.Tensor:
@@ -204,6 +186,7 @@ class StaticPasses:
         h = a.embed(st.ids)  # [T, hidden]
         rotations: dict[int, Rotation] = {}
         masks: dict[int | None, torch.Tensor | FlexPlan] = {}
+        whole = FusedKV.over(st.k, st.v)  # the scored pass reads the buffer through it
         for i, layer in enumerate(a.layers):
             table = st.rope.layer(i)
             if id(table) not in rotations:  # gathered on the device: no sync
@@ -213,9 +196,16 @@ class StaticPasses:
             st.k[i].index_copy_(1, st.pos, k)  # padding: the last row of the bucket
             st.v[i].index_copy_(1, st.pos, v)
             window = a.sliding_window(i)
-            if window not in masks:
-                masks[window] = self._mask(st, window, q.dtype)
-            h = finish(a, layer, h, self._attend(q, st.k[i], st.v[i], st.rows, masks[window]))
+            if st.scored is not None:  # the preview pass: explicit probabilities, kept
+                if window not in masks:
+                    masks[window] = self._score_bias(st, window)
+                o, per_key = attend_scored(a, i, q, whole, st.rows, masks[window])
+                st.scored[i].copy_(per_key)
+            else:
+                if window not in masks:
+                    masks[window] = self._mask(st, window, q.dtype)
+                o = self._attend(q, st.k[i], st.v[i], st.rows, masks[window])
+            h = finish(a, layer, h, o)
         return a.norm(h.index_select(0, st.last))[0]
 
     def _mask(self, st: _Pass, window: int | None,
@@ -232,6 +222,19 @@ class StaticPasses:
             return visible
         return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
             ~visible, float("-inf"))
+
+    def _score_bias(self, st: _Pass, window: int | None) -> torch.Tensor:
+        """The scored pass's additive float32 mask, [g * T, rows] (``attention.score_bias``'s
+        layout): a padded token sees its own row only, so that the attention summed per key
+        below the prompt is the real tokens' alone."""
+        keys, pos = st.keys[None], st.pos[:, None]
+        hidden = keys > pos  # [T, rows]
+        if window is not None:
+            hidden |= keys <= pos - window
+        hidden |= (pos == st.rows - 1) & (keys != st.rows - 1)  # the padding
+        bias = torch.zeros(hidden.shape, device=pos.device).masked_fill_(hidden, float("-inf"))
+        groups = self.adapter.num_heads // self.adapter.num_kv_heads
+        return bias.repeat(groups, 1) if groups > 1 else bias
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int,
                 mask: torch.Tensor | FlexPlan) -> torch.Tensor:
