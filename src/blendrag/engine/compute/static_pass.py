@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 _WATCHERS = (LayerCounts, KeyAttention)  # observers a static pass serves (and the preview's)
 
 CAPTURE_AT = 2  # a shape is captured the second time a pass asks for it
+_Shape = tuple[int, int, bool]
 
 
 @dataclass
@@ -99,7 +100,8 @@ class StaticPasses:
 
     def __init__(self, adapter: LlamaAdapter, kernel: str, graphs: bool) -> None:
         self.adapter, self.kernel, self.graphs = adapter, kernel, graphs
-        self._by_buffer: OrderedDict[tuple, OrderedDict[tuple[int, int], _Pass]] = OrderedDict()
+        # per buffer, per shape (tokens, rows, scored)
+        self._by_buffer: OrderedDict[tuple, OrderedDict[_Shape, _Pass]] = OrderedDict()
         self._mempool: _POOL_HANDLE | None = None  # one memory pool for every captured pass
         self.ran = self.replays = self.captures = 0  # passes run, of them replayed; graphs
 
@@ -186,6 +188,7 @@ class StaticPasses:
         h = a.embed(st.ids)  # [T, hidden]
         rotations: dict[int, Rotation] = {}
         masks: dict[int | None, torch.Tensor | FlexPlan] = {}
+        biases: dict[int | None, torch.Tensor] = {}
         whole = FusedKV.over(st.k, st.v)  # the scored pass reads the buffer through it
         for i, layer in enumerate(a.layers):
             table = st.rope.layer(i)
@@ -197,9 +200,9 @@ class StaticPasses:
             st.v[i].index_copy_(1, st.pos, v)
             window = a.sliding_window(i)
             if st.scored is not None:  # the preview pass: explicit probabilities, kept
-                if window not in masks:
-                    masks[window] = self._score_bias(st, window)
-                o, per_key = attend_scored(a, i, q, whole, st.rows, masks[window])
+                if window not in biases:
+                    biases[window] = self._score_bias(st, window)
+                o, per_key = attend_scored(a, i, q, whole, st.rows, biases[window])
                 st.scored[i].copy_(per_key)
             else:
                 if window not in masks:
