@@ -121,3 +121,39 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
         a = graphs.generate(layout, BlendConfig(mode="reuse"), GENERATE)
         b = loop.generate(layout, BlendConfig(mode="reuse"), GENERATE)
         assert a.token_ids == b.token_ids
+
+
+def test_rows_from_the_ram_tier_are_page_locked_and_sent_in_blocks(model_dir):
+    """Rows a GPU computed are kept page-locked in the RAM tier; a request reads them back in
+    copies of several layers (layer_feed.HOST_COPY_BYTES), sequential or pipelined, with the
+    logits of the rows served from the device tier."""
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    def make(tier_bytes: int) -> BlendEngine:
+        store = TieredKVStore(StoreConfig(ram_bytes=256 << 20))
+        return BlendEngine.from_pretrained(
+            model_dir("llama"), device="cuda", chat=False, store=store,
+            compute=ComputeConfig(passes="eager"),
+            loading=dataclasses.replace(AS_ASKED, device_tier_bytes=tier_bytes))
+
+    ram, hot = make(0), make(64 << 20)
+    layout = ram.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for e in (ram, hot):
+        e.precompute(layout.prefix_ids, layout.chunk_ids)
+    chunk = layout.chunk_ids[0]
+    key = ram.cache.key(layout.prefix_ids, chunk, ram.cache.context_for(layout.prefix_ids, chunk))
+    kv = ram.store.get(key)
+    assert kv is not None and kv.keys.is_pinned() and kv.values.is_pinned()
+    reuse = BlendConfig(mode="reuse")
+    hot.prefill(layout, reuse)  # promoted to the device tier
+    want = hot.prefill(layout, reuse)
+    assert want.stats.cache.device_hits == len(PASSAGES) + 1
+    before = ram.loading
+    try:
+        for depth in (0, 3):
+            ram.loading = dataclasses.replace(before, prefetch_layers=depth)
+            got = ram.prefill(layout, reuse)
+            assert got.stats.cache.device_hits == 0
+            assert (got.logits - want.logits).abs().max() < TOL, depth
+    finally:
+        ram.loading = before

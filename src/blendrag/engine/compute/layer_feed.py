@@ -61,6 +61,7 @@ from blendrag.model.rope import RopeTables
 
 # per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
 Rows = list[tuple[torch.Tensor, torch.Tensor]]
+HOST_COPY_BYTES = 4 << 20  # one copy of host rows to the device (K or V of one segment)
 
 
 class LayerFeed:
@@ -93,6 +94,7 @@ class LayerFeed:
         self._opened = False
         self._stacked: list[ChunkKV] | None = None
         self._whole = False
+        self._host_layers = 1  # layers a copy of host rows read whole takes (``_host_end``)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # on CUDA the reader copies and places on a stream of its own
@@ -163,7 +165,7 @@ class LayerFeed:
         if not self._opened:
             self._open()
         if self._stacked is not None:
-            end = self._block_end(i) if self._whole else i + 1
+            end = self._block_end(i) if self._whole else self._host_end(i)
             return end, [(kv.keys[i:end], kv.values[i:end]) for kv in self._stacked]
         rows = []
         for seg in self.segments:
@@ -188,11 +190,20 @@ class LayerFeed:
             self._count(seg, t0, seg.kv.num_layers)
         self._stacked = stacked
         self._whole = all(_on(kv, self.device) for kv in stacked)
+        smallest = min((seg.kv.layer_nbytes for seg in self.segments), default=2)
+        self._host_layers = max(1, HOST_COPY_BYTES // max(1, smallest // 2))
 
     def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
         tier = seg.kv.tier
         self.tier_s[tier] = self.tier_s.get(tier, 0.0) + time.perf_counter() - t0
         self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + layers * seg.kv.layer_nbytes
+
+    def _host_end(self, i: int) -> int:
+        """The end of the block of layers from ``i`` that host rows read whole (every entry
+        read already, in host memory: the RAM tier for a GPU) are sent in: each copy about
+        ``HOST_COPY_BYTES`` (large copies run at the link's rate; blocks small enough that the
+        loop starts after the first one and computes while the next are sent)."""
+        return min(self._block_end(i), i + self._host_layers)
 
     def _block_end(self, i: int) -> int:
         """The end of the run of layers from ``i`` that rotate with layer i's RoPE table."""
@@ -203,6 +214,9 @@ class LayerFeed:
 
     def _place(self, i: int, end: int, rows: Rows, clock: PhaseClock = OFF) -> None:
         t0 = time.perf_counter()
+        if self.device.type == "cuda":  # host rows: asynchronous copies (from pinned memory)
+            rows = [(k.to(self.device, non_blocking=True), v.to(self.device, non_blocking=True))
+                    for k, v in rows]
         self.fused.place(slice(i, end), self.segments, rows, self.rope.layer(i), clock)
         self.place_s += time.perf_counter() - t0
 
