@@ -172,3 +172,29 @@ def test_a_device_tier_too_small_for_an_entry_fails_nothing(model_dir, tmp_path)
     b = engine.prefill(layout, BlendConfig(mode="reuse"))
     assert torch.equal(a.logits, b.logits) and b.stats.cache.device_hits == 0
     assert len(engine.cache.device_tier) == 0
+
+
+def test_an_empty_device_tier_is_filled_from_the_ram_tier(model_dir):
+    """Entries a request reads from the RAM tier are promoted even while the device tier holds
+    nothing yet (an empty tier once read as 'no tier': nothing was ever promoted)."""
+    from blendrag import BlendConfig, BlendEngine
+    from blendrag.engine.caches.context import NO_CONTEXT
+    from blendrag.engine.selection.controller import LoadingConfig
+    from blendrag.store import StoreConfig, TieredKVStore
+    from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+    engine = BlendEngine.from_pretrained(
+        model_dir("llama"), device="cpu", chat=False, context=NO_CONTEXT,
+        store=TieredKVStore(StoreConfig(ram_bytes=64 << 20)),
+        loading=LoadingConfig(device_tier_bytes=0))
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.precompute(layout.prefix_ids, layout.chunk_ids)  # in the RAM tier only
+    engine.cache.device_tier = DeviceTier(64 << 20, engine.runner.device)  # empty, now on
+    assert len(engine.cache.device_tier) == 0
+    reuse = BlendConfig(mode="reuse")
+    cold = engine.prefill(layout, reuse)
+    assert cold.stats.cache.device_hits == 0
+    assert len(engine.cache.device_tier) == len(PASSAGES) + 1  # promoted after the request
+    hot = engine.prefill(layout, reuse)
+    assert hot.stats.cache.device_hits == len(PASSAGES) + 1
+    assert torch.equal(hot.logits, cold.logits)

@@ -314,7 +314,7 @@ class ChunkCache:
         ``history``: the chunk of an earlier turn's rows (engine/caches/history.py), taken as they
         are:
         not looked up, not stored."""
-        rows = RequestRows(promote=self.keep_on_device if self.device_tier else None)
+        rows = RequestRows(promote=self.keep_on_device if self.device_tier is not None else None)
         if config.mode == "full":
             return rows
         try:
