@@ -117,16 +117,19 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
 
     runs = {"hf": hf} | {c.label: (lambda c=c: engine.prefill(layout, c)) for c in configs(w)}
     times: dict[str, list[float]] = {k: [] for k in runs}
+    replayed = dict.fromkeys(runs, 0)  # timed calls whose passes were replayed (CUDA graphs)
     total = (w.repeats + 1) * len(runs)
     timing_mode()  # the same allocator settings in every run, the first included
     for rep in range(w.repeats + 1):  # round-robin so that machine noise hits every mode alike
         for i, (label, fn) in enumerate(runs.items(), 1):
             _sync(engine.device)
+            before = _replays(engine)
             t0 = time.perf_counter()
             fn()
             _sync(engine.device)
             if rep:  # the first round warms up
                 times[label].append(time.perf_counter() - t0)
+                replayed[label] += _replays(engine) > before
             step("timing", rep * len(runs) + i, total)
     memory_mode()  # RSS follows live tensors only under it; it would slow the timing
     peaks = {}
@@ -151,8 +154,15 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
         records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
                                times[c.label], full_s, peaks[c.label], st.recompute_fraction)
                        | {"ideal_speedup": full_flops / flops.request(st),
-                          "phase_s": phases[c.label], "ran_full": ran != c.label})
+                          "phase_s": phases[c.label], "ran_full": ran != c.label,
+                          "replayed": replayed[c.label]})
     return records
+
+
+def _replays(engine) -> int:
+    """The cached passes the engine's runner replayed from CUDA graphs so far."""
+    passes = engine.runner.static_passes
+    return 0 if passes is None else passes.replays
 
 
 def _record(mode, selector, ratio, samples, full_s, peak, recompute) -> dict:
@@ -209,7 +219,11 @@ def format_table(records: list[dict], w: TTFTWorkload) -> str:
         lines.append(f"{r['mode']:<8}{r['selector'] or '-':<12}{ratio:>6}{r['ttft_s'] * 1e3:>10.1f}"
                      f"{span:>16}{r['speedup_vs_full']:>8.2f}x{ideal_s}"
                      f"{r['peak_extra_mib']:>10.1f}{rec:>8}" + ("  ran full" if r.get("ran_full")
-                                                               else ""))
+                                                               else "")
+                     + (f"  {r['replayed']}/{w.repeats} replayed" if r.get("replayed") else ""))
+    if any(r.get("replayed") for r in records):
+        lines.append("replayed: timed calls whose cached passes were replayed from CUDA graphs "
+                     "(engine/compute/static_pass.py: a shape is captured at its second call)")
     if any(r.get("ran_full") for r in records):
         lines.append("ran full: this device's cost profile predicted the mode slower than a full "
                      "prefill, which ran instead (LoadingConfig.full_when_faster)")

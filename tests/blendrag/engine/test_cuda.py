@@ -116,7 +116,8 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
             assert (got.logits - want.logits).abs().max() < tol, config.label
             assert int(got.logits.argmax()) == int(want.logits.argmax())
             del got
-    assert passes.graphs and passes.captures >= len(configs) and passes.replays >= 2 * len(configs)
+    assert not passes.failed
+    assert passes.captures >= len(configs) and passes.replays >= 2 * len(configs)
     if dtype == "float32":  # decoding after a replayed pass: the loop's tokens
         a = graphs.generate(layout, BlendConfig(mode="reuse"), GENERATE)
         b = loop.generate(layout, BlendConfig(mode="reuse"), GENERATE)

@@ -43,6 +43,7 @@ largest bucket, a prompt that leaves no row past it, a model whose RoPE changes 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,6 +101,8 @@ class StaticPasses:
 
     def __init__(self, adapter: LlamaAdapter, kernel: str, graphs: bool) -> None:
         self.adapter, self.kernel, self.graphs = adapter, kernel, graphs
+        self.failed = False  # a capture failed: passes run the layer loop from then on
+        self._lock = threading.Lock()  # requests on several threads (serving's prefill worker)
         # per buffer, per shape (tokens, rows, scored)
         self._by_buffer: OrderedDict[tuple, OrderedDict[_Shape, _Pass]] = OrderedDict()
         self._mempool: _POOL_HANDLE | None = None  # one memory pool for every captured pass
@@ -109,7 +112,8 @@ class StaticPasses:
               observers: Sequence[LayerObserver]) -> bool:
         """Whether ``plan`` runs as a static pass (module docstring: what does not)."""
         selector = plan.selector
-        return (plan.ape is None and (selector is None or not selector.check_layers)
+        return (not self.failed and plan.ape is None
+                and (selector is None or not selector.check_layers)
                 and all(type(o) in _WATCHERS for o in observers)
                 and (plan.feed is None or plan.feed.resident)
                 and token_bucket(plan.active.shape[0]) is not None
@@ -157,9 +161,14 @@ class StaticPasses:
 
     def clear(self) -> None:
         """Drop every pass (and its graph and buffer reference)."""
-        self._by_buffer.clear()
+        with self._lock:
+            self._by_buffer.clear()
 
     def _state(self, fused: FusedKV, tokens: int, rows: int, scored: bool) -> _Pass:
+        with self._lock:
+            return self._state_locked(fused, tokens, rows, scored)
+
+    def _state_locked(self, fused: FusedKV, tokens: int, rows: int, scored: bool) -> _Pass:
         k, v = fused.base
         key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype)
         shapes = self._by_buffer.setdefault(key, OrderedDict())
@@ -257,10 +266,10 @@ class StaticPasses:
                 st.graph, st.out = self._capture(st)
                 self.captures += 1
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
-                log.warning("cached passes without CUDA graphs (%s: %s)", type(exc).__name__,
-                            exc)
-                self.graphs = False
-                return self._step(st)
+                log.warning("cached passes run the layer loop: a CUDA graph could not be "
+                            "captured (%s: %s)", type(exc).__name__, exc)
+                self.failed = True
+                return self._step(st)  # this pass's rows are placed already: finished here
         st.graph.replay()
         self.replays += 1
         return st.out
