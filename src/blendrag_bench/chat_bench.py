@@ -5,7 +5,11 @@ Every turn sends what a RAG chat sends (LlamaIndex's context chat engine, LangCh
 with message history): the passages, the history, the new question. Per configuration a
 conversation runs on its own engine (its own prefix cache, the chunk store shared, its KVs
 precomputed before anything is timed), and each turn's prompt is also prefilled in full by an
-engine without a prefix cache: that is the turn's baseline.
+engine without a prefix cache: that is the turn's baseline. A cached configuration that is not
+exact (blend with the prefix cache) is also set against the exact path on its own prompts: an
+exact twin (a full prefill with a prefix cache of its own) gets the same prompt every turn,
+timed, then the same answer (teacher-forced, untimed), so that both caches hold the same
+conversation; each turn's ``vs exact`` is the twin's TTFT over the configuration's.
 
 Three workloads:
 
@@ -47,12 +51,14 @@ from blendrag_bench.datasets import load_musique
 from blendrag_bench.quality import fit_item
 from blendrag_bench.ttft import build_engine
 
+EXACT_TARGET = 0.95  # a cached configuration's TTFT against the exact path on its own prompt
 FOLLOW_UPS = ("Which passage says so?", "Who else is named in that passage?",
               "What is the first passage about?", "Answer the first question again, briefly.")
 
 
-Turn = Callable[[BlendEngine, BlendConfig, int], tuple[PromptLayout, dict]]
-"""(engine, config, turn) -> (the turn's prompt, its stats), the answer's rows kept."""
+Turn = Callable[[BlendEngine, BlendConfig, int], tuple[PromptLayout, dict, list[int]]]
+"""(engine, config, turn) -> (the turn's prompt, its stats, its answer's ids), the answer's rows
+kept."""
 Conversation = Callable[[], Turn]
 """A new conversation: its turns, one call each."""
 
@@ -72,11 +78,18 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
             samples: list[list[dict]] = []
             for _ in range(cfg.runs):
                 engine = sibling(base, cfg.cache_bytes if cached else 0)
+                exact = config.mode in ("full", "prefix")
+                twin = sibling(base, cfg.cache_bytes) if cached and not exact else None
                 conversation, turns = new_conversation(), []
                 for turn in range(1, cfg.turns + 1):
-                    layout, stats = conversation(engine, config, turn)
+                    layout, stats, answer = conversation(engine, config, turn)
                     full = plain.prefill(layout, FULL).stats
-                    turns.append(_record(name, label, config, turn, layout, stats, full, engine))
+                    record = _record(name, label, config, turn, layout, stats, full, engine)
+                    if twin is not None:  # the exact path on this conversation's prompt
+                        pre = teacher_forced(twin, layout, FULL, answer)
+                        record["exact_ttft_s"] = pre.stats.timing.ttft_s
+                        record["exact_prefix_tokens"] = pre.stats.to_dict()["prefix_cache_tokens"]
+                    turns.append(record)
                     done += 1
                     if on_turn is not None:
                         on_turn(name, done, total)
@@ -102,9 +115,12 @@ def _record(workload: str, label: str, config: BlendConfig, turn: int, layout: P
 def _median(rows: tuple[dict, ...]) -> dict:
     """One turn's record over the runs: median times, the first run's counts."""
     out = dict(rows[0])
-    for key in ("ttft_s", "full_ttft_s"):
-        out[key] = statistics.median(r[key] for r in rows)
+    for key in ("ttft_s", "full_ttft_s", "exact_ttft_s"):
+        if key in out:
+            out[key] = statistics.median(r[key] for r in rows)
     out["speedup_vs_full"] = out["full_ttft_s"] / out["ttft_s"]
+    if "exact_ttft_s" in out:
+        out["vs_exact"] = out["exact_ttft_s"] / out["ttft_s"]
     return out
 
 
@@ -137,7 +153,7 @@ def _text(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
                 ingested.append(True)
             result = engine.generate(layout, config, generation)
             turns.append({"role": "assistant", "content": result.text})
-            return layout, result.stats.to_dict()
+            return layout, result.stats.to_dict(), result.token_ids
 
         return next_turn
 
@@ -174,7 +190,7 @@ def _random(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
         history = [t for i in range(turn - 1) for t in (*questions[i], *answers[i])]
         layout = PromptLayout(prefix, chunks, [*history, *questions[turn - 1]])
         pre = teacher_forced(engine, layout, config, answers[turn - 1])
-        return layout, pre.stats.to_dict()
+        return layout, pre.stats.to_dict(), answers[turn - 1]
 
     return base, lambda: next_turn
 
@@ -192,13 +208,20 @@ def format_table(records: list[dict], cfg: ChatBenchConfig) -> str:
         lines += [f"workload: {workload}; {cfg.turns} turns, answers of up to "
                   f"{cfg.answer_tokens} tokens; median of {cfg.runs} conversation(s) per config",
                   f"{'turn':>4} {'config':<20}{'exact':>6}{'prompt':>8}{'cached':>8}"
-                  f"{'computed':>9}{'TTFT ms':>10}{'full ms':>10}{'speedup':>9}{'cache MiB':>11}"]
+                  f"{'computed':>9}{'TTFT ms':>10}{'full ms':>10}{'speedup':>9}{'cache MiB':>11}"
+                  f"{'exact ms':>10}{'vs exact':>10}"]
         for r in rows:
+            twin = (f"{r['exact_ttft_s'] * 1e3:>10.1f}{r['vs_exact']:>9.2f}x"
+                    if "vs_exact" in r else f"{'-':>10}{'-':>10}")
             lines.append(f"{r['turn']:>4} {r['config']:<20}{'yes' if r['exact'] else 'no':>6}"
                          f"{r['prompt_tokens']:>8}{r['prefix_tokens']:>8}"
                          f"{r['computed_tokens']:>9}{r['ttft_s'] * 1e3:>10.1f}"
                          f"{r['full_ttft_s'] * 1e3:>10.1f}{r['speedup_vs_full']:>8.2f}x"
-                         f"{r['cache_bytes'] / 2**20:>11.1f}")
+                         f"{r['cache_bytes'] / 2**20:>11.1f}{twin}")
+        if any("vs_exact" in r for r in rows):
+            lines.append("exact ms: an exact twin (full prefill, a prefix cache of its own) on "
+                         "the same prompt after the same answers; vs exact: its TTFT over the "
+                         "configuration's")
         lines.append("")
     return "\n".join(lines + verdicts(records))
 
@@ -215,4 +238,11 @@ def verdicts(records: list[dict], target: float = 10.0) -> list[str]:
             out.append(f"{workload}: full+prefix-cache, turns >= 2: {worst:.1f}x lowest, "
                        f"{statistics.median(later):.1f}x median; target >= {target:.0f}x: "
                        f"{'PASS' if worst >= target else 'FAIL'}")
+        twins = [r["vs_exact"] for r in records if r["workload"] == workload
+                 and "vs_exact" in r and r["turn"] >= 2]
+        if twins:
+            worst = min(twins)
+            out.append(f"{workload}: blend+prefix-cache against the exact path on its own "
+                       f"prompts, turns >= 2: {worst:.2f}x lowest; target >= {EXACT_TARGET}x: "
+                       f"{'PASS' if worst >= EXACT_TARGET else 'FAIL'}")
     return out

@@ -65,6 +65,27 @@ def test_the_table_names_every_workload_and_the_target(records):
     text = format_table(rows, cfg)
     assert "workload: text" in text and "workload: random" in text
     assert text.count("target >= 10x") == 2
+    assert text.count("against the exact path on its own prompts") == 2
+
+
+@pytest.mark.parametrize("workload", ["text", "random"])
+def test_blend_with_the_cache_is_set_against_an_exact_twin_on_its_own_prompts(records,
+                                                                               workload):
+    """Only the cached blend has a twin; from turn 2 on the twin's cache holds the same
+    conversation, so it takes as many rows as the exact configuration's own run does."""
+    _, rows = records
+    by = {(r["config"], r["turn"]): r for r in rows if r["workload"] == workload}
+    for turn in (1, 2, 3):
+        blend = by[("blend+prefix-cache", turn)]
+        assert blend["exact_ttft_s"] > 0
+        assert blend["vs_exact"] == pytest.approx(blend["exact_ttft_s"] / blend["ttft_s"])
+        assert "vs_exact" not in by[("full+prefix-cache", turn)]
+        assert "vs_exact" not in by[("blend", turn)]
+        if turn > 1:  # the turn before's prompt and answer, to the last whole block
+            assert blend["exact_prefix_tokens"] >= by[("blend+prefix-cache", turn - 1)][
+                "prompt_tokens"] - 32
+        else:
+            assert blend["exact_prefix_tokens"] == 0
 
 
 def test_the_command_writes_json(tmp_path, capsys):

@@ -145,19 +145,21 @@ def decode(emit: Emit, small: bool) -> Headlines:
     w = workload(small, "3k")
     model = build_engine(w).model
     layout = random_layout(w, model.config.vocab_size)
-    rates, tokens = {}, {}
+    rates, tokens, logits = {}, {}, {}
     for label, compute in (("engine eager", ComputeConfig(decode="eager")),
                            ("engine graph", ComputeConfig(decode="graph"))):
         engine = BlendEngine(model, None, compute=compute, threads=None)
-        rates[label], tokens[label] = _engine_decode(engine, layout, steps)
+        rates[label], tokens[label], logits[label] = _engine_decode(engine, layout, steps)
         engine.runner.release_buffers()
         _emit_rate(emit, label, rates, tokens)  # each as measured: a stopped phase keeps it
     ids = torch.tensor([layout.ids], device=model.device)
-    rates["HF generate"], tokens["HF generate"] = _hf_decode(model, ids, steps + 1)
+    rates["HF generate"], tokens["HF generate"], logits["HF generate"] = _hf_decode(
+        model, ids, steps + 1)
     _emit_rate(emit, "HF generate", rates, tokens)
-    emit(f"greedy tokens ({steps + 1}): graph == HF generate: "
-         f"{tokens['engine graph'] == tokens['HF generate']}; eager == HF generate: "
-         f"{tokens['engine eager'] == tokens['HF generate']}")
+    for label in ("engine graph", "engine eager"):
+        emit(f"greedy tokens ({steps + 1}), {label} vs HF generate: "
+             + divergence(tokens[label], logits[label], tokens["HF generate"],
+                          logits["HF generate"]))
     hf = rates["HF generate"]
     return {"decode eager vs HF generate": (rates["engine eager"] / hf, ">= 1x",
                                             rates["engine eager"] >= hf),
@@ -170,39 +172,58 @@ def _emit_rate(emit: Emit, label: str, rates: dict[str, float],
     emit(f"{label:<14} {rates[label]:8.1f} tokens/s  first tokens {tokens[label][:8]}")
 
 
-def _engine_decode(engine, layout, steps: int) -> tuple[float, list[int]]:
+def divergence(mine: list[int], my_logits: list[torch.Tensor], theirs: list[int],
+               their_logits: list[torch.Tensor]) -> str:
+    """Where two greedy runs part, and how close the choice was there: each run's logit
+    margin between the two tokens (a margin within the dtype's rounding is a tie that either
+    kernel may break)."""
+    j = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+    if j is None:
+        return f"the same {min(len(mine), len(theirs))} tokens"
+    a, b = mine[j], theirs[j]
+    ours, hf = my_logits[j].float(), their_logits[j].float()
+    return (f"the same up to token {j}, then {a} against {b}: margin {ours[a] - ours[b]:.4f} "
+            f"in the engine's logits, {hf[b] - hf[a]:.4f} in HF's (largest logit "
+            f"{hf.abs().max():.2f})")
+
+
+def _engine_decode(engine, layout, steps: int) -> tuple[float, list[int], list[torch.Tensor]]:
     """Tokens per second over ``steps`` decoded tokens (best of 2 after a warm-up, which also
-    captures the graph), and the greedy tokens (the first from the prefill)."""
-    best, tokens = float("inf"), []
+    captures the graph), the greedy tokens (the first from the prefill) and the logits each
+    was chosen from."""
+    best, tokens, logits = float("inf"), [], []
     for _ in range(3):
         pre = engine.prefill(layout, BlendConfig(mode="full"), extra_capacity=steps + 1)
+        logits = [pre.logits]
         tokens = [int(pre.logits.argmax())]
         sync()
         t0 = time.perf_counter()
         for _ in range(steps):
-            tokens.append(int(engine.runner.decode(tokens[-1], pre.fused).argmax()))
+            logits.append(engine.runner.decode(tokens[-1], pre.fused))
+            tokens.append(int(logits[-1].argmax()))
         sync()
         best = min(best, time.perf_counter() - t0)
-    return steps / best, tokens
+    return steps / best, tokens, logits
 
 
-def _hf_decode(model, ids: torch.Tensor, new: int) -> tuple[float, list[int]]:
+def _hf_decode(model, ids: torch.Tensor,
+               new: int) -> tuple[float, list[int], list[torch.Tensor]]:
     """Tokens per second of HF ``generate`` past its first token (``new`` tokens less one),
-    and its ``new`` greedy tokens."""
+    its ``new`` greedy tokens and the logits of each (an untimed run)."""
 
-    def generate(n: int) -> tuple[float, list[int]]:
+    def generate(n: int, scores: bool = False):
         with torch.inference_mode():
             sync()
             t0 = time.perf_counter()
             out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                 pad_token_id=0)
+                                 pad_token_id=0, output_logits=scores,
+                                 return_dict_in_generate=True)
             sync()
-        return time.perf_counter() - t0, out[0, ids.shape[1]:].tolist()
+        return time.perf_counter() - t0, out
 
     generate(2)
     one = min(generate(1)[0] for _ in range(2))  # the prefill and the first token
-    times, tokens = [], []
-    for _ in range(2):
-        t, tokens = generate(new)
-        times.append(t)
-    return (new - 1) / max(min(times) - one, 1e-9), tokens
+    times = [generate(new)[0] for _ in range(2)]
+    _, out = generate(new, scores=True)
+    tokens = out.sequences[0, ids.shape[1]:].tolist()
+    return (new - 1) / max(min(times) - one, 1e-9), tokens, [s[0] for s in out.logits]
