@@ -287,6 +287,8 @@ class StaticPasses:
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
+        # thread_local: another thread's work meanwhile (the backfill computing chunks, a
+        # layer feed's reader) is not this capture's to refuse
+        with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
             out = self._step(st)
         return graph, out
