@@ -21,14 +21,12 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import Entry
 from blendrag.store.config import StoreConfig
 from blendrag.store.counted import CountedLayeredEntry
 from blendrag.store.disk import DiskTier
-from blendrag.store.layered import LayeredEntry, host_buffer
+from blendrag.store.layered import LayeredEntry
 from blendrag.store.names import Named, Names
 from blendrag.store.protocol import StoreStats, TierCounters, TierStats, TierUsage
 from blendrag.store.ram import RamTier
@@ -257,16 +255,9 @@ class TieredKVStore(Named):
 
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded (the
-    # priors are host tensors already: ChunkKV keeps them there). Rows computed on a GPU are
-    # kept page-locked (``host_buffer``): a request on the device reads them back with large
-    # asynchronous copies at the link's rate, not through a staging copy.
+    # priors are host tensors already: ChunkKV keeps them there). Pageable, not page-locked:
+    # torch's page-locked allocator rounds each block up to a power of two and keeps freed
+    # blocks locked, up to twice the tier's budget; the layer feed stages host rows instead.
     if kv.keys.device.type == "cpu":
         return kv
-    return dataclasses.replace(kv, keys=_host(kv.keys), values=_host(kv.values))
-
-
-def _host(t: torch.Tensor) -> torch.Tensor:
-    out = host_buffer(tuple(t.shape), t.dtype)
-    out.copy_(t)
-    return out
-
+    return dataclasses.replace(kv, keys=kv.keys.to("cpu"), values=kv.values.to("cpu"))

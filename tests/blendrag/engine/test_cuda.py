@@ -124,10 +124,10 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
         assert a.token_ids == b.token_ids
 
 
-def test_rows_from_the_ram_tier_are_page_locked_and_sent_in_blocks(model_dir):
-    """Rows a GPU computed are kept page-locked in the RAM tier; a request reads them back in
-    copies of several layers (layer_feed.HOST_COPY_BYTES), sequential or pipelined, with the
-    logits of the rows served from the device tier."""
+def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
+    """A request reads rows held in the RAM tier in copies of several layers
+    (layer_feed.HOST_COPY_BYTES), sequential or pipelined, with the logits of the same rows
+    served from the device tier."""
     from blendrag.store import StoreConfig, TieredKVStore
 
     def make(tier_bytes: int) -> BlendEngine:
@@ -141,10 +141,6 @@ def test_rows_from_the_ram_tier_are_page_locked_and_sent_in_blocks(model_dir):
     layout = ram.build_prompt(PREFIX, PASSAGES, SUFFIX)
     for e in (ram, hot):
         e.precompute(layout.prefix_ids, layout.chunk_ids)
-    chunk = layout.chunk_ids[0]
-    key = ram.cache.key(layout.prefix_ids, chunk, ram.cache.context_for(layout.prefix_ids, chunk))
-    kv = ram.store.get(key)
-    assert kv is not None and kv.keys.is_pinned() and kv.values.is_pinned()
     reuse = BlendConfig(mode="reuse")
     hot.prefill(layout, reuse)  # promoted to the device tier
     want = hot.prefill(layout, reuse)

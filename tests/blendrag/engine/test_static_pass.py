@@ -17,9 +17,10 @@ from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 STATIC = ComputeConfig(passes="graph")
 LOOP = ComputeConfig(passes="eager")
-# the modes whose main pass is a static one: no check layers (CacheBlend's selector has them)
-TAKEN = (BlendConfig(mode="reuse"), BlendConfig(mode="prefix"), BlendConfig(),
-         BlendConfig(selector="epic", ratio=0.3), BlendConfig(ratio=0.5))
+# the modes whose main pass is a static one: fewer than half the tokens computed, no check
+# layers (CacheBlend's selector has them)
+TAKEN = (BlendConfig(mode="reuse"), BlendConfig(), BlendConfig(selector="epic", ratio=0.3),
+         BlendConfig(ratio=0.4))
 FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "qwen3": {}, "gemma2": {},
             "gemma3": {}, "phi3": {}, "olmo2": {}}
 
@@ -86,6 +87,7 @@ def test_static_passes_give_the_layer_loops_logits(engine_for, family):
         n = layout.num_tokens
         assert torch.allclose(a.fused.k[:, :, :n], b.fused.k[:, :, :n], atol=1e-5, rtol=0)
         assert torch.allclose(a.fused.v[:, :, :n], b.fused.v[:, :, :n], atol=1e-5, rtol=0)
+        del a, b  # the pooled buffer free again: static passes run on it only
 
 
 def test_decoding_after_a_static_pass_is_the_same(engine_for):
@@ -121,15 +123,17 @@ def test_padded_tokens_never_reach_a_real_row(engine_for):
 
 
 def test_what_does_not_take_a_static_pass_runs_the_layer_loop(engine_for):
-    """CacheBlend's check layers, APE and timed requests run the loop: the same logits as the
-    loop, and no static shape made for them."""
+    """CacheBlend's check layers, APE, passes of half the prompt or more (prefix mode's tail,
+    a full prefill) and timed requests run the loop: the same logits as the loop, and no
+    static pass run for them."""
     static, loop = _pair(engine_for, "llama")
     layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
     for config in (BlendConfig(mode="reuse"),):  # chunks stored, a shape made
         static.prefill(layout, config)
     ran = _ran(static)
     for config in (BlendConfig(selector="cacheblend", ratio=0.3),
-                   BlendConfig(mode="reuse", ape=Ape())):
+                   BlendConfig(mode="reuse", ape=Ape()), BlendConfig(mode="prefix"),
+                   BlendConfig(mode="full")):
         a, b = static.prefill(layout, config), loop.prefill(layout, config)
         assert torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0), config.label
     assert _ran(static) == ran
@@ -137,8 +141,11 @@ def test_what_does_not_take_a_static_pass_runs_the_layer_loop(engine_for):
     static.prefill(layout, BlendConfig(mode="reuse"), observers=(clock,))
     assert _ran(static) == ran  # timed: the loop, whose phases the clock sees
     assert clock.seconds.get("project", 0) > 0
-    static.prefill(layout, BlendConfig(mode="reuse"))
+    held = static.prefill(layout, BlendConfig(mode="reuse"))
     assert _ran(static) == ran + 1
+    beside = static.prefill(layout, BlendConfig(mode="reuse"))  # a buffer beside the pooled one
+    assert _ran(static) == ran + 1  # a graph is bound to the pooled buffer's memory
+    assert torch.allclose(beside.logits, held.logits, atol=1e-5, rtol=0)
 
 
 def test_dynamic_rope_runs_the_layer_loop(engine_for):
@@ -160,3 +167,35 @@ def test_shapes_and_buffers_kept_are_bounded(engine_for):
 def test_bad_compute_settings_are_refused():
     with pytest.raises(ValueError, match="passes must be one of"):
         ComputeConfig(passes="fast")
+
+
+@pytest.mark.parametrize("config", [BlendConfig(mode="reuse"), BlendConfig(ratio=0.3)],
+                         ids=["reuse", "blend"])
+def test_a_bridge_after_cached_rows_writes_no_padding_into_the_chunks_after_it(chat_engine,
+                                                                              config):
+    """A request that starts from the prefix cache computes the rest of the piece its blocks
+    stop in (the bridge), a pass whose prompt ends before the cached chunks after it, which
+    the layer feed may have placed already: its padding goes to the request KV's last row,
+    never into them."""
+    from blendrag.engine.caches.context import NO_CONTEXT
+    from blendrag.engine.caches.prefix_cache import PrefixCache
+
+    def engine(compute):
+        e = chat_engine(context=NO_CONTEXT, compute=compute)
+        e.prefix_cache = PrefixCache(64 << 20, lambda: e.cache.identity.fingerprint,
+                                     block_tokens=4)
+        return e
+
+    static, loop = engine(STATIC), engine(LOOP)
+    a = static.build_prompt(PREFIX, PASSAGES[:3], SUFFIX)
+    b = static.build_prompt(PREFIX, [PASSAGES[0], PASSAGES[2], PASSAGES[1]],
+                            "\nQuestion: where?\nAnswer:")
+    for e in (static, loop):
+        e.prefill(a, BlendConfig(mode="full"))  # exact rows: the prefix, the passages
+    ran = _ran(static)
+    got, want = static.prefill(b, config), loop.prefill(b, config)
+    assert got.stats.compute.bridged_tokens > 0  # a bridge ran, then the chunks' rows
+    assert _ran(static) == ran + 2 + bool(got.stats.compute.preview_tokens)
+    assert torch.allclose(got.logits, want.logits, atol=1e-5, rtol=0)
+    n = b.num_tokens
+    assert torch.allclose(got.fused.k[:, :, :n], want.fused.k[:, :, :n], atol=1e-5, rtol=0)

@@ -211,6 +211,8 @@ class FlexPlan(AttentionPlan):
                          scale=scale, enable_gqa=True)
                 return o[0, :, :a]
             except Exception as exc:  # no compiler, an unsupported shape: exact, but slower
+                if q.is_cuda and torch.cuda.is_current_stream_capturing():
+                    raise  # the fallback reads positions back: the capture gives up instead
                 _disable_flex(exc)
         if self._fallback is None:
             bounds = self._pos.tolist()
@@ -331,6 +333,11 @@ def _flex() -> Callable | None:
         # dynamic: one compile serves every request's query and key counts
         _FLEX.append(torch.compile(flex_attention, dynamic=True))
     return _FLEX[0]
+
+
+def flex_kernel() -> Callable | None:
+    """The compiled FlexAttention this process runs, or None when it is not usable here."""
+    return _flex()
 
 
 def _disable_flex(exc: Exception) -> None:

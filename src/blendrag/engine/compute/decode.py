@@ -24,11 +24,13 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.graphs import capture
 from blendrag.engine.compute.layer import finish, project
 from blendrag.engine.compute.softcap import capped_attention
 from blendrag.model.adapters import LlamaAdapter
@@ -167,14 +169,4 @@ class StaticDecoder:
 
     def _capture(self, st: _Step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """``st``'s step captured, and its logits tensor, which every replay refills."""
-        device = st.k.device
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up: libraries set up outside the capture
-            for _ in range(2):
-                self._step(st)
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = self._step(st)
-        return graph, out
+        return capture(partial(self._step, st), st.k.device)

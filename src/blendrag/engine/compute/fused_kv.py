@@ -185,6 +185,11 @@ class BufferPool:
             return FusedKV.over(fused.k[:, :, :capacity], fused.v[:, :, :capacity],
                                 (fused.k, fused.v))
 
+    def lent(self, fused: FusedKV) -> bool:
+        """Whether ``fused`` is a view of the pooled buffer (not one made beside it)."""
+        kv = self._kv
+        return kv is not None and fused.base[0] is kv[0]
+
     def clear(self) -> None:
         with self._lock:
             self._kv = None

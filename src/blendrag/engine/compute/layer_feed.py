@@ -190,8 +190,8 @@ class LayerFeed:
             self._count(seg, t0, seg.kv.num_layers)
         self._stacked = stacked
         self._whole = all(_on(kv, self.device) for kv in stacked)
-        smallest = min((seg.kv.layer_nbytes for seg in self.segments), default=2)
-        self._host_layers = max(1, HOST_COPY_BYTES // max(1, smallest // 2))
+        largest = max((seg.kv.layer_nbytes for seg in self.segments), default=2)
+        self._host_layers = max(1, HOST_COPY_BYTES // max(1, largest // 2))
 
     def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
         tier = seg.kv.tier
@@ -200,9 +200,10 @@ class LayerFeed:
 
     def _host_end(self, i: int) -> int:
         """The end of the block of layers from ``i`` that host rows read whole (every entry
-        read already, in host memory: the RAM tier for a GPU) are sent in: each copy about
-        ``HOST_COPY_BYTES`` (large copies run at the link's rate; blocks small enough that the
-        loop starts after the first one and computes while the next are sent)."""
+        read already, in host memory: the RAM tier for a GPU) are sent in: the largest
+        segment's copies about ``HOST_COPY_BYTES`` each (large copies run at the link's rate;
+        blocks small enough that the loop starts after the first one and computes while the
+        next are sent)."""
         return min(self._block_end(i), i + self._host_layers)
 
     def _block_end(self, i: int) -> int:

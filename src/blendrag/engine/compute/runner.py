@@ -156,7 +156,8 @@ class ModelRunner:
         """Every layer of ``plan``: a fixed-shape pass (engine/compute/static_pass.py) when
         the runner has them and the plan is one, else the layer loop (engine/compute/loop.py)."""
         passes = self._passes
-        if passes is not None and clock is OFF and passes.takes(plan, fused, observers):
+        if (passes is not None and clock is OFF and self._pool.lent(fused)
+                and passes.takes(plan, fused, observers)):
             out = passes.run(plan, fused, observers)
             if out is not None:
                 return out

@@ -22,17 +22,20 @@ arithmetic (reuse at 3k tokens: 2,235 kernels for 64 computed tokens).
   and every later pass of that shape is one replay; elsewhere the same pass runs eagerly (the
   tests compare it with the layer loop on the CPU).
 
-Exactness: a padded token sits at the row bucket's last row, past every real position. Its
-keys and values are written there and nowhere else, and no real token sees that row (a real
-token at p sees keys <= p < n). A padded token's own attention, MLP and hidden state are
-computed and dropped; they are finite (its id is 0, a real token), so no NaN reaches a masked
-key. The rows past the prompt are the request's own (``FusedKV``'s capacity), zeroed as
-before once the pass is done if an earlier request wrote there
-(``FusedKV.drop_earlier_rows``); the decoding step masks them. A real token runs the
-arithmetic of the layer loop, with its projections as rows of a larger matmul (the tests bound
-the logits' difference).
+Exactness: a padded token sits at the row bucket's last position, past every real one, and
+its keys and values are written to the request KV's last row, past the whole prompt (a
+bridge's pass ends inside it), where no real token looks: a real token at p sees keys <= p.
+A padded token's own attention, MLP and hidden state are computed and dropped; they are finite
+(its id is 0, a real token), so no NaN reaches a masked key. The rows past the prompt are the
+request's own (``FusedKV``'s capacity), zeroed as before once the pass is done if an earlier
+request wrote there (``FusedKV.drop_earlier_rows``); the decoding step masks them. A real
+token runs the arithmetic of the layer loop, with its projections as rows of a larger matmul
+(the tests bound the logits' difference).
 
-What takes the layer loop instead: a selector that checks at layers (CacheBlend's), APE, a
+What takes the layer loop instead: a pass that computes half the prompt or more (a full
+prefill, prefix mode's long tail: their kernels are the causal ones), a request KV that is not
+the runner's pooled buffer (a graph is bound to its buffer's memory: requests served side by
+side each hold one of their own), a selector that checks at layers (CacheBlend's), APE, a
 timed request (``PhaseClock``), an observer other than the counts and the preview pass's
 attention per key (which the pass computes explicitly, as the loop does, a padded token
 seeing only its own row), cached rows still to be read
@@ -47,14 +50,16 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.compute.attention import FlexPlan
+from blendrag.engine.compute.attention import FlexPlan, flex_kernel
 from blendrag.engine.compute.buckets import row_bucket, token_bucket
 from blendrag.engine.compute.fused_kv import FusedKV
+from blendrag.engine.compute.graphs import capture
 from blendrag.engine.compute.layer import attend_scored, finish, project
 from blendrag.engine.compute.loop import LoopPlan, LoopResult
 from blendrag.engine.compute.observers import KeyAttention, LayerCounts, LayerObserver
@@ -83,6 +88,7 @@ class _Pass:
     rope: RopeTables  # positions [0, rows)
     ids: torch.Tensor  # [tokens] long: the token bucket's ids (padding: 0)
     pos: torch.Tensor  # [tokens] long: their positions (padding: rows - 1)
+    at: torch.Tensor  # [tokens] long: the rows they are written to (padding: the KV's last)
     last: torch.Tensor  # [1] long: the index of the last real token
     keys: torch.Tensor  # [rows] key positions
     scored: torch.Tensor | None = None  # [layers, rows] float32: attention paid each key
@@ -96,8 +102,8 @@ class StaticPasses:
     ``graphs``: capture them as CUDA graphs (CUDA only) and replay them; ``kernel``: the
     engine's attention kernel (``flex``: FlexAttention's block mask, built in the pass)."""
 
-    KEPT_BUFFERS = 2  # buffers whose passes are kept: the pooled one, and one more
-    KEPT_SHAPES = 16  # shapes kept per buffer (a graph holds its intermediate memory)
+    KEPT_BUFFERS = 1  # buffers whose passes are kept: the pooled one (the runner's choice)
+    KEPT_SHAPES = 64  # shapes kept (the graphs share one memory pool)
 
     def __init__(self, adapter: LlamaAdapter, kernel: str, graphs: bool) -> None:
         self.adapter, self.kernel, self.graphs = adapter, kernel, graphs
@@ -111,14 +117,14 @@ class StaticPasses:
     def takes(self, plan: LoopPlan, fused: FusedKV,
               observers: Sequence[LayerObserver]) -> bool:
         """Whether ``plan`` runs as a static pass (module docstring: what does not)."""
-        selector = plan.selector
-        return (not self.failed and plan.ape is None
+        selector, a, n = plan.selector, plan.active.shape[0], plan.ids.shape[0]
+        return (not self.failed and 2 * a < n and plan.ape is None
                 and (selector is None or not selector.check_layers)
                 and all(type(o) in _WATCHERS for o in observers)
                 and (plan.feed is None or plan.feed.resident)
-                and token_bucket(plan.active.shape[0]) is not None
-                and row_bucket(plan.ids.shape[0], fused.capacity) is not None)
+                and token_bucket(a) is not None and row_bucket(n, fused.capacity) is not None)
 
+    @torch.inference_mode()  # its inputs, made at a shape's first pass, whatever the caller
     def run(self, plan: LoopPlan, fused: FusedKV,
             observers: Sequence[LayerObserver] = ()) -> LoopResult | None:
         """Every layer of ``plan`` (``takes`` it) filling ``fused`` rows [0, N); None when the
@@ -140,8 +146,10 @@ class StaticPasses:
         # the pass's inputs: no value read back (a != tokens: the padding's)
         st.ids[:a].copy_(plan.ids.index_select(0, plan.active))
         st.pos[:a].copy_(plan.active)
+        st.at[:a].copy_(plan.active)
         st.ids[a:].fill_(0)
         st.pos[a:].fill_(rows - 1)
+        st.at[a:].fill_(fused.capacity - 1)  # past the whole prompt (a bridge's n is not)
         st.last.fill_(a - 1)
         hidden = self._replay(st) if capture else self._step(st)
         fused.length = n
@@ -182,6 +190,7 @@ class StaticPasses:
                 k, v, rows, self.adapter.rope(rows, k.dtype, dev),
                 torch.zeros(tokens, dtype=torch.long, device=dev),
                 torch.zeros(tokens, dtype=torch.long, device=dev),
+                torch.zeros(tokens, dtype=torch.long, device=dev),
                 torch.zeros(1, dtype=torch.long, device=dev), torch.arange(rows, device=dev),
                 torch.zeros(k.shape[0], rows, device=dev) if scored else None)
             while len(shapes) > self.KEPT_SHAPES:
@@ -205,8 +214,8 @@ class StaticPasses:
                 rotations[id(table)] = Rotation(table.cos.index_select(0, st.pos),
                                                 table.sin.index_select(0, st.pos))
             q, k, _, v = project(a, layer, h, rotations[id(table)])  # q: [H, T, D]
-            st.k[i].index_copy_(1, st.pos, k)  # padding: the last row of the bucket
-            st.v[i].index_copy_(1, st.pos, v)
+            st.k[i].index_copy_(1, st.at, k)  # padding: the request KV's last row
+            st.v[i].index_copy_(1, st.at, v)
             window = a.sliding_window(i)
             if st.scored is not None:  # the preview pass: explicit probabilities, kept
                 if window not in biases:
@@ -225,7 +234,8 @@ class StaticPasses:
         """Layer masks of ``window`` over the bucket's rows, built on the device: FlexAttention's
         block mask (its plan, ``kernel == "flex"``), boolean for soft-capped attention, else
         additive [T, rows]."""
-        if self.kernel == "flex" and self.adapter.attn_softcap is None:
+        if self.kernel == "flex" and self.adapter.attn_softcap is None \
+                and flex_kernel() is not None:
             return FlexPlan(st.pos, st.rows, window, attended_keys=0)
         visible = st.keys[None] <= st.pos[:, None]  # [T, rows]
         if window is not None:
@@ -275,20 +285,8 @@ class StaticPasses:
         return st.out
 
     def _capture(self, st: _Pass) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """``st``'s pass captured, and its hidden state, which every replay refills. The
-        warm-up runs compute the request's own rows (the same values each time)."""
-        device = st.k.device
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up: kernels compiled, libraries set up
-            for _ in range(2):
-                self._step(st)
-        torch.cuda.current_stream(device).wait_stream(stream)
+        """``st``'s pass captured, and its hidden state, which every replay refills (the
+        warm-up runs compute the request's own rows, the same values each time)."""
         if self._mempool is None:
             self._mempool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's work meanwhile (the backfill computing chunks, a
-        # layer feed's reader) is not this capture's to refuse
-        with torch.cuda.graph(graph, pool=self._mempool, capture_error_mode="thread_local"):
-            out = self._step(st)
-        return graph, out
+        return capture(partial(self._step, st), st.k.device, self._mempool)
