@@ -105,7 +105,7 @@ class Scheduler:
             raise ValueError("serving text needs a tokenizer; use prefill() on token ids without "
                              "one")
         engine.check_length(layout, generation.max_new_tokens)
-        tokens = layout.num_tokens + generation.max_new_tokens
+        tokens = self.runner.rows_for(layout.num_tokens + generation.max_new_tokens)
         if not self.pool.fits_ever(tokens):
             self.stats.refused += 1
             raise PromptTooLarge(
@@ -228,7 +228,8 @@ class Scheduler:
                 tokens = job.layout.num_tokens
                 if inline and admitted and tokens > budget:
                     return admitted  # the next turn's: the running requests decode first
-                blocks = self.pool.reserve(tokens + job.generation.max_new_tokens)
+                blocks = self.pool.reserve(
+                    self.runner.rows_for(tokens + job.generation.max_new_tokens))
                 if blocks is None:
                     return admitted  # room once a running request is done
                 self._waiting.popleft()

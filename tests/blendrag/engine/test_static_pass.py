@@ -46,8 +46,8 @@ def test_request_kvs_take_the_ladders_sizes(engine_for):
     a = static.prefill(layout, BlendConfig(mode="reuse"), extra_capacity=5)
     b = loop.prefill(layout, BlendConfig(mode="reuse"), extra_capacity=5)
     n = layout.num_tokens
-    assert b.fused.capacity == n + 5
-    assert a.fused.capacity == ladder(n + 6) > n + 5
+    assert b.fused.capacity == n + 5 == loop.runner.rows_for(n + 5)
+    assert a.fused.capacity == ladder(n + 6) == static.runner.rows_for(n + 5) > n + 5
 
 
 def _pair(engine_for, family, **kw):

@@ -91,10 +91,12 @@ class ModelRunner:
         (engine/compute/static_pass.py: a row past the prompt for the padding, and one buffer
         size for prompts of similar lengths, whose captured passes it keeps)."""
         a = self.adapter
-        if self._passes is not None:
-            capacity = ladder(capacity + 1)
-        return self._pool.take(a.num_layers, a.num_kv_heads, capacity, a.head_dim, self.dtype,
-                               self.device)
+        return self._pool.take(a.num_layers, a.num_kv_heads, self.rows_for(capacity),
+                               a.head_dim, self.dtype, self.device)
+
+    def rows_for(self, capacity: int) -> int:
+        """The rows a request KV asked for ``capacity`` rows holds (what a KV pool counts)."""
+        return ladder(capacity + 1) if self._passes is not None else capacity
 
     def costs(self) -> DeviceCosts:
         """This runner's cost profile (engine/selection/costs.py): ``cost_profile``, measured at
