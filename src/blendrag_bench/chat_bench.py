@@ -88,7 +88,7 @@ def run(cfg: ChatBenchConfig, on_turn: Callable[[str, int, int], None] | None = 
                     if twin is not None:  # the exact path on this conversation's prompt
                         pre = teacher_forced(twin, layout, FULL, answer)
                         record["exact_ttft_s"] = pre.stats.timing.ttft_s
-                        record["exact_prefix_tokens"] = pre.stats.to_dict()["prefix_cache_tokens"]
+                        record["exact_prefix_tokens"] = pre.stats.cache.prefix_cache_tokens
                     turns.append(record)
                     done += 1
                     if on_turn is not None:

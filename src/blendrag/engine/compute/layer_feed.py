@@ -215,7 +215,7 @@ class LayerFeed:
 
     def _place(self, i: int, end: int, rows: Rows, clock: PhaseClock = OFF) -> None:
         t0 = time.perf_counter()
-        if self.device.type == "cuda":  # host rows: asynchronous copies (from pinned memory)
+        if self.device.type == "cuda":  # host rows: asynchronous copies where they are pinned
             rows = [(k.to(self.device, non_blocking=True), v.to(self.device, non_blocking=True))
                     for k, v in rows]
         self.fused.place(slice(i, end), self.segments, rows, self.rope.layer(i), clock)

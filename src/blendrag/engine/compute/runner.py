@@ -74,9 +74,12 @@ class ModelRunner:
         self.compute = compute or ComputeConfig()
         self.kernel = kernel_for(self.compute.attention, self.device)
         self._pool = BufferPool()  # the request KV buffer, lent again once free
-        self._decoder = self._static_decoder()
-        self._passes = self._static_passes()
         self._static = static_rope(self.adapter)  # RoPE gathered at any positions at once
+        cuda = self.device.type == "cuda"
+        self._decoder = (StaticDecoder(self.adapter, graphs=cuda)
+                         if self._fixed_shapes(self.compute.decode) else None)
+        self._passes = (StaticPasses(self.adapter, self.kernel, graphs=cuda)
+                        if self._fixed_shapes(self.compute.passes) else None)
         self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
 
     @property
@@ -121,19 +124,12 @@ class ModelRunner:
         if self._passes is not None:
             self._passes.clear()
 
-    def _static_decoder(self) -> StaticDecoder | None:
-        mode, cuda = self.compute.decode, self.device.type == "cuda"
-        if mode == "eager" or (mode == "auto" and not cuda):
-            return None
-        if not static_rope(self.adapter):  # frequencies that change with the length
-            return None
-        return StaticDecoder(self.adapter, graphs=cuda)
-
-    def _static_passes(self) -> StaticPasses | None:
-        mode, cuda = self.compute.passes, self.device.type == "cuda"
-        if mode == "eager" or (mode == "auto" and not cuda) or not static_rope(self.adapter):
-            return None
-        return StaticPasses(self.adapter, self.kernel, graphs=cuda)
+    def _fixed_shapes(self, mode: str) -> bool:
+        """Whether a step set to ``mode`` (``DECODE_MODES``) runs with fixed shapes: ``graph``,
+        or ``auto`` on CUDA, where the model's RoPE gives a position the same cos/sin in a
+        table of any length (``decode.static_rope``)."""
+        wanted = mode == "graph" or (mode == "auto" and self.device.type == "cuda")
+        return wanted and self._static
 
     @property
     def static_passes(self) -> StaticPasses | None:

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.compute.attention import FlexPlan, flex_kernel
+from blendrag.engine.compute.attention import FlexPlan, flex_kernel, score_bias
 from blendrag.engine.compute.buckets import row_bucket, token_bucket
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.graphs import capture
@@ -90,7 +90,6 @@ class _Pass:
     pos: torch.Tensor  # [tokens] long: their positions (padding: rows - 1)
     at: torch.Tensor  # [tokens] long: the rows they are written to (padding: the KV's last)
     last: torch.Tensor  # [1] long: the index of the last real token
-    keys: torch.Tensor  # [rows] key positions
     scored: torch.Tensor | None = None  # [layers, rows] float32: attention paid each key
     seen: int = 0
     graph: torch.cuda.CUDAGraph | None = None
@@ -113,6 +112,7 @@ class StaticPasses:
         self._by_buffer: OrderedDict[tuple, OrderedDict[_Shape, _Pass]] = OrderedDict()
         self._mempool: _POOL_HANDLE | None = None  # one memory pool for every captured pass
         self.ran = self.replays = self.captures = 0  # passes run, of them replayed; graphs
+        self._windows = [adapter.sliding_window(i) for i in range(adapter.num_layers)]
 
     def takes(self, plan: LoopPlan, fused: FusedKV,
               observers: Sequence[LayerObserver]) -> bool:
@@ -154,13 +154,12 @@ class StaticPasses:
         hidden = self._replay(st) if capture else self._step(st)
         fused.length = n
         self.ran += 1
-        windows = [self.adapter.sliding_window(i) for i in range(self.adapter.num_layers)]
         for o in observers:
             if isinstance(o, LayerCounts):
-                o.count_pass(plan.active, windows)
+                o.count_pass(plan.active, self._windows)
             elif isinstance(o, KeyAttention) and st.scored is not None:
-                o.take_pass(st.scored[:, :n].clone())
-        return LoopResult(hidden=hidden.clone())
+                o.take_pass(st.scored[:, :n].clone())  # the shape's buffer: the next pass's
+        return LoopResult(hidden=hidden)
 
     @property
     def shapes(self) -> int:
@@ -173,30 +172,28 @@ class StaticPasses:
             self._by_buffer.clear()
 
     def _state(self, fused: FusedKV, tokens: int, rows: int, scored: bool) -> _Pass:
-        with self._lock:
-            return self._state_locked(fused, tokens, rows, scored)
-
-    def _state_locked(self, fused: FusedKV, tokens: int, rows: int, scored: bool) -> _Pass:
+        """The pass of this shape over ``fused``'s buffer, made at its first use."""
         k, v = fused.base
-        key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype)
-        shapes = self._by_buffer.setdefault(key, OrderedDict())
-        self._by_buffer.move_to_end(key)
-        while len(self._by_buffer) > self.KEPT_BUFFERS:
-            self._by_buffer.popitem(last=False)
-        shape = (tokens, rows, scored)
-        if shape not in shapes:
-            dev = k.device
-            shapes[shape] = _Pass(
-                k, v, rows, self.adapter.rope(rows, k.dtype, dev),
-                torch.zeros(tokens, dtype=torch.long, device=dev),
-                torch.zeros(tokens, dtype=torch.long, device=dev),
-                torch.zeros(tokens, dtype=torch.long, device=dev),
-                torch.zeros(1, dtype=torch.long, device=dev), torch.arange(rows, device=dev),
-                torch.zeros(k.shape[0], rows, device=dev) if scored else None)
-            while len(shapes) > self.KEPT_SHAPES:
-                shapes.popitem(last=False)
-        shapes.move_to_end(shape)
-        return shapes[shape]
+        key, shape = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype), (tokens, rows, scored)
+        with self._lock:
+            shapes = self._by_buffer.setdefault(key, OrderedDict())
+            self._by_buffer.move_to_end(key)
+            while len(self._by_buffer) > self.KEPT_BUFFERS:
+                self._by_buffer.popitem(last=False)
+            if shape not in shapes:
+                dev = k.device
+
+                def index(n: int) -> torch.Tensor:
+                    return torch.zeros(n, dtype=torch.long, device=dev)
+
+                shapes[shape] = _Pass(
+                    k, v, rows, self.adapter.rope(rows, k.dtype, dev), index(tokens),
+                    index(tokens), index(tokens), index(1),
+                    torch.zeros(k.shape[0], rows, device=dev) if scored else None)
+                while len(shapes) > self.KEPT_SHAPES:
+                    shapes.popitem(last=False)
+            shapes.move_to_end(shape)
+            return shapes[shape]
 
     @torch.inference_mode()
     def _step(self, st: _Pass) -> torch.Tensor:
@@ -233,28 +230,22 @@ class StaticPasses:
               dtype: torch.dtype) -> torch.Tensor | FlexPlan:
         """Layer masks of ``window`` over the bucket's rows, built on the device: FlexAttention's
         block mask (its plan, ``kernel == "flex"``), boolean for soft-capped attention, else
-        additive [T, rows]."""
+        additive [T, rows] in ``dtype``."""
         if self.kernel == "flex" and self.adapter.attn_softcap is None \
                 and flex_kernel() is not None:
             return FlexPlan(st.pos, st.rows, window, attended_keys=0)
-        visible = st.keys[None] <= st.pos[:, None]  # [T, rows]
-        if window is not None:
-            visible &= st.keys[None] > st.pos[:, None] - window
-        if self.adapter.attn_softcap is not None:
-            return visible
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(
-            ~visible, float("-inf"))
+        bias = score_bias(st.pos, st.rows, window)  # [T, rows]: 0 visible, -inf hidden
+        return bias == 0 if self.adapter.attn_softcap is not None else bias.to(dtype)
 
     def _score_bias(self, st: _Pass, window: int | None) -> torch.Tensor:
-        """The scored pass's additive float32 mask, [g * T, rows] (``attention.score_bias``'s
-        layout): a padded token sees its own row only, so that the attention summed per key
-        below the prompt is the real tokens' alone."""
-        keys, pos = st.keys[None], st.pos[:, None]
-        hidden = keys > pos  # [T, rows]
-        if window is not None:
-            hidden |= keys <= pos - window
-        hidden |= (pos == st.rows - 1) & (keys != st.rows - 1)  # the padding
-        bias = torch.zeros(hidden.shape, device=pos.device).masked_fill_(hidden, float("-inf"))
+        """The scored pass's additive float32 mask, [g * T, rows] (``score_bias``'s layout): a
+        padded token sees its own row only, so that the attention summed per key below the
+        prompt is the real tokens' alone."""
+        bias = score_bias(st.pos, st.rows, window)  # [T, rows]
+        last = st.rows - 1
+        padded = (st.pos == last)[:, None]  # [T, 1]
+        bias.masked_fill_(padded, float("-inf"))
+        bias[:, last].masked_fill_(padded[:, 0], 0.0)
         groups = self.adapter.num_heads // self.adapter.num_kv_heads
         return bias.repeat(groups, 1) if groups > 1 else bias
 
@@ -282,7 +273,7 @@ class StaticPasses:
                 return self._step(st)  # this pass's rows are placed already: finished here
         st.graph.replay()
         self.replays += 1
-        return st.out
+        return st.out.clone()  # the graph's own tensor: the next replay refills it
 
     def _capture(self, st: _Pass) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """``st``'s pass captured, and its hidden state, which every replay refills (the
