@@ -1,5 +1,7 @@
 """What one batched decoding step costs for N requests against one request's step, on the
-default model (engine/compute/batch_decode.py), and whether two compute threads run side by
+default model: over the requests' own buffers (engine/compute/batch_decode.py, attention per
+request) and over the KV slab (engine/compute/slab_step.py, one attention call per layer);
+and whether two compute threads run side by
 side on this machine (a prefill worker's premise: serving/config.py).
 
     .venv/bin/python scripts/batched_step.py
@@ -21,23 +23,38 @@ REPEATS = 12
 
 def step_costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> None:
     layouts = prompts(engine, ServeBenchConfig(requests=max(counts)))
-    pres = [engine.prefill(lay, BlendConfig(mode="full"), extra_capacity=REPEATS * len(counts))
+    extra = REPEATS * len(counts) * 2
+    pres = [engine.prefill(lay, BlendConfig(mode="full"), extra_capacity=extra)
             for lay in layouts]
+    slab = engine.runner.slab(max(counts), 1024)
+    if slab is None:
+        raise SystemExit("this model has no slab (dynamic RoPE)")
+    in_slab = [engine.prefill(lay, BlendConfig(mode="full"), extra_capacity=extra)
+               for lay in layouts]
+    for pre in in_slab:  # as the scheduler does: prefilled, then moved into a slot
+        pre.fused.move_to(slab.view(slab.claim() or 0, pre.fused.capacity))
     tokens = [int(p.logits.argmax()) for p in pres]
     single = 0.0
+    print("requests | own buffers: step, per token, tokens/s vs one | slab: step, per token, "
+          "tokens/s vs one")
     for n in counts:
-        times = []
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            if n == 1:
-                engine.runner.decode(tokens[0], pres[0].fused)
-            else:
-                engine.runner.decode_many(tokens[:n], [p.fused for p in pres[:n]])
-            times.append(time.perf_counter() - t0)
-        ms = statistics.median(times) * 1e3
-        single = single or ms
-        print(f"{n} requests: step {ms:6.1f} ms, {ms / n:5.1f} ms per token "
-              f"({single * n / ms:.2f}x the tokens/s of one)")
+        own = _median(lambda n=n: engine.runner.decode(tokens[0], pres[0].fused) if n == 1
+                      else engine.runner.decode_many(tokens[:n], [p.fused for p in pres[:n]]))
+        slabbed = _median(lambda n=n: engine.runner.decode_slab(
+            tokens[:n], list(range(n)), [p.fused for p in in_slab[:n]]))
+        single = single or own
+        print(f"{n} | {own:6.1f} ms, {own / n:5.1f} ms, {single * n / own:.2f}x "
+              f"| {slabbed:6.1f} ms, {slabbed / n:5.1f} ms, {single * n / slabbed:.2f}x")
+
+
+def _median(step) -> float:
+    """The median milliseconds of ``REPEATS`` calls of ``step``."""
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
 
 
 def two_threads() -> None:

@@ -27,6 +27,12 @@ class ServingConfig:
       counted in blocks of ``block_tokens``); None: ``max_seqs`` requests of the model's longest
       context. A request that can never fit is refused (``PromptTooLarge``); one that cannot fit
       now waits for others to finish.
+    slot_tokens: rows of each slot of the KV slab, where the running requests' KVs live side
+      by side (engine/compute/slab.py), so that their decoding step attends in one call per
+      layer and, on a GPU, is replayed from CUDA graphs: ``max_seqs`` slots, made at the first
+      request (device memory: ``max_seqs x slot_tokens`` rows of KV; a slot is zeroed when
+      first used). A request whose prompt and answer need more rows takes a buffer of its own
+      and decodes beside the slab's requests. None: no slab, every request its own buffer.
     timeout_s: a request not done within this many seconds of its arrival fails with
       ``RequestTimeout`` (None: no limit); ``submit`` may set its own.
     threads: torch's CPU threads of each of the scheduler's threads, decoding and prefilling
@@ -41,6 +47,7 @@ class ServingConfig:
     max_prefill_tokens: int = 8192
     pool_tokens: int | None = None
     block_tokens: int = 16
+    slot_tokens: int | None = 4096
     timeout_s: float | None = None
     threads: int | None = None
     idle_s: float = 30.0
@@ -52,6 +59,8 @@ class ServingConfig:
             _count("prefill_workers", self.prefill_workers, 0)
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
+        if self.slot_tokens is not None:
+            _count("slot_tokens", self.slot_tokens, 1)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds or None, got {self.timeout_s!r}")
         if self.threads is not None:

@@ -28,6 +28,7 @@ class Job:
     prepare: Callable[[Prefill], None] | None
     stream: GenerationStream | None = None
     blocks: int = 0  # pool blocks held from admission to the end
+    slot: int | None = None  # the slab slot its KV lives in, from admission to the end
 
     def gone(self, now: float) -> bool:
         """Cancelled, or past its deadline."""

@@ -11,13 +11,17 @@ turn of its loop:
    CPU: at most ``max_prefill_tokens`` prompt tokens a turn). Each prefill is the engine's
    own, in whatever mode the request asked for (blend, reuse, prefix cache, full), so its first
    token is exactly what it would be alone;
-3. decodes the next token of every running request in one batched step
-   (``ModelRunner.decode_many``): requests join the batch after their prefill and leave it at
-   their last token, at every step.
+3. decodes the next token of every running request in one batched step: requests join the
+   batch after their prefill and leave it at their last token, at every step.
 
-A request's rows live in its own request KV from its prefill to its last token; nothing one
-request computes reads another's rows (the batched step attends per request), so requests of
-different namespaces, modes and generation settings share a step and each gets its own answer.
+A request is prefilled as alone, then its rows move into a slot of the model's KV slab
+(engine/compute/slab.py: ``ServingConfig.slot_tokens`` rows each), where it decodes: the
+slab's requests in one step with one attention call per layer (``ModelRunner.decode_slab``).
+A request longer than a slot keeps its own buffer and decodes beside them
+(``ModelRunner.decode_many``: attention per request). Nothing one request computes reads
+another's rows (each batch row attends over its own slot), so requests of different
+namespaces, modes and generation settings share a step and each gets its own answer; a
+request's slot is emptied of its rows for whoever holds its ``Prefill`` once it is done.
 The scheduler is shared by every view of an engine (``shared.py``: one per model).
 """
 
@@ -35,6 +39,7 @@ import torch
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationStream
 from blendrag.engine.compute.runner import ModelRunner
+from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.threads import torch_threads
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
@@ -73,6 +78,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._slab: KVSlab | None = None  # made at the first admission (``_slot_for``)
 
     @property
     def runner(self) -> ModelRunner:
@@ -234,6 +240,7 @@ class Scheduler:
                     return admitted  # room once a running request is done
                 self._waiting.popleft()
                 job.blocks = blocks
+                job.slot = self._slot_for(tokens + job.generation.max_new_tokens)
                 self._prefilling += 1  # neither waiting nor running: counted until it is
             admitted, budget = True, budget - tokens
             if inline:
@@ -244,6 +251,18 @@ class Scheduler:
                         self._running.append(job)
             else:
                 self._workers().submit(self._prefill_aside, job)
+
+    def _slot_for(self, rows: int) -> int | None:
+        """A slab slot for a request KV of ``rows`` rows; None: it takes a buffer of its own
+        (no slab, or longer than a slot)."""
+        if self.config.slot_tokens is None:
+            return None
+        if self._slab is None:
+            self._slab = self.runner.slab(self.config.max_seqs, self.config.slot_tokens)
+        slab = self._slab
+        if slab is None or not slab.fits(self.runner.rows_for(rows)):
+            return None
+        return slab.claim()
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool_threads is None:
@@ -269,6 +288,13 @@ class Scheduler:
         try:
             stream = job.engine.stream(job.layout, job.blend, job.generation,
                                        started=job.started)
+            if self._slab is not None and job.slot is not None:  # decoded in its slot
+                fused = stream.prefill.fused
+                if self._slab.fits(fused.capacity):
+                    fused.move_to(self._slab.view(job.slot, fused.capacity))
+                else:  # a KV larger than admission counted: decoded in its own buffer
+                    self._slab.release(job.slot)
+                    job.slot = None
             job.handle.prefill = stream.prefill
             if job.prepare is not None:
                 job.prepare(stream.prefill)
@@ -287,19 +313,33 @@ class Scheduler:
         jobs = [j for j in self._running if j.stream is not None and j.stream.pending is not None]
         if not jobs:
             return False
+        in_slab = [j for j in jobs if j.slot is not None and _plain(j)]
+        self._step_together(in_slab, slab=True)
+        self._step_together([j for j in jobs if j not in in_slab], slab=False)
+        return True
+
+    def _step_together(self, jobs: list[Job], slab: bool) -> None:
+        """One step for ``jobs``: over the slab (one attention call per layer) or over their
+        own buffers."""
+        if not jobs:
+            return
         streams = [j.stream for j in jobs if j.stream is not None]
         tokens = [s.pending for s in streams if s.pending is not None]
+        kvs = [s.prefill.fused for s in streams]
         try:
-            logits = self.runner.decode_many(tokens, [s.prefill.fused for s in streams])
+            if slab:
+                slots = [j.slot for j in jobs if j.slot is not None]
+                logits = self.runner.decode_slab(tokens, slots, kvs)
+            else:
+                logits = self.runner.decode_many(tokens, kvs)
         except Exception:  # find whose step failed: each alone, the others go on
             for job in jobs:
                 self._advance(job, self._alone)
-            return True
+            return
         self.stats.steps += 1
         self.stats.decoded += len(jobs)
         for job, row in zip(jobs, logits):
             self._advance(job, _with(row))
-        return True
 
     def _alone(self, stream: GenerationStream) -> list[str]:
         token = stream.pending
@@ -326,8 +366,8 @@ class Scheduler:
         stream = job.stream
         if stream is None or stream.result is None:
             return False
+        self._free([job])  # first: whoever sees the result sees its slot and blocks free
         job.handle.finish(stream.result)
-        self._free([job])
         return True
 
     def _free(self, jobs: list[Job]) -> None:
@@ -335,7 +375,18 @@ class Scheduler:
             if job.blocks:
                 self.pool.free(job.blocks)
                 job.blocks = 0
+            if job.slot is not None and self._slab is not None:
+                if job.stream is not None:  # whoever holds its Prefill reads no row of the slot
+                    job.stream.prefill.fused.forget()
+                self._slab.release(job.slot)
+                job.slot = None
             job.stream = None  # its request KV goes with it
+
+
+def _plain(job: Job) -> bool:
+    """Whether ``job``'s request KV decodes with plain attention (not APE's scaled one,
+    engine/selection/ape.py), as the slab's step does."""
+    return job.stream is not None and job.stream.prefill.fused.ape is None
 
 
 def _with(logits: torch.Tensor) -> Callable[[GenerationStream], list[str]]:

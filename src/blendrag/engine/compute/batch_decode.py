@@ -80,7 +80,7 @@ def decode_batch(adapter: LlamaAdapter, kernel: str, tokens: Sequence[int],
         h = finish(adapter, layer, h, torch.cat(outs, dim=1))  # o: [H, N, D] -> h: [N, hidden]
     for kv, p in zip(kvs, lengths):
         kv.length = p + 1
-    return _logits(adapter, adapter.norm(h)).float()  # [N, vocab]
+    return batch_logits(adapter, adapter.norm(h)).float()  # [N, vocab]
 
 
 class _Plans:
@@ -101,7 +101,7 @@ class _Plans:
         return self.active.plan(window)
 
 
-def _logits(adapter: LlamaAdapter, h: torch.Tensor) -> torch.Tensor:
+def batch_logits(adapter: LlamaAdapter, h: torch.Tensor) -> torch.Tensor:
     """h: [N, hidden] (final-normed) -> logits [N, vocab]. On a CPU a plain output projection is
     taken weight-major (``W @ h^T``): for a few rows that is the matrix-vector path, where
     ``linear`` packs the whole vocabulary's weights for a matrix product (SmolLM2's 49,152 x 576

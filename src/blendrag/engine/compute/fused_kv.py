@@ -97,6 +97,36 @@ class FusedKV:
             v[:, :, n:written.rows] = 0
         written.rows = self.capacity  # what this request may write from now on (decoding)
 
+    def track(self, written: Extent) -> None:
+        """Zero, once the main pass is done, the rows earlier requests wrote up to
+        ``written.rows`` in the storage this request KV is lent (a pooled buffer, a slab's
+        slot: ``drop_earlier_rows``)."""
+        self._written = written
+
+    def move_to(self, target: FusedKV) -> None:
+        """Move this request KV's rows into ``target`` (a slab's slot: engine/compute/slab.py)
+        and hold ``target``'s storage from now on: rows [0, length) copied, in one copy each for
+        keys and values, and the target's rows past them that earlier requests wrote zeroed. The
+        storage held before goes back to whoever lent it (the buffer pool) once nothing else
+        holds it."""
+        n = self._length
+        if target.capacity < self.capacity or target.k.shape[:2] != self.k.shape[:2]:
+            raise ValueError(f"request KV rows of shape {tuple(self.k.shape)} do not fit "
+                             f"{tuple(target.k.shape)}")
+        target.k[:, :, :n] = self.k[:, :, :n]  # [layers, Hkv, n, D]
+        target.v[:, :, :n] = self.v[:, :, :n]
+        target.length = n
+        target.drop_earlier_rows()
+        self.k, self.v, self.base = target.k, target.v, target.base
+        self._written = None
+
+    def forget(self) -> None:
+        """Let go of the rows: the storage goes to another request (a slab's slot), so whoever
+        still holds this request KV (a served request's ``Prefill``) reads no row of it."""
+        self.k, self.v = self.k[:, :, :0], self.v[:, :, :0]
+        self.base = self.k, self.v
+        self._length, self._written = 0, None
+
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
@@ -173,7 +203,7 @@ class BufferPool:
                 lent = FusedKV.over(kv[0][:, :, :capacity], kv[1][:, :, :capacity], kv)
                 # a request that stops early (a failed attempt) may leave rows up to here
                 self._written.rows = max(self._written.rows, capacity)
-                lent._written = self._written
+                lent.track(self._written)
                 return lent
             # whole FlexAttention key blocks: shapes that repeat (engine/compute/attention.py)
             fused = FusedKV(layers, kv_heads, pad_rows(capacity), head_dim, dtype, device)

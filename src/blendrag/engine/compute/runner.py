@@ -21,6 +21,8 @@ from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
 from blendrag.engine.compute.observers import OFF, CapturedRows, LayerObserver, PhaseClock
+from blendrag.engine.compute.slab import KVSlab
+from blendrag.engine.compute.slab_step import SlabStep
 from blendrag.engine.compute.static_pass import StaticPasses
 from blendrag.engine.selection.ape import ape_attention, ape_bias
 from blendrag.engine.selection.costs import DeviceCosts
@@ -81,6 +83,7 @@ class ModelRunner:
         self._passes = (StaticPasses(self.adapter, self.kernel, graphs=cuda)
                         if self._fixed_shapes(self.compute.passes) else None)
         self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
+        self._slab_step: SlabStep | None = None  # the served requests' slab and its step
 
     @property
     def max_positions(self) -> int:
@@ -100,6 +103,37 @@ class ModelRunner:
     def rows_for(self, capacity: int) -> int:
         """The rows a request KV asked for ``capacity`` rows holds (what a KV pool counts)."""
         return ladder(capacity + 1) if self._passes is not None else capacity
+
+    def slab(self, slots: int, rows: int) -> KVSlab | None:
+        """The slab of ``slots`` request KVs of ``rows`` rows for requests served at once
+        (engine/compute/slab.py), made at the first call and the same one after it (one per
+        model: its scheduler's); None when this model's RoPE cannot be gathered at any
+        position from one table (``decode.static_rope``): its requests keep buffers of their
+        own."""
+        if not self._static:
+            return None
+        step = self._slab_step
+        if step is None or (step.slab.slots, step.slab.rows) != (slots, rows):
+            a = self.adapter
+            slab = KVSlab(slots, rows, a.num_layers, a.num_kv_heads, a.head_dim, self.dtype,
+                          self.device)
+            graphs = self.device.type == "cuda" and self.compute.decode != "eager"
+            step = self._slab_step = SlabStep(a, slab, graphs)
+        return step.slab
+
+    @property
+    def slab_step(self) -> SlabStep | None:
+        """The batched step over the slab (engine/compute/slab_step.py), once there is one."""
+        return self._slab_step
+
+    def decode_slab(self, tokens: Sequence[int], slots: Sequence[int],
+                    kvs: Sequence[FusedKV]) -> torch.Tensor:
+        """Append ``tokens[j]`` to request KV ``kvs[j]``, the view of slot ``slots[j]`` of the
+        slab, for every j, in one step (one attention call per layer) -> their next-token
+        logits [N, vocab] float32."""
+        if self._slab_step is None:
+            raise ValueError("this runner has no slab (ModelRunner.slab)")
+        return self._slab_step.decode(tokens, slots, kvs)
 
     def costs(self) -> DeviceCosts:
         """This runner's cost profile (engine/selection/costs.py): ``cost_profile``, measured at

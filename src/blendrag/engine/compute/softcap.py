@@ -24,3 +24,15 @@ def capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         logits = logits.masked_fill(~mask, float("-inf"))
     probs = logits.softmax(dim=-1, dtype=torch.float32).to(q.dtype)  # [H, R, K]
     return (probs.view(hkv, -1, keys) @ v).view(heads, r, d)
+
+
+def capped_attention_batched(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             mask: torch.Tensor, scaling: float, cap: float) -> torch.Tensor:
+    """``capped_attention`` for a batch, each row over its own keys, in the same order and
+    dtypes: q: [B, Hkv, g, D] over k, v: [B, Hkv, K, D], mask: [B, 1, 1, K] (True: visible)
+    -> o: [B, Hkv, g, D]."""
+    logits = (q @ k.transpose(-1, -2)) * scaling  # [B, Hkv, g, K]
+    logits = torch.tanh(logits / cap) * cap
+    logits = logits.masked_fill(~mask, float("-inf"))
+    probs = logits.softmax(dim=-1, dtype=torch.float32).to(q.dtype)
+    return probs @ v
