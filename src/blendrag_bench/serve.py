@@ -236,11 +236,23 @@ def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLa
     want = [s.tokens for s in base]
     yield summary("one at a time", base, base_wall, None, None, None)
     for users in cfg.users:
+        steps, decoded = scheduler.stats.steps, scheduler.stats.decoded
         served, wall = closed_loop(scheduler, engine, layouts, blend, gen, users)
-        yield summary(f"{users} users", served, wall, base, base_wall, want)
+        yield _batched(summary(f"{users} users", served, wall, base, base_wall, want),
+                       scheduler, steps, decoded)
     for rate in cfg.rates:
+        steps, decoded = scheduler.stats.steps, scheduler.stats.decoded
         served, wall = poisson(scheduler, engine, layouts, blend, gen, rate, cfg.seed)
-        yield summary(f"poisson {rate:g}/s", served, wall, base, base_wall, want)
+        yield _batched(summary(f"poisson {rate:g}/s", served, wall, base, base_wall, want),
+                       scheduler, steps, decoded)
+
+
+def _batched(row: dict, scheduler: Scheduler, steps: int, decoded: int) -> dict:
+    """``row`` with the requests its run's decoding steps held on average (the scheduler's
+    counts then were ``steps`` and ``decoded``)."""
+    ran = scheduler.stats.steps - steps
+    row["mean_batch"] = (scheduler.stats.decoded - decoded) / ran if ran else 0.0
+    return row
 
 
 def format_row(row: dict) -> str:
@@ -252,4 +264,6 @@ def format_row(row: dict) -> str:
         line += (f"  | throughput {row['throughput_x']:.2f}x, p95 TTFT {row['ttft_p95_x']:.2f}x, "
                  f"tok/s per user {row['tpot_p50_x']:.2f}x, same answer "
                  f"{row['same_answer']}/{row['requests']}")
+    if "mean_batch" in row:
+        line += f", {row['mean_batch']:.1f} requests a step"
     return line

@@ -26,6 +26,7 @@ def test_runs_side_by_side_with_the_baseline():
         if row["run"] != "one at a time":
             assert row["same_answer"] == 3  # served together, answered as alone
             assert row["throughput_x"] > 0
+            assert 1.0 <= row["mean_batch"] <= 3
 
 
 def test_bad_settings_are_refused():
@@ -44,4 +45,5 @@ def test_command_prints_the_table_and_json(tmp_path, capsys):
                  "--answer-tokens", "3", "--modes", "full", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "one at a time" in text and "2 users" in text and "same answer 2/2" in text
+    assert "requests a step" in text
     assert [r["run"] for r in json.loads(out.read_text())] == ["one at a time", "2 users"]

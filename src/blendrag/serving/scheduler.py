@@ -338,8 +338,11 @@ class Scheduler:
             return
         self.stats.steps += 1
         self.stats.decoded += len(jobs)
-        for job, row in zip(jobs, logits):
-            self._advance(job, _with(row))
+        greedy = [j for j, s in enumerate(streams) if s.greedy]
+        # the greedy requests' tokens in one argmax and one read of the device
+        chosen = dict(zip(greedy, logits[greedy].argmax(-1).tolist())) if greedy else {}
+        for j, (job, row) in enumerate(zip(jobs, logits)):
+            self._advance(job, _to(chosen[j]) if j in chosen else _with(row))
 
     def _alone(self, stream: GenerationStream) -> list[str]:
         token = stream.pending
@@ -387,6 +390,11 @@ def _plain(job: Job) -> bool:
     """Whether ``job``'s request KV decodes with plain attention (not APE's scaled one,
     engine/selection/ape.py), as the slab's step does."""
     return job.stream is not None and job.stream.prefill.fused.ape is None
+
+
+def _to(token: int) -> Callable[[GenerationStream], list[str]]:
+    """A stream's step that takes ``token`` (its argmax, chosen with the batch's)."""
+    return lambda stream: stream.advance_to(token)
 
 
 def _with(logits: torch.Tensor) -> Callable[[GenerationStream], list[str]]:

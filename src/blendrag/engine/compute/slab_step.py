@@ -99,11 +99,10 @@ class SlabStep:
         rows = min(ladder(max(kv.length for kv in kvs) + 1), self.slab.rows)
         self.slab.zero(list(range(b)))  # padding rows read their slot's first row
         st = self._shape(b, rows)
-        host = torch.zeros(3, b, dtype=torch.long)
-        host[2].fill_(self.slab.scratch)
+        host = [[0] * b, [0] * b, [self.slab.scratch] * b]  # padding: token 0 at row 0
         for token, slot, kv in zip(tokens, slots, kvs):
-            host[:, slot] = torch.tensor((token, kv.length, slot))
-        st.inputs.copy_(host)
+            host[0][slot], host[1][slot], host[2][slot] = token, kv.length, slot
+        st.inputs.copy_(torch.tensor(host))
         st.seen += 1
         out = self._run(st) if self.graphs else self._step(st)
         for kv in kvs:

@@ -92,6 +92,19 @@ class GenerationStream:
             raise RuntimeError("the stream needs no logits: it has not started or is done")
         return self._accept(next_token(logits, self.cfg, self._generator))
 
+    def advance_to(self, token: int) -> list[str]:
+        """``advance`` with the token already chosen from this stream's logits as it would
+        choose it (a greedy stream's argmax, taken by the caller for many streams at once: one
+        read of the device for a batched step, not one per request) -> its text deltas."""
+        if self.pending is None:
+            raise RuntimeError("the stream needs no token: it has not started or is done")
+        return self._accept(token)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether the next token is the logits' argmax."""
+        return self.cfg.greedy
+
     def _accept(self, token: int) -> list[str]:
         self.pending = None
         cfg = self.cfg
