@@ -27,6 +27,7 @@ The scheduler is shared by every view of an engine (``shared.py``: one per model
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -48,6 +49,8 @@ from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
 from blendrag.serving.jobs import Job, SchedulerStats
 from blendrag.serving.pool import BlockPool
+
+log = logging.getLogger(__name__)
 
 WAIT_S = 0.05
 """How long the loop waits when it can neither admit nor decode (a prefill in flight, the pool
@@ -79,6 +82,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._slab: KVSlab | None = None  # made at the first admission (``_slot_for``)
+        self._no_slab = False  # its memory could not be had: own buffers from then on
 
     @property
     def runner(self) -> ModelRunner:
@@ -255,10 +259,17 @@ class Scheduler:
     def _slot_for(self, rows: int) -> int | None:
         """A slab slot for a request KV of ``rows`` rows; None: it takes a buffer of its own
         (no slab, or longer than a slot)."""
-        if self.config.slot_tokens is None:
+        if self.config.slot_tokens is None or self._no_slab:
             return None
         if self._slab is None:
-            self._slab = self.runner.slab(self.config.max_seqs, self.config.slot_tokens)
+            try:
+                self._slab = self.runner.slab(self.config.max_seqs, self.config.slot_tokens)
+            except torch.OutOfMemoryError as exc:  # serve without one rather than fail
+                log.warning("no KV slab of %d x %d rows (%s): every request decodes over its "
+                            "own buffer; lower ServingConfig.slot_tokens or max_seqs",
+                            self.config.max_seqs, self.config.slot_tokens, exc)
+                self._no_slab = True
+                return None
         slab = self._slab
         if slab is None or not slab.fits(self.runner.rows_for(rows)):
             return None

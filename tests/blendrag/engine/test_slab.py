@@ -217,3 +217,19 @@ def test_no_slab_for_dynamic_rope_nor_when_turned_off(engine_for):
     scheduler.close()
     with pytest.raises(ValueError, match="slot_tokens"):
         ServingConfig(slot_tokens=0)
+
+
+def test_no_memory_for_a_slab_serves_from_own_buffers(engine_for, monkeypatch, caplog):
+    engine = engine_for("llama")
+
+    def no_memory(slots, rows):
+        raise torch.OutOfMemoryError(f"{slots} x {rows} rows")
+
+    monkeypatch.setattr(engine.runner, "slab", no_memory)
+    layout = engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX)
+    want = engine.generate(layout, BlendConfig(mode="full"), GEN)
+    scheduler = Scheduler(engine.runner)
+    handles = [scheduler.submit(engine, layout, BlendConfig(mode="full"), GEN) for _ in range(2)]
+    assert [h.wait(60).token_ids for h in handles] == [want.token_ids] * 2
+    assert "no KV slab" in caplog.text
+    scheduler.close()
