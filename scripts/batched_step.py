@@ -41,7 +41,7 @@ def step_costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> N
         own = _median(lambda n=n: engine.runner.decode(tokens[0], pres[0].fused) if n == 1
                       else engine.runner.decode_many(tokens[:n], [p.fused for p in pres[:n]]))
         slabbed = _median(lambda n=n: engine.runner.decode_slab(
-            tokens[:n], list(range(n)), [p.fused for p in in_slab[:n]]))
+            slab,             tokens[:n], list(range(n)), [p.fused for p in in_slab[:n]]))
         single = single or own
         print(f"{n} | {own:6.1f} ms, {own / n:5.1f} ms, {single * n / own:.2f}x "
               f"| {slabbed:6.1f} ms, {slabbed / n:5.1f} ms, {single * n / slabbed:.2f}x")

@@ -159,6 +159,11 @@ class Scheduler:
         if self._pool_threads is not None:
             self._pool_threads.shutdown(wait=True)
             self._pool_threads = None
+        with self._cond:  # prefilled by a worker after the loop stopped: nobody decodes them
+            late, self._ready = self._ready, []
+        for job in late:
+            job.handle.fail(RuntimeError("the scheduler was closed"))
+        self._free(late)
 
     @property
     def closed(self) -> bool:
@@ -324,7 +329,7 @@ class Scheduler:
         jobs = [j for j in self._running if j.stream is not None and j.stream.pending is not None]
         if not jobs:
             return False
-        in_slab = [j for j in jobs if j.slot is not None and _plain(j)]
+        in_slab = [j for j in jobs if j.slot is not None and _plain(j)] if self._slab else []
         self._step_together(in_slab, slab=True)
         self._step_together([j for j in jobs if j not in in_slab], slab=False)
         return True
@@ -338,9 +343,9 @@ class Scheduler:
         tokens = [s.pending for s in streams if s.pending is not None]
         kvs = [s.prefill.fused for s in streams]
         try:
-            if slab:
+            if slab and self._slab is not None:
                 slots = [j.slot for j in jobs if j.slot is not None]
-                logits = self.runner.decode_slab(tokens, slots, kvs)
+                logits = self.runner.decode_slab(self._slab, tokens, slots, kvs)
             else:
                 logits = self.runner.decode_many(tokens, kvs)
         except Exception:  # find whose step failed: each alone, the others go on
@@ -390,8 +395,9 @@ class Scheduler:
                 self.pool.free(job.blocks)
                 job.blocks = 0
             if job.slot is not None and self._slab is not None:
-                if job.stream is not None:  # whoever holds its Prefill reads no row of the slot
-                    job.stream.prefill.fused.forget()
+                pre = job.handle.prefill  # whoever holds it reads no row of the slot any more
+                if pre is not None and self._slab.holds(pre.fused, job.slot):
+                    pre.fused.forget()
                 self._slab.release(job.slot)
                 job.slot = None
             job.stream = None  # its request KV goes with it

@@ -100,7 +100,8 @@ def _step_gains(engine, layouts: list[PromptLayout], n: int) -> tuple[float, flo
 
     one = timed(lambda: engine.runner.decode(tokens[0], pres[0].fused))
     many = timed(lambda: engine.runner.decode_many(tokens, [p.fused for p in pres]))
-    slabbed = timed(lambda: engine.runner.decode_slab(tokens, slots, [p.fused for p in in_slab]))
+    slabbed = timed(lambda: engine.runner.decode_slab(slab, tokens, slots,
+                                                      [p.fused for p in in_slab]))
     for s in slots:
         slab.release(s)
     return n * one / many, n * one / slabbed

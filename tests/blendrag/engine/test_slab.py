@@ -7,6 +7,9 @@ last request; a served request's KV lets go of its slot's rows once it is done."
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -69,7 +72,7 @@ def _together(engine, slab: KVSlab, pres) -> list[list[torch.Tensor]]:
     tokens = [_greedy(pre.logits) for pre in pres]
     runs: list[list[torch.Tensor]] = [[] for _ in pres]
     for _ in range(STEPS):
-        out = engine.runner.decode_slab(tokens, slots, [pre.fused for pre in pres])
+        out = engine.runner.decode_slab(slab, tokens, slots, [pre.fused for pre in pres])
         for j, row in enumerate(out):
             runs[j].append(row)
         tokens = [_greedy(row) for row in out]
@@ -117,10 +120,10 @@ def test_step_is_refused_for_views_that_are_not_its_slots(engine_for):
     pre = engine.prefill(engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
                          BlendConfig(mode="full"), extra_capacity=4)
     with pytest.raises(ValueError, match="not the view of slot 0"):
-        engine.runner.decode_slab([1], [0], [pre.fused])
+        engine.runner.decode_slab(slab, [1], [0], [pre.fused])
     view = slab.view(slab.claim() or 0, 64)
     with pytest.raises(ValueError, match="share a slot"):
-        engine.runner.decode_slab([1, 2], [0, 0], [view, view])
+        engine.runner.decode_slab(slab, [1, 2], [0, 0], [view, view])
 
 
 def test_slots_are_lent_lowest_first_and_given_back_once():
@@ -180,9 +183,9 @@ def test_served_requests_decode_in_the_slab_and_let_go_of_its_rows(engine_for):
                for lay, (_, _, config) in zip(layouts, REQUESTS)]
     got = [h.wait(60) for h in handles]
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
-    step = engine.runner.slab_step
-    assert step is not None and step.shapes >= 1 and scheduler.stats.mean_batch > 1.5
-    slab = step.slab
+    slab = engine.runner.slab(4, 256)
+    assert slab is not None
+    assert engine.runner.slab_step(slab).shapes >= 1 and scheduler.stats.mean_batch > 1.5
     assert slab.free_slots == slab.slots
     for h in handles:  # the slot is another request's now: its Prefill holds no row of it
         assert h.prefill is not None and h.prefill.fused.capacity == 0
@@ -200,20 +203,22 @@ def test_requests_longer_than_a_slot_take_buffers_of_their_own(engine_for):
     handles = [scheduler.submit(engine, lay, config, GEN)
                for lay, (_, _, config) in zip(layouts, REQUESTS)]
     assert [h.wait(60).token_ids for h in handles] == [w.token_ids for w in want]
-    step = engine.runner.slab_step
-    assert step is not None and step.shapes >= 1
+    slab = engine.runner.slab(ServingConfig().max_seqs, rows)
+    assert slab is not None and engine.runner.slab_step(slab).shapes >= 1
     scheduler.close()
 
 
-def test_no_slab_for_dynamic_rope_nor_when_turned_off(engine_for):
+def test_no_slab_for_dynamic_rope_nor_when_turned_off(engine_for, monkeypatch):
     engine = engine_for("llama", rope={"rope_type": "dynamic", "factor": 2.0})
     assert engine.runner.slab(2, 64) is None
     engine = engine_for("llama")
+    asked = []
+    monkeypatch.setattr(engine.runner, "slab", lambda *a: asked.append(a))
     scheduler = Scheduler(engine.runner, ServingConfig(slot_tokens=None))
     handle = scheduler.submit(engine, engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
                               BlendConfig(mode="full"), GEN)
     handle.wait(60)
-    assert engine.runner.slab_step is None
+    assert asked == []
     scheduler.close()
     with pytest.raises(ValueError, match="slot_tokens"):
         ServingConfig(slot_tokens=0)
@@ -233,3 +238,73 @@ def test_no_memory_for_a_slab_serves_from_own_buffers(engine_for, monkeypatch, c
     assert [h.wait(60).token_ids for h in handles] == [want.token_ids] * 2
     assert "no KV slab" in caplog.text
     scheduler.close()
+
+
+def test_a_request_failing_after_its_rows_moved_in_lets_go_of_its_slot(engine_for):
+    engine = engine_for("llama")
+    scheduler = Scheduler(engine.runner, ServingConfig(max_seqs=2, slot_tokens=256,
+                                                       prefill_workers=0))
+
+    def fails(pre):
+        raise RuntimeError("the caller's hook failed")
+
+    handle = scheduler.submit(engine, engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
+                              BlendConfig(mode="full"), GEN, prepare=fails)
+    with pytest.raises(RuntimeError, match="hook failed"):
+        handle.wait(60)
+    slab = engine.runner.slab(2, 256)
+    assert slab is not None and slab.free_slots == 2
+    assert handle.prefill is not None and handle.prefill.fused.capacity == 0
+    scheduler.close()
+
+
+def test_closing_while_a_worker_prefills_frees_its_slot_and_fails_it(engine_for):
+    engine = engine_for("llama")
+    scheduler = Scheduler(engine.runner, ServingConfig(max_seqs=2, slot_tokens=256,
+                                                       prefill_workers=1))
+    started = threading.Event()
+
+    def slow(pre):
+        started.set()
+        time.sleep(0.5)  # close() runs meanwhile
+
+    handle = scheduler.submit(engine, engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
+                              BlendConfig(mode="full"), GEN, prepare=slow)
+    assert started.wait(60)
+    scheduler.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        handle.wait(5)
+    slab = engine.runner.slab(2, 256)
+    assert slab is not None and slab.free_slots == 2
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
+
+
+def test_two_schedulers_on_one_model_share_its_slab_or_keep_their_own_buffers(engine_for):
+    engine = engine_for("llama")
+    engine.ingest(PASSAGES, PREFIX)
+    layouts = [engine.build_prompt(PREFIX, p, SUFFIX) for _, p, _ in REQUESTS]
+    want = [engine.generate(lay, config, GEN).token_ids
+            for lay, (_, _, config) in zip(layouts, REQUESTS)]
+    same = ServingConfig(max_seqs=4, slot_tokens=256)
+    first, second = Scheduler(engine.runner, same), Scheduler(engine.runner, same)
+    other = Scheduler(engine.runner, ServingConfig(max_seqs=2, slot_tokens=512))
+    handles = [s.submit(engine, lay, config, GEN) for s in (first, second, other)
+               for lay, (_, _, config) in zip(layouts, REQUESTS)]
+    got = [h.wait(60).token_ids for h in handles]
+    assert got == want * 3  # from two threads at once over one slab, and beside it
+    for s in (first, second, other):
+        s.close()
+
+
+def test_one_slab_per_dimensions_and_released_once_no_slot_is_lent(engine_for):
+    engine = engine_for("llama")
+    slab = engine.runner.slab(2, 64)
+    assert slab is not None
+    slot = slab.claim()
+    other = engine.runner.slab(4, 64)
+    assert other is not None and other is not slab and engine.runner.slab(2, 64) is slab
+    engine.runner.release_buffers()  # slab has a slot lent: kept; the other is dropped
+    assert engine.runner.slab(2, 64) is slab and engine.runner.slab(4, 64) is not other
+    with pytest.raises(ValueError, match="not this runner's"):
+        engine.runner.slab_step(other)
+    slab.release(slot or 0)

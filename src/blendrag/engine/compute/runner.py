@@ -83,7 +83,8 @@ class ModelRunner:
         self._passes = (StaticPasses(self.adapter, self.kernel, graphs=cuda)
                         if self._fixed_shapes(self.compute.passes) else None)
         self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
-        self._slab_step: SlabStep | None = None  # the served requests' slab and its step
+        # the served requests' slabs, one per (slots, rows), each with its step
+        self._slabs: dict[tuple[int, int], SlabStep] = {}
 
     @property
     def max_positions(self) -> int:
@@ -106,34 +107,34 @@ class ModelRunner:
 
     def slab(self, slots: int, rows: int) -> KVSlab | None:
         """The slab of ``slots`` request KVs of ``rows`` rows for requests served at once
-        (engine/compute/slab.py), made at the first call and the same one after it (one per
-        model: its scheduler's); None when this model's RoPE cannot be gathered at any
-        position from one table (``decode.static_rope``): its requests keep buffers of their
-        own."""
+        (engine/compute/slab.py), made at the first call and the same one after it (the
+        scheduler's: schedulers of one model with the same limits share it, and their steps
+        take turns); None when this model's RoPE cannot be gathered at any position from one
+        table (``decode.static_rope``): its requests keep buffers of their own."""
         if not self._static:
             return None
-        step = self._slab_step
-        if step is None or (step.slab.slots, step.slab.rows) != (slots, rows):
+        step = self._slabs.get((slots, rows))
+        if step is None:
             a = self.adapter
             slab = KVSlab(slots, rows, a.num_layers, a.num_kv_heads, a.head_dim, self.dtype,
                           self.device)
             graphs = self.device.type == "cuda" and self.compute.decode != "eager"
-            step = self._slab_step = SlabStep(a, slab, graphs)
+            step = self._slabs[slots, rows] = SlabStep(a, slab, graphs)
         return step.slab
 
-    @property
-    def slab_step(self) -> SlabStep | None:
-        """The batched step over the slab (engine/compute/slab_step.py), once there is one."""
-        return self._slab_step
+    def slab_step(self, slab: KVSlab) -> SlabStep:
+        """The batched step over ``slab`` (engine/compute/slab_step.py)."""
+        step = self._slabs.get((slab.slots, slab.rows))
+        if step is None or step.slab is not slab:
+            raise ValueError("the slab is not this runner's (ModelRunner.slab)")
+        return step
 
-    def decode_slab(self, tokens: Sequence[int], slots: Sequence[int],
+    def decode_slab(self, slab: KVSlab, tokens: Sequence[int], slots: Sequence[int],
                     kvs: Sequence[FusedKV]) -> torch.Tensor:
-        """Append ``tokens[j]`` to request KV ``kvs[j]``, the view of slot ``slots[j]`` of the
-        slab, for every j, in one step (one attention call per layer) -> their next-token
+        """Append ``tokens[j]`` to request KV ``kvs[j]``, the view of slot ``slots[j]`` of
+        ``slab``, for every j, in one step (one attention call per layer) -> their next-token
         logits [N, vocab] float32."""
-        if self._slab_step is None:
-            raise ValueError("this runner has no slab (ModelRunner.slab)")
-        return self._slab_step.decode(tokens, slots, kvs)
+        return self.slab_step(slab).decode(tokens, slots, kvs)
 
     def costs(self) -> DeviceCosts:
         """This runner's cost profile (engine/selection/costs.py): ``cost_profile``, measured at
@@ -151,8 +152,11 @@ class ModelRunner:
 
     def release_buffers(self) -> None:
         """Drop the pooled request KV buffer (kept between requests; ``engine/compute/fused_kv.py``)
-        and the decoding steps made over it."""
+        and the decoding steps made over it, and the slabs no served request holds a slot of."""
         self._pool.clear()
+        for key, step in list(self._slabs.items()):  # those no request holds a slot of
+            if not step.slab.lent:
+                del self._slabs[key]
         if self._decoder is not None:
             self._decoder.clear()
         if self._passes is not None:

@@ -61,6 +61,15 @@ class KVSlab:
     def free_slots(self) -> int:
         return len(self._free)
 
+    def holds(self, fused: FusedKV, slot: int) -> bool:
+        """Whether ``fused`` is a view of ``slot`` (a request KV moved in)."""
+        return 0 <= slot < self.slots and fused.base[0].data_ptr() == self.k[slot].data_ptr()
+
+    @property
+    def lent(self) -> bool:
+        """Whether any slot is lent."""
+        return len(self._free) < self.slots
+
     def fits(self, capacity: int) -> bool:
         """Whether a request KV of ``capacity`` rows fits one slot."""
         return capacity <= self.rows

@@ -27,6 +27,7 @@ static RoPE kinds (``decode.static_rope``): a runner makes a slab only for those
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -79,6 +80,8 @@ class SlabStep:
         self._shapes: dict[tuple[int, int], _Shape] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
         self.replays = 0  # steps that were replays (the tests and benchmarks count them)
+        # one step at a time: the shapes' inputs (and graphs) are shared by every caller
+        self._lock = threading.Lock()
 
     def decode(self, tokens: Sequence[int], slots: Sequence[int],
                kvs: Sequence[FusedKV]) -> torch.Tensor:
@@ -90,25 +93,26 @@ class SlabStep:
         if len(set(slots)) != len(slots):
             raise ValueError(f"two requests of one step share a slot: {list(slots)}")
         for slot, kv in zip(slots, kvs):
-            if not 0 <= slot < self.slab.slots or kv.base[0].data_ptr() != \
-                    self.slab.k[slot].data_ptr():
+            if not self.slab.holds(kv, slot):
                 raise ValueError(f"a request KV is not the view of slot {slot} of this slab")
             if kv.length >= kv.capacity:
                 raise ValueError(f"a request KV is full ({kv.capacity} rows)")
         b = batch_bucket(max(slots) + 1, self.slab.slots)
         rows = min(ladder(max(kv.length for kv in kvs) + 1), self.slab.rows)
-        self.slab.zero(list(range(b)))  # padding rows read their slot's first row
-        st = self._shape(b, rows)
         host = [[0] * b, [0] * b, [self.slab.scratch] * b]  # padding: token 0 at row 0
         for token, slot, kv in zip(tokens, slots, kvs):
             host[0][slot], host[1][slot], host[2][slot] = token, kv.length, slot
-        st.inputs.copy_(torch.tensor(host))
-        st.seen += 1
-        out = self._run(st) if self.graphs else self._step(st)
-        for kv in kvs:
+        with self._lock:
+            self.slab.zero(list(range(b)))  # padding rows read their slot's first row
+            st = self._shape(b, rows)
+            st.inputs.copy_(torch.tensor(host))
+            st.seen += 1
+            out = self._run(st) if self.graphs else self._step(st)
+            index = torch.tensor(list(slots), device=out.device)
+            logits = out.index_select(0, index).float()  # [N, vocab]: a copy, not the graph's
+        for kv in kvs:  # only once the step's logits exist: a failed step wrote no length
             kv.length += 1
-        index = torch.tensor(list(slots), device=out.device)
-        return out.index_select(0, index).float()  # [N, vocab]: a copy, never the graph's
+        return logits
 
     @property
     def shapes(self) -> int:
