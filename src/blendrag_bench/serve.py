@@ -52,6 +52,7 @@ class ServeBenchConfig:
     max_seqs: int = 16
     serve_threads: int | None = None  # the scheduler's torch threads (None: the engine's)
     prefill_workers: int | None = None  # ServingConfig.prefill_workers (None: per device)
+    prefill_piece_tokens: int | None = ServingConfig.prefill_piece_tokens  # None: whole
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -75,6 +76,7 @@ class Served:
     first: float = 0.0
     last: float = 0.0
     tokens: list[int] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)  # seconds between two text deltas
 
     @property
     def ttft(self) -> float:
@@ -159,8 +161,12 @@ def _serve(scheduler: Scheduler, engine: BlendEngine, layout: PromptLayout,
 
 def _read(served: Served, deltas: Iterable[str]) -> None:
     for _ in deltas:
+        now = time.perf_counter()
         if not served.first:
-            served.first = time.perf_counter()
+            served.first = now
+        else:
+            served.gaps.append(now - served.last)
+        served.last = now
     served.last = time.perf_counter()
     served.first = served.first or served.last
 
@@ -190,6 +196,9 @@ def summary(name: str, served: list[Served], wall: float, base: list[Served] | N
            "ttft_p95_s": _pct([s.ttft for s in served], 95),
            "tpot_p50_s": _pct([s.tpot for s in served], 50),
            "tpot_p95_s": _pct([s.tpot for s in served], 95)}
+    gaps = [g for s in served for g in s.gaps]
+    if gaps:  # the longest waits a reader saw between two pieces of text
+        row["gap_p99_s"], row["gap_max_s"] = _pct(gaps, 99), max(gaps)
     if base is not None and base_wall is not None:
         row["throughput_x"] = base_wall / wall
         row["ttft_p95_x"] = row["ttft_p95_s"] / _pct([s.ttft for s in base], 95)
@@ -215,7 +224,7 @@ def run(engine: BlendEngine, cfg: ServeBenchConfig,
     gen = GenerationConfig(max_new_tokens=cfg.answer_tokens, eos_token_ids=())
     scheduler = Scheduler(engine.runner, ServingConfig(
         max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads,
-        prefill_workers=cfg.prefill_workers))
+        prefill_workers=cfg.prefill_workers, prefill_piece_tokens=cfg.prefill_piece_tokens))
     rows = []
     try:
         for mode in cfg.modes:
@@ -264,6 +273,9 @@ def format_row(row: dict) -> str:
         line += (f"  | throughput {row['throughput_x']:.2f}x, p95 TTFT {row['ttft_p95_x']:.2f}x, "
                  f"tok/s per user {row['tpot_p50_x']:.2f}x, same answer "
                  f"{row['same_answer']}/{row['requests']}")
+    if "gap_max_s" in row:
+        line += (f"  | gap between deltas p99 {row['gap_p99_s'] * 1e3:.0f} ms, max "
+                 f"{row['gap_max_s'] * 1e3:.0f} ms")
     if "mean_batch" in row:
         line += f", {row['mean_batch']:.1f} requests a step"
     return line

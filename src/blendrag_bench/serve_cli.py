@@ -37,6 +37,10 @@ def register(bench: argparse._SubParsersAction) -> None:
     s.add_argument("--prefill-workers", type=int, default=None, metavar="N",
                    help="threads prefilling beside the decoding loop; 0: between its steps "
                         "(ServingConfig.prefill_workers; default: 1 on a GPU, 0 on a CPU)")
+    s.add_argument("--prefill-piece-tokens", type=int, default=512, metavar="N",
+                   help="a longer prefill runs in pieces of N tokens, the running requests "
+                        "decoding between them; 0: whole (ServingConfig.prefill_piece_tokens; "
+                        "default: 512)")
     add_json_option(s, "one record per run")
     s.set_defaults(func=_serve)
 
@@ -51,7 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
                                answer_tokens=args.answer_tokens,
                                modes=tuple(m for m in args.modes.split(",") if m),
                                serve_threads=args.serve_threads,
-                               prefill_workers=args.prefill_workers)
+                               prefill_workers=args.prefill_workers,
+                               prefill_piece_tokens=args.prefill_piece_tokens or None)
     except ValueError as e:
         print(f"blendrag bench serve: error: {e}", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
                    "cold start: first request / warm, worst mode", "cold start: warm-up s",
                    "serve 4 users, default: throughput vs one at a time",
                    "serve 4 users, default: same answers as alone",
-                   "decode: 4 requests' step vs one"):
+                   "decode: 4 requests' step vs one (slab)"):
         assert f"| {figure} |" in summary
     assert "| exactness checks failed | 0 | 0 | PASS |" in summary
     assert "| serve 4 users, full: same answers as alone | 4/4 | all | PASS |" in summary

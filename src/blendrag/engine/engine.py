@@ -28,6 +28,7 @@ from blendrag.engine.caches.device_tier import DeviceTier, default_budget
 from blendrag.engine.caches.history import HistoryCache
 from blendrag.engine.caches.prefix_cache import BlockShape, PrefixCache
 from blendrag.engine.compute.observers import LayerObserver
+from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ComputeConfig, ModelRunner
 from blendrag.engine.compute.threads import DEFAULT_THREADS, check_threads, torch_threads
 from blendrag.engine.request import prefill as request
@@ -393,7 +394,8 @@ class BlendEngine:
         return pre
 
     def _prefill(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
-                 observers: Sequence[LayerObserver] = (), started: float | None = None) -> Prefill:
+                 observers: Sequence[LayerObserver] = (), started: float | None = None,
+                 pieces: PrefillPieces | None = None) -> Prefill:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
@@ -404,7 +406,8 @@ class BlendEngine:
                               self.history)
         with torch_threads(self.threads):
             pre = request.prefill(parts, request.Request(
-                layout, config, layout.num_tokens + extra_capacity, started, observers))
+                layout, config, layout.num_tokens + extra_capacity, started, observers,
+                pieces))
         pre.stats.calibration = calibration
         return pre
 
@@ -425,14 +428,17 @@ class BlendEngine:
 
     def stream(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                generation: GenerationConfig = DEFAULT_GENERATION, *,
-               started: float | None = None) -> GenerationStream:
+               started: float | None = None,
+               pieces: PrefillPieces | None = None) -> GenerationStream:
         """Prefill, then an iterator of text deltas; ``.result`` holds the GenerationResult once
-        exhausted. ``started``: as for :meth:`prefill`."""
+        exhausted. ``started``: as for :meth:`prefill`; ``pieces``: a long prefill run in pieces
+        with other work between them (a scheduler's: engine/compute/pieces.py)."""
         started = time.perf_counter() if started is None else started
         if self.tokenizer is None:
             raise ValueError("generating text needs a tokenizer; use prefill() on token ids "
                              "without one")
-        pre = self._prefill(layout, config, generation.max_new_tokens, started=started)
+        pre = self._prefill(layout, config, generation.max_new_tokens, started=started,
+                            pieces=pieces)
         # the prompt's and the answer's rows go to the prefix cache once the answer is done
         return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation,
                                 on_done=lambda ids: self.keep_rows([*layout.ids, *ids], pre),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from blendrag.checks import check_at_least
+from blendrag.engine.compute.pieces import MIN_PIECE_TOKENS
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,11 @@ class ServingConfig:
     max_prefill_tokens: with ``prefill_workers=0``, prompt tokens prefilled between two
       decoding steps (at least one request's whatever its length): requests that are decoding
       wait at most that long for their next token when new requests arrive.
+    prefill_piece_tokens: a prefill computing more prompt tokens than this runs in pieces of
+      this many (chunked prefill: engine/compute/pieces.py), so that a long prompt does not
+      stall every running request's next token: between two pieces a prefill in the decoding
+      loop's thread decodes a step for the running requests, and a prefill worker on a GPU
+      waits for its piece, letting their steps in. None: every prefill whole.
     pool_tokens: request KV rows all running requests may hold together (prompt + answer each,
       counted in blocks of ``block_tokens``); None: ``max_seqs`` requests of the model's longest
       context. A request that can never fit is refused (``PromptTooLarge``); one that cannot fit
@@ -45,6 +51,7 @@ class ServingConfig:
     max_queue: int = 256
     prefill_workers: int | None = None
     max_prefill_tokens: int = 8192
+    prefill_piece_tokens: int | None = 512
     pool_tokens: int | None = None
     block_tokens: int = 16
     slot_tokens: int | None = 4096
@@ -61,6 +68,8 @@ class ServingConfig:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
         if self.slot_tokens is not None:
             _count("slot_tokens", self.slot_tokens, 1)
+        if self.prefill_piece_tokens is not None:
+            _count("prefill_piece_tokens", self.prefill_piece_tokens, MIN_PIECE_TOKENS)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds or None, got {self.timeout_s!r}")
         if self.threads is not None:

@@ -39,6 +39,7 @@ import torch
 
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationStream
+from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.threads import torch_threads
@@ -161,9 +162,9 @@ class Scheduler:
             self._pool_threads = None
         with self._cond:  # prefilled by a worker after the loop stopped: nobody decodes them
             late, self._ready = self._ready, []
+        self._free(late)
         for job in late:
             job.handle.fail(RuntimeError("the scheduler was closed"))
-        self._free(late)
 
     @property
     def closed(self) -> bool:
@@ -216,15 +217,18 @@ class Scheduler:
             self._running += self._ready
             self._ready.clear()
             gone = [j for j in (*self._waiting, *self._running) if j.gone(now)]
-        for job in gone:
+        phases = ["decoding" if job.stream is not None else "waiting to start" for job in gone]
+        # freed first, and before they leave the lists: whoever sees a request fail or go sees
+        # its slot and blocks free
+        self._free(gone)
+        for job, phase in zip(gone, phases):
             if job.handle.cancelled:
                 self.stats.cancelled += 1
             else:
                 self.stats.timed_out += 1
                 job.handle.fail(RequestTimeout(
                     f"the request was not done within its timeout of {job.timeout_s:g} s "
-                    f"({'decoding' if job.stream is not None else 'waiting to start'})"))
-        self._free(gone)  # before they leave the lists: nobody sees them gone still holding
+                    f"({phase})"))
         with self._cond:
             self._waiting = deque(j for j in self._waiting if j not in gone)
         self._running = [j for j in self._running if j not in gone]
@@ -303,7 +307,7 @@ class Scheduler:
         """Prefill ``job`` and hand out its first token; whether it goes on decoding."""
         try:
             stream = job.engine.stream(job.layout, job.blend, job.generation,
-                                       started=job.started)
+                                       started=job.started, pieces=self._pieces())
             if self._slab is not None and job.slot is not None:  # decoded in its slot
                 fused = stream.prefill.fused
                 if self._slab.fits(fused.capacity):
@@ -317,9 +321,29 @@ class Scheduler:
             job.stream = stream
             return not self._deliver(job, stream.start())
         except Exception as exc:  # this request's error, never another's
+            self._free([job])  # first: whoever sees the error sees its slot and blocks free
             job.handle.fail(exc)
-            self._free([job])
             return False
+
+    def _pieces(self) -> PrefillPieces | None:
+        """How a prefill starting now leaves room for the running requests between its pieces:
+        in the decoding loop's thread it decodes a step for them; on a prefill worker on a GPU it
+        waits for each piece, so that their steps run between two (on a CPU a worker computes
+        on a core of its own: nothing to leave room for)."""
+        tokens = self.config.prefill_piece_tokens
+        if tokens is None:
+            return None
+        if threading.current_thread() is self._thread:
+            return PrefillPieces(tokens, self._between)
+        device = self.runner.device
+        if device.type == "cuda":
+            return PrefillPieces(tokens, torch.cuda.current_stream(device).synchronize)
+        return None
+
+    def _between(self) -> None:
+        """Between two pieces of a prefill in this thread: a step for the running requests."""
+        with torch_threads(self._threads()):
+            self._step()
 
     def _step(self) -> bool:
         """One batched decoding step over the running requests; whether there was one."""
@@ -372,9 +396,9 @@ class Scheduler:
         try:
             done = self._deliver(job, step(job.stream))
         except Exception as exc:
+            self._free([job])
             job.handle.fail(exc)
             done = True
-            self._free([job])
         if done:
             self._running.remove(job)
 

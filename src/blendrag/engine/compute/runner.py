@@ -21,6 +21,7 @@ from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
 from blendrag.engine.compute.observers import OFF, CapturedRows, LayerObserver, PhaseClock
+from blendrag.engine.compute.pieces import PrefillPieces, run_in_pieces
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.slab_step import SlabStep
 from blendrag.engine.compute.static_pass import StaticPasses
@@ -188,9 +189,16 @@ class ModelRunner:
     # ---- running -------------------------------------------------------------------------
 
     def run(self, plan: LoopPlan, fused: FusedKV, rope: RopeTables,
-            observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF) -> LoopResult:
+            observers: tuple[LayerObserver, ...] = (), clock: PhaseClock = OFF,
+            pieces: PrefillPieces | None = None) -> LoopResult:
         """Every layer of ``plan``: a fixed-shape pass (engine/compute/static_pass.py) when
-        the runner has them and the plan is one, else the layer loop (engine/compute/loop.py)."""
+        the runner has them and the plan is one, else the layer loop (engine/compute/loop.py);
+        with ``pieces``, a long pass in pieces (engine/compute/pieces.py), each run so."""
+        if pieces is not None and clock is OFF:
+            spans = pieces.spans(plan, observers)
+            if spans is not None:
+                return run_in_pieces(lambda piece, seen: self.run(piece, fused, rope, seen),
+                                     plan, observers, pieces, spans)
         passes = self._passes
         if (passes is not None and clock is OFF and self._pool.lent(fused)
                 and passes.takes(plan, fused, observers)):

@@ -44,6 +44,7 @@ from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.compute.observers import OFF, LayerCounts, LayerObserver, PhaseClock
+from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
 from blendrag.engine.selection.ape import ApeSpan
@@ -96,7 +97,8 @@ class Request:
     ``layout`` (length-checked; once opened, with the history cache's chunk when one was
     found), ``config`` (once chosen: the mode and ratio it runs), ``capacity`` rows of KV,
     ``started`` (``time.perf_counter()`` when it arrived: its TTFT starts there), ``observers``
-    of the main pass (a ``PhaseClock`` among them times every phase). Across attempts:
+    of the main pass (a ``PhaseClock`` among them times every phase), ``pieces`` (a long main
+    pass run in pieces, others' work between them: engine/compute/pieces.py). Across attempts:
     ``history`` (the earlier turn's rows of its history chunk), ``failed`` (keys whose entry
     failed to load, with the KV computed for each), ``choice`` (the cost profile's record, or
     the record of a full prefill run because its chunks were missing; None when not asked),
@@ -107,6 +109,7 @@ class Request:
     capacity: int
     started: float
     observers: Sequence[LayerObserver] = ()
+    pieces: PrefillPieces | None = None
     history: HistoryRows | None = None
     failed: dict[str, ChunkKV | None] = field(default_factory=dict)
     choice: ModeChoice | None = None
@@ -347,7 +350,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Prefill:
         plan = (_tail_plan(parts, req, opened, running) if opened.tail
                 else make_plan(parts, req, opened, running))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
-        out = runner.run(plan, fused, rope, (counts, *req.watchers), clock)  # 3. run
+        out = runner.run(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)  # 3.
         fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
         clock.lap("logits")
