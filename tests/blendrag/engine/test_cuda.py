@@ -154,3 +154,51 @@ def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
             assert (got.logits - want.logits).abs().max() < TOL, depth
     finally:
         ram.loading = before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_slab_step_replayed_from_cuda_graphs_equals_each_request_alone(model_dir, dtype):
+    gpu = engine(model_dir, ComputeConfig(), dtype)  # decode "auto": the slab step captured
+    gpu.ingest(PASSAGES, PREFIX)
+    slab = gpu.runner.slab(4, 256)
+    assert slab is not None
+    configs = (BlendConfig(mode="full"), BlendConfig(mode="reuse"), BlendConfig())
+    layouts = [gpu.build_prompt(PREFIX, p, SUFFIX) for p in (PASSAGES, PASSAGES[:2], PASSAGES[1:])]
+    alone, together, slots = [], [], [0, 2, 3]  # slot 1 free: a padding row
+    for layout, config in zip(layouts, configs):
+        a = gpu.prefill(layout, config, extra_capacity=16)
+        b = gpu.prefill(layout, config, extra_capacity=16)
+        alone.append(a)
+        together.append(b)
+    claimed = [slab.claim() for _ in range(4)]
+    slab.release(1)
+    for pre, s in zip(together, slots):
+        pre.fused.move_to(slab.view(s, pre.fused.capacity))
+    tokens = [int(p.logits.argmax()) for p in alone]
+    for _ in range(12):
+        out = gpu.runner.decode_slab(slab, tokens, slots, [p.fused for p in together])
+        for j, pre in enumerate(alone):
+            want = gpu.runner.decode(tokens[j], pre.fused)
+            tol = TOL if dtype == "float32" else 2**-5 * want.abs().max().item()
+            assert (out[j] - want).abs().max() < tol
+        tokens = [int(row.argmax()) for row in out]
+    step = gpu.runner.slab_step(slab)
+    assert step.graphs and step.replays >= 8  # one shape: captured at its second step
+    for s in claimed:
+        if s != 1:
+            slab.release(s or 0)
+
+
+def test_served_requests_on_cuda_answer_as_alone(model_dir):
+    from blendrag.serving import Scheduler, ServingConfig
+
+    gpu = engine(model_dir, ComputeConfig())
+    gpu.ingest(PASSAGES, PREFIX)
+    layouts = [gpu.build_prompt(PREFIX, p, SUFFIX) for p in (PASSAGES, PASSAGES[:2], PASSAGES[1:])]
+    configs = (BlendConfig(mode="full"), BlendConfig(mode="reuse"), BlendConfig())
+    want = [gpu.generate(lay, c, GENERATE).token_ids for lay, c in zip(layouts, configs)]
+    scheduler = Scheduler(gpu.runner, ServingConfig(max_seqs=4, slot_tokens=256,
+                                                    prefill_piece_tokens=16))
+    handles = [scheduler.submit(gpu, lay, c, GENERATE) for lay, c in zip(layouts, configs)]
+    assert [h.wait(120).token_ids for h in handles] == want
+    scheduler.close()
