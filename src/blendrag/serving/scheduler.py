@@ -28,6 +28,7 @@ The scheduler is shared by every view of an engine (``shared.py``: one per model
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import weakref
@@ -75,9 +76,7 @@ class Scheduler:
         self._ready: list[Job] = []  # prefilled by a worker, joining at the next step
         self._prefilling = 0
         self._pool_threads: ThreadPoolExecutor | None = None
-        workers = self.config.prefill_workers
-        self._workers_count = (workers if workers is not None
-                               else int(runner.device.type == "cuda"))
+        self._workers_set: int | None = self.config.prefill_workers  # None: ``_workers_count``
         self._engine_threads: int | None = None  # set by submit (``_threads``)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -205,6 +204,18 @@ class Scheduler:
     def _work(self) -> bool:
         return bool(self._waiting or self._running or self._ready or self._prefilling)
 
+    def _workers_count(self) -> int:
+        """Prefill workers: the config's; else one on a GPU, and on a CPU one when the cores
+        hold both the decoding loop's torch threads and a worker's (a prefill then computes
+        beside the steps instead of stalling them), none otherwise."""
+        if self._workers_set is None:
+            if self.runner.device.type == "cuda":
+                self._workers_set = 1
+            else:
+                threads = self._threads() or torch.get_num_threads()
+                self._workers_set = int((os.cpu_count() or 1) >= 2 * threads)
+        return self._workers_set
+
     def _threads(self) -> int | None:
         """torch's CPU threads for the scheduler's computing: the config's, else those of the
         engine last submitted to (the views of one engine share its setting)."""
@@ -237,7 +248,7 @@ class Scheduler:
         """Start the prefill of waiting requests while slots and pool blocks allow; whether any
         started."""
         admitted, budget = False, self.config.max_prefill_tokens
-        inline = self._workers_count == 0
+        inline = self._workers_count() == 0
         while True:
             with self._cond:
                 busy = len(self._running) + len(self._ready) + self._prefilling
@@ -286,7 +297,7 @@ class Scheduler:
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool_threads is None:
-            self._pool_threads = ThreadPoolExecutor(self._workers_count,
+            self._pool_threads = ThreadPoolExecutor(self._workers_count(),
                                                     thread_name_prefix="blendrag-prefill")
         return self._pool_threads
 
