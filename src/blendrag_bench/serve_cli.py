@@ -36,7 +36,8 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help="torch CPU threads of the scheduler's steps (default: --threads)")
     s.add_argument("--prefill-workers", type=int, default=None, metavar="N",
                    help="threads prefilling beside the decoding loop; 0: between its steps "
-                        "(ServingConfig.prefill_workers; default: 1 on a GPU, 0 on a CPU)")
+                        "(ServingConfig.prefill_workers; default: 1 on a GPU, and on a CPU "
+                        "whose cores hold both threads)")
     s.add_argument("--prefill-piece-tokens", type=int, default=512, metavar="N",
                    help="a longer prefill runs in pieces of N tokens, the running requests "
                         "decoding between them; 0: whole (ServingConfig.prefill_piece_tokens; "

@@ -17,10 +17,12 @@ class ServingConfig:
     prefill_workers: threads that prefill admitted requests beside the decoding loop (a new
       prompt's prefill then never stalls the running requests' next tokens: on a GPU their
       kernels interleave with the steps', on a CPU it takes another core); 0: prefills run in
-      the decoding loop's thread between two steps. None: one on a GPU, none on a CPU, where
-      a second compute thread pays only with a core that computes (docs/benchmarks.md "Many
-      users at once": on the 2-vCPU machine 4 users gave 2.04x one-at-a-time's throughput with
-      a worker when its second vCPU computed, 1.17x when it did not; 1.56-1.71x without).
+      the decoding loop's thread between two steps. None: one on a GPU; on a CPU one when its
+      cores hold the decoding loop's torch threads and the worker's (``threads`` each), else
+      none: a second compute thread pays only with a core of its own (docs/benchmarks.md "Many
+      users at once": 4 users on 2 vCPUs got 2.40x one-at-a-time's throughput over 32
+      requests with a worker, 1.66x without; once, when the second vCPU did not compute,
+      1.17x with one).
     max_prefill_tokens: with ``prefill_workers=0``, prompt tokens prefilled between two
       decoding steps (at least one request's whatever its length): requests that are decoding
       wait at most that long for their next token when new requests arrive.

@@ -7,10 +7,11 @@ turn of its loop:
 2. admits waiting requests while there is a free sequence slot and room in the KV pool, and
    has them prefilled: by the prefill worker (``ServingConfig.prefill_workers``, a thread of its
    own, so that a new prompt's prefill runs beside the running requests' decoding instead of
-   stalling it: the default on a GPU), or in this thread between two steps (the default on a
-   CPU: at most ``max_prefill_tokens`` prompt tokens a turn). Each prefill is the engine's
-   own, in whatever mode the request asked for (blend, reuse, prefix cache, full), so its first
-   token is exactly what it would be alone;
+   stalling it: the default on a GPU, and on a CPU whose cores hold both threads), or in this
+   thread between two steps (at most ``max_prefill_tokens`` prompt tokens a turn). Each
+   prefill is the engine's own, in whatever mode the request asked for (blend, reuse, prefix
+   cache, full), so its first token is what it would be alone (a long one runs in pieces,
+   engine/compute/pieces.py: equal within rounding);
 3. decodes the next token of every running request in one batched step: requests join the
    batch after their prefill and leave it at their last token, at every step.
 
@@ -200,6 +201,9 @@ class Scheduler:
             jobs, self._running = [*self._running, *self._ready], []
             self._ready.clear()
         self._free(jobs)
+        if self._closed:  # those close() did not see (prefilling then): failed, not left waiting
+            for job in jobs:
+                job.handle.fail(RuntimeError("the scheduler was closed"))
 
     def _work(self) -> bool:
         return bool(self._waiting or self._running or self._ready or self._prefilling)
@@ -213,7 +217,7 @@ class Scheduler:
                 self._workers_set = 1
             else:
                 threads = self._threads() or torch.get_num_threads()
-                self._workers_set = int((os.cpu_count() or 1) >= 2 * threads)
+                self._workers_set = int(_cores() >= 2 * threads)
         return self._workers_set
 
     def _threads(self) -> int | None:
@@ -251,6 +255,8 @@ class Scheduler:
         inline = self._workers_count() == 0
         while True:
             with self._cond:
+                if self._closed:
+                    return admitted
                 busy = len(self._running) + len(self._ready) + self._prefilling
                 if not self._waiting or busy >= self.config.max_seqs:
                     return admitted
@@ -352,9 +358,15 @@ class Scheduler:
         return None
 
     def _between(self) -> None:
-        """Between two pieces of a prefill in this thread: a step for the running requests."""
-        with torch_threads(self._threads()):
-            self._step()
+        """Between two pieces of a prefill in this thread: a step for the running requests
+        (whatever it meets is theirs, never the prefilling request's)."""
+        if self._closed:
+            return
+        try:
+            with torch_threads(self._threads()):
+                self._step()
+        except Exception:  # a step's own failures are handled in it; anything else: logged
+            log.exception("a decoding step between two prefill pieces failed")
 
     def _step(self) -> bool:
         """One batched decoding step over the running requests; whether there was one."""
@@ -390,8 +402,10 @@ class Scheduler:
         self.stats.steps += 1
         self.stats.decoded += len(jobs)
         greedy = [j for j, s in enumerate(streams) if s.greedy]
-        # the greedy requests' tokens in one argmax and one read of the device
-        chosen = dict(zip(greedy, logits[greedy].argmax(-1).tolist())) if greedy else {}
+        try:  # the greedy requests' tokens in one argmax and one read of the device
+            chosen = dict(zip(greedy, logits[greedy].argmax(-1).tolist())) if greedy else {}
+        except Exception:  # each row on its own: a failure is that request's alone
+            chosen = {}
         for j, (job, row) in enumerate(zip(jobs, logits)):
             self._advance(job, _to(chosen[j]) if j in chosen else _with(row))
 
@@ -436,6 +450,13 @@ class Scheduler:
                 self._slab.release(job.slot)
                 job.slot = None
             job.stream = None  # its request KV goes with it
+
+
+def _cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS says, which a
+    container's limit narrows; else the machine's)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
 
 def _plain(job: Job) -> bool:

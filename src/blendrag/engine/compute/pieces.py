@@ -18,8 +18,9 @@ differently, which may round differently in the last bits (the tests bound the l
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from blendrag.engine.compute.loop import LoopPlan, LoopResult
 from blendrag.engine.compute.observers import LayerCounts, LayerObserver
@@ -27,12 +28,14 @@ from blendrag.engine.compute.observers import LayerCounts, LayerObserver
 MIN_PIECE_TOKENS = 16
 
 
-@dataclass(frozen=True)
+@dataclass
 class PrefillPieces:
-    """Prefill in pieces of ``tokens`` computed tokens, ``between()`` after each but the last."""
+    """Prefill in pieces of ``tokens`` computed tokens, ``between()`` after each but the last;
+    ``between_s``: the seconds spent in it so far (one prefill's: make one per prefill)."""
 
     tokens: int
     between: Callable[[], None]
+    between_s: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) \
@@ -72,7 +75,9 @@ def run_in_pieces(run: Callable[[LoopPlan, tuple[LayerObserver, ...]], LoopResul
         for total, got in zip(totals, mine):
             _add(total, got)
         if j < len(spans) - 1:
+            t0 = time.perf_counter()
             pieces.between()
+            pieces.between_s += time.perf_counter() - t0
     if out is None:
         raise ValueError("a prefill in pieces needs at least one piece")
     for c, total in zip(counts, totals):

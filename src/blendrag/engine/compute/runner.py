@@ -197,8 +197,11 @@ class ModelRunner:
         if pieces is not None and clock is OFF:
             spans = pieces.spans(plan, observers)
             if spans is not None:
-                return run_in_pieces(lambda piece, seen: self.run(piece, fused, rope, seen),
-                                     plan, observers, pieces, spans)
+                # each piece in the layer loop: hundreds of tokens gain little from a replay,
+                # and a long prompt's pieces would crowd the captured passes' shapes out
+                return run_in_pieces(lambda piece, seen: run_layers(
+                    self.adapter, piece, fused, rope, seen, OFF, self.kernel),
+                    plan, observers, pieces, spans)
         passes = self._passes
         if (passes is not None and clock is OFF and self._pool.lent(fused)
                 and passes.takes(plan, fused, observers)):

@@ -356,6 +356,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Prefill:
         clock.lap("logits")
         _sync(runner.device)
         stats.timing.prefill_s = time.perf_counter() - t_run
+        stats.timing.between_pieces_s = req.pieces.between_s if req.pieces is not None else 0.0
         stats.timing.ttft_s = time.perf_counter() - req.started
     except LayerReadError as exc:
         feed.close()  # the reader stopped: the entries may be read here

@@ -107,12 +107,14 @@ class TimingStats:
     """Seconds. match_s: a framework LLM finding the chunks in a flat prompt and tokenizing its
     pieces; fetch_s: opening the cached rows (computing missing chunks included); prefill_s:
     the layer loop and the logits; ttft_s: from the request's start to the first token's
-    logits (all of the above)."""
+    logits (all of the above); between_pieces_s: the part of prefill_s a prefill run in pieces
+    left to other requests between two (engine/compute/pieces.py)."""
 
     match_s: float = 0.0
     fetch_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
+    between_pieces_s: float = 0.0
 
 
 @dataclass

@@ -265,7 +265,9 @@ def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats)
     loading.load_wait_s = feed.wait_s
     loading.place_s = feed.place_s
     # the loop's waits hold whatever loading ran on its thread (reads and placing)
-    loading.compute_s = max(stats.timing.prefill_s - feed.wait_s, 0.0)
+    # and the other requests' steps run between the pieces of a prefill in pieces
+    loading.compute_s = max(stats.timing.prefill_s - feed.wait_s
+                            - stats.timing.between_pieces_s, 0.0)
     # The compute speed is learnt from the requests whose computed tokens are like those a
     # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
     # computes causal blocks, cheaper per token, which would make the controller overshoot.
