@@ -53,6 +53,7 @@ class ServeBenchConfig:
     serve_threads: int | None = None  # the scheduler's torch threads (None: the engine's)
     prefill_workers: int | None = None  # ServingConfig.prefill_workers (None: per device)
     prefill_piece_tokens: int | None = ServingConfig.prefill_piece_tokens  # None: whole
+    slot_tokens: int | None = None  # ServingConfig.slot_tokens (None: per device; 0: no slab)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -224,7 +225,8 @@ def run(engine: BlendEngine, cfg: ServeBenchConfig,
     gen = GenerationConfig(max_new_tokens=cfg.answer_tokens, eos_token_ids=())
     scheduler = Scheduler(engine.runner, ServingConfig(
         max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads,
-        prefill_workers=cfg.prefill_workers, prefill_piece_tokens=cfg.prefill_piece_tokens))
+        prefill_workers=cfg.prefill_workers, prefill_piece_tokens=cfg.prefill_piece_tokens,
+        slot_tokens=cfg.slot_tokens))
     rows = []
     try:
         for mode in cfg.modes:

@@ -42,6 +42,9 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help="a longer prefill runs in pieces of N tokens, the running requests "
                         "decoding between them; 0: whole (ServingConfig.prefill_piece_tokens; "
                         "default: 512)")
+    s.add_argument("--slot-tokens", type=int, default=None, metavar="N",
+                   help="rows of each KV slab slot; 0: no slab (ServingConfig.slot_tokens; "
+                        "default: 4096 on a GPU, no slab on a CPU)")
     add_json_option(s, "one record per run")
     s.set_defaults(func=_serve)
 
@@ -57,7 +60,8 @@ def _serve(args: argparse.Namespace) -> int:
                                modes=tuple(m for m in args.modes.split(",") if m),
                                serve_threads=args.serve_threads,
                                prefill_workers=args.prefill_workers,
-                               prefill_piece_tokens=args.prefill_piece_tokens or None)
+                               prefill_piece_tokens=args.prefill_piece_tokens or None,
+                               slot_tokens=args.slot_tokens)
     except ValueError as e:
         print(f"blendrag bench serve: error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from blendrag.checks import check_at_least
 from blendrag.engine.compute.pieces import MIN_PIECE_TOKENS
 
+DEFAULT_SLOT_TOKENS = 4096
+"""Rows of a slab slot on a GPU by default: a typical RAG prompt of about 3k tokens and its
+answer."""
+
 
 @dataclass(frozen=True)
 class ServingConfig:
@@ -37,10 +41,13 @@ class ServingConfig:
       now waits for others to finish.
     slot_tokens: rows of each slot of the KV slab, where the running requests' KVs live side
       by side (engine/compute/slab.py), so that their decoding step attends in one call per
-      layer and, on a GPU, is replayed from CUDA graphs: ``max_seqs`` slots, made at the first
-      request (device memory: ``max_seqs x slot_tokens`` rows of KV; a slot is zeroed when
-      first used). A request whose prompt and answer need more rows takes a buffer of its own
-      and decodes beside the slab's requests. None: no slab, every request its own buffer.
+      layer and, on a GPU, is replayed from CUDA graphs: ``max_seqs`` slots and a scratch
+      slot, made at the first request (``(max_seqs + 1) x slot_tokens`` rows of KV; a slot is
+      zeroed when first used). A request whose prompt and answer need more rows takes a buffer
+      of its own and decodes beside the slab's requests. 0: no slab, every request its own
+      buffer. None: ``DEFAULT_SLOT_TOKENS`` on a GPU, no slab on a CPU, where a step is bound
+      by reading the weights and costs the same over the slab (docs/benchmarks.md "Many users
+      at once") while its slots would hold memory.
     timeout_s: a request not done within this many seconds of its arrival fails with
       ``RequestTimeout`` (None: no limit); ``submit`` may set its own.
     threads: torch's CPU threads of each of the scheduler's threads, decoding and prefilling
@@ -56,7 +63,7 @@ class ServingConfig:
     prefill_piece_tokens: int | None = 512
     pool_tokens: int | None = None
     block_tokens: int = 16
-    slot_tokens: int | None = 4096
+    slot_tokens: int | None = None
     timeout_s: float | None = None
     threads: int | None = None
     idle_s: float = 30.0
@@ -69,7 +76,7 @@ class ServingConfig:
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
         if self.slot_tokens is not None:
-            _count("slot_tokens", self.slot_tokens, 1)
+            _count("slot_tokens", self.slot_tokens, 0)
         if self.prefill_piece_tokens is not None:
             _count("prefill_piece_tokens", self.prefill_piece_tokens, MIN_PIECE_TOKENS)
         if self.timeout_s is not None and not self.timeout_s > 0:

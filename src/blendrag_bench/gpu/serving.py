@@ -14,6 +14,7 @@ from dataclasses import replace
 from blendrag.config import BlendConfig
 from blendrag.prompt import PromptLayout
 from blendrag.serving import ServingConfig
+from blendrag.serving.config import DEFAULT_SLOT_TOKENS
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.gpu.speed import Emit
 from blendrag_bench.serve import ServeBenchConfig, format_row, run
@@ -75,8 +76,7 @@ def _step_gains(engine, layouts: list[PromptLayout], n: int) -> tuple[float, flo
     slots and rows)."""
     pres = [engine.prefill(layouts[j % len(layouts)], BlendConfig(mode="reuse"),
                            extra_capacity=32) for j in range(n)]
-    defaults = ServingConfig()
-    slab = engine.runner.slab(max(defaults.max_seqs, n), defaults.slot_tokens or 4096)
+    slab = engine.runner.slab(max(ServingConfig().max_seqs, n), DEFAULT_SLOT_TOKENS)
     if slab is None:
         raise RuntimeError("the check's model has no slab")
     slots = [slab.claim() for _ in range(n)]

@@ -214,14 +214,19 @@ def test_no_slab_for_dynamic_rope_nor_when_turned_off(engine_for, monkeypatch):
     engine = engine_for("llama")
     asked = []
     monkeypatch.setattr(engine.runner, "slab", lambda *a: asked.append(a))
-    scheduler = Scheduler(engine.runner, ServingConfig(slot_tokens=None))
+    scheduler = Scheduler(engine.runner, ServingConfig(slot_tokens=0))
     handle = scheduler.submit(engine, engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
                               BlendConfig(mode="full"), GEN)
     handle.wait(60)
     assert asked == []
     scheduler.close()
     with pytest.raises(ValueError, match="slot_tokens"):
-        ServingConfig(slot_tokens=0)
+        ServingConfig(slot_tokens=-1)
+    cpu = Scheduler(engine.runner)  # the default on a CPU: no slab
+    cpu.submit(engine, engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
+               BlendConfig(mode="full"), GEN).wait(60)
+    assert asked == []
+    cpu.close()
 
 
 def test_no_memory_for_a_slab_serves_from_own_buffers(engine_for, monkeypatch, caplog):
@@ -233,7 +238,7 @@ def test_no_memory_for_a_slab_serves_from_own_buffers(engine_for, monkeypatch, c
     monkeypatch.setattr(engine.runner, "slab", no_memory)
     layout = engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX)
     want = engine.generate(layout, BlendConfig(mode="full"), GEN)
-    scheduler = Scheduler(engine.runner)
+    scheduler = Scheduler(engine.runner, ServingConfig(slot_tokens=256))
     handles = [scheduler.submit(engine, layout, BlendConfig(mode="full"), GEN) for _ in range(2)]
     assert [h.wait(60).token_ids for h in handles] == [want.token_ids] * 2
     assert "no KV slab" in caplog.text
