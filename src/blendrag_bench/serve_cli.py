@@ -42,9 +42,9 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help="a longer prefill runs in pieces of N tokens, the running requests "
                         "decoding between them; 0: whole (ServingConfig.prefill_piece_tokens; "
                         "default: 512)")
-    s.add_argument("--slot-tokens", type=int, default=None, metavar="N",
+    s.add_argument("--slot-tokens", type=int, default=4096, metavar="N",
                    help="rows of each KV slab slot; 0: no slab (ServingConfig.slot_tokens; "
-                        "default: 4096 on a GPU, no slab on a CPU)")
+                        "default: 4096)")
     add_json_option(s, "one record per run")
     s.set_defaults(func=_serve)
 

@@ -27,6 +27,10 @@ def test_runs_side_by_side_with_the_baseline():
             assert row["same_answer"] == 3  # served together, answered as alone
             assert row["throughput_x"] > 0
             assert 1.0 <= row["mean_batch"] <= 3
+        if row["run"] == "1 users":  # one user's first request opens it, the rest follow
+            assert row["ttft_p95_later_s"] > 0 and "ttft_p95_later_x" in row
+        if row["run"] == "3 users":  # every request is a user's first: no later ones
+            assert "ttft_p95_later_s" not in row
 
 
 def test_bad_settings_are_refused():

@@ -8,8 +8,7 @@ from blendrag.checks import check_at_least
 from blendrag.engine.compute.pieces import MIN_PIECE_TOKENS
 
 DEFAULT_SLOT_TOKENS = 4096
-"""Rows of a slab slot on a GPU by default: a typical RAG prompt of about 3k tokens and its
-answer."""
+"""Rows of a slab slot by default: a typical RAG prompt of about 3k tokens and its answer."""
 
 
 @dataclass(frozen=True)
@@ -45,9 +44,8 @@ class ServingConfig:
       slot, made at the first request (``(max_seqs + 1) x slot_tokens`` rows of KV; a slot is
       zeroed when first used). A request whose prompt and answer need more rows takes a buffer
       of its own and decodes beside the slab's requests. 0: no slab, every request its own
-      buffer. None: ``DEFAULT_SLOT_TOKENS`` on a GPU, no slab on a CPU, where a step is bound
-      by reading the weights and costs the same over the slab (docs/benchmarks.md "Many users
-      at once") while its slots would hold memory.
+      buffer (on a CPU 4 users got 2.42x one-at-a-time's throughput with the slab, 2.27x
+      without: docs/benchmarks.md "Many users at once").
     timeout_s: a request not done within this many seconds of its arrival fails with
       ``RequestTimeout`` (None: no limit); ``submit`` may set its own.
     threads: torch's CPU threads of each of the scheduler's threads, decoding and prefilling
@@ -63,7 +61,7 @@ class ServingConfig:
     prefill_piece_tokens: int | None = 512
     pool_tokens: int | None = None
     block_tokens: int = 16
-    slot_tokens: int | None = None
+    slot_tokens: int = DEFAULT_SLOT_TOKENS
     timeout_s: float | None = None
     threads: int | None = None
     idle_s: float = 30.0
@@ -75,8 +73,7 @@ class ServingConfig:
             _count("prefill_workers", self.prefill_workers, 0)
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
-        if self.slot_tokens is not None:
-            _count("slot_tokens", self.slot_tokens, 0)
+        _count("slot_tokens", self.slot_tokens, 0)
         if self.prefill_piece_tokens is not None:
             _count("prefill_piece_tokens", self.prefill_piece_tokens, MIN_PIECE_TOKENS)
         if self.timeout_s is not None and not self.timeout_s > 0:

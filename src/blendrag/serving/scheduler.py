@@ -16,8 +16,7 @@ turn of its loop:
    batch after their prefill and leave it at their last token, at every step.
 
 A request is prefilled as alone, then its rows move into a slot of the model's KV slab
-(engine/compute/slab.py: ``ServingConfig.slot_tokens`` rows each; on a GPU by default), where
-it decodes: the
+(engine/compute/slab.py: ``ServingConfig.slot_tokens`` rows each), where it decodes: the
 slab's requests in one step with one attention call per layer (``ModelRunner.decode_slab``).
 A request longer than a slot keeps its own buffer and decodes beside them
 (``ModelRunner.decode_many``: attention per request). Nothing one request computes reads
@@ -48,7 +47,7 @@ from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.threads import torch_threads
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
-from blendrag.serving.config import DEFAULT_SLOT_TOKENS, ServingConfig
+from blendrag.serving.config import ServingConfig
 from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
 from blendrag.serving.jobs import Job, SchedulerStats
@@ -287,8 +286,6 @@ class Scheduler:
         """A slab slot for a request KV of ``rows`` rows; None: it takes a buffer of its own
         (no slab, or longer than a slot)."""
         slot_rows = self.config.slot_tokens
-        if slot_rows is None:
-            slot_rows = DEFAULT_SLOT_TOKENS if self.runner.device.type == "cuda" else 0
         if slot_rows == 0 or self._no_slab:
             return None
         if self._slab is None:

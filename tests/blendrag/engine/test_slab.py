@@ -222,11 +222,7 @@ def test_no_slab_for_dynamic_rope_nor_when_turned_off(engine_for, monkeypatch):
     scheduler.close()
     with pytest.raises(ValueError, match="slot_tokens"):
         ServingConfig(slot_tokens=-1)
-    cpu = Scheduler(engine.runner)  # the default on a CPU: no slab
-    cpu.submit(engine, engine.build_prompt(PREFIX, PASSAGES[:1], SUFFIX),
-               BlendConfig(mode="full"), GEN).wait(60)
-    assert asked == []
-    cpu.close()
+
 
 
 def test_no_memory_for_a_slab_serves_from_own_buffers(engine_for, monkeypatch, caplog):
