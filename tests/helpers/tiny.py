@@ -135,3 +135,16 @@ def computed(engine, chunk_prefix_ids, chunk_ids):
     kv, _ = cache.compute_pair(cache.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
                                engine.context)
     return kv
+
+
+def decoded_alone(engine, prefills, steps: int) -> list[list[torch.Tensor]]:
+    """Each of ``prefills`` decoded on its own for ``steps`` greedy tokens: per prefill, the
+    logits of every step (what a batched step's rows are compared with)."""
+    runs = []
+    for pre in prefills:
+        logits, seen = pre.logits, []
+        for _ in range(steps):
+            logits = engine.runner.decode(int(torch.argmax(logits)), pre.fused)
+            seen.append(logits)
+        runs.append(seen)
+    return runs

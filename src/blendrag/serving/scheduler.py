@@ -377,7 +377,8 @@ class Scheduler:
         jobs = [j for j in self._running if j.stream is not None and j.stream.pending is not None]
         if not jobs:
             return False
-        in_slab = [j for j in jobs if j.slot is not None and _plain(j)] if self._slab else []
+        in_slab = ([j for j in jobs if j.slot is not None and _plain(j)]
+                   if self._slab is not None else [])
         self._step_together(in_slab, slab=True)
         self._step_together([j for j in jobs if j not in in_slab], slab=False)
         return True

@@ -10,7 +10,7 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.engine.compute.batch_decode import decode_batch
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX, decoded_alone
 
 STEPS = 6
 REQUESTS = (  # (passages, mode): different lengths, cached and computed rows
@@ -34,14 +34,7 @@ def _greedy(logits: torch.Tensor) -> int:
 
 def _alone(engine) -> list[list[torch.Tensor]]:
     """Each request's logits decoded on its own, step by step (greedy)."""
-    runs = []
-    for pre in _prefills(engine):
-        logits, seen = pre.logits, []
-        for _ in range(STEPS):
-            logits = engine.runner.decode(_greedy(logits), pre.fused)
-            seen.append(logits)
-        runs.append(seen)
-    return runs
+    return decoded_alone(engine, _prefills(engine), STEPS)
 
 
 def _batched(engine) -> list[list[torch.Tensor]]:

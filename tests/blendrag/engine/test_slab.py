@@ -17,7 +17,7 @@ from blendrag import BlendConfig, GenerationConfig
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.slab_step import batch_bucket
 from blendrag.serving import Scheduler, ServingConfig
-from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+from helpers.tiny import PASSAGES, PREFIX, SUFFIX, decoded_alone
 
 STEPS = 6
 GEN = GenerationConfig(max_new_tokens=STEPS + 1, eos_token_ids=())
@@ -37,16 +37,9 @@ def _greedy(logits: torch.Tensor) -> int:
 
 
 def _alone(engine) -> list[list[torch.Tensor]]:
-    runs = []
-    for _, passages, config in REQUESTS:
-        pre = engine.prefill(engine.build_prompt(PREFIX, passages, SUFFIX), config,
-                             extra_capacity=STEPS + 1)
-        logits, seen = pre.logits, []
-        for _ in range(STEPS):
-            logits = engine.runner.decode(_greedy(logits), pre.fused)
-            seen.append(logits)
-        runs.append(seen)
-    return runs
+    pres = [engine.prefill(engine.build_prompt(PREFIX, passages, SUFFIX), config,
+                           extra_capacity=STEPS + 1) for _, passages, config in REQUESTS]
+    return decoded_alone(engine, pres, STEPS)
 
 
 def _into(slab: KVSlab, slot: int, pre):

@@ -41,6 +41,20 @@ log = logging.getLogger(__name__)
 STATIC_ROPE = frozenset({"default", "linear", "llama3", "yarn"})
 
 
+def key_mask(keys: torch.Tensor, pos: torch.Tensor, window: int | None, softcap: bool,
+             dtype: torch.dtype) -> torch.Tensor:
+    """Which of the keys at positions ``keys`` [L] decoded tokens at ``pos`` [B] see (keys
+    <= pos, and > pos - window), built on the device -> [B, L]: boolean for soft-capped
+    attention (``softcap``), else an additive bias in ``dtype`` (0 or -inf)."""
+    visible = keys[None] <= pos[:, None]  # [B, L]
+    if window is not None:
+        visible &= keys[None] > pos[:, None] - window
+    if softcap:
+        return visible
+    bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
+    return bias.masked_fill_(~visible, float("-inf"))
+
+
 def static_rope(adapter: LlamaAdapter) -> bool:
     """Whether every RoPE table of ``adapter`` gives a position the same cos/sin whatever the
     table's length (what a table of the buffer's length needs)."""
@@ -121,8 +135,7 @@ class StaticDecoder:
         for i, layer in enumerate(a.layers):
             table = st.rope.layer(i)
             if id(table) not in rotations:  # gathered on the device: no sync
-                rotations[id(table)] = Rotation(table.cos.index_select(0, pos),
-                                                table.sin.index_select(0, pos))
+                rotations[id(table)] = table.at(pos)
             q, k, _, v = project(a, layer, h, rotations[id(table)])  # q: [H, 1, D]
             st.k[i].index_copy_(1, pos, k)
             st.v[i].index_copy_(1, pos, v)
@@ -133,13 +146,10 @@ class StaticDecoder:
         return a.logits(a.norm(h))[0].float()
 
     def _mask(self, st: _Step, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-        visible = st.keys <= st.pos  # [capacity]
-        if window is not None:
-            visible &= st.keys > st.pos - window
-        if self.adapter.attn_softcap is not None:
-            return visible[None]  # [1, capacity] boolean: capped attention's own masking
-        bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-        return bias.masked_fill_(~visible, float("-inf"))[None, None]  # [1, 1, capacity]
+        softcap = self.adapter.attn_softcap is not None
+        mask = key_mask(st.keys, st.pos, window, softcap, dtype)  # [1, capacity]
+        # boolean [1, capacity] for capped attention's own masking; else [1, 1, capacity]
+        return mask if softcap else mask[None]
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:

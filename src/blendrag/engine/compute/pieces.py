@@ -64,36 +64,22 @@ def run_in_pieces(run: Callable[[LoopPlan, tuple[LayerObserver, ...]], LoopResul
     among ``observers`` get each layer's counts summed over the pieces, as one pass gives
     them."""
     counts = [o for o in observers if isinstance(o, LayerCounts)]
-    totals = [LayerCounts(c.chunk_range) for c in counts]
+    seen: list[tuple[LayerCounts, ...]] = []  # per piece, one fresh LayerCounts per caller's
     out: LoopResult | None = None
     for j, span in enumerate(spans):
         active = plan.active[span]  # [P] positions, in order
         end = span.stop + plan.ids.shape[0] - plan.active.shape[0]
         piece = LoopPlan(plan.ids[:end], active, feed=plan.feed if j == 0 else None)
-        mine = tuple(LayerCounts(c.chunk_range) for c in counts)
-        out = run(piece, mine)
-        for total, got in zip(totals, mine):
-            _add(total, got)
+        seen.append(tuple(LayerCounts(c.chunk_range) for c in counts))
+        out = run(piece, seen[-1])
         if j < len(spans) - 1:
             t0 = time.perf_counter()
             pieces.between()
             pieces.between_s += time.perf_counter() - t0
     if out is None:
         raise ValueError("a prefill in pieces needs at least one piece")
-    for c, total in zip(counts, totals):
-        c.computed.extend(total.computed)
-        c.chunk_computed.extend(total.chunk_computed)
-        c.attended_keys.extend(total.attended_keys)
+    for c, pieces_of_c in zip(counts, zip(*seen)):  # per layer, summed over the pieces
+        c.computed.extend(map(sum, zip(*(p.computed for p in pieces_of_c))))
+        c.chunk_computed.extend(map(sum, zip(*(p.chunk_computed for p in pieces_of_c))))
+        c.attended_keys.extend(map(sum, zip(*(p.attended_keys for p in pieces_of_c))))
     return out
-
-
-def _add(total: LayerCounts, piece: LayerCounts) -> None:
-    """Per layer, ``piece``'s counts added to ``total``'s."""
-    if not total.computed:
-        total.computed = list(piece.computed)
-        total.chunk_computed = list(piece.chunk_computed)
-        total.attended_keys = list(piece.attended_keys)
-        return
-    total.computed = [a + b for a, b in zip(total.computed, piece.computed)]
-    total.chunk_computed = [a + b for a, b in zip(total.chunk_computed, piece.chunk_computed)]
-    total.attended_keys = [a + b for a, b in zip(total.attended_keys, piece.attended_keys)]

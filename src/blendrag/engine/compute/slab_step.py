@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from blendrag.engine.compute.batch_decode import batch_logits
 from blendrag.engine.compute.buckets import ladder
+from blendrag.engine.compute.decode import key_mask
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.graphs import capture
 from blendrag.engine.compute.layer import finish, project
@@ -154,8 +155,7 @@ class SlabStep:
         for i, layer in enumerate(a.layers):
             table = self._rope.layer(i)
             if id(table) not in rotations:  # gathered on the device: no sync
-                rotations[id(table)] = Rotation(table.cos.index_select(0, pos),
-                                                table.sin.index_select(0, pos))
+                rotations[id(table)] = table.at(pos)
             q, k, _, v = project(a, layer, h, rotations[id(table)])  # q: [H, B, D]
             k_layer, v_layer = slab.k[:, i], slab.v[:, i]  # [slots + 1, Hkv, rows, D]
             k_layer[dest, :, pos] = k.transpose(0, 1)  # [B, Hkv, D] at (dest[b], pos[b])
@@ -168,14 +168,9 @@ class SlabStep:
         return batch_logits(a, a.norm(h))  # [B, vocab]
 
     def _mask(self, st: _Shape, window: int | None, dtype: torch.dtype) -> torch.Tensor:
-        pos = st.inputs[1][:, None]  # [B, 1]
-        visible = st.keys[None] <= pos  # [B, L]
-        if window is not None:
-            visible &= st.keys[None] > pos - window
-        if self.adapter.attn_softcap is not None:
-            return visible[:, None, None]  # [B, 1, 1, L] boolean: capped attention's own
-        bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-        return bias.masked_fill_(~visible, float("-inf"))[:, None, None]  # [B, 1, 1, L]
+        softcap = self.adapter.attn_softcap is not None
+        # [B, 1, 1, L]: boolean for capped attention's own masking, else an additive bias
+        return key_mask(st.keys, st.inputs[1], window, softcap, dtype)[:, None, None]
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
