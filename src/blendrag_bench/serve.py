@@ -19,6 +19,7 @@ how many answers equal the baseline's token for token.
 
 from __future__ import annotations
 
+import copy
 import random
 import statistics
 import threading
@@ -30,6 +31,7 @@ from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.serving import Scheduler, ServingConfig
+from blendrag.serving.jobs import SchedulerStats
 from blendrag_bench.datasets import load_musique
 from blendrag_bench.quality import fit_item
 
@@ -54,6 +56,7 @@ class ServeBenchConfig:
     prefill_workers: int | None = None  # ServingConfig.prefill_workers (None: per device)
     prefill_piece_tokens: int | None = ServingConfig.prefill_piece_tokens  # None: whole
     slot_tokens: int = ServingConfig.slot_tokens  # 0: no slab
+    pack_tokens: int | None = None  # ServingConfig.pack_tokens (None: per device)
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -235,7 +238,7 @@ def run(engine: BlendEngine, cfg: ServeBenchConfig,
     scheduler = Scheduler(engine.runner, ServingConfig(
         max_seqs=cfg.max_seqs, max_queue=max(256, cfg.requests), threads=cfg.serve_threads,
         prefill_workers=cfg.prefill_workers, prefill_piece_tokens=cfg.prefill_piece_tokens,
-        slot_tokens=cfg.slot_tokens))
+        slot_tokens=cfg.slot_tokens, pack_tokens=cfg.pack_tokens))
     rows = []
     try:
         for mode in cfg.modes:
@@ -256,22 +259,23 @@ def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLa
     want = [s.tokens for s in base]
     yield summary("one at a time", base, base_wall, None, None, None)
     for users in cfg.users:
-        steps, decoded = scheduler.stats.steps, scheduler.stats.decoded
+        before = copy.copy(scheduler.stats)
         served, wall = closed_loop(scheduler, engine, layouts, blend, gen, users)
         yield _batched(summary(f"{users} users", served, wall, base, base_wall, want),
-                       scheduler, steps, decoded)
+                       scheduler, before)
     for rate in cfg.rates:
-        steps, decoded = scheduler.stats.steps, scheduler.stats.decoded
+        before = copy.copy(scheduler.stats)
         served, wall = poisson(scheduler, engine, layouts, blend, gen, rate, cfg.seed)
         yield _batched(summary(f"poisson {rate:g}/s", served, wall, base, base_wall, want),
-                       scheduler, steps, decoded)
+                       scheduler, before)
 
 
-def _batched(row: dict, scheduler: Scheduler, steps: int, decoded: int) -> dict:
-    """``row`` with the requests its run's decoding steps held on average (the scheduler's
-    counts then were ``steps`` and ``decoded``)."""
-    ran = scheduler.stats.steps - steps
-    row["mean_batch"] = (scheduler.stats.decoded - decoded) / ran if ran else 0.0
+def _batched(row: dict, scheduler: Scheduler, before: SchedulerStats) -> dict:
+    """``row`` with the requests its run's decoding steps held on average and its prefills
+    packed with others' (the scheduler's counts were ``before`` it)."""
+    ran = scheduler.stats.steps - before.steps
+    row["mean_batch"] = (scheduler.stats.decoded - before.decoded) / ran if ran else 0.0
+    row["packed"] = scheduler.stats.packed - before.packed
     return row
 
 
@@ -290,5 +294,5 @@ def format_row(row: dict) -> str:
         line += (f"  | gap between deltas p99 {row['gap_p99_s'] * 1e3:.0f} ms, max "
                  f"{row['gap_max_s'] * 1e3:.0f} ms")
     if "mean_batch" in row:
-        line += f", {row['mean_batch']:.1f} requests a step"
+        line += f", {row['mean_batch']:.1f} requests a step, {row['packed']} prefills packed"
     return line

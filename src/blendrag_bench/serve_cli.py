@@ -45,6 +45,10 @@ def register(bench: argparse._SubParsersAction) -> None:
     s.add_argument("--slot-tokens", type=int, default=4096, metavar="N",
                    help="rows of each KV slab slot; 0: no slab (ServingConfig.slot_tokens; "
                         "default: 4096)")
+    s.add_argument("--pack-tokens", type=int, default=None, metavar="N",
+                   help="requests prefilled together have their main passes packed into one "
+                        "forward of at most N computed tokens; 0: each alone "
+                        "(ServingConfig.pack_tokens; default: 4096 on a GPU, 0 on a CPU)")
     add_json_option(s, "one record per run")
     s.set_defaults(func=_serve)
 
@@ -61,7 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
                                serve_threads=args.serve_threads,
                                prefill_workers=args.prefill_workers,
                                prefill_piece_tokens=args.prefill_piece_tokens or None,
-                               slot_tokens=args.slot_tokens)
+                               slot_tokens=args.slot_tokens, pack_tokens=args.pack_tokens)
     except ValueError as e:
         print(f"blendrag bench serve: error: {e}", file=sys.stderr)
         return 2

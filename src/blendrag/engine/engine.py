@@ -394,8 +394,15 @@ class BlendEngine:
         return pre
 
     def _prefill(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
-                 observers: Sequence[LayerObserver] = (), started: float | None = None,
-                 pieces: PrefillPieces | None = None) -> Prefill:
+                 observers: Sequence[LayerObserver] = (),
+                 started: float | None = None) -> Prefill:
+        with torch_threads(self.threads):
+            return request.run_alone(self.runner, self._prefill_steps(
+                layout, config, extra_capacity, observers, started))
+
+    def _prefill_steps(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
+                       observers: Sequence[LayerObserver] = (), started: float | None = None,
+                       pieces: PrefillPieces | None = None) -> request.Steps[Prefill]:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
@@ -404,10 +411,8 @@ class BlendEngine:
         cache = self.cache.with_store(RequestStore(self.cache.store))
         parts = request.Parts(cache, self.runner, self.controller, self.prefix_cache,
                               self.history)
-        with torch_threads(self.threads):
-            pre = request.prefill(parts, request.Request(
-                layout, config, layout.num_tokens + extra_capacity, started, observers,
-                pieces))
+        pre = yield from request.prefill_steps(parts, request.Request(
+            layout, config, layout.num_tokens + extra_capacity, started, observers, pieces))
         pre.stats.calibration = calibration
         return pre
 
@@ -433,12 +438,24 @@ class BlendEngine:
         """Prefill, then an iterator of text deltas; ``.result`` holds the GenerationResult once
         exhausted. ``started``: as for :meth:`prefill`; ``pieces``: a long prefill run in pieces
         with other work between them (a scheduler's: engine/compute/pieces.py)."""
+        with torch_threads(self.threads):
+            return request.run_alone(self.runner, self.stream_steps(
+                layout, config, generation, started=started, pieces=pieces))
+
+    def stream_steps(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
+                     generation: GenerationConfig = DEFAULT_GENERATION, *,
+                     started: float | None = None,
+                     pieces: PrefillPieces | None = None) -> request.Steps[GenerationStream]:
+        """:meth:`stream` as steps that stop at the prefill's main pass
+        (engine/request/prefill.py ``Steps``), so that a scheduler can pack several requests'
+        main passes into one forward (engine/request/packing.py). Its caller sets torch's
+        threads (``threads``) while it runs them."""
         started = time.perf_counter() if started is None else started
         if self.tokenizer is None:
             raise ValueError("generating text needs a tokenizer; use prefill() on token ids "
                              "without one")
-        pre = self._prefill(layout, config, generation.max_new_tokens, started=started,
-                            pieces=pieces)
+        pre = yield from self._prefill_steps(layout, config, generation.max_new_tokens,
+                                             started=started, pieces=pieces)
         # the prompt's and the answer's rows go to the prefix cache once the answer is done
         return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation,
                                 on_done=lambda ids: self.keep_rows([*layout.ids, *ids], pre),

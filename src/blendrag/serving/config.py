@@ -10,6 +10,10 @@ from blendrag.engine.compute.pieces import MIN_PIECE_TOKENS
 DEFAULT_SLOT_TOKENS = 4096
 """Rows of a slab slot by default: a typical RAG prompt of about 3k tokens and its answer."""
 
+DEFAULT_PACK_TOKENS = 4096
+"""Computed tokens packed into one forward on a GPU by default: 16 requests' questions of 64
+tokens and their recomputed chunk tokens at a typical prompt."""
+
 
 @dataclass(frozen=True)
 class ServingConfig:
@@ -34,6 +38,12 @@ class ServingConfig:
       stall every running request's next token: between two pieces a prefill in the decoding
       loop's thread decodes a step for the running requests, and a prefill worker on a GPU
       waits for its piece, letting their steps in. None: every prefill whole.
+    pack_tokens: the requests prefilled together (those admitted in one turn of the loop, or
+      waiting for the prefill worker) have their main passes packed into one forward
+      (engine/request/packing.py) of at most this many computed tokens: reuse's question,
+      blend's recomputed tokens, a prefix-cache tail, a short full prefill. 0: each runs alone.
+      None: ``DEFAULT_PACK_TOKENS`` on a GPU, where such a pass is bound by reading the
+      weights; 0 on a CPU, whose passes are bound by their arithmetic.
     pool_tokens: request KV rows all running requests may hold together (prompt + answer each,
       counted in blocks of ``block_tokens``); None: ``max_seqs`` requests of the model's longest
       context. A request that can never fit is refused (``PromptTooLarge``); one that cannot fit
@@ -59,6 +69,7 @@ class ServingConfig:
     prefill_workers: int | None = None
     max_prefill_tokens: int = 8192
     prefill_piece_tokens: int | None = 512
+    pack_tokens: int | None = None
     pool_tokens: int | None = None
     block_tokens: int = 16
     slot_tokens: int = DEFAULT_SLOT_TOKENS
@@ -71,6 +82,8 @@ class ServingConfig:
             _count(name, getattr(self, name), 1)
         if self.prefill_workers is not None:
             _count("prefill_workers", self.prefill_workers, 0)
+        if self.pack_tokens is not None:
+            _count("pack_tokens", self.pack_tokens, 0)
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
         _count("slot_tokens", self.slot_tokens, 0)

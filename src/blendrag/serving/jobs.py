@@ -45,6 +45,7 @@ class SchedulerStats:
     refused: int = 0  # requests refused at submit (queue full, too large)
     timed_out: int = 0
     cancelled: int = 0
+    packed: int = 0  # prefills whose main pass ran packed with other requests'
 
     @property
     def mean_batch(self) -> float:

@@ -45,9 +45,10 @@ from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.threads import torch_threads
+from blendrag.engine.request.packing import run_together
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
-from blendrag.serving.config import ServingConfig
+from blendrag.serving.config import DEFAULT_PACK_TOKENS, ServingConfig
 from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
 from blendrag.serving.jobs import Job, SchedulerStats
@@ -82,6 +83,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._admitted: deque[Job] = deque()  # admitted, for the prefill workers to take
         self._slab: KVSlab | None = None  # made at the first admission (``_slot_for``)
         self._no_slab = False  # its memory could not be had: own buffers from then on
 
@@ -151,8 +153,12 @@ class Scheduler:
         with self._cond:
             self._closed = True
             jobs = [*self._waiting, *self._running, *self._ready]
+            admitted = list(self._admitted)  # no worker took them yet: none will
+            self._admitted.clear()
+            self._prefilling -= len(admitted)
             self._cond.notify_all()
-        for job in jobs:
+        self._free(admitted)
+        for job in [*jobs, *admitted]:
             job.handle.fail(RuntimeError("the scheduler was closed"))
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -249,38 +255,52 @@ class Scheduler:
         self._running = [j for j in self._running if j not in gone]
 
     def _admit(self) -> bool:
-        """Start the prefill of waiting requests while slots and pool blocks allow; whether any
-        started."""
-        admitted, budget = False, self.config.max_prefill_tokens
-        inline = self._workers_count() == 0
-        while True:
+        """Start the prefill of waiting requests while slots and pool blocks allow, together
+        (``_prefill_group``); whether any started."""
+        jobs = self._admissible(inline=self._workers_count() == 0)
+        if not jobs:
+            return False
+        if self._workers_count() == 0:
+            self._prefill_group(jobs, self._start_decoding)
+        else:
             with self._cond:
-                if self._closed:
-                    return admitted
+                self._admitted.extend(jobs)
+            self._workers().submit(self._prefill_aside)
+        return True
+
+    def _admissible(self, inline: bool) -> list[Job]:
+        """Take the waiting requests that may start now, their pool blocks and slots reserved:
+        while there is a free sequence slot and room in the pool (``inline``: and prefill
+        tokens left this turn)."""
+        jobs: list[Job] = []
+        budget = self.config.max_prefill_tokens
+        with self._cond:
+            while not self._closed and self._waiting:
                 busy = len(self._running) + len(self._ready) + self._prefilling
-                if not self._waiting or busy >= self.config.max_seqs:
-                    return admitted
+                if busy >= self.config.max_seqs:
+                    break
                 job = self._waiting[0]
                 tokens = job.layout.num_tokens
-                if inline and admitted and tokens > budget:
-                    return admitted  # the next turn's: the running requests decode first
+                if inline and jobs and tokens > budget:
+                    break  # the next turn's: the running requests decode first
                 blocks = self.pool.reserve(
                     self.runner.rows_for(tokens + job.generation.max_new_tokens))
                 if blocks is None:
-                    return admitted  # room once a running request is done
+                    break  # room once a running request is done
                 self._waiting.popleft()
                 job.blocks = blocks
                 job.slot = self._slot_for(tokens + job.generation.max_new_tokens)
                 self._prefilling += 1  # neither waiting nor running: counted until it is
-            admitted, budget = True, budget - tokens
-            if inline:
-                live = self._prefill(job)
-                with self._cond:
-                    self._prefilling -= 1
-                    if live:
-                        self._running.append(job)
-            else:
-                self._workers().submit(self._prefill_aside, job)
+                jobs.append(job)
+                budget -= tokens
+        return jobs
+
+    def _start_decoding(self, job: Job, live: bool) -> None:
+        """A request prefilled in the decoding loop's thread: it decodes from the next step."""
+        with self._cond:
+            self._prefilling -= 1
+            if live:
+                self._running.append(job)
 
     def _slot_for(self, rows: int) -> int | None:
         """A slab slot for a request KV of ``rows`` rows; None: it takes a buffer of its own
@@ -302,30 +322,79 @@ class Scheduler:
             return None
         return slab.claim()
 
+    def _pack_tokens(self) -> int:
+        """Computed tokens packed into one forward at most: the config's; else 0 (none) on a
+        CPU, whose prefills are bound by their arithmetic, and ``DEFAULT_PACK_TOKENS`` on a
+        GPU, where a short pass is bound by reading the weights."""
+        if self.config.pack_tokens is not None:
+            return self.config.pack_tokens
+        return DEFAULT_PACK_TOKENS if self.runner.device.type == "cuda" else 0
+
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool_threads is None:
             self._pool_threads = ThreadPoolExecutor(self._workers_count(),
                                                     thread_name_prefix="blendrag-prefill")
         return self._pool_threads
 
-    def _prefill_aside(self, job: Job) -> None:
-        """A prefill worker's task: ``job`` prefilled, then handed to the decoding loop."""
-        live = False
-        try:
-            with torch_threads(self._threads()):
-                live = self._prefill(job)
-        finally:
+    def _prefill_aside(self) -> None:
+        """A prefill worker's task: every admitted request no worker has taken yet, prefilled
+        together, each handed to the decoding loop as soon as it has its first token."""
+        with self._cond:
+            jobs = list(self._admitted)
+            self._admitted.clear()
+        if not jobs:  # an earlier task took them
+            return
+        left = set(map(id, jobs))
+
+        def ready(job: Job, live: bool) -> None:
             with self._cond:
+                left.discard(id(job))
                 self._prefilling -= 1
                 if live:
                     self._ready.append(job)
                 self._cond.notify_all()
-
-    def _prefill(self, job: Job) -> bool:
-        """Prefill ``job`` and hand out its first token; whether it goes on decoding."""
         try:
-            stream = job.engine.stream(job.layout, job.blend, job.generation,
-                                       started=job.started, pieces=self._pieces())
+            with torch_threads(self._threads()):
+                self._prefill_group(jobs, ready)
+        finally:  # those an interrupt left without a result: no longer prefilling
+            for job in jobs:
+                if id(job) in left:
+                    self._free([job])
+                    job.handle.fail(RuntimeError("the request's prefill was interrupted"))
+                    ready(job, False)
+
+    def _prefill_group(self, jobs: list[Job], then: Callable[[Job, bool], None]) -> None:
+        """Prefill ``jobs`` together, their main passes packed into forwards of at most
+        ``pack_tokens`` computed tokens (engine/request/packing.py), or one after another;
+        ``then(job, live)`` as soon as each has its first token handed out (``live``: it goes
+        on decoding) or has failed."""
+        pack = self._pack_tokens()
+        if len(jobs) == 1 or pack == 0:
+            for job in jobs:
+                then(job, self._started(job, self._stream_of(job)))
+            return
+        steps = [job.engine.stream_steps(job.layout, job.blend, job.generation,
+                                         started=job.started, pieces=self._pieces())
+                 for job in jobs]
+        run_together(self.runner, steps, pack,
+                     on_result=lambda j, out: then(jobs[j], self._started(jobs[j], out)))
+
+    def _stream_of(self, job: Job) -> GenerationStream | BaseException:
+        """``job`` prefilled alone -> its token stream, or its error."""
+        try:
+            return job.engine.stream(job.layout, job.blend, job.generation,
+                                     started=job.started, pieces=self._pieces())
+        except Exception as exc:
+            return exc
+
+    def _started(self, job: Job, stream: GenerationStream | BaseException) -> bool:
+        """Take ``job``'s prefill (its stream, or its error) and hand out its first token;
+        whether it goes on decoding."""
+        try:
+            if isinstance(stream, BaseException):
+                raise stream
+            if stream.prefill.stats.compute.packed_requests > 1:
+                self.stats.packed += 1
             if self._slab is not None and job.slot is not None:  # decoded in its slot
                 fused = stream.prefill.fused
                 if self._slab.fits(fused.capacity):

@@ -1,6 +1,7 @@
 """The GPU check's serving phase: ``bench serve`` at the check's shape (Mistral-7B's, random
 weights, bf16): many users through the scheduler against one request at a time, and one
-batched decoding step of 16 requests against one request's step.
+batched decoding step of 16 requests against one request's step, and 16 prefills with their main
+passes packed into one forward against one after another.
 
 Random weights have no tokenizer: the answers are token ids, written as text by ``IdsText`` so
 that the token loop (stop strings, streaming) runs as it does for text."""
@@ -11,10 +12,11 @@ import statistics
 import time
 from dataclasses import replace
 
-from blendrag.config import BlendConfig
+from blendrag.config import BlendConfig, GenerationConfig
+from blendrag.engine.request.packing import run_together
 from blendrag.prompt import PromptLayout
 from blendrag.serving import ServingConfig
-from blendrag.serving.config import DEFAULT_SLOT_TOKENS
+from blendrag.serving.config import DEFAULT_PACK_TOKENS, DEFAULT_SLOT_TOKENS
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.gpu.speed import Emit
 from blendrag_bench.serve import ServeBenchConfig, format_row, run
@@ -70,7 +72,42 @@ def serve(emit: Emit, small: bool) -> dict[str, tuple[float | str, str, bool | N
          "slab (one attention call per layer, CUDA graphs)")
     out[f"decode: {n} requests' step vs one (slab)"] = (slab, ">= 8x", slab >= 8)
     out[f"decode: {n} requests' step vs one (own buffers)"] = (own, "", None)
+    for mode, blend in (("reuse", BlendConfig(mode="reuse")), ("default", BlendConfig())):
+        gain = _pack_gain(engine, layouts, n, blend)
+        emit(f"{n} {mode} prefills with their main passes packed into one forward against "
+             f"one after another: {gain:.2f}x")
+        out[f"prefill: {n} {mode} requests packed vs one after another"] = (gain, "", None)
     return out
+
+
+def _pack_gain(engine, layouts: list[PromptLayout], n: int, blend: BlendConfig) -> float:
+    """How much sooner ``n`` prefills are all done with their main passes packed into one
+    forward (engine/request/packing.py) than one after another (each alone, its static passes
+    replayed): medians of 3 after a warm round each."""
+    gen = GenerationConfig(max_new_tokens=1)
+    chosen = [layouts[j % len(layouts)] for j in range(n)]
+
+    def apart() -> None:
+        for layout in chosen:
+            engine.prefill(layout, blend, extra_capacity=1)
+
+    def packed() -> None:
+        steps = [engine.stream_steps(layout, blend, gen) for layout in chosen]
+        for out in run_together(engine.runner, steps, DEFAULT_PACK_TOKENS):
+            if isinstance(out, BaseException):
+                raise out
+
+    def timed(run) -> float:
+        times = []
+        for _ in range(4):
+            sync()
+            t0 = time.perf_counter()
+            run()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    return timed(apart) / timed(packed)
 
 
 def _step_gains(engine, layouts: list[PromptLayout], n: int) -> tuple[float, float]:

@@ -21,6 +21,7 @@ from blendrag.engine.compute.layer import attend, finish, project
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult, run_layers
 from blendrag.engine.compute.observers import OFF, CapturedRows, LayerObserver, PhaseClock
+from blendrag.engine.compute.packed import Lane, run_packed
 from blendrag.engine.compute.pieces import PrefillPieces, run_in_pieces
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.slab_step import SlabStep
@@ -209,6 +210,11 @@ class ModelRunner:
             if out is not None:
                 return out
         return run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
+
+    def run_packed(self, lanes: Sequence[Lane]) -> list[LoopResult | BaseException]:
+        """Several requests' plans, each over its own request KV, in one forward
+        (engine/compute/packed.py) -> per lane, its result or the error that stopped it."""
+        return run_packed(self.adapter, lanes, self.kernel)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [hidden] (final-normed) -> logits [vocab] in float32 (soft-capped where the

@@ -2,8 +2,9 @@
 
 A ``Request`` carries what was asked (layout, config, capacity, arrival time, observers) and
 what lasts across attempts; before the first, the history cache's rows are split off as one
-more chunk (engine/caches/history.py) and the cost profile may choose a full prefill instead
-(engine/selection/costs.py). ``prefill`` runs attempts until one completes. An attempt
+more chunk and the mode it runs is decided (engine/request/mode.py: a full prefill instead when
+its chunks are missing or the cost profile predicts it faster). ``prefill`` runs attempts until
+one completes. An attempt
 
 1. **opens** the request's cached rows (``Opened``): its head, how far it takes the longest
    run of prefix-cache blocks its ids begin with (an earlier turn of the same chat;
@@ -20,6 +21,10 @@ more chunk (engine/caches/history.py) and the cost profile may choose a full pre
 4. takes the **logits** of the last token: the time from the request's start to here is its
    TTFT, measured here only.
 
+The attempts are steps (``prefill_steps``) that stop at the main pass: ``prefill`` runs it
+alone, a scheduler may pack several requests' main passes into one forward
+(engine/request/packing.py).
+
 A cached entry whose layer fails to load midway (a tier error, a checksum) is never used: the
 attempt is dropped, every entry that fails at that layer too is found at once, and the next
 attempt computes those chunks instead, each once whatever the attempts (``load_retries``).
@@ -28,10 +33,10 @@ attempt computes those chunks instead, each once whatever the attempts (``load_r
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -42,17 +47,15 @@ from blendrag.engine.caches.history import HISTORY_TAG, HistoryCache, HistoryRow
 from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
-from blendrag.engine.compute.loop import LoopPlan
+from blendrag.engine.compute.loop import LoopPlan, LoopResult
 from blendrag.engine.compute.observers import OFF, LayerCounts, LayerObserver, PhaseClock
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
+from blendrag.engine.request.mode import mode_for, with_history
 from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
 from blendrag.engine.selection.ape import ApeSpan
 from blendrag.engine.selection.controller import LoadingController, decide, observe
 from blendrag.engine.selection.costs import (
-    PromptShape,
-    choose_mode,
-    exact_path_choice,
     observe_choice,
 )
 from blendrag.engine.selection.preview import suffix_attention
@@ -63,7 +66,6 @@ from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
 log = logging.getLogger(__name__)
-FULL = BlendConfig(mode="full")
 
 @dataclass(frozen=True)
 class Parts:
@@ -158,17 +160,65 @@ class _LoadFailed(Exception):
         self.keys, self.cause = keys, cause
 
 
+@dataclass
+class MainPass:
+    """A request's main pass, handed to whoever runs it: ``runner.run`` alone (``run_alone``),
+    or packed into one forward with other requests' (engine/request/packing.py). Its runner
+    sets ``packed`` (the requests of its forward) and ``pass_s`` (the forward's seconds)."""
+
+    plan: LoopPlan
+    fused: FusedKV
+    rope: RopeTables
+    observers: tuple[LayerObserver, ...]
+    clock: PhaseClock
+    pieces: PrefillPieces | None
+    packed: int = 1
+    pass_s: float = 0.0
+
+
+T = TypeVar("T")
+Steps = Generator[MainPass, LoopResult, T]
+"""A request's work up to its result, stopping at its main pass: it yields the pass and takes
+its ``LoopResult`` (or has the pass's error thrown in), and returns the result."""
+
+
 def prefill(parts: Parts, req: Request) -> Prefill:
     """Prefill ``req`` into a buffer of ``req.capacity`` rows: attempts until one completes
     (the module docstring; ``stats.cache.load_retries``)."""
+    return run_alone(parts.runner, prefill_steps(parts, req))
+
+
+def run_alone(runner: ModelRunner, steps: Steps[T]) -> T:
+    """Drive ``steps``, running each of its main passes alone -> its result."""
+    try:
+        main = next(steps)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                out = runner.run(main.plan, main.fused, main.rope, main.observers, main.clock,
+                                 main.pieces)
+            except Exception as exc:  # the request's to handle (a layer that failed to load)
+                main = steps.throw(exc)
+            else:
+                main.pass_s = time.perf_counter() - t0
+                main = steps.send(out)
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        steps.close()
+
+
+def prefill_steps(parts: Parts, req: Request) -> Steps[Prefill]:
+    """``prefill`` as steps (``Steps``): attempts until one completes, each stopping at its main
+    pass."""
     conversation_start = req.layout.suffix_start
-    req.layout, req.history = _history(parts, req.layout, req.config)
-    req.config, req.choice = _mode_for(parts, req)
+    req.layout, req.history = with_history(parts, req.layout, req.config)
+    req.config, req.choice = mode_for(parts, req)
     attempts = 0
     while True:
         attempts += 1
         try:
-            pre = _attempt(parts, req)
+            pre = yield from _attempt(parts, req)
         except _LoadFailed as exc:
             new = [k for k in exc.keys if k not in req.failed]
             if not new:  # never opened again: a bug, not a storage failure
@@ -187,93 +237,11 @@ def prefill(parts: Parts, req: Request) -> Prefill:
         return pre
 
 
-def _history(parts: Parts, layout: PromptLayout,
-             config: BlendConfig) -> tuple[PromptLayout, HistoryRows | None]:
-    """``layout`` with the rows of an earlier turn its suffix begins with as one more chunk
-    (engine/caches/history.py), for the modes that reuse rows in a new context; else as it is."""
-    if parts.history is None or config.mode not in ("blend", "reuse"):
-        return layout, None
-    return parts.history.split(layout)
-
-
-def _mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | None]:
-    """``req.config``, or a full prefill when this device's cost profile predicts that it would
-    be slower (``LoadingConfig.full_when_faster``; engine/selection/costs.py ``choose_mode``); and
-    the
-    choice's record (None: not asked). Not asked of a request that begins with prefix-cache
-    rows (every mode then computes little) or that is a full prefill already."""
-    layout, config = req.layout, req.config
-    if config.mode == "full":
-        return config, None
-    if parts.prefix_cache is not None:
-        exact_tokens, cached, head = _cached_heads(parts.prefix_cache, layout, config)
-        exact = exact_path_choice(layout, config, exact_tokens, head)
-        if exact is not None:
-            return FULL, exact
-        if cached:  # it begins with prefix-cache rows: every mode computes little
-            return config, None
-    missing = _missing_first(parts, req)
-    if missing is not None:
-        return FULL, missing
-    wanted = parts.controller.config.full_when_faster
-    if wanted is None:
-        wanted = parts.runner.device.type == "cuda"
-    if not wanted:
-        return config, None
-    misses = tuple(parts.cache.miss_passes(layout, config, req.history))
-    shape = PromptShape(layout.num_tokens, len(layout.prefix_ids),
-                        layout.suffix_start - len(layout.prefix_ids), len(layout.suffix_ids),
-                        layout.chunk_spans[0][1], misses)
-    return choose_mode(parts.runner.costs(), config, shape)
-
-
-def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
-    """A full prefill's record when at least ``full_when_missing`` of the request's chunk
-    tokens are in no store (the first question on new documents): computing them first costs
-    several full prefills, so the request runs one, exact, and its missing pieces are queued
-    to be computed off its path (engine/caches/backfill.py); None otherwise."""
-    share = parts.controller.config.full_when_missing
-    if share is None:
-        return None
-    absent = parts.cache.absent(req.layout, req.config, req.history)
-    chunk_tokens = req.layout.suffix_start - len(req.layout.prefix_ids)
-    missing = sum(len(p.ids) for p in absent if not p.exact)  # chunks (the prefix is exact)
-    if not absent or chunk_tokens <= 0 or missing < share * chunk_tokens:
-        return None
-    req.backfilled = parts.cache.backfill_later(absent)
-    backfill = parts.cache.backfill
-    # on by default: said at WARNING once per engine (a newcomer sees why an asked blend ran
-    # full), then at INFO (a service over new documents would say it on every first question)
-    level = logging.INFO if backfill.warned else logging.WARNING
-    backfill.warned = True
-    chunks = sum(not p.exact for p in absent)
-    log.log(level, "%s request: %d of %d chunk tokens (%.0f %%, %d of %d chunks) are in no store "
-            "yet, at least the %.0f %% of LoadingConfig.full_when_missing: ran an exact full "
-            "prefill instead of computing them first; %d of %d missing pieces (chunks, prefix) "
-            "queued to be computed and stored off its path, so the next request over them hits",
-            req.config.label, missing, chunk_tokens, 100 * missing / chunk_tokens, chunks,
-            len(req.layout.chunk_ids), 100 * share, req.backfilled,
-            len({p.key for p in absent}))  # a piece used twice (a separator) is one
-    return ModeChoice(req.config.label, FULL.label, math.nan, math.nan, math.nan, math.nan,
-                      len(absent), reason="chunks missing")
-
-
-def _cached_heads(cache: PrefixCache, layout: PromptLayout,
-                  config: BlendConfig) -> tuple[int, int, head_rules.Head]:
-    """What the prefix cache holds of the prompt's beginning, in one lookup: its exact rows
-    (the leading exact run of what ``config`` takes: what the exact path would take), the rows
-    ``config`` takes, and the head it would start from."""
-    found = head_rules.match(cache, layout, config)
-    try:
-        return found.exact_tokens, found.tokens, head_rules.head_for(layout, config, found)
-    finally:
-        cache.release(found)
-
 
 # ---- 1. open ----------------------------------------------------------------------------------
 
 
-def _attempt(parts: Parts, req: Request) -> Prefill:
+def _attempt(parts: Parts, req: Request) -> Steps[Prefill]:
     """One attempt; raises ``_LoadFailed`` when cached layers fail to load."""
     req.clock.restart()
     req.stats = new_stats(req.layout, req.config)
@@ -288,7 +256,7 @@ def _attempt(parts: Parts, req: Request) -> Prefill:
         except LayerReadError as exc:  # an entry read whole while opening (a profile to take)
             raise _LoadFailed([exc.key], exc) from exc
         with opened.rows:
-            pre = _run(parts, req, opened, t_open)
+            pre = yield from _run(parts, req, opened, t_open)
     finally:
         if cache is not None:
             cache.release(found)
@@ -330,7 +298,7 @@ def _count_rows(stats: RequestStats, layout: PromptLayout, opened: Opened) -> No
 # ---- 2. plan, 3. run, 4. logits ---------------------------------------------------------------
 
 
-def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Prefill:
+def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Prefill]:
     """Steps 2 to 4 over the opened rows: the buffer and the feed, the ratio, the head's rows,
     the plan, the loop, the logits."""
     runner, clock, stats = parts.runner, req.clock, req.stats
@@ -350,7 +318,11 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Prefill:
         plan = (_tail_plan(parts, req, opened, running) if opened.tail
                 else make_plan(parts, req, opened, running))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
-        out = runner.run(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)  # 3.
+        main = MainPass(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)
+        t_main = time.perf_counter()
+        out = yield main  # 3. run: alone, or packed with other requests' main passes
+        stats.timing.waited_s = max(time.perf_counter() - t_main - main.pass_s, 0.0)
+        stats.compute.packed_requests = main.packed
         fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
         clock.lap("logits")

@@ -91,7 +91,9 @@ class ComputeStats:
     attended_keys_per_layer[i]: keys they attended to (attention work); preview_tokens and
     preview_attended_keys: the preview pass's tokens (at every layer) and keys (all layers);
     bridged_tokens: tokens computed (at every layer) after the prefix cache's rows to the end
-    of the piece those rows stop in (engine/request/head.py)."""
+    of the piece those rows stop in (engine/request/head.py); packed_requests: the requests
+    whose main passes ran in one forward with its own, itself included (1: alone;
+    engine/request/packing.py)."""
 
     layers: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
@@ -100,6 +102,7 @@ class ComputeStats:
     preview_tokens: int = 0
     preview_attended_keys: int = 0
     bridged_tokens: int = 0
+    packed_requests: int = 1
 
 
 @dataclass
@@ -108,13 +111,16 @@ class TimingStats:
     pieces; fetch_s: opening the cached rows (computing missing chunks included); prefill_s:
     the layer loop and the logits; ttft_s: from the request's start to the first token's
     logits (all of the above); between_pieces_s: the part of prefill_s a prefill run in pieces
-    left to other requests between two (engine/compute/pieces.py)."""
+    left to other requests between two (engine/compute/pieces.py); waited_s: the part of
+    prefill_s it waited, stopped at its main pass, for the requests prefilled with it to reach
+    theirs (engine/request/packing.py)."""
 
     match_s: float = 0.0
     fetch_s: float = 0.0
     prefill_s: float = 0.0
     ttft_s: float = 0.0
     between_pieces_s: float = 0.0
+    waited_s: float = 0.0
 
 
 @dataclass

@@ -264,15 +264,17 @@ def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats)
     loading.load_s = sum(feed.tier_s.values())
     loading.load_wait_s = feed.wait_s
     loading.place_s = feed.place_s
-    # the loop's waits hold whatever loading ran on its thread (reads and placing)
-    # and the other requests' steps run between the pieces of a prefill in pieces
+    # the loop's waits hold whatever loading ran on its thread (reads and placing), the
+    # other requests' steps run between the pieces of a prefill in pieces, and the others
+    # prefilled with it up to their main passes
     loading.compute_s = max(stats.timing.prefill_s - feed.wait_s
-                            - stats.timing.between_pieces_s, 0.0)
+                            - stats.timing.between_pieces_s - stats.timing.waited_s, 0.0)
     # The compute speed is learnt from the requests whose computed tokens are like those a
     # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
-    # computes causal blocks, cheaper per token, which would make the controller overshoot.
+    # computes causal blocks, cheaper per token, which would make the controller overshoot;
+    # and from a main pass run alone (a packed one's time is shared with other requests).
     token_layers = 0
-    if stats.mode in ("blend", "reuse"):
+    if stats.mode in ("blend", "reuse") and compute.packed_requests == 1:
         token_layers = sum(compute.computed_per_layer) + compute.preview_tokens * compute.layers
     controller.observe(feed.tier_s, feed.tier_bytes, loading.compute_s, token_layers,
                        feed.place_s, stats.cache.tokens_reused * compute.layers)
