@@ -446,9 +446,9 @@ class BlendEngine:
                      generation: GenerationConfig = DEFAULT_GENERATION, *,
                      started: float | None = None,
                      pieces: PrefillPieces | None = None) -> request.Steps[GenerationStream]:
-        """:meth:`stream` as steps that stop at the prefill's main pass
+        """:meth:`stream` as steps that stop at each of the prefill's passes
         (engine/request/prefill.py ``Steps``), so that a scheduler can pack several requests'
-        main passes into one forward (engine/request/packing.py). Its caller sets torch's
+        passes into one forward (engine/request/packing.py). Its caller sets torch's
         threads (``threads``) while it runs them."""
         started = time.perf_counter() if started is None else started
         if self.tokenizer is None:

@@ -39,7 +39,7 @@ class ServingConfig:
       loop's thread decodes a step for the running requests, and a prefill worker on a GPU
       waits for its piece, letting their steps in. None: every prefill whole.
     pack_tokens: the requests prefilled together (those admitted in one turn of the loop, or
-      waiting for the prefill worker) have their main passes packed into one forward
+      waiting for the prefill worker) have their passes packed into one forward
       (engine/request/packing.py) of at most this many computed tokens: reuse's question,
       blend's recomputed tokens, a prefix-cache tail, a short full prefill. 0: each runs alone.
       None: ``DEFAULT_PACK_TOKENS`` on a GPU, where such a pass is bound by reading the

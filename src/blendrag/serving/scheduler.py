@@ -364,7 +364,7 @@ class Scheduler:
                     ready(job, False)
 
     def _prefill_group(self, jobs: list[Job], then: Callable[[Job, bool], None]) -> None:
-        """Prefill ``jobs`` together, their main passes packed into forwards of at most
+        """Prefill ``jobs`` together, their passes packed into forwards of at most
         ``pack_tokens`` computed tokens (engine/request/packing.py), or one after another;
         ``then(job, live)`` as soon as each has its first token handed out (``live``: it goes
         on decoding) or has failed."""

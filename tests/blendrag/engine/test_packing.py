@@ -78,9 +78,12 @@ def test_packed_prefills_equal_each_prefill_alone(engine_for, monkeypatch, famil
     alone = [engine.prefill(layout, config, GEN.max_new_tokens) for layout in layouts]
     calls = _packed_forwards(monkeypatch, engine)
     streams = _together(engine, layouts, [config] * 3)
-    assert calls == [3]
+    assert calls == ([3, 3] if mode == "blend" else [3])  # blend's preview passes too
     for stream, one in zip(streams, alone):
         _same(stream.prefill, one)
+        assert stream.prefill.stats.compute.packed_requests == 3
+        assert stream.prefill.stats.compute.preview_attended_keys == \
+            one.stats.compute.preview_attended_keys
 
 
 def test_requests_of_different_modes_and_lengths_pack_together(engine_for, monkeypatch):
@@ -92,6 +95,7 @@ def test_requests_of_different_modes_and_lengths_pack_together(engine_for, monke
     calls = _packed_forwards(monkeypatch, engine)
     streams = _together(engine, layouts, configs)
     assert calls == [3]
+    assert [s.prefill.stats.timing.waited_s >= 0 for s in streams] == [True] * 3
     for stream, one in zip(streams, alone):
         _same(stream.prefill, one)
         assert int(stream.prefill.logits.argmax()) == int(one.logits.argmax())
@@ -158,7 +162,7 @@ def test_passes_that_do_not_pack_run_alone(engine_for, monkeypatch):
     assert not packing.packable(next(timed))
     timed.close()
     scored = engine._prefill_steps(layout, CONFIGS["reuse"], 1, (KeyAttention(0, 4),))
-    assert not packing.packable(next(scored))
+    assert packing.packable(next(scored))  # its scores computed per request, as alone
     scored.close()
     long = engine._prefill_steps(layout, CONFIGS["full"], 1,
                                  pieces=PrefillPieces(16, lambda: None))
@@ -186,3 +190,23 @@ def test_observers_see_every_layer_of_a_packed_pass(engine_for):
         computed = pre.stats.compute.computed_per_layer[0]
         assert r.keys.shape[0] == engine.adapter.num_layers
         assert r.keys.shape[2] == computed == len(lay.suffix_ids)
+
+
+def test_each_request_has_its_result_as_soon_as_its_pass_ran(engine_for, monkeypatch):
+    engine = engine_for("llama")
+    engine.ingest(PASSAGES, PREFIX)
+    layouts = _layouts(engine)
+    events: list = []
+    packed, alone = engine.runner.run_packed, engine.runner.run
+    monkeypatch.setattr(engine.runner, "run_packed",
+                        lambda lanes: events.append("packed") or packed(lanes))
+    monkeypatch.setattr(engine.runner, "run",
+                        lambda *a, **kw: events.append("alone") or alone(*a, **kw))
+    steps = [engine.stream_steps(layouts[0], CONFIGS["reuse"], GEN),
+             engine.stream_steps(layouts[1], CONFIGS["reuse"], GEN),
+             engine.stream_steps(layouts[2], CONFIGS["full"], GEN,  # in pieces: alone
+                                 pieces=PrefillPieces(16, lambda: None))]
+    out = packing.run_together(engine.runner, steps, 4096,
+                               on_result=lambda j, _: events.append(j))
+    assert events == ["packed", 0, 1, "alone", 2]
+    assert [o.prefill.stats.compute.packed_requests for o in out] == [2, 2, 1]

@@ -80,7 +80,7 @@ def test_requests_after_warm_up_are_those_of_a_cold_engine(model_dir):
         assert a.stats.mode == b.stats.mode == config.mode
 
 
-def test_an_unusable_compile_cache_is_a_cold_start(tmp_path, caplog):
+def test_an_unusable_compile_cache_is_a_cold_start(tmp_path, caplog, monkeypatch):
     folder = tmp_path / "compile"
     folder.mkdir()
     compile_cache.cache_file(folder, torch.device("cpu")).write_bytes(b"not a cache" * 10)
@@ -88,7 +88,10 @@ def test_an_unusable_compile_cache_is_a_cold_start(tmp_path, caplog):
         assert compile_cache.load(folder, torch.device("cpu")) == 0
     assert "not loaded" in caplog.text
     assert compile_cache.load(tmp_path / "none", torch.device("cpu")) == 0  # nothing kept
-    assert compile_cache.save(folder, torch.device("cpu")) == 0  # nothing compiled here
+    # nothing compiled in this process (whatever an earlier test on this worker compiled)
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: None)
+    assert compile_cache.save(folder, torch.device("cpu")) == 0
+    assert list(folder.iterdir()) == [compile_cache.cache_file(folder, torch.device("cpu"))]
 
 
 _PROCESS = """

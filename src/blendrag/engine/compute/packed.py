@@ -17,8 +17,8 @@ on. Exactness: a request's rows run the arithmetic of its pass alone, except tha
 projections and MLP are rows of a larger matmul, whose blocking may round differently in the
 last bit (the tests bound the logits).
 
-Which passes pack (``packs``): untimed ones (no ``PhaseClock``) whose observers ask for no
-attention scores (the preview pass runs alone). A long pass that runs in pieces runs alone.
+A lane whose observers ask for attention scores (the preview pass) gets them as alone: its
+probabilities computed explicitly (engine/compute/layer.py ``attend_scored``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from blendrag.engine.compute.fused_kv import FusedKV
-from blendrag.engine.compute.layer import attend, finish, project
+from blendrag.engine.compute.layer import attend, attend_scored, finish, project
 from blendrag.engine.compute.loop import ActiveTokens, LoopPlan, LoopResult
 from blendrag.engine.compute.observers import LayerObserver, LayerStep
 from blendrag.engine.selection.selectors import CheckView
@@ -50,11 +50,6 @@ class Lane:
     active: ActiveTokens | None = field(default=None, init=False)
     h: torch.Tensor | None = field(default=None, init=False)
     error: BaseException | None = field(default=None, init=False)
-
-
-def packs(observers: Sequence[LayerObserver]) -> bool:
-    """Whether a pass watched by ``observers`` may run packed (no attention scores asked)."""
-    return not any(o.scores for o in observers)
 
 
 @torch.inference_mode()
@@ -166,12 +161,17 @@ def _own(adapter: LlamaAdapter, lane: Lane, i: int, check: dict[int, int], q: to
         active = lane.active = ActiveTokens(pos[keep], n, adapter, active.kernel, fused.k.dtype,
                                             plan.ape)
         lane.h, q = _h(lane)[keep], q[:, keep]
-    attention = active.plan(adapter.sliding_window(i))
-    o = attend(adapter, i, q, fused, attention)  # [H, A', D]
+    window = adapter.sliding_window(i)
+    attention = active.plan(window)
+    per_key = None
+    if any(o.scores for o in lane.observers):  # the preview pass: its probabilities too
+        o, per_key = attend_scored(adapter, i, q, fused, n, active.bias(window))
+    else:
+        o = attend(adapter, i, q, fused, attention)  # [H, A', D]
     if fused.ape_stale is not None and active.stale is not None:
         fused.ape_stale[i, :n] = active.stale
     if lane.observers:
-        step = LayerStep(i, active.pos, q, pos, k_pre, v, attention.attended_keys, None)
+        step = LayerStep(i, active.pos, q, pos, k_pre, v, attention.attended_keys, per_key)
         for observer in lane.observers:
             observer.on_layer(step)
     return o

@@ -1,14 +1,14 @@
-"""Several requests' prefills at once, their main passes packed into one forward.
+"""Several requests' prefills at once, their passes packed into one forward.
 
 Each request runs as steps (engine/request/prefill.py ``Steps``): it opens its cached rows,
-plans (a blend selector's choice, after its preview pass) and stops at its main pass. Once
-every request of the group has stopped there, the passes that pack (engine/compute/packed.py
-``packs``: untimed, no attention scores asked, not long enough to run in pieces) run as one
-forward, up to ``max_tokens`` computed tokens together; each request then takes its own result
-and goes on to its logits. A pass that does not pack, or is alone, runs as it would alone
-(``runner.run``: on a GPU a captured pass). A request whose cached rows fail to load in the
-packed forward gets that error back and makes another attempt, whose main pass joins the next
-round; nothing one request meets reaches another.
+plans, and stops at each pass it runs over them: the preview pass (the default selector's),
+then its main pass. Once every request of the group has stopped, the passes that pack
+(``packable``: untimed, not long enough to run in pieces) run as one forward
+(engine/compute/packed.py), up to ``max_tokens`` computed tokens together; each request then
+takes its own result and goes on to its next pass or its logits. A pass that does not pack, or
+is alone, runs as it would alone (``runner.run``: on a GPU a captured pass). A request whose
+cached rows fail to load in a packed forward gets that error back and makes another attempt,
+whose passes join a later round; nothing one request meets reaches another.
 
 Exactness: each request's prefill is its prefill alone, except that a packed pass's projections
 and MLP are rows of a larger matmul (engine/compute/packed.py).
@@ -23,9 +23,9 @@ from typing import TypeVar
 
 from blendrag.engine.compute.loop import LoopResult
 from blendrag.engine.compute.observers import OFF
-from blendrag.engine.compute.packed import Lane, packs
+from blendrag.engine.compute.packed import Lane
 from blendrag.engine.compute.runner import ModelRunner
-from blendrag.engine.request.prefill import MainPass, Steps
+from blendrag.engine.request.prefill import CachedPass, Steps
 
 T = TypeVar("T")
 
@@ -33,14 +33,14 @@ T = TypeVar("T")
 def run_together(runner: ModelRunner, steps: Sequence[Steps[T]], max_tokens: int,
                  on_result: Callable[[int, T | BaseException], None] | None = None,
                  ) -> list[T | BaseException]:
-    """Drive every request's ``steps`` to its result, packing their main passes into forwards of
-    at most ``max_tokens`` computed tokens -> per request, its result or its error.
+    """Drive every request's ``steps`` to its result, packing their passes into forwards of at
+    most ``max_tokens`` computed tokens -> per request, its result or its error.
     ``on_result(j, outcome)``: called as soon as request j has it (a request whose pass ran in
     the first forward need not wait for a later one)."""
     done: dict[int, T | BaseException] = {}
-    waiting: dict[int, MainPass] = {}  # requests stopped at their main pass
+    waiting: dict[int, CachedPass] = {}  # requests stopped at a pass
 
-    def advance(j: int, step: Callable[[], MainPass]) -> None:
+    def advance(j: int, step: Callable[[], CachedPass]) -> None:
         try:
             waiting[j] = step()
         except StopIteration as stop:
@@ -67,14 +67,14 @@ def run_together(runner: ModelRunner, steps: Sequence[Steps[T]], max_tokens: int
     return [done[j] for j in range(len(steps))]
 
 
-def packable(main: MainPass) -> bool:
+def packable(main: CachedPass) -> bool:
     """Whether ``main`` may run packed with other requests' passes."""
-    if main.clock is not OFF or not packs(main.observers):
+    if main.alone or main.clock is not OFF:
         return False
     return main.pieces is None or main.pieces.spans(main.plan, main.observers) is None
 
 
-def _group(waiting: dict[int, MainPass], max_tokens: int) -> list[int]:
+def _group(waiting: dict[int, CachedPass], max_tokens: int) -> list[int]:
     """The requests whose passes run next: the packable ones in order while their computed
     tokens fit ``max_tokens`` (at least one); else the first request alone."""
     group: list[int] = []
@@ -90,7 +90,7 @@ def _group(waiting: dict[int, MainPass], max_tokens: int) -> list[int]:
     return group if len(group) >= 2 else [next(iter(waiting))]
 
 
-def _run_group(runner: ModelRunner, mains: list[MainPass]) -> list[LoopResult | BaseException]:
+def _run_group(runner: ModelRunner, mains: list[CachedPass]) -> list[LoopResult | BaseException]:
     """One pass alone (as ``run_alone`` runs it), or several packed into one forward."""
     t0 = time.perf_counter()
     out: list[LoopResult | BaseException]

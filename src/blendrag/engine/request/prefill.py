@@ -21,9 +21,9 @@ one completes. An attempt
 4. takes the **logits** of the last token: the time from the request's start to here is its
    TTFT, measured here only.
 
-The attempts are steps (``prefill_steps``) that stop at the main pass: ``prefill`` runs it
-alone, a scheduler may pack several requests' main passes into one forward
-(engine/request/packing.py).
+The attempts are steps (``prefill_steps``) that stop at each pass over the cached rows (the
+preview pass, the main pass): ``prefill`` runs each alone, a scheduler may pack several
+requests' passes into one forward (engine/request/packing.py).
 
 A cached entry whose layer fails to load midway (a tier error, a checksum) is never used: the
 attempt is dropped, every entry that fails at that layer too is found at once, and the next
@@ -58,7 +58,7 @@ from blendrag.engine.selection.controller import LoadingController, decide, obse
 from blendrag.engine.selection.costs import (
     observe_choice,
 )
-from blendrag.engine.selection.preview import suffix_attention
+from blendrag.engine.selection.preview import PreviewPass
 from blendrag.engine.selection.selectors import make_selector
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
@@ -161,10 +161,11 @@ class _LoadFailed(Exception):
 
 
 @dataclass
-class MainPass:
-    """A request's main pass, handed to whoever runs it: ``runner.run`` alone (``run_alone``),
-    or packed into one forward with other requests' (engine/request/packing.py). Its runner
-    sets ``packed`` (the requests of its forward) and ``pass_s`` (the forward's seconds)."""
+class CachedPass:
+    """A pass of a request over its cached rows (its main pass, or the preview pass), handed to
+    whoever runs it: ``runner.run`` alone (``run_alone``), or packed into one forward with
+    other requests' (engine/request/packing.py). Its runner sets ``packed`` (the requests of
+    its forward) and ``pass_s`` (the forward's seconds)."""
 
     plan: LoopPlan
     fused: FusedKV
@@ -172,14 +173,15 @@ class MainPass:
     observers: tuple[LayerObserver, ...]
     clock: PhaseClock
     pieces: PrefillPieces | None
+    alone: bool = False  # run it alone (the preview pass of a timed request)
     packed: int = 1
     pass_s: float = 0.0
 
 
 T = TypeVar("T")
-Steps = Generator[MainPass, LoopResult, T]
-"""A request's work up to its result, stopping at its main pass: it yields the pass and takes
-its ``LoopResult`` (or has the pass's error thrown in), and returns the result."""
+Steps = Generator[CachedPass, LoopResult, T]
+"""A request's work up to its result, stopping at each of its passes: it yields the pass and
+takes its ``LoopResult`` (or has the pass's error thrown in), and returns the result."""
 
 
 def prefill(parts: Parts, req: Request) -> Prefill:
@@ -189,7 +191,7 @@ def prefill(parts: Parts, req: Request) -> Prefill:
 
 
 def run_alone(runner: ModelRunner, steps: Steps[T]) -> T:
-    """Drive ``steps``, running each of its main passes alone -> its result."""
+    """Drive ``steps``, running each of its passes alone -> its result."""
     try:
         main = next(steps)
         while True:
@@ -316,12 +318,10 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
         _fill_head(parts, req, opened, running)
         clock.lap("setup")
         plan = (_tail_plan(parts, req, opened, running) if opened.tail
-                else make_plan(parts, req, opened, running))  # 2. plan
+                else (yield from make_plan(parts, req, opened, running)))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
-        main = MainPass(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)
-        t_main = time.perf_counter()
-        out = yield main  # 3. run: alone, or packed with other requests' main passes
-        stats.timing.waited_s = max(time.perf_counter() - t_main - main.pass_s, 0.0)
+        main = CachedPass(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)
+        out = yield from _pass(req, main)  # 3. run: alone, or packed with others' passes
         stats.compute.packed_requests = main.packed
         fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
@@ -377,10 +377,20 @@ def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> 
                     torch.arange(opened.head.rows, n, device=dev), feed=running.feed)
 
 
-def make_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:
+def _pass(req: Request, main: CachedPass) -> Steps[LoopResult]:
+    """Stop at ``main`` for whoever runs it -> its result; the time it waited there for the
+    requests prefilled with it goes to ``waited_s``."""
+    t0 = time.perf_counter()
+    out = yield main
+    req.stats.timing.waited_s += max(time.perf_counter() - t0 - main.pass_s, 0.0)
+    return out
+
+
+def make_plan(parts: Parts, req: Request, opened: Opened,
+              running: Running) -> Steps[LoopPlan]:
     """The layer loop's plan for ``req.config`` over ``opened.rest``: which rows are cached,
     which tokens computed (the blend selector's choice, after the preview pass for
-    ``preview``)."""
+    ``preview``: a pass of its own, stopped at as the main pass is)."""
     runner, config, rows, layout = parts.runner, req.config, opened.rows, opened.rest
     dev, n = runner.device, layout.num_tokens
     feed: LayerFeed | None = running.feed
@@ -396,7 +406,10 @@ def make_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> L
     attention = None
     if config.selector == "preview":  # where the question looks, over the cached rows
         req.clock.lap("plan")
-        attention, keys = suffix_attention(runner, layout, running.fused, running.rope, feed)
+        preview = PreviewPass(layout, dev, feed)
+        yield from _pass(req, CachedPass(preview.plan, running.fused, running.rope,
+                                       preview.observers, OFF, None, alone=req.clock is not OFF))
+        attention, keys = preview.result()
         req.stats.compute.preview_attended_keys = keys
         req.stats.compute.preview_tokens = len(layout.suffix_ids)
         feed = None  # the preview pass loaded every cached row into the buffer

@@ -112,7 +112,7 @@ class TimingStats:
     the layer loop and the logits; ttft_s: from the request's start to the first token's
     logits (all of the above); between_pieces_s: the part of prefill_s a prefill run in pieces
     left to other requests between two (engine/compute/pieces.py); waited_s: the part of
-    prefill_s it waited, stopped at its main pass, for the requests prefilled with it to reach
+    prefill_s it waited, stopped at its passes, for the requests prefilled with it to reach
     theirs (engine/request/packing.py)."""
 
     match_s: float = 0.0

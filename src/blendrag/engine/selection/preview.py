@@ -23,18 +23,36 @@ from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 
 
+class PreviewPass:
+    """The preview pass over ``layout``'s cached rows, to be run (alone, or packed with other
+    requests' passes): its ``plan`` (the suffix computed, over the cached rows ``feed``
+    places) and ``observers``; ``result()`` once it has run."""
+
+    def __init__(self, layout: PromptLayout, device: torch.device,
+                 feed: LayerFeed | None) -> None:
+        self.attention = KeyAttention(len(layout.prefix_ids), layout.suffix_start)
+        self.counts = LayerCounts((0, 0))
+        self.plan = LoopPlan(torch.tensor(layout.ids, device=device),
+                             torch.arange(layout.suffix_start, layout.num_tokens, device=device),
+                             feed=feed)
+
+    @property
+    def observers(self) -> tuple[KeyAttention, LayerCounts]:
+        return self.attention, self.counts
+
+    def result(self) -> tuple[torch.Tensor, int]:
+        """Attention the suffix paid each chunk token, per layer, summed over heads and suffix
+        queries: [layers, C] float32 on the CPU (C: chunk tokens); and the keys the pass
+        attended to over all layers (its attention work)."""
+        return self.attention.attention.cpu(), sum(self.counts.attended_keys)
+
+
 def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, rope: RopeTables,
                      feed: LayerFeed | None) -> tuple[torch.Tensor, int]:
-    """Attention the suffix pays each chunk token over the cached rows, per layer, summed over
-    heads and suffix queries: [layers, C] float32 on the CPU (C: chunk tokens); and the keys
-    the pass attended to over all layers (its attention work).
+    """The preview pass run alone -> ``PreviewPass.result()``.
     Leaves the cached rows loaded in ``fused``: the pass is the consumer of ``feed``, so with
     pipelined loading it overlaps the loading of the cached rows, and the blend pass after it
     has nothing left to load."""
-    n, dev = layout.num_tokens, runner.device
-    attention = KeyAttention(len(layout.prefix_ids), layout.suffix_start)
-    counts = LayerCounts((0, 0))
-    plan = LoopPlan(torch.tensor(layout.ids, device=dev),
-                    torch.arange(layout.suffix_start, n, device=dev), feed=feed)
-    runner.run(plan, fused, rope, (attention, counts))
-    return attention.attention.cpu(), sum(counts.attended_keys)
+    preview = PreviewPass(layout, runner.device, feed)
+    runner.run(preview.plan, fused, rope, preview.observers)
+    return preview.result()
