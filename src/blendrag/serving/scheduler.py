@@ -29,7 +29,6 @@ The scheduler is shared by every view of an engine (``shared.py``: one per model
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -40,19 +39,20 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from blendrag.config import BlendConfig, GenerationConfig
-from blendrag.engine import BlendEngine, GenerationStream
+from blendrag.engine import BlendEngine
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.threads import torch_threads
-from blendrag.engine.request.packing import run_together
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
-from blendrag.serving.config import DEFAULT_PACK_TOKENS, ServingConfig
+from blendrag.serving import prefills, step
+from blendrag.serving.config import ServingConfig
 from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
 from blendrag.serving.jobs import Job, SchedulerStats
 from blendrag.serving.pool import BlockPool
+from blendrag.serving.slots import SlabSlots
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,8 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._admitted: deque[Job] = deque()  # admitted, for the prefill workers to take
-        self._slab: KVSlab | None = None  # made at the first admission (``_slot_for``)
-        self._no_slab = False  # its memory could not be had: own buffers from then on
+        self._slots = SlabSlots(lambda: self.runner, self.config.max_seqs,
+                                self.config.slot_tokens)
 
     @property
     def runner(self) -> ModelRunner:
@@ -197,8 +197,9 @@ class Scheduler:
             self._drop_gone()
             with torch_threads(self._threads()):
                 admitted = self._admit()
+                took = self._prefill_idle()
                 stepped = self._step()
-            if not (admitted or stepped):
+            if not (admitted or took or stepped):
                 with self._cond:
                     if not self._ready and not self._closed:
                         self._cond.wait(WAIT_S)
@@ -215,15 +216,10 @@ class Scheduler:
         return bool(self._waiting or self._running or self._ready or self._prefilling)
 
     def _workers_count(self) -> int:
-        """Prefill workers: the config's; else one on a GPU, and on a CPU one when the cores
-        hold both the decoding loop's torch threads and a worker's (a prefill then computes
-        beside the steps instead of stalling them), none otherwise."""
+        """Prefill workers: the config's, else ``prefills.default_workers``."""
         if self._workers_set is None:
-            if self.runner.device.type == "cuda":
-                self._workers_set = 1
-            else:
-                threads = self._threads() or torch.get_num_threads()
-                self._workers_set = int(_cores() >= 2 * threads)
+            threads = self._threads() or torch.get_num_threads()
+            self._workers_set = prefills.default_workers(self.runner.device, threads)
         return self._workers_set
 
     def _threads(self) -> int | None:
@@ -289,7 +285,7 @@ class Scheduler:
                     break  # room once a running request is done
                 self._waiting.popleft()
                 job.blocks = blocks
-                job.slot = self._slot_for(tokens + job.generation.max_new_tokens)
+                job.slot = self._slots.claim(tokens + job.generation.max_new_tokens)
                 self._prefilling += 1  # neither waiting nor running: counted until it is
                 jobs.append(job)
                 budget -= tokens
@@ -302,33 +298,12 @@ class Scheduler:
             if live:
                 self._running.append(job)
 
-    def _slot_for(self, rows: int) -> int | None:
-        """A slab slot for a request KV of ``rows`` rows; None: it takes a buffer of its own
-        (no slab, or longer than a slot)."""
-        slot_rows = self.config.slot_tokens
-        if slot_rows == 0 or self._no_slab:
-            return None
-        if self._slab is None:
-            try:
-                self._slab = self.runner.slab(self.config.max_seqs, slot_rows)
-            except torch.OutOfMemoryError as exc:  # serve without one rather than fail
-                log.warning("no KV slab of %d x %d rows (%s): every request decodes over its "
-                            "own buffer; lower ServingConfig.slot_tokens or max_seqs",
-                            self.config.max_seqs, slot_rows, exc)
-                self._no_slab = True
-                return None
-        slab = self._slab
-        if slab is None or not slab.fits(self.runner.rows_for(rows)):
-            return None
-        return slab.claim()
-
     def _pack_tokens(self) -> int:
-        """Computed tokens packed into one forward at most: the config's; else 0 (none) on a
-        CPU, whose prefills are bound by their arithmetic, and ``DEFAULT_PACK_TOKENS`` on a
-        GPU, where a short pass is bound by reading the weights."""
+        """Computed tokens packed into one forward at most: the config's, else
+        ``prefills.default_pack_tokens``."""
         if self.config.pack_tokens is not None:
             return self.config.pack_tokens
-        return DEFAULT_PACK_TOKENS if self.runner.device.type == "cuda" else 0
+        return prefills.default_pack_tokens(self.runner.device)
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._pool_threads is None:
@@ -336,14 +311,35 @@ class Scheduler:
                                                     thread_name_prefix="blendrag-prefill")
         return self._pool_threads
 
-    def _prefill_aside(self) -> None:
-        """A prefill worker's task: every admitted request no worker has taken yet, prefilled
-        together, each handed to the decoding loop as soon as it has its first token."""
+    def _prefill_idle(self) -> bool:
+        """On a CPU, while nothing decodes, this thread's core would idle as the worker
+        prefills: it prefills the latest admitted request itself (a burst of arrivals then
+        prefills on both cores); whether it took one."""
+        if self.runner.device.type != "cpu":
+            return False
         with self._cond:
-            jobs = list(self._admitted)
-            self._admitted.clear()
-        if not jobs:  # an earlier task took them
-            return
+            if self._running or self._ready or not self._admitted:
+                return False
+            job = self._admitted.pop()
+        self._prefill_group([job], self._start_decoding)
+        return True
+
+    def _prefill_aside(self) -> None:
+        """A prefill worker's task: the admitted requests no thread has taken yet, each handed
+        to the decoding loop as soon as it has its first token; packed together where packing
+        is on, else one at a time (the idle decoding loop may take the others,
+        ``_prefill_idle``)."""
+        while True:
+            with self._cond:
+                take = len(self._admitted) if self._pack_tokens() > 0 else 1
+                jobs = [self._admitted.popleft() for _ in range(min(take, len(self._admitted)))]
+            if not jobs:  # none left, or an earlier task took them
+                return
+            self._prefill_taken(jobs)
+
+    def _prefill_taken(self, jobs: list[Job]) -> None:
+        """A worker's prefill of ``jobs``; whatever an interrupt leaves without a result
+        fails and frees its slot and blocks."""
         left = set(map(id, jobs))
 
         def ready(job: Job, live: bool) -> None:
@@ -364,30 +360,13 @@ class Scheduler:
                     ready(job, False)
 
     def _prefill_group(self, jobs: list[Job], then: Callable[[Job, bool], None]) -> None:
-        """Prefill ``jobs`` together, their passes packed into forwards of at most
-        ``pack_tokens`` computed tokens (engine/request/packing.py), or one after another;
-        ``then(job, live)`` as soon as each has its first token handed out (``live``: it goes
-        on decoding) or has failed."""
-        pack = self._pack_tokens()
-        if len(jobs) == 1 or pack == 0:
-            for job in jobs:
-                then(job, self._started(job, self._stream_of(job)))
-            return
-        steps = [job.engine.stream_steps(job.layout, job.blend, job.generation,
-                                         started=job.started, pieces=self._pieces())
-                 for job in jobs]
-        run_together(self.runner, steps, pack,
-                     on_result=lambda j, out: then(jobs[j], self._started(jobs[j], out)))
+        """Prefill ``jobs`` together (``prefills.prefill_jobs``); ``then(job, live)`` as soon
+        as each has its first token handed out (``live``: it goes on decoding) or has
+        failed."""
+        prefills.prefill_jobs(self.runner, jobs, self._pack_tokens(), self._pieces(),
+                              lambda job, out: then(job, self._started(job, out)))
 
-    def _stream_of(self, job: Job) -> GenerationStream | BaseException:
-        """``job`` prefilled alone -> its token stream, or its error."""
-        try:
-            return job.engine.stream(job.layout, job.blend, job.generation,
-                                     started=job.started, pieces=self._pieces())
-        except Exception as exc:
-            return exc
-
-    def _started(self, job: Job, stream: GenerationStream | BaseException) -> bool:
+    def _started(self, job: Job, stream: prefills.Outcome) -> bool:
         """Take ``job``'s prefill (its stream, or its error) and hand out its first token;
         whether it goes on decoding."""
         try:
@@ -395,13 +374,7 @@ class Scheduler:
                 raise stream
             if stream.prefill.stats.compute.packed_requests > 1:
                 self.stats.packed += 1
-            if self._slab is not None and job.slot is not None:  # decoded in its slot
-                fused = stream.prefill.fused
-                if self._slab.fits(fused.capacity):
-                    fused.move_to(self._slab.view(job.slot, fused.capacity))
-                else:  # a KV larger than admission counted: decoded in its own buffer
-                    self._slab.release(job.slot)
-                    job.slot = None
+            self._slots.place(job, stream.prefill.fused)  # decoded in its slot, if it has one
             job.handle.prefill = stream.prefill
             if job.prepare is not None:
                 job.prepare(stream.prefill)
@@ -446,51 +419,32 @@ class Scheduler:
         jobs = [j for j in self._running if j.stream is not None and j.stream.pending is not None]
         if not jobs:
             return False
-        in_slab = ([j for j in jobs if j.slot is not None and _plain(j)]
-                   if self._slab is not None else [])
-        self._step_together(in_slab, slab=True)
-        self._step_together([j for j in jobs if j not in in_slab], slab=False)
+        in_slab = [j for j in jobs if self._slots.decodes_in_slab(j)]
+        self._step_together(in_slab, self._slots.slab)
+        self._step_together([j for j in jobs if j not in in_slab], None)
         return True
 
-    def _step_together(self, jobs: list[Job], slab: bool) -> None:
-        """One step for ``jobs``: over the slab (one attention call per layer) or over their
+    def _step_together(self, jobs: list[Job], slab: KVSlab | None) -> None:
+        """One step for ``jobs``: over ``slab`` (one attention call per layer) or over their
         own buffers."""
         if not jobs:
             return
-        streams = [j.stream for j in jobs if j.stream is not None]
-        tokens = [s.pending for s in streams if s.pending is not None]
-        kvs = [s.prefill.fused for s in streams]
         try:
-            if slab and self._slab is not None:
-                slots = [j.slot for j in jobs if j.slot is not None]
-                logits = self.runner.decode_slab(self._slab, tokens, slots, kvs)
-            else:
-                logits = self.runner.decode_many(tokens, kvs)
+            steps = step.batched(self.runner, jobs, slab)
         except Exception:  # find whose step failed: each alone, the others go on
             for job in jobs:
-                self._advance(job, self._alone)
+                self._advance(job, step.alone(self.runner))
             return
         self.stats.steps += 1
         self.stats.decoded += len(jobs)
-        greedy = [j for j, s in enumerate(streams) if s.greedy]
-        try:  # the greedy requests' tokens in one argmax and one read of the device
-            chosen = dict(zip(greedy, logits[greedy].argmax(-1).tolist())) if greedy else {}
-        except Exception:  # each row on its own: a failure is that request's alone
-            chosen = {}
-        for j, (job, row) in enumerate(zip(jobs, logits)):
-            self._advance(job, _to(chosen[j]) if j in chosen else _with(row))
+        for job, advance in zip(jobs, steps):
+            self._advance(job, advance)
 
-    def _alone(self, stream: GenerationStream) -> list[str]:
-        token = stream.pending
-        if token is None:
-            return []
-        return stream.advance(self.runner.decode(token, stream.prefill.fused))
-
-    def _advance(self, job: Job, step: Callable[[GenerationStream], list[str]]) -> None:
+    def _advance(self, job: Job, advance: step.StreamStep) -> None:
         if job.stream is None:
             return
         try:
-            done = self._deliver(job, step(job.stream))
+            done = self._deliver(job, advance(job.stream))
         except Exception as exc:
             self._free([job])
             job.handle.fail(exc)
@@ -514,33 +468,6 @@ class Scheduler:
             if job.blocks:
                 self.pool.free(job.blocks)
                 job.blocks = 0
-            if job.slot is not None and self._slab is not None:
-                pre = job.handle.prefill  # whoever holds it reads no row of the slot any more
-                if pre is not None and self._slab.holds(pre.fused, job.slot):
-                    pre.fused.forget()
-                self._slab.release(job.slot)
-                job.slot = None
+            self._slots.release(job)
             job.stream = None  # its request KV goes with it
 
-
-def _cores() -> int:
-    """The CPU cores this process may run on (its affinity where the OS says, which a
-    container's limit narrows; else the machine's)."""
-    affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
-
-
-def _plain(job: Job) -> bool:
-    """Whether ``job``'s request KV decodes with plain attention (not APE's scaled one,
-    engine/selection/ape.py), as the slab's step does."""
-    return job.stream is not None and job.stream.prefill.fused.ape is None
-
-
-def _to(token: int) -> Callable[[GenerationStream], list[str]]:
-    """A stream's step that takes ``token`` (its argmax, chosen with the batch's)."""
-    return lambda stream: stream.advance_to(token)
-
-
-def _with(logits: torch.Tensor) -> Callable[[GenerationStream], list[str]]:
-    """A stream's step that takes ``logits`` (its row of a batched step)."""
-    return lambda stream: stream.advance(logits)

@@ -5,6 +5,8 @@ forward retries and answers as alone; every slot and pool block is free after.""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from blendrag import BlendConfig, GenerationConfig
@@ -35,7 +37,7 @@ def _submit_at_once(scheduler, requests):
 
 
 def _free(scheduler) -> bool:
-    slab = scheduler._slab
+    slab = scheduler._slots.slab
     return (scheduler.pool.free_blocks == scheduler.pool.blocks
             and (slab is None or not slab.lent))
 
@@ -106,5 +108,34 @@ def test_rows_failing_to_load_in_a_packed_pass_retry_alone(engine, monkeypatch):
     assert [h.wait(60).token_ids for h in handles] == want
     retries = [h.prefill.stats.cache.load_retries for h in handles if h.prefill]
     assert sorted(retries) == [0, 0, 1]
+    assert _free(scheduler)
+    scheduler.close()
+
+
+def test_an_idle_decoding_loop_prefills_beside_the_worker(engine):
+    """With nothing to decode, the decoding loop's core would idle while the worker prefills:
+    of two requests arriving together on a CPU, the loop prefills one itself (the first's
+    prefill cannot finish until the second's has run, so one worker alone would time out)."""
+    layouts = [engine.build_prompt(PREFIX, PASSAGES, q) for q in QUESTIONS[:2]]
+    reuse = CONFIGS[0]
+    want = [engine.generate(lay, reuse, GREEDY).token_ids for lay in layouts]
+    second = threading.Event()
+    threads: list[str] = []
+
+    def first(_prefill) -> None:
+        threads.append(threading.current_thread().name)
+        if not second.wait(30):
+            raise TimeoutError("the second request was not prefilled beside the first")
+
+    def other(_prefill) -> None:
+        threads.append(threading.current_thread().name)
+        second.set()
+
+    scheduler = Scheduler(engine.runner, ServingConfig(prefill_workers=1, pack_tokens=0))
+    with scheduler._cond:
+        handles = [scheduler.submit(engine, layouts[0], reuse, GREEDY, prepare=first),
+                   scheduler.submit(engine, layouts[1], reuse, GREEDY, prepare=other)]
+    assert [h.wait(60).token_ids for h in handles] == want
+    assert len(set(threads)) == 2 and any("prefill" in name for name in threads)
     assert _free(scheduler)
     scheduler.close()
