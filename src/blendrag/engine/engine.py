@@ -35,6 +35,7 @@ from blendrag.engine.request import prefill as request
 from blendrag.engine.request.generation import GenerationResult, GenerationStream
 from blendrag.engine.request.prefill import Prefill
 from blendrag.engine.request.stats import RequestStore
+from blendrag.engine.request.steps import Steps, run_alone
 from blendrag.engine.request.warmup import WarmupConfig, WarmupReport, warm_up
 from blendrag.engine.selection.calibrated import CalibratedDefault
 from blendrag.engine.selection.controller import LoadingConfig, LoadingController
@@ -397,12 +398,12 @@ class BlendEngine:
                  observers: Sequence[LayerObserver] = (),
                  started: float | None = None) -> Prefill:
         with torch_threads(self.threads):
-            return request.run_alone(self.runner, self._prefill_steps(
+            return run_alone(self.runner, self._prefill_steps(
                 layout, config, extra_capacity, observers, started))
 
     def _prefill_steps(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
                        observers: Sequence[LayerObserver] = (), started: float | None = None,
-                       pieces: PrefillPieces | None = None) -> request.Steps[Prefill]:
+                       pieces: PrefillPieces | None = None) -> Steps[Prefill]:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
@@ -439,15 +440,15 @@ class BlendEngine:
         exhausted. ``started``: as for :meth:`prefill`; ``pieces``: a long prefill run in pieces
         with other work between them (a scheduler's: engine/compute/pieces.py)."""
         with torch_threads(self.threads):
-            return request.run_alone(self.runner, self.stream_steps(
+            return run_alone(self.runner, self.stream_steps(
                 layout, config, generation, started=started, pieces=pieces))
 
     def stream_steps(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                      generation: GenerationConfig = DEFAULT_GENERATION, *,
                      started: float | None = None,
-                     pieces: PrefillPieces | None = None) -> request.Steps[GenerationStream]:
+                     pieces: PrefillPieces | None = None) -> Steps[GenerationStream]:
         """:meth:`stream` as steps that stop at each of the prefill's passes
-        (engine/request/prefill.py ``Steps``), so that a scheduler can pack several requests'
+        (engine/request/steps.py ``Steps``), so that a scheduler can pack several requests'
         passes into one forward (engine/request/packing.py). Its caller sets torch's
         threads (``threads``) while it runs them."""
         started = time.perf_counter() if started is None else started

@@ -1,6 +1,6 @@
 """Several requests' prefills at once, their passes packed into one forward.
 
-Each request runs as steps (engine/request/prefill.py ``Steps``): it opens its cached rows,
+Each request runs as steps (engine/request/steps.py ``Steps``): it opens its cached rows,
 plans, and stops at each pass it runs over them: the preview pass (the default selector's),
 then its main pass. Once every request of the group has stopped, the passes that pack
 (``packable``: untimed, not long enough to run in pieces) run as one forward
@@ -25,7 +25,7 @@ from blendrag.engine.compute.loop import LoopResult
 from blendrag.engine.compute.observers import OFF
 from blendrag.engine.compute.packed import Lane
 from blendrag.engine.compute.runner import ModelRunner
-from blendrag.engine.request.prefill import CachedPass, Steps
+from blendrag.engine.request.steps import CachedPass, Steps
 
 T = TypeVar("T")
 

@@ -21,9 +21,9 @@ one completes. An attempt
 4. takes the **logits** of the last token: the time from the request's start to here is its
    TTFT, measured here only.
 
-The attempts are steps (``prefill_steps``) that stop at each pass over the cached rows (the
-preview pass, the main pass): ``prefill`` runs each alone, a scheduler may pack several
-requests' passes into one forward (engine/request/packing.py).
+The attempts are steps (``prefill_steps``, engine/request/steps.py) that stop at each pass over
+the cached rows (the preview pass, the main pass): ``prefill`` runs each alone, a scheduler may
+pack several requests' passes into one forward (engine/request/packing.py).
 
 A cached entry whose layer fails to load midway (a tier error, a checksum) is never used: the
 attempt is dropped, every entry that fails at that layer too is found at once, and the next
@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 
@@ -47,12 +46,13 @@ from blendrag.engine.caches.history import HISTORY_TAG, HistoryCache, HistoryRow
 from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
-from blendrag.engine.compute.loop import LoopPlan, LoopResult
+from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.compute.observers import OFF, LayerCounts, LayerObserver, PhaseClock
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.request.mode import mode_for, with_history
 from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
+from blendrag.engine.request.steps import CachedPass, Steps, run_alone, stop_at
 from blendrag.engine.selection.ape import ApeSpan
 from blendrag.engine.selection.controller import LoadingController, decide, observe
 from blendrag.engine.selection.costs import (
@@ -160,54 +160,10 @@ class _LoadFailed(Exception):
         self.keys, self.cause = keys, cause
 
 
-@dataclass
-class CachedPass:
-    """A pass of a request over its cached rows (its main pass, or the preview pass), handed to
-    whoever runs it: ``runner.run`` alone (``run_alone``), or packed into one forward with
-    other requests' (engine/request/packing.py). Its runner sets ``packed`` (the requests of
-    its forward) and ``pass_s`` (the forward's seconds)."""
-
-    plan: LoopPlan
-    fused: FusedKV
-    rope: RopeTables
-    observers: tuple[LayerObserver, ...]
-    clock: PhaseClock
-    pieces: PrefillPieces | None
-    alone: bool = False  # run it alone (the preview pass of a timed request)
-    packed: int = 1
-    pass_s: float = 0.0
-
-
-T = TypeVar("T")
-Steps = Generator[CachedPass, LoopResult, T]
-"""A request's work up to its result, stopping at each of its passes: it yields the pass and
-takes its ``LoopResult`` (or has the pass's error thrown in), and returns the result."""
-
-
 def prefill(parts: Parts, req: Request) -> Prefill:
     """Prefill ``req`` into a buffer of ``req.capacity`` rows: attempts until one completes
     (the module docstring; ``stats.cache.load_retries``)."""
     return run_alone(parts.runner, prefill_steps(parts, req))
-
-
-def run_alone(runner: ModelRunner, steps: Steps[T]) -> T:
-    """Drive ``steps``, running each of its passes alone -> its result."""
-    try:
-        main = next(steps)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                out = runner.run(main.plan, main.fused, main.rope, main.observers, main.clock,
-                                 main.pieces)
-            except Exception as exc:  # the request's to handle (a layer that failed to load)
-                main = steps.throw(exc)
-            else:
-                main.pass_s = time.perf_counter() - t0
-                main = steps.send(out)
-    except StopIteration as stop:
-        return stop.value
-    finally:
-        steps.close()
 
 
 def prefill_steps(parts: Parts, req: Request) -> Steps[Prefill]:
@@ -321,7 +277,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
                 else (yield from make_plan(parts, req, opened, running)))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
         main = CachedPass(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)
-        out = yield from _pass(req, main)  # 3. run: alone, or packed with others' passes
+        out = yield from stop_at(main, stats.timing)  # 3. run: alone, or packed with others
         stats.compute.packed_requests = main.packed
         fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
@@ -377,15 +333,6 @@ def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> 
                     torch.arange(opened.head.rows, n, device=dev), feed=running.feed)
 
 
-def _pass(req: Request, main: CachedPass) -> Steps[LoopResult]:
-    """Stop at ``main`` for whoever runs it -> its result; the time it waited there for the
-    requests prefilled with it goes to ``waited_s``."""
-    t0 = time.perf_counter()
-    out = yield main
-    req.stats.timing.waited_s += max(time.perf_counter() - t0 - main.pass_s, 0.0)
-    return out
-
-
 def make_plan(parts: Parts, req: Request, opened: Opened,
               running: Running) -> Steps[LoopPlan]:
     """The layer loop's plan for ``req.config`` over ``opened.rest``: which rows are cached,
@@ -407,8 +354,9 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
     if config.selector == "preview":  # where the question looks, over the cached rows
         req.clock.lap("plan")
         preview = PreviewPass(layout, dev, feed)
-        yield from _pass(req, CachedPass(preview.plan, running.fused, running.rope,
-                                       preview.observers, OFF, None, alone=req.clock is not OFF))
+        yield from stop_at(CachedPass(preview.plan, running.fused, running.rope,
+                                      preview.observers, OFF, None, alone=req.clock is not OFF),
+                           req.stats.timing)
         attention, keys = preview.result()
         req.stats.compute.preview_attended_keys = keys
         req.stats.compute.preview_tokens = len(layout.suffix_ids)
