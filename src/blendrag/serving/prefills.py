@@ -27,7 +27,7 @@ def default_workers(device: torch.device, threads: int) -> int:
     then computes beside the steps instead of stalling them), none otherwise."""
     if device.type == "cuda":
         return 1
-    return int(_cores() >= 2 * threads)
+    return int(cores() >= 2 * threads)
 
 
 def default_pack_tokens(device: torch.device) -> int:
@@ -61,7 +61,7 @@ def _alone(job: Job, pieces: PrefillPieces | None) -> Outcome:
         return exc
 
 
-def _cores() -> int:
+def cores() -> int:
     """The CPU cores this process may run on (its affinity where the OS says, which a
     container's limit narrows; else the machine's)."""
     affinity = getattr(os, "sched_getaffinity", None)

@@ -280,3 +280,34 @@ def test_a_closed_shared_scheduler_is_replaced(engine):
     assert len(second.submit(engine, layout, BlendConfig(mode="full"), GREEDY).wait(60)
                .token_ids) == GREEDY.max_new_tokens
     second.close()
+
+
+def test_a_step_takes_the_prefill_workers_cores_while_they_idle(engine, monkeypatch):
+    """On a CPU, a decoding step runs on the worker's cores too while no prefill runs (a step
+    of a few requests is otherwise bound by one core), and on its own threads while one does;
+    the answers stay those of each request alone."""
+    from blendrag.serving import prefills, step
+
+    scheduler = Scheduler(engine.runner, ServingConfig(prefill_workers=1, threads=1))
+    both = min(2, prefills.cores())
+    assert scheduler._step_threads() == both
+    scheduler._prefilling = 1
+    assert scheduler._step_threads() == 1
+    scheduler._prefilling = 0
+    inline = Scheduler(engine.runner, ServingConfig(prefill_workers=0, threads=1))
+    assert inline._step_threads() == 1
+    inline.close()
+
+    seen: list[int] = []
+    batched = step.batched
+
+    def counted(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return batched(*args, **kwargs)
+    monkeypatch.setattr(step, "batched", counted)
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    want = engine.generate(layout, BlendConfig(mode="reuse"), GREEDY).token_ids
+    got = scheduler.submit(engine, layout, BlendConfig(mode="reuse"), GREEDY).wait(60)
+    assert got.token_ids == want
+    assert seen and set(seen) <= {1, both} and both in seen  # the steps once the prefill ran
+    scheduler.close()
