@@ -22,7 +22,8 @@ best a "related chunk" context (FusionRAG) could store for these prompts.
 and prints, per variant, the share of items whose whole greedy answer (16 tokens) is full
 prefill's, the answer KL (teacher-forced on full's answer) and first-token agreement. The
 variants replace the engine's preview pass for the run (``blendrag.engine.request.prefill``'s
-``suffix_attention``) by the same pass over a longer suffix; nothing else changes.
+``PreviewPass``) by the same pass over a longer suffix (with RoPE tables long enough for it);
+nothing else changes.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from blendrag import BlendConfig, BlendEngine
 from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.compute.observers import KeyAttention
 from blendrag.engine.request import prefill as request
-from blendrag.engine.selection.preview import suffix_attention
+from blendrag.engine.selection.preview import PreviewPass
 from blendrag.eval.answer import answer_kl, forced_logits, greedy_answer, same_answer
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.ram import MemoryKVStore
@@ -47,16 +48,18 @@ NEW_TOKENS = 16
 _extra: dict = {"ids": (), "attention": None}
 
 
-def _preview_with_answer(runner, layout, fused, rope, feed):
+class _PreviewWithAnswer(PreviewPass):
     """The preview pass over the suffix followed by ``_extra["ids"]`` (rows past the prompt are
     overwritten by decoding later; the buffer has room for them); its attention replaced by
     ``_extra["attention"]`` when set (the pass still loads the cached rows)."""
-    longer = dataclasses.replace(layout, suffix_ids=layout.suffix_ids + _extra["ids"])
-    rope = runner.adapter.rope(longer.num_tokens, fused.k.dtype, fused.k.device)
-    attention, keys, load_s = suffix_attention(runner, longer, fused, rope, feed)
-    if _extra["attention"] is not None:
-        attention = _extra["attention"]
-    return attention, keys, load_s
+
+    def __init__(self, layout, device, feed) -> None:
+        longer = dataclasses.replace(layout, suffix_ids=layout.suffix_ids + _extra["ids"])
+        super().__init__(longer, device, feed)
+
+    def result(self) -> tuple[torch.Tensor, int]:
+        attention, keys = super().result()
+        return (attention if _extra["attention"] is None else _extra["attention"]), keys
 
 
 def _true_attention(engine: BlendEngine, layout, answer: tuple[int, ...]) -> torch.Tensor:
@@ -102,7 +105,9 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     engine = BlendEngine.from_pretrained("smollm2-135m-instruct")
-    request.suffix_attention = _preview_with_answer
+    request.PreviewPass = _PreviewWithAnswer  # type: ignore[misc]
+    rope = engine.runner.rope  # tables past the prompt for the answer tokens the preview runs
+    engine.runner.rope = lambda n: rope(n + len(_extra["ids"]))  # type: ignore[method-assign]
     blend = BlendConfig(ratio=args.ratio)
     names = ("reuse", "preview", "draft", "oracle", "true", "predecessor reuse",
              "predecessor preview")

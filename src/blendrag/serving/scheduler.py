@@ -231,7 +231,7 @@ class Scheduler:
     def _step_threads(self) -> int | None:
         """torch's CPU threads for a decoding step: on a CPU with a prefill worker, while no
         prefill runs, the worker's cores too (a step of a few requests is bound by the one
-        core otherwise: 1.72x faster on two); else ``_threads``."""
+        core otherwise; docs/benchmarks.md); else ``_threads``."""
         threads = self._threads()
         if (threads is None or self.runner.device.type != "cpu"
                 or self._workers_count() == 0 or self._prefilling):
@@ -443,8 +443,9 @@ class Scheduler:
         try:
             steps = step.batched(self.runner, jobs, slab)
         except Exception:  # find whose step failed: each alone, the others go on
+            alone = step.alone(self.runner)
             for job in jobs:
-                self._advance(job, step.alone(self.runner))
+                self._advance(job, alone)
             return
         self.stats.steps += 1
         self.stats.decoded += len(jobs)

@@ -50,6 +50,10 @@ class Lane:
     active: ActiveTokens | None = field(default=None, init=False)
     h: torch.Tensor | None = field(default=None, init=False)
     error: BaseException | None = field(default=None, init=False)
+    scored: bool = field(default=False, init=False)  # its observers ask for attention scores
+
+    def __post_init__(self) -> None:
+        self.scored = any(o.scores for o in self.observers)
 
 
 @torch.inference_mode()
@@ -164,7 +168,7 @@ def _own(adapter: LlamaAdapter, lane: Lane, i: int, check: dict[int, int], q: to
     window = adapter.sliding_window(i)
     attention = active.plan(window)
     per_key = None
-    if any(o.scores for o in lane.observers):  # the preview pass: its probabilities too
+    if lane.scored:  # the preview pass: its probabilities too
         o, per_key = attend_scored(adapter, i, q, fused, n, active.bias(window))
     else:
         o = attend(adapter, i, q, fused, attention)  # [H, A', D]

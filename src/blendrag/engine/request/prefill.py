@@ -167,8 +167,8 @@ def prefill(parts: Parts, req: Request) -> Prefill:
 
 
 def prefill_steps(parts: Parts, req: Request) -> Steps[Prefill]:
-    """``prefill`` as steps (``Steps``): attempts until one completes, each stopping at its main
-    pass."""
+    """``prefill`` as steps (``Steps``): attempts until one completes, each stopping at each of
+    its passes over the cached rows."""
     conversation_start = req.layout.suffix_start
     req.layout, req.history = with_history(parts, req.layout, req.config)
     req.config, req.choice = mode_for(parts, req)

@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.compute.observers import KeyAttention, LayerCounts
-from blendrag.engine.compute.runner import ModelRunner
-from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 
 
 class PreviewPass:
     """The preview pass over ``layout``'s cached rows, to be run (alone, or packed with other
     requests' passes): its ``plan`` (the suffix computed, over the cached rows ``feed``
-    places) and ``observers``; ``result()`` once it has run."""
+    places) and ``observers``; ``result()`` once it has run. It leaves the cached rows loaded
+    in the request's buffer: the pass is the consumer of ``feed``, so with pipelined loading it
+    overlaps their loading, and the blend pass after it has nothing left to load."""
 
     def __init__(self, layout: PromptLayout, device: torch.device,
                  feed: LayerFeed | None) -> None:
@@ -46,13 +45,3 @@ class PreviewPass:
         attended to over all layers (its attention work)."""
         return self.attention.attention.cpu(), sum(self.counts.attended_keys)
 
-
-def suffix_attention(runner: ModelRunner, layout: PromptLayout, fused: FusedKV, rope: RopeTables,
-                     feed: LayerFeed | None) -> tuple[torch.Tensor, int]:
-    """The preview pass run alone -> ``PreviewPass.result()``.
-    Leaves the cached rows loaded in ``fused``: the pass is the consumer of ``feed``, so with
-    pipelined loading it overlaps the loading of the cached rows, and the blend pass after it
-    has nothing left to load."""
-    preview = PreviewPass(layout, runner.device, feed)
-    runner.run(preview.plan, fused, rope, preview.observers)
-    return preview.result()
