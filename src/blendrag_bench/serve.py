@@ -14,12 +14,14 @@ default blend):
 
 Per run: requests/s, output tokens/s, p50/p95 TTFT (from the request's arrival to its first
 text delta: queueing included), p50/p95 time per output token, each against the baseline, and
-how many answers equal the baseline's token for token.
+how many answers equal the baseline's token for token, and the share of the process's cores the
+run kept busy (its CPU seconds over wall seconds times cores: how much room a schedule leaves).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import random
 import statistics
 import threading
@@ -32,6 +34,7 @@ from blendrag.engine.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.serving import Scheduler, ServingConfig
 from blendrag.serving.jobs import SchedulerStats
+from blendrag.serving.prefills import cores
 from blendrag_bench.datasets import load_musique
 from blendrag_bench.quality import fit_item
 
@@ -255,19 +258,33 @@ def run(engine: BlendEngine, cfg: ServeBenchConfig,
 def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLayout],
                blend: BlendConfig, gen: GenerationConfig, cfg: ServeBenchConfig) -> Iterable[dict]:
     engine.generate(layouts[0], blend, gen)  # warm: the first request's one-off costs
+    cpu = _cpu_s()
     base, base_wall = one_at_a_time(engine, layouts, blend, gen)
     want = [s.tokens for s in base]
-    yield summary("one at a time", base, base_wall, None, None, None)
+    yield _busy(summary("one at a time", base, base_wall, None, None, None), _cpu_s() - cpu)
     for users in cfg.users:
-        before = copy.copy(scheduler.stats)
+        before, cpu = copy.copy(scheduler.stats), _cpu_s()
         served, wall = closed_loop(scheduler, engine, layouts, blend, gen, users)
-        yield _batched(summary(f"{users} users", served, wall, base, base_wall, want),
-                       scheduler, before)
+        yield _busy(_batched(summary(f"{users} users", served, wall, base, base_wall, want),
+                             scheduler, before), _cpu_s() - cpu)
     for rate in cfg.rates:
-        before = copy.copy(scheduler.stats)
+        before, cpu = copy.copy(scheduler.stats), _cpu_s()
         served, wall = poisson(scheduler, engine, layouts, blend, gen, rate, cfg.seed)
-        yield _batched(summary(f"poisson {rate:g}/s", served, wall, base, base_wall, want),
-                       scheduler, before)
+        yield _busy(_batched(summary(f"poisson {rate:g}/s", served, wall, base, base_wall,
+                                     want), scheduler, before), _cpu_s() - cpu)
+
+
+def _cpu_s() -> float:
+    """This process's CPU seconds so far, every thread's (user and system)."""
+    times = os.times()
+    return times.user + times.system
+
+
+def _busy(row: dict, cpu_s: float) -> dict:
+    """``row`` with the share of the process's cores its run kept busy (``cpu_s`` CPU seconds
+    over its wall seconds times the cores)."""
+    row["cores_busy"] = cpu_s / (row["wall_s"] * cores())
+    return row
 
 
 def _batched(row: dict, scheduler: Scheduler, before: SchedulerStats) -> dict:
@@ -295,4 +312,6 @@ def format_row(row: dict) -> str:
                  f"{row['gap_max_s'] * 1e3:.0f} ms")
     if "mean_batch" in row:
         line += f", {row['mean_batch']:.1f} requests a step, {row['packed']} prefills packed"
+    if "cores_busy" in row:
+        line += f", cores {row['cores_busy']:.0%} busy"
     return line

@@ -23,6 +23,7 @@ def test_runs_side_by_side_with_the_baseline():
     for row in rows:
         assert row["requests"] == 3 and row["tokens_per_s"] > 0
         assert row["ttft_p95_s"] >= row["ttft_p50_s"] > 0
+        assert 0 < row["cores_busy"] <= 1.05  # CPU seconds over wall x cores (clock rounding)
         if row["run"] != "one at a time":
             assert row["same_answer"] == 3  # served together, answered as alone
             assert row["throughput_x"] > 0
