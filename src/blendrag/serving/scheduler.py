@@ -34,7 +34,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -42,17 +41,18 @@ from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
-from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.threads import torch_threads
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
-from blendrag.serving import prefills, step
+from blendrag.serving import prefills
 from blendrag.serving.config import ServingConfig
 from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
 from blendrag.serving.jobs import Job, SchedulerStats
 from blendrag.serving.pool import BlockPool
+from blendrag.serving.running import RunningRequests
 from blendrag.serving.slots import SlabSlots
+from blendrag.serving.workers import PrefillWorkers
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +74,17 @@ class Scheduler:
                               self.config.block_tokens)
         self.stats = SchedulerStats()
         self._waiting: deque[Job] = deque()
-        self._running: list[Job] = []  # the decoding loop's own
         self._ready: list[Job] = []  # prefilled by a worker, joining at the next step
         self._prefilling = 0
-        self._pool_threads: ThreadPoolExecutor | None = None
+        self._workers: PrefillWorkers | None = None  # made at the first admission to them
         self._workers_set: int | None = self.config.prefill_workers  # None: ``_workers_count``
         self._engine_threads: int | None = None  # set by submit (``_threads``)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._admitted: deque[Job] = deque()  # admitted, for the prefill workers to take
         self._slots = SlabSlots(lambda: self.runner, self.config.max_seqs,
                                 self.config.slot_tokens)
+        self._running = RunningRequests(lambda: self.runner, self.pool, self._slots, self.stats)
 
     @property
     def runner(self) -> ModelRunner:
@@ -152,23 +151,22 @@ class Scheduler:
         """Fail every request not done yet and stop the thread."""
         with self._cond:
             self._closed = True
-            jobs = [*self._waiting, *self._running, *self._ready]
-            admitted = list(self._admitted)  # no worker took them yet: none will
-            self._admitted.clear()
+            jobs = [*self._waiting, *self._running.jobs, *self._ready]
+            # no worker took them yet: none will
+            admitted = self._workers.drop() if self._workers is not None else []
             self._prefilling -= len(admitted)
             self._cond.notify_all()
-        self._free(admitted)
+        self._running.free(admitted)
         for job in [*jobs, *admitted]:
             job.handle.fail(RuntimeError("the scheduler was closed"))
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
-        if self._pool_threads is not None:
-            self._pool_threads.shutdown(wait=True)
-            self._pool_threads = None
+        if self._workers is not None:
+            self._workers.shutdown()
         with self._cond:  # prefilled by a worker after the loop stopped: nobody decodes them
             late, self._ready = self._ready, []
-        self._free(late)
+        self._running.free(late)
         for job in late:
             job.handle.fail(RuntimeError("the scheduler was closed"))
 
@@ -179,7 +177,7 @@ class Scheduler:
     @property
     def running(self) -> int:
         """Requests prefilling or decoding."""
-        return len(self._running) + len(self._ready) + self._prefilling
+        return len(self._running.jobs) + len(self._ready) + self._prefilling
 
     @property
     def waiting(self) -> int:
@@ -206,15 +204,15 @@ class Scheduler:
                         self._cond.wait(WAIT_S)
         with self._cond:
             self._thread = None
-            jobs, self._running = [*self._running, *self._ready], []
+            jobs, self._running.jobs = [*self._running.jobs, *self._ready], []
             self._ready.clear()
-        self._free(jobs)
+        self._running.free(jobs)
         if self._closed:  # those close() did not see (prefilling then): failed, not left waiting
             for job in jobs:
                 job.handle.fail(RuntimeError("the scheduler was closed"))
 
     def _work(self) -> bool:
-        return bool(self._waiting or self._running or self._ready or self._prefilling)
+        return bool(self._waiting or self._running.jobs or self._ready or self._prefilling)
 
     def _workers_count(self) -> int:
         """Prefill workers: the config's, else ``prefills.default_workers``."""
@@ -242,13 +240,13 @@ class Scheduler:
         """Free the requests that were cancelled or ran past their timeout."""
         now = time.perf_counter()
         with self._cond:
-            self._running += self._ready
+            self._running.jobs += self._ready
             self._ready.clear()
-            gone = [j for j in (*self._waiting, *self._running) if j.gone(now)]
+            gone = [j for j in (*self._waiting, *self._running.jobs) if j.gone(now)]
         phases = ["decoding" if job.stream is not None else "waiting to start" for job in gone]
         # freed first, and before they leave the lists: whoever sees a request fail or go sees
         # its slot and blocks free
-        self._free(gone)
+        self._running.free(gone)
         for job, phase in zip(gone, phases):
             if job.handle.cancelled:
                 self.stats.cancelled += 1
@@ -259,7 +257,7 @@ class Scheduler:
                     f"({phase})"))
         with self._cond:
             self._waiting = deque(j for j in self._waiting if j not in gone)
-        self._running = [j for j in self._running if j not in gone]
+        self._running.jobs = [j for j in self._running.jobs if j not in gone]
 
     def _admit(self) -> bool:
         """Start the prefill of waiting requests while slots and pool blocks allow, together
@@ -269,10 +267,11 @@ class Scheduler:
             return False
         if self._workers_count() == 0:
             self._prefill_group(jobs, self._start_decoding)
-        else:
-            with self._cond:
-                self._admitted.extend(jobs)
-            self._workers().submit(self._prefill_aside)
+            return True
+        if self._workers is None:
+            self._workers = PrefillWorkers(self._workers_count(), self._cond,
+                                           self._prefill_taken, lambda: self._pack_tokens() > 0)
+        self._workers.hand(jobs)
         return True
 
     def _admissible(self, inline: bool) -> list[Job]:
@@ -283,7 +282,7 @@ class Scheduler:
         budget = self.config.max_prefill_tokens
         with self._cond:
             while not self._closed and self._waiting:
-                busy = len(self._running) + len(self._ready) + self._prefilling
+                busy = len(self._running.jobs) + len(self._ready) + self._prefilling
                 if busy >= self.config.max_seqs:
                     break
                 job = self._waiting[0]
@@ -307,7 +306,7 @@ class Scheduler:
         with self._cond:
             self._prefilling -= 1
             if live:
-                self._running.append(job)
+                self._running.jobs.append(job)
 
     def _pack_tokens(self) -> int:
         """Computed tokens packed into one forward at most: the config's, else
@@ -316,12 +315,6 @@ class Scheduler:
             return self.config.pack_tokens
         return prefills.default_pack_tokens(self.runner.device)
 
-    def _workers(self) -> ThreadPoolExecutor:
-        if self._pool_threads is None:
-            self._pool_threads = ThreadPoolExecutor(self._workers_count(),
-                                                    thread_name_prefix="blendrag-prefill")
-        return self._pool_threads
-
     def _prefill_idle(self) -> bool:
         """On a CPU, while nothing decodes, this thread's core would idle as the worker
         prefills: it prefills the latest admitted request itself (a burst of arrivals then
@@ -329,27 +322,17 @@ class Scheduler:
         if self.runner.device.type != "cpu":
             return False
         with self._cond:
-            if self._running or self._ready or not self._admitted:
+            if self._running.jobs or self._ready or self._workers is None:
                 return False
-            job = self._admitted.pop()
+            job = self._workers.take()
+        if job is None:
+            return False
         self._prefill_group([job], self._start_decoding)
         return True
 
-    def _prefill_aside(self) -> None:
-        """A prefill worker's task: the admitted requests no thread has taken yet, each handed
-        to the decoding loop as soon as it has its first token; packed together where packing
-        is on, else one at a time (the idle decoding loop may take the others,
-        ``_prefill_idle``)."""
-        while True:
-            with self._cond:
-                take = len(self._admitted) if self._pack_tokens() > 0 else 1
-                jobs = [self._admitted.popleft() for _ in range(min(take, len(self._admitted)))]
-            if not jobs:  # none left, or an earlier task took them
-                return
-            self._prefill_taken(jobs)
-
     def _prefill_taken(self, jobs: list[Job]) -> None:
-        """A worker's prefill of ``jobs``; whatever an interrupt leaves without a result
+        """A prefill worker's prefill of ``jobs``, each handed to the decoding loop as soon as
+        it has its first token; whatever an interrupt leaves without a result
         fails and frees its slot and blocks."""
         left = set(map(id, jobs))
 
@@ -366,7 +349,7 @@ class Scheduler:
         finally:  # those an interrupt left without a result: no longer prefilling
             for job in jobs:
                 if id(job) in left:
-                    self._free([job])
+                    self._running.free([job])
                     job.handle.fail(RuntimeError("the request's prefill was interrupted"))
                     ready(job, False)
 
@@ -375,26 +358,7 @@ class Scheduler:
         as each has its first token handed out (``live``: it goes on decoding) or has
         failed."""
         prefills.prefill_jobs(self.runner, jobs, self._pack_tokens(), self._pieces(),
-                              lambda job, out: then(job, self._started(job, out)))
-
-    def _started(self, job: Job, stream: prefills.Outcome) -> bool:
-        """Take ``job``'s prefill (its stream, or its error) and hand out its first token;
-        whether it goes on decoding."""
-        try:
-            if isinstance(stream, BaseException):
-                raise stream
-            if stream.prefill.stats.compute.packed_requests > 1:
-                self.stats.packed += 1
-            self._slots.place(job, stream.prefill.fused)  # decoded in its slot, if it has one
-            job.handle.prefill = stream.prefill
-            if job.prepare is not None:
-                job.prepare(stream.prefill)
-            job.stream = stream
-            return not self._deliver(job, stream.start())
-        except Exception as exc:  # this request's error, never another's
-            self._free([job])  # first: whoever sees the error sees its slot and blocks free
-            job.handle.fail(exc)
-            return False
+                              lambda job, out: then(job, self._running.start(job, out)))
 
     def _pieces(self) -> PrefillPieces | None:
         """How a prefill starting now leaves room for the running requests between its pieces:
@@ -425,61 +389,6 @@ class Scheduler:
     def _step(self) -> bool:
         """One batched decoding step over the running requests; whether there was one."""
         with self._cond:
-            self._running += self._ready
+            self._running.jobs += self._ready
             self._ready.clear()
-        jobs = [j for j in self._running if j.stream is not None and j.stream.pending is not None]
-        if not jobs:
-            return False
-        in_slab = [j for j in jobs if self._slots.decodes_in_slab(j)]
-        self._step_together(in_slab, self._slots.slab)
-        self._step_together([j for j in jobs if j not in in_slab], None)
-        return True
-
-    def _step_together(self, jobs: list[Job], slab: KVSlab | None) -> None:
-        """One step for ``jobs``: over ``slab`` (one attention call per layer) or over their
-        own buffers."""
-        if not jobs:
-            return
-        try:
-            steps = step.batched(self.runner, jobs, slab)
-        except Exception:  # find whose step failed: each alone, the others go on
-            alone = step.alone(self.runner)
-            for job in jobs:
-                self._advance(job, alone)
-            return
-        self.stats.steps += 1
-        self.stats.decoded += len(jobs)
-        for job, advance in zip(jobs, steps):
-            self._advance(job, advance)
-
-    def _advance(self, job: Job, advance: step.StreamStep) -> None:
-        if job.stream is None:
-            return
-        try:
-            done = self._deliver(job, advance(job.stream))
-        except Exception as exc:
-            self._free([job])
-            job.handle.fail(exc)
-            done = True
-        if done:
-            self._running.remove(job)
-
-    def _deliver(self, job: Job, deltas: list[str]) -> bool:
-        """Hand out ``deltas``; whether the request is done (its result handed out, its blocks
-        freed)."""
-        job.handle.put(deltas)
-        stream = job.stream
-        if stream is None or stream.result is None:
-            return False
-        self._free([job])  # first: whoever sees the result sees its slot and blocks free
-        job.handle.finish(stream.result)
-        return True
-
-    def _free(self, jobs: list[Job]) -> None:
-        for job in jobs:
-            if job.blocks:
-                self.pool.free(job.blocks)
-                job.blocks = 0
-            self._slots.release(job)
-            job.stream = None  # its request KV goes with it
-
+        return self._running.step()
