@@ -44,9 +44,9 @@ from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.compute.threads import torch_threads
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
-from blendrag.serving import prefills
+from blendrag.serving import admission, prefills
 from blendrag.serving.config import ServingConfig
-from blendrag.serving.errors import PromptTooLarge, QueueFull, RequestTimeout
+from blendrag.serving.errors import QueueFull, RequestTimeout
 from blendrag.serving.handle import ServedRequest
 from blendrag.serving.jobs import Job, SchedulerStats
 from blendrag.serving.pool import BlockPool
@@ -117,14 +117,12 @@ class Scheduler:
             raise ValueError("serving text needs a tokenizer; use prefill() on token ids without "
                              "one")
         engine.check_length(layout, generation.max_new_tokens)
-        tokens = self.runner.rows_for(layout.num_tokens + generation.max_new_tokens)
-        if not self.pool.fits_ever(tokens):
+        refused = admission.too_large(
+            self.pool, self.runner.rows_for(layout.num_tokens + generation.max_new_tokens),
+            layout, generation)
+        if refused is not None:
             self.stats.refused += 1
-            raise PromptTooLarge(
-                f"the prompt ({layout.num_tokens} tokens) and its answer (max_new_tokens="
-                f"{generation.max_new_tokens}) need {self.pool.blocks_for(tokens)} blocks of "
-                f"{self.pool.block_tokens} rows; the KV pool holds {self.pool.blocks} "
-                "(ServingConfig.pool_tokens)")
+            raise refused
         timeout_s = timeout_s if timeout_s is not None else self.config.timeout_s
         now = time.perf_counter()
         started = now if started is None else started
@@ -275,30 +273,15 @@ class Scheduler:
         return True
 
     def _admissible(self, inline: bool) -> list[Job]:
-        """Take the waiting requests that may start now, their pool blocks and slots reserved:
-        while there is a free sequence slot and room in the pool (``inline``: and prefill
-        tokens left this turn)."""
-        jobs: list[Job] = []
-        budget = self.config.max_prefill_tokens
+        """Take the waiting requests that may start now (``admission.admissible``), counted
+        as prefilling from here."""
         with self._cond:
-            while not self._closed and self._waiting:
-                busy = len(self._running.jobs) + len(self._ready) + self._prefilling
-                if busy >= self.config.max_seqs:
-                    break
-                job = self._waiting[0]
-                tokens = job.layout.num_tokens
-                if inline and jobs and tokens > budget:
-                    break  # the next turn's: the running requests decode first
-                blocks = self.pool.reserve(
-                    self.runner.rows_for(tokens + job.generation.max_new_tokens))
-                if blocks is None:
-                    break  # room once a running request is done
-                self._waiting.popleft()
-                job.blocks = blocks
-                job.slot = self._slots.claim(tokens + job.generation.max_new_tokens)
-                self._prefilling += 1  # neither waiting nor running: counted until it is
-                jobs.append(job)
-                budget -= tokens
+            if self._closed:
+                return []
+            busy = len(self._running.jobs) + len(self._ready) + self._prefilling
+            jobs = admission.admissible(self._waiting, busy, self.config, self.pool,
+                                        self._slots, self.runner.rows_for, inline)
+            self._prefilling += len(jobs)  # neither waiting nor running: counted until it is
         return jobs
 
     def _start_decoding(self, job: Job, live: bool) -> None:
