@@ -202,8 +202,8 @@ class Scheduler:
                         self._cond.wait(WAIT_S)
         with self._cond:
             self._thread = None
-            jobs, self._running.jobs = [*self._running.jobs, *self._ready], []
-            self._ready.clear()
+            self._join_ready()
+            jobs, self._running.jobs = self._running.jobs, []
         self._running.free(jobs)
         if self._closed:  # those close() did not see (prefilling then): failed, not left waiting
             for job in jobs:
@@ -238,8 +238,7 @@ class Scheduler:
         """Free the requests that were cancelled or ran past their timeout."""
         now = time.perf_counter()
         with self._cond:
-            self._running.jobs += self._ready
-            self._ready.clear()
+            self._join_ready()
             gone = [j for j in (*self._waiting, *self._running.jobs) if j.gone(now)]
         phases = ["decoding" if job.stream is not None else "waiting to start" for job in gone]
         # freed first, and before they leave the lists: whoever sees a request fail or go sees
@@ -372,6 +371,10 @@ class Scheduler:
     def _step(self) -> bool:
         """One batched decoding step over the running requests; whether there was one."""
         with self._cond:
-            self._running.jobs += self._ready
-            self._ready.clear()
+            self._join_ready()
         return self._running.step()
+
+    def _join_ready(self) -> None:
+        """The requests a worker prefilled join the running ones (the caller holds ``_cond``)."""
+        self._running.jobs += self._ready
+        self._ready.clear()

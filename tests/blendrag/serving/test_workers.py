@@ -28,9 +28,10 @@ def _workers(together: bool, gate: threading.Event, busy: threading.Event | None
 
 @pytest.mark.parametrize("together", [True, False])
 def test_a_worker_takes_every_waiting_request_at_once_or_one_at_a_time(together):
-    gate = threading.Event()
-    workers, cond, taken = _workers(together, gate)
-    workers.hand(["a"])  # the worker takes it and waits at the gate
+    gate, busy = threading.Event(), threading.Event()
+    workers, cond, taken = _workers(together, gate, busy)
+    workers.hand(["a"])
+    assert busy.wait(30)  # the worker took "a" alone and waits at the gate
     workers.hand(["b", "c"])  # waiting behind it
     gate.set()
     workers.shutdown()
