@@ -1,7 +1,9 @@
 """The cross-tenant timing measurement, shared by its test and by scripts/tenant_timing.py
 (which prints the figures docs/benchmarks.md cites): three arms of request times for tenant B
 over fresh passages, interleaved in a shuffled order so that drift in the machine's load (and
-whatever one request leaves for the next) falls on all three alike."""
+whatever one request leaves for the next) falls on all three alike. The arms' prompts are the
+same length, token for token: a passage labelled "nobodys" ran two tokens longer than one
+labelled "theirs", and the KS test saw those two tokens (1 %) as a leak under load."""
 
 from __future__ import annotations
 
@@ -16,10 +18,20 @@ from helpers.tiny import PREFIX, SUFFIX
 
 BLEND = BlendConfig(ratio=0.2)
 WORDS = "river stone castle orbit meadow lantern copper violin harbor glacier".split()
+LABELS = {"theirs": "a", "nobodys": "b", "mine": "c"}  # one token each in the test tokenizer
 
 
 def passage(i: int, kind: str) -> str:
-    return f"{kind} {i}: " + " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(40))
+    return f"{LABELS[kind]} {i}: " + " ".join(WORDS[(i * 7 + j * 3) % len(WORDS)]
+                                               for j in range(40))
+
+
+def _same_length(engine, i: int, kinds: list[str]) -> None:
+    """The arms differ in who cached the passage, never in how many tokens a request runs."""
+    lengths = {k: engine.build_prompt(PREFIX, [passage(i, k)], SUFFIX).num_tokens for k in kinds}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"sample {i}: the arms' prompts differ in length {lengths}; a timing "
+                         f"test would measure the length, not the cache")
 
 
 def _ttft(engine, text: str) -> float:
@@ -38,6 +50,7 @@ def arms(a, b, samples: int) -> tuple[list[float], list[float], list[float]]:
         a.ingest([passage(i, "theirs")])  # cached by tenant A only
         b.ingest([passage(i, "mine")])  # cached by tenant B itself
         kinds = list(arms_)
+        _same_length(b, i, kinds)
         order.shuffle(kinds)  # no arm always runs first, or right after another one
         for kind in kinds:
             arms_[kind].append(_ttft(b, passage(i, kind)))
