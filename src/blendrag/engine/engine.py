@@ -34,6 +34,7 @@ from blendrag.engine.compute.threads import DEFAULT_THREADS, check_threads, torc
 from blendrag.engine.request import prefill as request
 from blendrag.engine.request.generation import GenerationResult, GenerationStream
 from blendrag.engine.request.prefill import Prefill
+from blendrag.engine.request.request import Parts, Request
 from blendrag.engine.request.stats import RequestStore
 from blendrag.engine.request.steps import Steps, run_alone
 from blendrag.engine.request.warmup import WarmupConfig, WarmupReport, warm_up
@@ -410,9 +411,9 @@ class BlendEngine:
         # the request's own view of the store: its stats count its own lookups, never another
         # request's (engine/request/stats.py)
         cache = self.cache.with_store(RequestStore(self.cache.store))
-        parts = request.Parts(cache, self.runner, self.controller, self.prefix_cache,
+        parts = Parts(cache, self.runner, self.controller, self.prefix_cache,
                               self.history)
-        pre = yield from request.prefill_steps(parts, request.Request(
+        pre = yield from request.prefill_steps(parts, Request(
             layout, config, layout.num_tokens + extra_capacity, started, observers, pieces))
         pre.stats.calibration = calibration
         return pre

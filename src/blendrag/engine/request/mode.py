@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
 
 import blendrag.engine.request.head as head_rules
 from blendrag.config import BlendConfig
 from blendrag.engine.caches.history import HistoryRows
 from blendrag.engine.caches.prefix_cache import PrefixCache
+from blendrag.engine.request.request import Parts, Request
 from blendrag.engine.request.stats import ModeChoice
 from blendrag.engine.selection.costs import PromptShape, choose_mode, exact_path_choice
 from blendrag.prompt import PromptLayout
-
-if TYPE_CHECKING:
-    from blendrag.engine.request.prefill import Parts, Request
 
 log = logging.getLogger(__name__)
 FULL = BlendConfig(mode="full")

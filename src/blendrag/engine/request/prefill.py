@@ -1,10 +1,10 @@
 """One prefill request, from the store to the first-token logits: open, plan, run, logits.
 
-A ``Request`` carries what was asked (layout, config, capacity, arrival time, observers) and
-what lasts across attempts; before the first, the history cache's rows are split off as one
-more chunk and the mode it runs is decided (engine/request/mode.py: a full prefill instead when
-its chunks are missing or the cost profile predicts it faster). ``prefill`` runs attempts until
-one completes. An attempt
+A ``Request`` (engine/request/request.py) carries what was asked (layout, config, capacity,
+arrival time, observers) and what lasts across attempts; before the first, the history
+cache's rows are split off as one more chunk and the mode it runs is decided
+(engine/request/mode.py: a full prefill instead when its chunks are missing or the cost
+profile predicts it faster). ``prefill`` runs attempts until one completes. An attempt
 
 1. **opens** the request's cached rows (``Opened``): its head, how far it takes the longest
    run of prefix-cache blocks its ids begin with (an earlier turn of the same chat;
@@ -34,48 +34,32 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 import blendrag.engine.request.head as head_rules
-from blendrag.config import BlendConfig
-from blendrag.engine.caches.chunk_cache import ChunkCache, RequestRows
-from blendrag.engine.caches.history import HISTORY_TAG, HistoryCache, HistoryRows
+from blendrag.engine.caches.chunk_cache import RequestRows
+from blendrag.engine.caches.history import HISTORY_TAG
 from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.compute.observers import OFF, LayerCounts, LayerObserver, PhaseClock
-from blendrag.engine.compute.pieces import PrefillPieces
-from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.request.mode import mode_for, with_history
-from blendrag.engine.request.stats import ModeChoice, RequestStats, new_stats
+from blendrag.engine.request.request import Parts, Request
+from blendrag.engine.request.stats import RequestStats, new_stats
 from blendrag.engine.request.steps import CachedPass, Steps, run_alone, stop_at
 from blendrag.engine.selection.ape import ApeSpan
 from blendrag.engine.selection.controller import LoadingController, decide, observe
-from blendrag.engine.selection.costs import (
-    observe_choice,
-)
+from blendrag.engine.selection.costs import observe_choice
 from blendrag.engine.selection.preview import PreviewPass
 from blendrag.engine.selection.selectors import make_selector
-from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayerReadError
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class Parts:
-    """What a request runs on: the engine's collaborators."""
-
-    cache: ChunkCache
-    runner: ModelRunner
-    controller: LoadingController
-    prefix_cache: PrefixCache | None = None
-    history: HistoryCache | None = None
 
 
 @dataclass
@@ -90,42 +74,6 @@ class Prefill:
     stats: RequestStats
     exact_rows: int = 0
     conversation_start: int = 0
-
-
-@dataclass
-class Request:
-    """One request from open to logits: what it was asked, what it keeps across attempts.
-
-    ``layout`` (length-checked; once opened, with the history cache's chunk when one was
-    found), ``config`` (once chosen: the mode and ratio it runs), ``capacity`` rows of KV,
-    ``started`` (``time.perf_counter()`` when it arrived: its TTFT starts there), ``observers``
-    of the main pass (a ``PhaseClock`` among them times every phase), ``pieces`` (a long main
-    pass run in pieces, others' work between them: engine/compute/pieces.py). Across attempts:
-    ``history`` (the earlier turn's rows of its history chunk), ``failed`` (keys whose entry
-    failed to load, with the KV computed for each), ``choice`` (the cost profile's record, or
-    the record of a full prefill run because its chunks were missing; None when not asked),
-    ``backfilled`` (its missing pieces queued); ``stats``: the current attempt's."""
-
-    layout: PromptLayout
-    config: BlendConfig
-    capacity: int
-    started: float
-    observers: Sequence[LayerObserver] = ()
-    pieces: PrefillPieces | None = None
-    history: HistoryRows | None = None
-    failed: dict[str, ChunkKV | None] = field(default_factory=dict)
-    choice: ModeChoice | None = None
-    backfilled: int = 0  # missing pieces queued to be computed off its path
-    stats: RequestStats = field(default_factory=lambda: RequestStats(mode="full"))
-
-    @property
-    def clock(self) -> PhaseClock:
-        return next((o for o in self.observers if isinstance(o, PhaseClock)), OFF)
-
-    @property
-    def watchers(self) -> tuple[LayerObserver, ...]:
-        """The observers besides the clock."""
-        return tuple(o for o in self.observers if not isinstance(o, PhaseClock))
 
 
 @dataclass
@@ -150,6 +98,16 @@ class Running:
     fused: FusedKV
     rope: RopeTables
     feed: LayerFeed
+
+
+def _clock(req: Request) -> PhaseClock:
+    """The observer that times the request's phases (``OFF``: none)."""
+    return next((o for o in req.observers if isinstance(o, PhaseClock)), OFF)
+
+
+def _watchers(req: Request) -> tuple[LayerObserver, ...]:
+    """The request's observers besides the clock."""
+    return tuple(o for o in req.observers if not isinstance(o, PhaseClock))
 
 
 class _LoadFailed(Exception):
@@ -201,7 +159,7 @@ def prefill_steps(parts: Parts, req: Request) -> Steps[Prefill]:
 
 def _attempt(parts: Parts, req: Request) -> Steps[Prefill]:
     """One attempt; raises ``_LoadFailed`` when cached layers fail to load."""
-    req.clock.restart()
+    _clock(req).restart()
     req.stats = new_stats(req.layout, req.config)
     req.stats.compute.layers = parts.runner.adapter.num_layers
     before = parts.cache.store.stats()
@@ -259,7 +217,7 @@ def _count_rows(stats: RequestStats, layout: PromptLayout, opened: Opened) -> No
 def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Prefill]:
     """Steps 2 to 4 over the opened rows: the buffer and the feed, the ratio, the head's rows,
     the plan, the loop, the logits."""
-    runner, clock, stats = parts.runner, req.clock, req.stats
+    runner, clock, stats = parts.runner, _clock(req), req.stats
     _count_rows(stats, req.layout, opened)
     stats.timing.fetch_s = time.perf_counter() - t_open
     clock.lap("fetch")
@@ -276,7 +234,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
         plan = (_tail_plan(parts, req, opened, running) if opened.tail
                 else (yield from make_plan(parts, req, opened, running)))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
-        main = CachedPass(plan, fused, rope, (counts, *req.watchers), clock, req.pieces)
+        main = CachedPass(plan, fused, rope, (counts, *_watchers(req)), clock, req.pieces)
         out = yield from stop_at(main, stats.timing)  # 3. run: alone, or packed with others
         stats.compute.packed_requests = main.packed
         fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
@@ -323,7 +281,7 @@ def _fill_head(parts: Parts, req: Request, opened: Opened, running: Running) -> 
         dev = parts.runner.device
         ids = torch.tensor(req.layout.ids[:first.rows], device=dev)
         parts.runner.run(LoopPlan(ids, torch.arange(first.taken, first.rows, device=dev)),
-                         running.fused, running.rope, (), req.clock)
+                         running.fused, running.rope, (), _clock(req))
 
 
 def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:
@@ -352,20 +310,20 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
     chunk_kvs = [s.kv for s in rows.segments if s.start >= chunk_start]
     attention = None
     if config.selector == "preview":  # where the question looks, over the cached rows
-        req.clock.lap("plan")
+        _clock(req).lap("plan")
         preview = PreviewPass(layout, dev, feed)
         yield from stop_at(CachedPass(preview.plan, running.fused, running.rope,
-                                      preview.observers, OFF, None, alone=req.clock is not OFF),
+                                      preview.observers, OFF, None, alone=_clock(req) is not OFF),
                            req.stats.timing)
         attention, keys = preview.result()
         req.stats.compute.preview_attended_keys = keys
         req.stats.compute.preview_tokens = len(layout.suffix_ids)
         feed = None  # the preview pass loaded every cached row into the buffer
-        req.clock.lap("preview")
+        _clock(req).lap("preview")
     selector = make_selector(config, layout, runner.adapter.num_layers, dev,
                              runner.adapter.scaling, chunk_kvs, attention,
                              runner.adapter.attn_softcap)
-    req.clock.lap("plan")
+    _clock(req).lap("plan")
     suffix = torch.arange(suffix_start, n, device=dev)
     return LoopPlan(ids, torch.cat([selector.initial(), suffix]), feed=feed, selector=selector,
                     ape=ape)
