@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from blendrag.calibration import FLOWS
 from blendrag.calibration.target import lower_bound
 from blendrag.cli.calibrate_qa import add_qa_options, calibrate_qa
+from blendrag.cli.calibration_io import (
+    check_store,
+    keep_record,
+    opened,
+    passages,
+    record_dict,
+    report_tail,
+)
 from blendrag.cli.options import (
     add_chat_option,
     add_json_option,
@@ -23,7 +29,6 @@ from blendrag.cli.options import (
     add_store_dir_option,
     apply_threads,
     emit,
-    engine_spec,
     store_keys,
 )
 from blendrag.eval.metrics import speedup_words
@@ -150,21 +155,6 @@ def check_inputs(args: argparse.Namespace, texts: list[str]) -> None:
     check_store(args)
 
 
-def check_store(args: argparse.Namespace) -> None:
-    """ValueError unless ``--store-dir`` is given and its calibrations folder can be
-    written."""
-    if args.store_dir is None:
-        raise ValueError("calibration is kept beside the store's disk tier: give --store-dir")
-    folder = Path(args.store_dir) / "calibrations"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"the store folder {args.store_dir} cannot be written ({exc})") from None
-
-
 def run(args: argparse.Namespace, texts: list[str], target, engine=None):
     """Calibrate (on ``engine``, or on one loaded from the arguments with a disk store at
     ``--store-dir``, in ``--namespace``, signed with ``--store-keys``) and keep the record in
@@ -192,41 +182,6 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
                            questions=args.questions, on_prompt=bar,
                            budget_s=args.budget or None, saved=keep)
         return record, keep_record(engine, record, saved)
-
-
-def keep_record(engine, record, saved: list) -> Path | None:
-    """Put ``record`` in the engine's store (the file written), end the progress ``saved``
-    kept (nothing to go on from once the record is kept) and have the engine use it."""
-    from blendrag.store.calibration import CalibrationBook
-
-    path = CalibrationBook.of_store(engine.store).put(record)
-    for progress in saved:
-        progress.done()
-    engine.use_calibration(record)
-    return path
-
-
-@contextmanager
-def opened(args: argparse.Namespace, engine=None) -> Iterator:
-    """``engine``, or one loaded from the arguments on a disk store at ``--store-dir`` in
-    ``--namespace``, signed with ``--store-keys`` (closed after)."""
-    if engine is not None:
-        yield engine
-        return
-    from blendrag.store import StoreConfig, TieredKVStore
-
-    store = TieredKVStore(StoreConfig(disk_dir=args.store_dir, namespace=args.namespace,
-                                      auth_key=store_keys(args)))
-    try:
-        yield engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
-    finally:
-        store.close()
-
-
-def record_dict(record) -> dict:
-    from dataclasses import asdict
-
-    return asdict(record)
 
 
 def report(record, path: Path | None, corpus: str, passages: int,
@@ -262,31 +217,6 @@ def report(record, path: Path | None, corpus: str, passages: int,
                      f"{chosen.same_answer:.2f}, answer KL {chosen.answer_kl:.4f}, TTFT "
                      f"{speedup_words(chosen.speedup)}); target: {target}")
     return "\n".join(lines + report_tail(chosen, path))
-
-
-def report_tail(chosen, path: Path | None) -> list[str]:
-    """The report's last lines: what a chosen ratio of 1.0 runs, and where the record is."""
-    lines = []
-    if chosen is not None and chosen.ratio >= 1.0:
-        lines.append("ratio 1.0 recomputes every token: the default config runs the exact "
-                     "full prefill instead, which gives the same answers sooner")
-    if path is not None:
-        lines.append(f"recorded in {path}: the default BlendConfig() of an engine on this store "
-                     "runs it")
-    return lines
-
-
-def passages(path: Path, glob: str, field: str) -> list[str]:
-    """The passages of ``--corpus``: a folder's files or a JSON-lines file's field."""
-    from blendrag.ingest.sources import chunks_from_folder, chunks_from_jsonl
-
-    if path.is_dir():
-        return list(chunks_from_folder(path, glob))
-    if path.suffix == ".jsonl":
-        return list(chunks_from_jsonl(path, field))
-    if not path.exists():
-        raise ValueError(f"--corpus {path} does not exist")
-    raise ValueError(f"--corpus {path}: give a folder of passages or a .jsonl file")
 
 
 def duration(text: str) -> float:

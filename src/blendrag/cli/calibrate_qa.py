@@ -34,25 +34,24 @@ def calibrate_qa(args: argparse.Namespace) -> int:
     """0: calibrated and recorded; 2: bad input, said in one ``error:`` line."""
     from blendrag.calibration.qa_file import read_qa
     from blendrag.calibration.quality import QualityTarget
-    from blendrag.cli import calibrate as base
+    from blendrag.cli.calibration_io import check_store, passages, record_dict
     from blendrag.cli.options import apply_threads, emit
 
     try:
         target = QualityTarget(args.margin, args.confidence, args.metric, args.answer_tokens)
-        corpus = [] if args.corpus is None else base.passages(args.corpus, args.glob,
-                                                              args.field)
+        corpus = [] if args.corpus is None else passages(args.corpus, args.glob, args.field)
         if args.per_prompt < 1:
             raise ValueError("--per-prompt must be >= 1")
         items = read_qa(args.qa, corpus, args.per_prompt)
         if not args.ratios or any(not 0 < r <= 1 for r in args.ratios):
             raise ValueError("--ratios must be fractions in (0, 1]")
-        base.check_store(args)
+        check_store(args)
         apply_threads(args)
         record, path = run(args, items, corpus, target)
     except (ValueError, OSError, ImportError) as exc:
         print(f"blendrag calibrate: error: {exc}", file=sys.stderr)
         return 2
-    emit(args, base.record_dict(record), report(record, path, str(args.qa), len(items)))
+    emit(args, record_dict(record), report(record, path, str(args.qa), len(items)))
     return 0
 
 
@@ -62,7 +61,7 @@ def run(args: argparse.Namespace, items, corpus: list[str], target, engine=None)
     corpus is ``--corpus``'s, else the questions' passages'."""
     from blendrag.calibration.qa_run import SavedQuestions, calibrate_qa
     from blendrag.calibration.quality import MIN_QUESTIONS
-    from blendrag.cli.calibrate import keep_record, opened
+    from blendrag.cli.calibration_io import keep_record, opened
     from blendrag.cli.options import store_keys
     from blendrag.cli.progress import Progress
     from blendrag.store.calibration import corpus_id
@@ -93,7 +92,7 @@ def run(args: argparse.Namespace, items, corpus: list[str], target, engine=None)
 
 def report(record, path: Path | None, qa: str, asked: int) -> str:
     """The frontier and the choice, in words (``blendrag calibrate``'s report for ``--qa``)."""
-    from blendrag.cli.calibrate import report_tail
+    from blendrag.cli.calibration_io import report_tail
 
     t = record.target
     fewer = (f" (the time budget allowed {record.prompts} of the {asked})"

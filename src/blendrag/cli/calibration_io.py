@@ -1,0 +1,87 @@
+"""What both calibration commands (`blendrag calibrate` over passages, `--qa` over labelled
+questions) read and write: the passages of ``--corpus``, the store folder the record is kept
+in, the engine opened on it, the record kept and the report's last lines."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from blendrag.cli.options import engine_spec, store_keys
+
+
+def check_store(args: argparse.Namespace) -> None:
+    """ValueError unless ``--store-dir`` is given and its calibrations folder can be
+    written."""
+    if args.store_dir is None:
+        raise ValueError("calibration is kept beside the store's disk tier: give --store-dir")
+    folder = Path(args.store_dir) / "calibrations"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"the store folder {args.store_dir} cannot be written ({exc})") from None
+
+
+def keep_record(engine, record, saved: list) -> Path | None:
+    """Put ``record`` in the engine's store (the file written), end the progress ``saved``
+    kept (nothing to go on from once the record is kept) and have the engine use it."""
+    from blendrag.store.calibration import CalibrationBook
+
+    path = CalibrationBook.of_store(engine.store).put(record)
+    for progress in saved:
+        progress.done()
+    engine.use_calibration(record)
+    return path
+
+
+@contextmanager
+def opened(args: argparse.Namespace, engine=None) -> Iterator:
+    """``engine``, or one loaded from the arguments on a disk store at ``--store-dir`` in
+    ``--namespace``, signed with ``--store-keys`` (closed after)."""
+    if engine is not None:
+        yield engine
+        return
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    store = TieredKVStore(StoreConfig(disk_dir=args.store_dir, namespace=args.namespace,
+                                      auth_key=store_keys(args)))
+    try:
+        yield engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
+    finally:
+        store.close()
+
+
+def record_dict(record) -> dict:
+    from dataclasses import asdict
+
+    return asdict(record)
+
+
+def report_tail(chosen, path: Path | None) -> list[str]:
+    """The report's last lines: what a chosen ratio of 1.0 runs, and where the record is."""
+    lines = []
+    if chosen is not None and chosen.ratio >= 1.0:
+        lines.append("ratio 1.0 recomputes every token: the default config runs the exact "
+                     "full prefill instead, which gives the same answers sooner")
+    if path is not None:
+        lines.append(f"recorded in {path}: the default BlendConfig() of an engine on this store "
+                     "runs it")
+    return lines
+
+
+def passages(path: Path, glob: str, field: str) -> list[str]:
+    """The passages of ``--corpus``: a folder's files or a JSON-lines file's field."""
+    from blendrag.ingest.sources import chunks_from_folder, chunks_from_jsonl
+
+    if path.is_dir():
+        return list(chunks_from_folder(path, glob))
+    if path.suffix == ".jsonl":
+        return list(chunks_from_jsonl(path, field))
+    if not path.exists():
+        raise ValueError(f"--corpus {path} does not exist")
+    raise ValueError(f"--corpus {path}: give a folder of passages or a .jsonl file")
