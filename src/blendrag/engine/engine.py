@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
-import threading
 import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,6 +37,7 @@ from blendrag.engine.request.steps import Steps, run_alone
 from blendrag.engine.request.warmup import WarmupConfig, WarmupReport, warm_up
 from blendrag.engine.selection.calibrated import CalibratedDefault
 from blendrag.engine.selection.controller import LoadingConfig, LoadingController
+from blendrag.engine.views import NamespaceViews
 from blendrag.ingest.ingestion import Ingestion
 from blendrag.kv.keys import ModelIdentity, tokenizer_fingerprint
 from blendrag.model.adapters import LlamaAdapter
@@ -47,16 +45,10 @@ from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.model.loader import load_model_and_tokenizer
 from blendrag.prompt import PromptBuilder, PromptLayout
 from blendrag.store.calibration import CalibrationRecord
-from blendrag.store.names import check_tenant_namespace
 from blendrag.store.protocol import KVStore
 from blendrag.store.ram import MemoryKVStore
 
 log = logging.getLogger(__name__)
-
-MAX_VIEWS = 64
-"""Namespace views an engine keeps for reuse, the most recently asked for; an older one lives
-on only while its caller holds it (views are cheap: the caches' budgets are the engine's)."""
-
 
 class BlendEngine:
     """Runs one HF decoder-only model with a chunk-KV store.
@@ -73,27 +65,25 @@ class BlendEngine:
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
                  prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS,
                  compute: ComputeConfig | None = None, history_bytes: int | None = None) -> None:
-        """``context``: what stored chunk KVs are computed after (engine/caches/context.py); default
-        ``ChunkContext()`` (three filler contexts, first passages exact) with a tokenizer,
-        ``NO_CONTEXT`` without one.
+        """``context``: what stored chunk KVs are computed after (engine/caches/context.py);
+        default ``ChunkContext()`` (three filler contexts, first passages exact) with a
+        tokenizer, ``NO_CONTEXT`` without one.
         ``loading``: how cached rows are loaded (pipelined by default) and how ``ratio="auto"``
         chooses (engine/selection/controller.py).
         ``prefix_cache_bytes``: keep the rows of finished requests (prompt and generated
         tokens), at most this many bytes on the model's device (every namespace view's
-        together), and start every request from
-        the longest run of them its ids begin with (engine/caches/prefix_cache.py: the next turn of
-        a
-        chat); 0: off. ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
+        together), and start every request from the longest run of them its ids begin with
+        (engine/caches/prefix_cache.py: the next turn of a chat); 0: off.
+        ``prefix_cache_store``: also keep those rows in ``store``'s tiers.
         ``history_bytes``: keep the rows after each finished request's last chunk (the
-        conversation: messages and answers), at most this many bytes on the model's device, and
-        blend them like a chunk wherever a later prompt's suffix begins with them
+        conversation: messages and answers), at most this many bytes on the model's device,
+        and blend them like a chunk wherever a later prompt's suffix begins with them
         (engine/caches/history.py: a chat whose passages change every turn); None: the prefix
-        cache's
-        budget (on with it); 0: off.
+        cache's budget (on with it); 0: off.
         ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
         ingestion), the previous count restored after each call (engine/compute/threads.py);
-        default 1,
-        the fastest measured on a small shared CPU; None leaves torch's setting alone.
+        default 1, the fastest measured on a small shared CPU; None leaves torch's setting
+        alone.
         ``compute``: the attention kernel and how tokens are decoded (``ComputeConfig``:
         FlexAttention and CUDA graphs on CUDA, PyTorch's SDPA and eager decoding elsewhere);
         every choice runs the exact mask."""
@@ -127,11 +117,7 @@ class BlendEngine:
         self.calibrated = CalibratedDefault(lambda: (self.model_fp, self.tokenizer_fp),
                                             store=lambda: self.store)
         self.warmup_report: WarmupReport | None = None  # what ``warmup`` took, once run
-        # namespace -> the engine serving it, while someone holds it (shared by every view)
-        self._views: weakref.WeakValueDictionary[str, BlendEngine] = (
-            weakref.WeakValueDictionary())
-        self._recent: OrderedDict[str, BlendEngine] = OrderedDict()  # MAX_VIEWS kept alive
-        self._views_lock = threading.Lock()
+        self.views: NamespaceViews[BlendEngine] = NamespaceViews()  # shared by every view
 
     @classmethod
     def from_pretrained(cls, name_or_path: str | Path = DEFAULT_MODEL,
@@ -163,22 +149,10 @@ class BlendEngine:
         row one namespace computed is ever taken by another's request, and no hit reveals
         another's passages. The caches' budgets are the engine's, shared by every view (the
         least recently used rows evicted, whichever namespace's). The same view while it is
-        held or among the ``MAX_VIEWS`` most recently asked for; ``self`` for its own.
-        ValueError for the store's public namespace (every tenant reads it: the ingestion job
-        writes it through ``store.namespaced``, never as a tenant)."""
-        with self._views_lock:
-            self._views.setdefault(self.store.namespace, self)
-            view = self._views.get(namespace)
-            if view is None:
-                public = getattr(self.store, "public", None)  # TieredKVStore's shared corpus
-                check_tenant_namespace(namespace, getattr(public, "namespace", None))
-                view = self._view(namespace)
-                self._views[namespace] = view
-            self._recent[namespace] = view
-            self._recent.move_to_end(namespace)
-            while len(self._recent) > MAX_VIEWS:
-                self._recent.popitem(last=False)
-        return view
+        held or among the ``MAX_VIEWS`` most recently asked for (engine/views.py); ``self`` for
+        its own. ValueError for the store's public namespace (every tenant reads it: the
+        ingestion job writes it through ``store.namespaced``, never as a tenant)."""
+        return self.views.get(self, self.store, namespace, self._view)
 
     def _view(self, namespace: str) -> BlendEngine:
         view = copy.copy(self)
@@ -244,18 +218,7 @@ class BlendEngine:
         """Serve from ``store`` now: this engine, and every namespace view of it alive, each
         re-pointed to its namespace of ``store`` (ValueError, nothing changed, when one of them
         is ``store``'s public namespace)."""
-        with self._views_lock:
-            views = [(ns, v) for ns, v in self._views.items() if v is not self]
-            public = getattr(getattr(store, "public", None), "namespace", None)
-            for ns, _ in views:
-                check_tenant_namespace(ns, public)
-            for ns in [ns for ns, v in self._views.items() if v is self]:
-                del self._views[ns]  # this engine's namespace may change with the store
-            self._point(store)
-            for ns, view in views:
-                view._point(store.namespaced(ns))
-            if views:
-                self._views[store.namespace] = self
+        self.views.repoint(self, store, BlendEngine._point)
 
     def _point(self, store: KVStore) -> None:
         """Read and write ``store`` (the prefix cache's blocks too, when it keeps them in one)."""

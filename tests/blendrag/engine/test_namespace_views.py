@@ -15,7 +15,7 @@ from blendrag import BlendConfig, BlendEngine
 from blendrag.engine.caches.context import NO_CONTEXT
 from blendrag.engine.caches.history import Segment
 from blendrag.engine.caches.prefix_cache import Block, _stored_key
-from blendrag.engine.engine import MAX_VIEWS
+from blendrag.engine.views import MAX_VIEWS
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.ram import MemoryKVStore
 from helpers.kvgen import make_kv, same_bits
