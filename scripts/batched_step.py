@@ -9,7 +9,6 @@ side on this machine (a prefill worker's premise: serving/config.py).
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 
@@ -17,8 +16,14 @@ import torch
 
 from blendrag import BlendConfig, BlendEngine
 from blendrag_bench.serve import ServeBenchConfig, prompts
+from blendrag_bench.timing import median_time
 
 REPEATS = 12
+
+
+def _ms(step) -> float:
+    """The median milliseconds of ``REPEATS`` calls of ``step``."""
+    return median_time(step, REPEATS).seconds * 1e3
 
 
 def step_costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> None:
@@ -38,23 +43,13 @@ def step_costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> N
     print("requests | own buffers: step, per token, tokens/s vs one | slab: step, per token, "
           "tokens/s vs one")
     for n in counts:
-        own = _median(lambda n=n: engine.runner.decode(tokens[0], pres[0].fused) if n == 1
+        own = _ms(lambda n=n: engine.runner.decode(tokens[0], pres[0].fused) if n == 1
                       else engine.runner.decode_many(tokens[:n], [p.fused for p in pres[:n]]))
-        slabbed = _median(lambda n=n: engine.runner.decode_slab(
+        slabbed = _ms(lambda n=n: engine.runner.decode_slab(
             slab,             tokens[:n], list(range(n)), [p.fused for p in in_slab[:n]]))
         single = single or own
         print(f"{n} | {own:6.1f} ms, {own / n:5.1f} ms, {single * n / own:.2f}x "
               f"| {slabbed:6.1f} ms, {slabbed / n:5.1f} ms, {single * n / slabbed:.2f}x")
-
-
-def _median(step) -> float:
-    """The median milliseconds of ``REPEATS`` calls of ``step``."""
-    times = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def two_threads() -> None:

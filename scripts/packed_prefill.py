@@ -12,7 +12,6 @@ the worker (the default), alternated.
 from __future__ import annotations
 
 import statistics
-import time
 
 from blendrag import BlendConfig, BlendEngine, GenerationConfig
 from blendrag.engine.compute.threads import torch_threads
@@ -20,11 +19,17 @@ from blendrag.engine.request.packing import run_together
 from blendrag.serving import Scheduler, ServingConfig
 from blendrag.serving.config import DEFAULT_PACK_TOKENS
 from blendrag_bench.serve import ServeBenchConfig, prompts
+from blendrag_bench.timing import median_time
 
 REPEATS = 5
 MODES = {"reuse": BlendConfig(mode="reuse"), "default": BlendConfig(),
          "full": BlendConfig(mode="full")}
 GEN = GenerationConfig(max_new_tokens=1)
+
+
+def _ms(run) -> float:
+    """The median milliseconds of ``REPEATS`` calls of ``run``."""
+    return median_time(run, REPEATS).seconds * 1e3
 
 
 def costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> None:
@@ -37,8 +42,8 @@ def costs(engine: BlendEngine, counts: tuple[int, ...] = (1, 2, 4, 8)) -> None:
             engine.prefill(layout, blend, 1)
         for n in counts:
             chosen = layouts[:n]
-            apart = _median(lambda c=chosen, b=blend: [engine.stream(x, b, GEN) for x in c])
-            packed = _median(lambda c=chosen, b=blend: _packed(engine, c, b))
+            apart = _ms(lambda c=chosen, b=blend: [engine.stream(x, b, GEN) for x in c])
+            packed = _ms(lambda c=chosen, b=blend: _packed(engine, c, b))
             print(f"{name:<8} {n} | {apart:7.1f} | {packed:7.1f}  ({apart / packed:.2f}x)")
 
 
@@ -48,15 +53,6 @@ def _packed(engine: BlendEngine, layouts, blend: BlendConfig) -> None:
         for out in run_together(engine.runner, steps, DEFAULT_PACK_TOKENS):
             if isinstance(out, BaseException):
                 raise out
-
-
-def _median(run) -> float:
-    times = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def burst(engine: BlendEngine, users: int = 4) -> None:

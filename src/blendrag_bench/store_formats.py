@@ -6,12 +6,10 @@ is measured by ``scripts/measure_kv_formats.py`` (docs/benchmarks.md, "Stored KV
 
 from __future__ import annotations
 
-import statistics
-import time
-
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store import codec
 from blendrag.store.config import KV_FORMATS, StoreConfig
+from blendrag_bench.timing import median_time
 
 DEFAULT_FORMAT = StoreConfig.kv_format  # the dataclass field's default
 
@@ -24,22 +22,13 @@ def measure(kv: ChunkKV, key: str, repeats: int) -> list[dict]:
     exact = len(codec.encode(key, kv))
     out = []
     for kv_format in KV_FORMATS:
-        encode_s, data = _median(lambda f=kv_format: codec.encode(key, kv, f), repeats)
-        load_s, _ = _median(lambda d=data: codec.decode(d, key), repeats)
+        encode_s, data = median_time(lambda f=kv_format: codec.encode(key, kv, f), repeats)
+        load_s = median_time(lambda d=data: codec.decode(d, key), repeats).seconds
         out.append({"format": kv_format, "bytes_per_token": len(data) / kv.num_tokens,
                     "bytes_vs_model": len(data) / exact, "encode_gbps": rows / encode_s / 1e9,
                     "load_gbps": rows / load_s / 1e9, "default": kv_format == DEFAULT_FORMAT,
                     "kl_vs_uncompressed": None})
     return out
-
-
-def _median(fn, repeats: int):
-    times, result = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), result
 
 
 def format_lines(records: list[dict]) -> list[str]:

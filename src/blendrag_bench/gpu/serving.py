@@ -8,8 +8,6 @@ that the token loop (stop strings, streaming) runs as it does for text."""
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import replace
 
 from blendrag.config import BlendConfig, GenerationConfig
@@ -20,6 +18,7 @@ from blendrag.serving.config import DEFAULT_PACK_TOKENS, DEFAULT_SLOT_TOKENS
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.gpu.speed import Emit
 from blendrag_bench.serve import ServeBenchConfig, format_row, run
+from blendrag_bench.timing import median_time
 from blendrag_bench.ttft import build_engine, random_layout
 
 REQUESTS, ANSWER = 16, 64
@@ -98,14 +97,7 @@ def _pack_gain(engine, layouts: list[PromptLayout], n: int, blend: BlendConfig) 
                 raise out
 
     def timed(run) -> float:
-        times = []
-        for _ in range(4):
-            sync()
-            t0 = time.perf_counter()
-            run()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times[1:])
+        return median_time(run, 4, skip=1, sync=sync).seconds
 
     return timed(apart) / timed(packed)
 
@@ -129,14 +121,7 @@ def _step_gains(engine, layouts: list[PromptLayout], n: int) -> tuple[float, flo
     tokens = [int(p.logits.argmax()) for p in pres]
 
     def timed(step) -> float:
-        times = []
-        for _ in range(8):
-            sync()
-            t0 = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times[2:])  # the first two: capture
+        return median_time(step, 8, skip=2, sync=sync).seconds  # the first two: capture
 
     one = timed(lambda: engine.runner.decode(tokens[0], pres[0].fused))
     many = timed(lambda: engine.runner.decode_many(tokens, [p.fused for p in pres]))
