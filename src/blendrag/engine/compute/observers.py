@@ -188,8 +188,8 @@ class PhaseClock(LayerObserver):
         self._last = now
 
     def _sync(self) -> None:
-        if self.cuda:
-            torch.cuda.synchronize(self.device)
+        if self.cuda:  # this thread's stream: see request/prefill.py ``_sync``
+            torch.cuda.current_stream(self.device).synchronize()
 
 
 class _Off(PhaseClock):

@@ -331,4 +331,6 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":  # the logits are ready: what the first token waits for
-        torch.cuda.synchronize(device)
+        # this thread's stream, not the device: a device-wide sync fails while another thread
+        # captures a CUDA graph (a prefill worker beside serving's decoding loop; graphs.py)
+        torch.cuda.current_stream(device).synchronize()

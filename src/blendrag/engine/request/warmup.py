@@ -157,6 +157,6 @@ def _warm(runner: ModelRunner, prefill: PrefillFn, layout: PromptLayout, config:
 def _timed(runner: ModelRunner, fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
-    if runner.device.type == "cuda":
-        torch.cuda.synchronize(runner.device)
+    if runner.device.type == "cuda":  # this thread's stream: see prefill.py ``_sync``
+        torch.cuda.current_stream(runner.device).synchronize()
     return time.perf_counter() - t0

@@ -210,8 +210,8 @@ def _fit(rows: list[tuple[float, float, float]]) -> PassCost:
 
 
 def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    if device.type == "cuda":  # this thread's stream: see request/prefill.py ``_sync``
+        torch.cuda.current_stream(device).synchronize()
 
 
 FULL = BlendConfig(mode="full")
