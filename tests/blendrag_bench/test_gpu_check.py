@@ -42,3 +42,28 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     assert ttft.index("# cold:") < ttft.index("# ttft-3k:") and "first/warm" in ttft
     exactness = (out / "exactness.txt").read_text()
     assert exactness.count("[PASS]") >= 140 and "[FAIL]" not in exactness
+
+
+def test_a_commands_output_goes_into_the_file_as_it_prints(tmp_path):
+    from blendrag_bench.gpu.check import streamed
+
+    path = tmp_path / "exactness.txt"
+    script = ("import sys, time\nprint('test_a PASSED', flush=True)\n"
+              "sys.stderr.write('a warning\\n')\nprint('==== 1 passed, 1 skipped in 0.1s ====')")
+    with path.open("a") as f:
+        f.write("# exactness: before\n")
+        assert streamed([sys.executable, "-c", script], f, path) == "1 passed, 1 skipped in 0.1s"
+        f.write("after\n")
+    assert path.read_text().splitlines() == [
+        "# exactness: before", "test_a PASSED", "a warning",
+        "==== 1 passed, 1 skipped in 0.1s ====", "after"]
+
+
+def test_a_command_stopped_midway_leaves_what_it_printed(tmp_path):
+    from blendrag_bench.gpu.check import streamed
+
+    path = tmp_path / "out.txt"
+    script = "import os\nprint('test_a PASSED', flush=True)\nos._exit(3)"
+    with path.open("a") as f:
+        assert streamed([sys.executable, "-c", script], f, path) == "exit 3"
+    assert path.read_text() == "test_a PASSED\n"

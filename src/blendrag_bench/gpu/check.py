@@ -125,7 +125,7 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
         emit(f"# {name}: {_device()}")
         if name == "exactness":
             counts = exactness.run(emit, shapes.device())
-            tests = _cuda_tests(emit)
+            tests = _cuda_tests(emit, f, path)
             heads = {"exactness checks failed": (counts["failed"], "0", counts["failed"] == 0),
                      "exactness checks passed": (counts["passed"], "", None),
                      "CUDA-marked tests": (tests, "", None)}
@@ -145,20 +145,29 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
     return 0
 
 
-def _cuda_tests(emit) -> str:
-    """Run the tests marked ``cuda`` (their files found by the mark), output into the file."""
+def _cuda_tests(emit, f, path: Path) -> str:
+    """Run the tests marked ``cuda`` (their files found by the mark), each test's name and
+    result streamed into the phase's file as it ends: a phase stopped at its time limit keeps
+    what ran, and names the test that was running."""
     if not torch.cuda.is_available():
         emit("\nCUDA-marked tests: not run (no CUDA device)")
         return "not run (no CUDA device)"
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py")
                    if "mark.cuda" in p.read_text())
     emit("\nCUDA-marked tests: " + " ".join(files))
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "cuda",
-                           "-p", "no:cacheprovider", *files], cwd=ROOT, capture_output=True,
-                          text=True, check=False)
-    emit(done.stdout[-6000:] + done.stderr[-2000:])
-    lines = [x for x in done.stdout.splitlines() if " passed" in x or " failed" in x]
-    return lines[-1].strip() if lines else f"pytest exit {done.returncode}"
+    return streamed([sys.executable, "-m", "pytest", "-v", "--tb=short", "-m", "cuda",
+                     "-p", "no:cacheprovider", *files], f, path)
+
+
+def streamed(command: list[str], f, path: Path) -> str:
+    """Run ``command`` with its output appended to ``path`` (open as ``f``) as it prints;
+    pytest's last line of counts, or the exit code."""
+    f.flush()
+    start = path.stat().st_size
+    done = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
+    out = path.read_bytes()[start:].decode(errors="replace")
+    lines = [x for x in out.splitlines() if " passed" in x or " failed" in x]
+    return lines[-1].strip(" =") if lines else f"exit {done.returncode}"
 
 
 def _device() -> str:
