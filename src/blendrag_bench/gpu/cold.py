@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from blendrag.config import BlendConfig
+from blendrag.config import DEFAULT_GENERATION, BlendConfig
 from blendrag.engine.request.warmup import WarmupConfig
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.gpu.speed import Emit, Headlines
@@ -54,8 +54,10 @@ def run(emit: Emit, small: bool) -> Headlines:
 
 
 def _ttft(engine, layout, config: BlendConfig) -> float:
+    """A request's time to first token, with room for an answer of the default length, as
+    a served request has (and as warm-up sized its buffers: WarmupConfig.answer_tokens)."""
     sync()
     t0 = time.perf_counter()
-    engine.prefill(layout, config)
+    engine.prefill(layout, config, extra_capacity=DEFAULT_GENERATION.max_new_tokens)
     sync()
     return time.perf_counter() - t0

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import subprocess
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from blendrag import BlendConfig, BlendEngine
+from blendrag import BlendConfig, BlendEngine, GenerationConfig
 from blendrag.engine.caches.context import NO_CONTEXT
 from blendrag.engine.compute import compile_cache
-from blendrag.engine.request.warmup import WarmupConfig, synthetic_layout
+from blendrag.engine.request.warmup import WarmupConfig, synthetic_layout, warm_up
 from blendrag.store.ram import MemoryKVStore
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -43,6 +44,25 @@ def test_bad_settings_are_refused_with_the_numbers():
         WarmupConfig(configs=())
     with pytest.raises(ValueError, match="decode_tokens"):
         WarmupConfig(decode_tokens=-1)
+    with pytest.raises(ValueError, match="answer_tokens"):
+        WarmupConfig(decode_tokens=8, answer_tokens=4)
+
+
+def test_each_run_has_room_for_an_answer_as_a_served_request_has(model_dir):
+    # a request's buffer size picks the passes captured for it on a GPU: warm-up's requests
+    # are sized as one asking for ``answer_tokens`` new tokens is, the cold ones too
+    engine = tiny_engine(model_dir)
+    asked = []
+
+    def prefill(layout, blend, extra):
+        asked.append(extra)
+        return engine.prefill(layout, blend, extra)
+
+    config = dataclasses.replace(SMALL, prompt_tokens=(96,), configs=SMALL.configs[:1],
+                                 answer_tokens=24, profile=False)
+    warm_up(engine.runner, prefill, engine.model.config.vocab_size, config, settle=lambda: None)
+    assert asked and set(asked) == {24}
+    assert WarmupConfig().answer_tokens == GenerationConfig().max_new_tokens
 
 
 def test_warm_up_runs_every_mode_cold_and_warm_and_leaves_the_store_alone(model_dir):

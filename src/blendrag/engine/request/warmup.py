@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from blendrag.config import BlendConfig
+from blendrag.config import DEFAULT_GENERATION, BlendConfig
 from blendrag.engine.compute import compile_cache
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.request.prefill import Prefill
@@ -51,6 +51,9 @@ class WarmupConfig:
     suffix_tokens:  the question and answer cue after them
     configs:        the modes run (each at each size)
     decode_tokens:  tokens decoded after each warm run (the decoding step captured on a GPU)
+    answer_tokens:  room for an answer in each warm run's KV buffer, as a request asking for
+                    that many new tokens has: its buffer's size picks the passes captured for
+                    it (default: ``GenerationConfig``'s ``max_new_tokens``)
     profile:        time the device's cost profile now (else at the first request that uses it)
     compile_cache:  the folder torch.compile's caches are loaded from and kept in (None: not
                     kept); trusted like the installed packages (``compile_cache.py``)
@@ -61,6 +64,7 @@ class WarmupConfig:
     suffix_tokens: int = 64
     configs: tuple[BlendConfig, ...] = WARMUP_CONFIGS
     decode_tokens: int = 2
+    answer_tokens: int = DEFAULT_GENERATION.max_new_tokens
     profile: bool = True
     compile_cache: Path | None = field(default=compile_cache.DEFAULT_FOLDER)
 
@@ -69,6 +73,9 @@ class WarmupConfig:
             raise ValueError(f"WarmupConfig: chunks and suffix_tokens must be >= 1 and "
                              f"decode_tokens >= 0, got {self.chunks}, {self.suffix_tokens}, "
                              f"{self.decode_tokens}")
+        if self.answer_tokens < self.decode_tokens:
+            raise ValueError(f"WarmupConfig.answer_tokens ({self.answer_tokens}) must hold the "
+                             f"{self.decode_tokens} decode_tokens decoded after each warm run")
         least = PREFIX_TOKENS + self.chunks + self.suffix_tokens
         for n in self.prompt_tokens:
             if not isinstance(n, int) or n < least:
@@ -115,10 +122,12 @@ def warm_up(runner: ModelRunner, prefill: PrefillFn, vocab: int, config: WarmupC
         layout = synthetic_layout(n, config.chunks, config.suffix_tokens, vocab)
         for blend in config.configs:
             label = f"{blend.label} {n}"
-            report.steps[f"{label} cold"] = _timed(runner, partial(prefill, layout, blend, 0))
+            report.steps[f"{label} cold"] = _timed(runner, partial(prefill, layout, blend,
+                                                                    config.answer_tokens))
             settle()
             report.steps[f"{label} warm"] = _timed(runner, partial(
-                _warm, runner, prefill, layout, blend, config.decode_tokens))
+                _warm, runner, prefill, layout, blend, config.decode_tokens,
+                config.answer_tokens))
     if folder is not None:
         report.saved = compile_cache.save(folder, runner.device)
     report.seconds = time.perf_counter() - t0
@@ -141,14 +150,15 @@ def synthetic_layout(tokens: int, chunks: int, suffix: int, vocab: int) -> Promp
 
 
 def _warm(runner: ModelRunner, prefill: PrefillFn, layout: PromptLayout, config: BlendConfig,
-          tokens: int) -> None:
-    """A warm request: ``layout``'s chunks stored, the prefill, then ``tokens`` decoded. With
+          tokens: int, room: int) -> None:
+    """A warm request: ``layout``'s chunks stored, the prefill with ``room`` rows for its
+    answer, then ``tokens`` decoded. With
     static passes the prefill runs twice: its shape is captured the second time
     (engine/compute/static_pass.py), here rather than by a user's request."""
-    pre = prefill(layout, config, tokens)
+    pre = prefill(layout, config, room)
     if runner.static_passes is not None:
         del pre  # its buffer free for the next prefill
-        pre = prefill(layout, config, tokens)
+        pre = prefill(layout, config, room)
     token = int(pre.logits.argmax())
     for _ in range(tokens):
         token = int(runner.decode(token, pre.fused).argmax())
