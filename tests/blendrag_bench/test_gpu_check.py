@@ -38,6 +38,8 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
         assert f"| {figure} |" in summary
     assert "| exactness checks failed | 0 | 0 | PASS |" in summary
     assert "| serve 4 users, full: same answers as alone | 4/4 | all | PASS |" in summary
+    for name in PHASES:  # every phase says whether it gave a fast path up (none on a CPU)
+        assert f"| {name}: slower paths taken (warnings) | 0 | 0 | PASS |" in summary, summary
     ttft = (out / "ttft-3k.txt").read_text()  # the cold start, then the 3k phase
     assert ttft.index("# cold:") < ttft.index("# ttft-3k:") and "first/warm" in ttft
     exactness = (out / "exactness.txt").read_text()
@@ -67,3 +69,26 @@ def test_a_command_stopped_midway_leaves_what_it_printed(tmp_path):
     with path.open("a") as f:
         assert streamed([sys.executable, "-c", script], f, path) == "exit 3"
     assert path.read_text() == "test_a PASSED\n"
+
+
+def test_a_warning_of_a_slower_path_is_written_and_counted():
+    import logging
+
+    from blendrag_bench.gpu.check import SLOWER_PATH_LOGGERS, _SlowerPaths
+
+    lines: list[str] = []
+    slower = _SlowerPaths(lines.append)
+    loggers = [logging.getLogger(name) for name in SLOWER_PATH_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(slower)
+    try:
+        logging.getLogger("blendrag.engine.compute.decode").warning("decoding without a CUDA "
+                                                                     "graph (%s)", "why")
+        logging.getLogger("blendrag.engine.compute.decode").info("not a slower path")
+        logging.getLogger("blendrag.store").warning("another part's warning")
+    finally:
+        for logger in loggers:
+            logger.removeHandler(slower)
+    assert slower.count == 1
+    assert lines == ["[warning] blendrag.engine.compute.decode: decoding without a CUDA graph "
+                     "(why)"]

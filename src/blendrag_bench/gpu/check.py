@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import signal
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -57,6 +59,8 @@ PHASES = {
     "loading": ("loading.txt", 60),
     "profile": ("profile.txt", 40),
 }
+# the engine's loggers whose warnings say it took a slower path than the device's fastest
+SLOWER_PATH_LOGGERS = ("blendrag.engine.compute", "blendrag.serving")
 MIN_PHASE_S = 15  # a phase is started only with at least this much of the budget left
 ROOT = Path(__file__).resolve().parents[3]  # the project's tree (src/blendrag_bench/gpu/..)
 
@@ -123,6 +127,9 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
             f.flush()  # what a stopped phase wrote stays
 
         emit(f"# {name}: {_device()}")
+        slower = _SlowerPaths(emit)
+        for logger in SLOWER_PATH_LOGGERS:
+            logging.getLogger(logger).addHandler(slower)
         if name == "exactness":
             counts = exactness.run(emit, shapes.device())
             tests = _cuda_tests(emit, f, path)
@@ -140,9 +147,25 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
         else:
             heads = {"chat": speed.chat, "loading": speed.loading,
                      "decode": speed.decode}[name](emit, small)
+        heads[f"{name}: slower paths taken (warnings)"] = (slower.count, "0", slower.count == 0)
     if scratch is not None:
         (scratch / f"{name}.json").write_text(json.dumps(heads))
     return 0
+
+
+class _SlowerPaths(logging.Handler):
+    """The warnings that say the engine gave a fast path up for a slower exact one (a kernel
+    or a CUDA graph that failed, no KV slab, a compile cache not loaded or kept), each written
+    into the phase's file as it comes, and counted: a phase's figures are those of the paths
+    it ran, and this says which."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._write, self.count = write, 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        self._write(f"[warning] {record.name}: {record.getMessage()}")
 
 
 def _cuda_tests(emit, f, path: Path) -> str:
@@ -205,7 +228,7 @@ def _value(figure: str, value: float) -> str:
         return f"{value:.2f} GB/s"
     if figure.endswith(" s"):
         return f"{value:.1f} s"
-    if "launches" in figure or "syncs" in figure or "checks" in figure or "bytes" in figure:
+    if any(word in figure for word in ("launches", "syncs", "checks", "bytes", "warnings")):
         return f"{value:.0f}"
     return f"{value:.2f}x" if "/ max" not in figure else f"{value:.2f}"
 

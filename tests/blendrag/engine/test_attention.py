@@ -170,3 +170,25 @@ def test_the_score_bias_is_the_exact_mask_repeated_per_query_group():
     probs = attention_probs(q, k[:, :n], pos, SCALE)
     ref = reference(q, k, torch.eye(n)[None].expand(HKV, n, n), pos, n)  # values = one-hot keys
     assert (probs.double() - ref[:, :, :n]).abs().max() < 2e-6
+
+
+@pytest.mark.parametrize("error, kept", [(torch.OutOfMemoryError("out of memory"), True),
+                                         (RuntimeError("no compiler here"), False)])
+def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
+        monkeypatch, error, kept):
+    """A kernel that cannot run here (no compiler, an unsupported shape) is not tried again in
+    the process; running out of device memory falls back for that call only. Either way the
+    call's answer is the exact one."""
+    from blendrag.engine.compute import attention
+
+    def failing(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(attention, "_FLEX", [failing])
+    n = 300
+    pos = positions("scattered", n)
+    q, k, v = tensors(pos.shape[0], n)
+    plan = plan_attention(pos, n, None, "flex")
+    out = plan.attend(q, k, v, SCALE)
+    assert (out.double() - reference(q, k, v, pos, n)).abs().max() < 2e-6
+    assert attention._FLEX == ([failing] if kept else [None])

@@ -213,7 +213,8 @@ class FlexPlan(AttentionPlan):
             except Exception as exc:  # no compiler, an unsupported shape: exact, but slower
                 if q.is_cuda and torch.cuda.is_current_stream_capturing():
                     raise  # the fallback reads positions back: the capture gives up instead
-                _disable_flex(exc)
+                if not isinstance(exc, torch.OutOfMemoryError):  # that one: this call only
+                    _disable_flex(exc)
         if self._fallback is None:
             bounds = self._pos.tolist()
             self._fallback = BlockPlan(self._pos, bounds, self.n, self.window, q.dtype)

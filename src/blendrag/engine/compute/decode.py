@@ -172,7 +172,8 @@ class StaticDecoder:
                 st.graph, st.out = self._capture(st)
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
                 log.warning("decoding without a CUDA graph (%s: %s)", type(exc).__name__, exc)
-                self.graphs = False
+                # out of memory: this step only (captured again later); else for good
+                self.graphs = isinstance(exc, torch.OutOfMemoryError)
                 return self._step(st)
         st.graph.replay()
         return st.out

@@ -136,7 +136,8 @@ class SlabStep:
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
                 log.warning("batched decoding without CUDA graphs (%s: %s)",
                             type(exc).__name__, exc)
-                self.graphs = False
+                # out of memory: this step only (captured again later); else for good
+                self.graphs = isinstance(exc, torch.OutOfMemoryError)
                 return self._step(st)
         if st.graph is None or st.out is None:
             return self._step(st)

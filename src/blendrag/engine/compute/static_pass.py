@@ -269,7 +269,8 @@ class StaticPasses:
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
                 log.warning("cached passes run the layer loop: a CUDA graph could not be "
                             "captured (%s: %s)", type(exc).__name__, exc)
-                self.failed = True
+                # out of memory: this pass only (captured again later); else for good
+                self.failed = not isinstance(exc, torch.OutOfMemoryError)
                 return self._step(st)  # this pass's rows are placed already: finished here
         st.graph.replay()
         self.replays += 1
