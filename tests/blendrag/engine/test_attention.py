@@ -1,12 +1,13 @@
 """Attention plans (engine/compute/attention.py): every kernel computes the exact mask, on the CPU,
-FlexAttention compiled here too; its block mask marks exactly the key blocks that a tile of
-queries sees whole, in part or not at all."""
+FlexAttention compiled here too (each case its own compile, ``fresh_flex``); its block mask
+marks exactly the key blocks that a tile of queries sees whole, in part or not at all."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from blendrag.engine.compute import attention
 from blendrag.engine.compute.attention import (
     FLEX_BLOCK,
     BlockPlan,
@@ -23,6 +24,20 @@ from blendrag.engine.compute.layer import attention_probs
 
 H, HKV, D = 4, 2, 16
 SCALE = D**-0.5
+
+
+def fresh_flex(monkeypatch) -> None:
+    """FlexAttention compiled afresh, for this call's shapes only. On the CPU, Inductor builds
+    the engine's dynamic-shape FlexAttention for a process's first shapes, but fails to build
+    it for sliding windows and for most later shapes (torch 2.13: a C++ compile error), after
+    which the engine runs the exact fallback for the rest of the process: without a compile
+    of its own, a flex case would test the fallback. The block mask and the mask functions,
+    this module's, are the same either way (CUDA compiles them with dynamic shapes: the GPU
+    check's exactness phase)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(attention, "_FLEX", [torch.compile(flex_attention, dynamic=False)])
 
 
 def reference(q, k, v, pos, n, window=None, softcap=None):
@@ -67,11 +82,19 @@ def tensors(a: int, n: int, extra: int = 8):
 @pytest.mark.parametrize("window", [None, 48])
 @pytest.mark.parametrize("kind", ["all", "last", "tail", "scattered"])
 @pytest.mark.parametrize("n", [300, 129])
-def test_every_plan_computes_the_exact_mask(kernel, window, kind, n):
+def test_every_plan_computes_the_exact_mask(kernel, window, kind, n, monkeypatch):
     pos = positions(kind, n)
     q, k, v = tensors(pos.shape[0], n)
     plan = plan_attention(pos, n, window, kernel)
+    if isinstance(plan, FlexPlan):
+        fresh_flex(monkeypatch)
+        # FlexAttention reads the whole buffer, the rows past the prompt masked (the engine's
+        # hold no NaN, engine/compute/fused_kv.py): large finite rows there, which would
+        # dominate any query that saw them
+        k[:, n:], v[:, n:] = 1e3, 1e3
     out = plan.attend(q, k, v, SCALE)
+    if isinstance(plan, FlexPlan):  # FlexAttention computed it, not the fallback
+        assert attention._FLEX[0] is not None
     assert (out.double() - reference(q, k, v, pos, n, window)).abs().max() < 2e-6
     ref_keys = sum(min(p + 1, window or n) for p in pos.tolist())
     assert plan.attended_keys == ref_keys
