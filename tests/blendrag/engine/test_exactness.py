@@ -156,3 +156,36 @@ def test_tied_embeddings_and_rope_scaling_equal_full(engine_for, kernel):
     full = engine.prefill(layout, BlendConfig(mode="full")).logits
     assert max_diff(full, hf_last_logits(engine, layout)) < TOL
     assert max_diff(engine.prefill(layout, BlendConfig(ratio=1.0)).logits, full) < TOL
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_a_partial_blend_through_flex_attention_equals_the_row_blocks(engine_for, family,
+                                                                     monkeypatch):
+    """The GPU's kernel on the blend's scattered queries, in the engine: the same logits as the
+    CPU's row blocks at a partial ratio, for each selector (the ratio-1.0 tests above compute
+    every token, which takes the causal kernel). FlexAttention compiled for each shape: on the
+    CPU, Inductor fails to build the dynamic-shape kernel for later shapes (see
+    test_attention.py ``fresh_flex``) and the engine would run its fallback."""
+    import torch._dynamo
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from blendrag.engine.compute import attention
+
+    torch._dynamo.reset()
+    compiled, calls = torch.compile(flex_attention, dynamic=False), []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return compiled(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_FLEX", [counted])
+    rows = engine_for(family, compute=KERNELS["sdpa"])
+    flex = engine_for(family, compute=KERNELS["flex"])
+    layout = rows.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for selector in ("preview", "cacheblend", "epic"):
+        config = BlendConfig(mode="blend", selector=selector, ratio=0.2)
+        before = len(calls)
+        with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # each shape static
+            got = flex.prefill(layout, config).logits
+        assert len(calls) > before and attention._FLEX == [counted], selector  # flex ran
+        assert max_diff(got, rows.prefill(layout, config).logits) < TOL, selector
