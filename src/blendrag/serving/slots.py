@@ -30,7 +30,7 @@ class SlabSlots:
     def __init__(self, runner: Callable[[], ModelRunner], seqs: int, slot_rows: int) -> None:
         self._runner = runner
         self._seqs, self._rows = seqs, slot_rows
-        self.slab: KVSlab | None = None  # made at the first claim
+        self.slab: KVSlab | None = None  # the runner's, asked for while no slot is lent
         self._off = slot_rows == 0  # no slab asked for, or its memory could not be had
 
     def claim(self, rows: int) -> int | None:
@@ -39,7 +39,9 @@ class SlabSlots:
         if self._off:
             return None
         runner = self._runner()
-        if self.slab is None:
+        # asked again while no slot is lent: the runner drops a slab nobody holds a slot of
+        # (``release_buffers``), and its batched step knows only the slab it has now
+        if self.slab is None or not self.slab.lent:
             try:
                 self.slab = runner.slab(self._seqs, self._rows)
             except torch.OutOfMemoryError as exc:  # serve without one rather than fail
