@@ -20,9 +20,17 @@ import torch
 from blendrag.config import BlendConfig
 from blendrag.engine.compute.observers import PHASES, PhaseClock
 from blendrag.engine.engine import BlendEngine
+from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
 from blendrag_bench.flops import FlopModel
 from blendrag_bench.memory import memory_mode, peak_bytes, timing_mode
+
+REUSE = BlendConfig(mode="reuse")
+RAM_REUSE = "reuse, RAM tier"
+RAM_TIER = "RAM tier"
+"""With a device tier (on a GPU by default), reuse is timed twice: its rows from the device
+tier (the ``reuse`` row), and from the store's host RAM tier, copied to the device (the row
+whose selector column says ``RAM tier``)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,9 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
             return engine.model(ids, logits_to_keep=1).logits
 
     runs = {"hf": hf} | {c.label: (lambda c=c: engine.prefill(layout, c)) for c in configs(w)}
+    if engine.cache.device_tier is not None:  # reuse from the host's RAM tier too
+        runs[RAM_REUSE] = lambda: _off_device_tier(engine, lambda: engine.prefill(layout,
+                                                                                  REUSE))
     times: dict[str, list[float]] = {k: [] for k in runs}
     replayed = dict.fromkeys(runs, 0)  # timed calls whose passes were replayed (CUDA graphs)
     total = (w.repeats + 1) * len(runs)
@@ -142,6 +153,11 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
         clock = PhaseClock(engine.device)
         stats[c.label] = engine.prefill(layout, c, observers=[clock]).stats
         phases[c.label] = clock.seconds
+    if RAM_REUSE in runs:
+        clock = PhaseClock(engine.device)
+        stats[RAM_REUSE] = _off_device_tier(engine, lambda: engine.prefill(
+            layout, REUSE, observers=[clock])).stats
+        phases[RAM_REUSE] = clock.seconds
     flops = FlopModel.of(engine.adapter)
     full_label = BlendConfig(mode="full").label
     full_s = statistics.median(times[full_label])
@@ -155,8 +171,33 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
                                times[c.label], full_s, peaks[c.label], st.recompute_fraction)
                        | {"ideal_speedup": full_flops / flops.request(st),
                           "phase_s": phases[c.label], "ran_full": ran != c.label,
-                          "replayed": replayed[c.label]})
+                          "replayed": replayed[c.label], "device_hits": st.cache.device_hits,
+                          "reused_bytes": st.cache.tokens_reused * _row_bytes(engine)})
+    if RAM_REUSE in runs:  # the reuse row's figures, its rows from the RAM tier
+        st = stats[RAM_REUSE]
+        records.append(_record("reuse", RAM_TIER, None, times[RAM_REUSE], full_s,
+                               peaks[RAM_REUSE], st.recompute_fraction)
+                       | {"ideal_speedup": full_flops / flops.request(st),
+                          "phase_s": phases[RAM_REUSE], "ran_full": False,
+                          "replayed": replayed[RAM_REUSE], "device_hits": st.cache.device_hits,
+                          "reused_bytes": st.cache.tokens_reused * _row_bytes(engine)})
     return records
+
+
+def _off_device_tier(engine: BlendEngine, call: Callable[[], Prefill]) -> Prefill:
+    """``call()`` with the engine's device tier set aside: its cached rows come from the
+    store's host tiers (copied to the device), as on an engine without one."""
+    tier, engine.cache.device_tier = engine.cache.device_tier, None
+    try:
+        return call()
+    finally:
+        engine.cache.device_tier = tier
+
+
+def _row_bytes(engine: BlendEngine) -> int:
+    """Bytes of one token's cached row, keys and values of every layer."""
+    a = engine.adapter
+    return 2 * a.num_layers * a.num_kv_heads * a.head_dim * engine.dtype.itemsize
 
 
 def _replays(engine) -> int:
@@ -194,7 +235,8 @@ def format_breakdown(records: list[dict]) -> str:
              f"{'mode':<22}" + "".join(f"{p:>10}" for p in shown) + f"{'sum':>10}"]
     for r in rows:
         ph = r.get("phase_s") or {}
-        name = r["mode"] if r["mode"] != "blend" else f"{r['selector']}@{r['ratio']:.0%}"
+        name = (f"{r['selector']}@{r['ratio']:.0%}" if r["mode"] == "blend"
+                else f"{r['mode']}, {r['selector']}" if r["selector"] else r["mode"])
         lines.append(f"{name:<22}" + "".join(f"{ph.get(p, 0) * 1e3:>10.1f}" for p in shown)
                      + f"{sum(ph.values()) * 1e3:>10.1f}")
     return "\n".join(lines)

@@ -50,3 +50,31 @@ def test_the_table_prints_ideal_share_and_the_breakdown(records):
     assert names[:2] == ["full", "reuse"]
     assert f"{fastest['selector']}@15%" in names
     assert "preview@20%" not in names  # the default's ratio is not in this run
+
+
+def test_with_a_device_tier_reuse_is_timed_from_it_and_from_the_ram_tier(monkeypatch):
+    """On a GPU the engine keeps hot chunks in a device tier: the reuse row is then its hits,
+    and one more row times reuse with the rows copied from the host's RAM tier (a CPU engine
+    given a device tier here)."""
+    import torch
+
+    from blendrag.engine.caches.device_tier import DeviceTier
+
+    build = ttft.build_engine
+
+    def with_tier(w):
+        engine = build(w)
+        engine.cache.device_tier = DeviceTier(1 << 26, torch.device("cpu"))
+        return engine
+
+    monkeypatch.setattr(ttft, "build_engine", with_tier)
+    monkeypatch.setattr(ttft, "memory_mode", lambda: None)
+    monkeypatch.setattr(ttft, "timing_mode", lambda: None)
+    records = run(TINY)
+    by = {(r["mode"], r["selector"]): r for r in records}
+    device, ram = by[("reuse", None)], by[("reuse", ttft.RAM_TIER)]
+    assert device["device_hits"] == 3 + 1 and ram["device_hits"] == 0  # chunks and prefix
+    row = 2 * 2 * 2 * (64 // 4) * 4  # K and V, 2 layers, 2 KV heads, head size 16, float32
+    assert ram["reused_bytes"] == device["reused_bytes"] == (4 + 3 * 24) * row
+    assert "load" in ram["phase_s"] and ram["ideal_speedup"] == device["ideal_speedup"]
+    assert "reuse, RAM tier" in format_table(records, TINY)

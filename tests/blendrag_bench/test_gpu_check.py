@@ -28,7 +28,8 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     summary = (out / "summary.md").read_text()
     for name in PHASES:
         assert f"| {name} | ok," in summary, summary
-    for figure in ("3k default (preview@20%)", "16k reuse", "chat turns >= 2, full+prefix-cache",
+    for figure in ("3k default (preview@20%)", "16k reuse, RAM tier",
+                   "3k reuse, RAM tier -> device", "chat turns >= 2, full+prefix-cache",
                    "chat, new passages, turns >= 2 vs full",
                    "decode graph vs HF generate", "disk -> device", "exactness checks failed",
                    "cold start: first request / warm, worst mode", "cold start: warm-up s",

@@ -20,30 +20,43 @@ from blendrag_bench.ttft import build_engine, random_layout
 Emit = Callable[[str], None]
 Headlines = dict[str, tuple[float, str, bool | None]]
 
-# minimum speed-up over a full prefill, per prompt (the GPU targets)
+# minimum speed-up over a full prefill, per prompt (the GPU targets); reuse from the device
+# tier (hot chunks in GPU memory) and from the host's RAM tier, copied to the device
 TTFT_TARGETS = {
-    "3k": {"default (preview@20%)": 2.5, "fastest blend@15%": 3.5, "reuse": 12.0,
-           "prefix": 1.0},
-    "16k": {"default (preview@20%)": 3.5, "fastest blend@15%": 5.0, "reuse": 40.0,
+    "3k": {"default (preview@20%)": 2.5, "fastest blend@15%": 3.5, "reuse, device tier": 10.0,
+           "reuse, RAM tier": 5.0, "prefix": 1.0},
+    "16k": {"default (preview@20%)": 3.5, "fastest blend@15%": 5.5, "reuse, device tier": 30.0,
             "prefix": 1.05},
 }
+RAM_TO_DEVICE_GBPS = 25.0  # reuse's rows from the RAM tier to the device, 3k
 
 
 def ttft(emit: Emit, small: bool, prompt: str) -> Headlines:
     """``bench ttft`` at the prompt's size: every mode's TTFT against a full prefill."""
-    from blendrag_bench.ttft import format_table, run
+    from blendrag_bench.ttft import RAM_TIER, format_table, run
 
     w = workload(small, prompt)
     records = run(w)
     emit(format_table(records, w))
     by = {(r["mode"], r["selector"], r["ratio"]): r for r in records}
+    reuse = by[("reuse", None, None)]
+    ram = by.get(("reuse", RAM_TIER, None), reuse if not reuse["device_hits"] else None)
     speed = {"default (preview@20%)": by[("blend", "preview", 0.20)]["speedup_vs_full"],
              "fastest blend@15%": max(r["speedup_vs_full"] for r in records
                                       if r["mode"] == "blend" and r["ratio"] == 0.15),
-             "reuse": by[("reuse", None, None)]["speedup_vs_full"],
              "prefix": by[("prefix", None, None)]["speedup_vs_full"]}
-    out: Headlines = {f"{prompt} {k}": (v, f">= {TTFT_TARGETS[prompt][k]:g}x",
-                                        v >= TTFT_TARGETS[prompt][k]) for k, v in speed.items()}
+    if reuse["device_hits"]:
+        speed["reuse, device tier"] = reuse["speedup_vs_full"]
+    if ram is not None:
+        speed["reuse, RAM tier"] = ram["speedup_vs_full"]
+    targets = TTFT_TARGETS[prompt]
+    out: Headlines = {f"{prompt} {k}": (v, f">= {targets[k]:g}x", v >= targets[k])
+                      if k in targets else (v, "", None) for k, v in speed.items()}
+    if ram is not None and ram["phase_s"].get("load"):
+        gbps = ram["reused_bytes"] / ram["phase_s"]["load"] / 1e9
+        met = gbps >= RAM_TO_DEVICE_GBPS if prompt == "3k" else None
+        out[f"{prompt} reuse, RAM tier -> device"] = (
+            gbps, f">= {RAM_TO_DEVICE_GBPS:g} GB/s" if met is not None else "", met)
     full_vs_hf = by[("full", None, None)]["ttft_s"] / by[("hf", None, None)]["ttft_s"] - 1
     out[f"{prompt} full vs HF forward"] = (full_vs_hf, "within 5 %", abs(full_vs_hf) <= 0.05)
     slowest = min(r["speedup_vs_full"] for r in records if r["mode"] not in ("hf", "full"))
@@ -133,7 +146,7 @@ def loading(emit: Emit, small: bool) -> Headlines:
     near = max(load, compute) <= 3 * min(load, compute)
     return {"disk -> device": (gbps, ">= 10 GB/s", gbps >= 10),
             "pipelined TTFT / max(load, compute), disk": (
-                pipe, "<= 1.1 (load and compute within 3x)", pipe <= 1.1 if near else None)}
+                pipe, "<= 1.15 (load and compute within 3x)", pipe <= 1.15 if near else None)}
 
 
 def decode(emit: Emit, small: bool) -> Headlines:
