@@ -381,7 +381,7 @@ def _ttft_tier(args: argparse.Namespace, w, threads: int) -> int:
     records = run(cfg)
     emit(args, {"threads": threads, "tier": args.tier, "bandwidth_gbps": args.bandwidth,
                 "latency_us": args.latency_us, "records": records,
-                "verdicts": verdicts(records)}, format_table(records, cfg))
+                "verdicts": verdicts(records, cfg.pipeline_target)}, format_table(records, cfg))
     return 0
 
 

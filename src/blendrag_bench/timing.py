@@ -17,8 +17,8 @@ class Timed(NamedTuple):
 def median_time(fn: Callable[[], Any], repeats: int, *, skip: int = 0,
                 sync: Callable[[], None] | None = None) -> Timed:
     """Call ``fn`` ``repeats`` times, the first ``skip`` untimed (compiling, capturing);
-    ``sync`` (a device's synchronize) runs before and after each timed call, so that the
-    time is the work's, not its launch's. ValueError unless some call is timed."""
+    ``sync`` (a device's synchronize) runs before and after each call, so that a time is
+    the work's, not its launch's. ValueError unless some call is timed."""
     if repeats <= skip or skip < 0:
         raise ValueError(f"repeats ({repeats}) must be more than skip ({skip}) and skip >= 0")
     times, result = [], None

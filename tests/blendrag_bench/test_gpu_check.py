@@ -29,7 +29,7 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     for name in PHASES:
         assert f"| {name} | ok," in summary, summary
     for figure in ("3k default (preview@20%)", "16k reuse, RAM tier",
-                   "3k reuse, RAM tier -> device", "chat turns >= 2, full+prefix-cache",
+                   "RAM tier -> device", "chat turns >= 2, full+prefix-cache",
                    "chat, new passages, turns >= 2 vs full",
                    "decode graph vs HF generate", "disk -> device", "exactness checks failed",
                    "cold start: first request / warm, worst mode", "cold start: warm-up s",
@@ -93,3 +93,34 @@ def test_a_warning_of_a_slower_path_is_written_and_counted():
     assert slower.count == 1
     assert lines == ["[warning] blendrag.engine.compute.decode: decoding without a CUDA graph "
                      "(why)"]
+
+
+def _ttft_record(mode, selector=None, ratio=None, speedup=2.0, device_hits=0):
+    return {"mode": mode, "selector": selector, "ratio": ratio, "speedup_vs_full": speedup,
+            "ttft_s": 0.1 / speedup, "device_hits": device_hits}
+
+
+@pytest.mark.parametrize("hits", [0, 7])
+def test_the_reuse_targets_are_reported_whether_or_not_the_device_tier_hit(monkeypatch, hits):
+    """Reuse from the device tier is a GPU target: without device-tier hits (no tier, or it
+    held nothing) it is reported as a miss, never left out; reuse from the RAM tier is the
+    reuse row itself then, or the row the bench times with the device tier set aside."""
+    from blendrag_bench import ttft as bench
+    from blendrag_bench.gpu import speed
+
+    records = [_ttft_record("hf", speedup=1.0), _ttft_record("full", speedup=1.0),
+               _ttft_record("prefix", speedup=1.1),
+               _ttft_record("reuse", speedup=12.0, device_hits=hits),
+               _ttft_record("blend", "preview", 0.2, 3.0), _ttft_record("blend", "epic", 0.15, 4.0)]
+    if hits:
+        records.append(_ttft_record("reuse", bench.RAM_TIER, speedup=4.0))
+    monkeypatch.setattr(bench, "run", lambda w: records)
+    monkeypatch.setattr(bench, "format_table", lambda records, w: "")
+    out = speed.ttft(lambda line: None, small=True, prompt="3k")
+    if hits:
+        assert out["3k reuse, device tier"] == (12.0, ">= 10x", True)
+        assert out["3k reuse, RAM tier"] == (4.0, ">= 5x", False)
+    else:
+        assert out["3k reuse, device tier"] == ("no device-tier hits", ">= 10x", False)
+        assert out["3k reuse, RAM tier"] == (12.0, ">= 5x", True)
+    assert out["3k fastest blend@15%"] == (4.0, ">= 3.5x", True)

@@ -50,6 +50,7 @@ from blendrag.store.ram import MemoryKVStore
 
 log = logging.getLogger(__name__)
 
+
 class BlendEngine:
     """Runs one HF decoder-only model with a chunk-KV store.
 
@@ -218,7 +219,7 @@ class BlendEngine:
         """Serve from ``store`` now: this engine, and every namespace view of it alive, each
         re-pointed to its namespace of ``store`` (ValueError, nothing changed, when one of them
         is ``store``'s public namespace)."""
-        self.views.repoint(self, store, BlendEngine._point)
+        self.views.repoint(self, store, lambda engine, to: engine._point(to))
 
     def _point(self, store: KVStore) -> None:
         """Read and write ``store`` (the prefix cache's blocks too, when it keeps them in one)."""
@@ -374,8 +375,7 @@ class BlendEngine:
         # the request's own view of the store: its stats count its own lookups, never another
         # request's (engine/request/stats.py)
         cache = self.cache.with_store(RequestStore(self.cache.store))
-        parts = Parts(cache, self.runner, self.controller, self.prefix_cache,
-                              self.history)
+        parts = Parts(cache, self.runner, self.controller, self.prefix_cache, self.history)
         pre = yield from request.prefill_steps(parts, Request(
             layout, config, layout.num_tokens + extra_capacity, started, observers, pieces))
         pre.stats.calibration = calibration

@@ -4,8 +4,9 @@ A request is given a slot at admission when its prompt and answer fit one, prefi
 then its rows move into the slot (``place``), where it decodes with the slab's other requests
 in one step. At its end the slot goes back (``release``), and whoever still holds the
 request's ``Prefill`` reads no row of it any more. The slab itself is made at the first
-request that wants a slot; when the device cannot give its memory, every request decodes over
-a buffer of its own from then on (a warning, never a failed request).
+request that wants a slot, and asked of the runner again whenever no slot is lent (the runner
+lets an idle slab go at ``release_buffers``); when the device cannot give its memory, every
+request decodes over a buffer of its own from then on (a warning, never a failed request).
 """
 
 from __future__ import annotations
@@ -39,21 +40,26 @@ class SlabSlots:
         if self._off:
             return None
         runner = self._runner()
-        # asked again while no slot is lent: the runner drops a slab nobody holds a slot of
-        # (``release_buffers``), and its batched step knows only the slab it has now
-        if self.slab is None or not self.slab.lent:
-            try:
-                self.slab = runner.slab(self._seqs, self._rows)
-            except torch.OutOfMemoryError as exc:  # serve without one rather than fail
-                log.warning("no KV slab of %d x %d rows (%s): every request decodes over its "
-                            "own buffer; lower ServingConfig.slot_tokens or max_seqs",
-                            self._seqs, self._rows, exc)
-                self._off = True
+        for _ in range(2):  # again once if the runner retired the slab in between
+            # asked again while no slot is lent: the runner drops a slab nobody holds a slot
+            # of (``release_buffers``), and its batched step knows only the slab it has now
+            if self.slab is None or not self.slab.lent:
+                try:
+                    self.slab = runner.slab(self._seqs, self._rows)
+                except torch.OutOfMemoryError as exc:  # serve without one rather than fail
+                    log.warning("no KV slab of %d x %d rows (%s): every request decodes over "
+                                "its own buffer; lower ServingConfig.slot_tokens or max_seqs",
+                                self._seqs, self._rows, exc)
+                    self._off = True
+                    return None
+            slab = self.slab
+            if slab is None or not slab.fits(runner.rows_for(rows)):
                 return None
-        slab = self.slab
-        if slab is None or not slab.fits(runner.rows_for(rows)):
-            return None
-        return slab.claim()
+            slot = slab.claim()
+            if slot is not None or not slab.retired:
+                return slot
+            self.slab = None
+        return None
 
     def place(self, job: Job, fused: FusedKV) -> None:
         """Move ``job``'s prefilled rows (``fused``) into its slot, where it decodes; a KV

@@ -135,6 +135,18 @@ def test_slots_are_lent_lowest_first_and_given_back_once():
         KVSlab(0, 32, 2, 1, 4, torch.float32, torch.device("cpu"))
 
 
+def test_a_slab_is_retired_only_while_no_slot_is_lent_and_then_lends_none():
+    # the runner lets an idle slab go (release_buffers): checked and marked at once, so a
+    # scheduler's claim never gets a slot of a slab the runner no longer steps
+    slab = KVSlab(2, 32, layers=2, kv_heads=1, head_dim=4, dtype=torch.float32,
+                  device=torch.device("cpu"))
+    slot = slab.claim()
+    assert slot == 0 and not slab.retire() and not slab.retired
+    slab.release(slot)
+    assert slab.retire() and slab.retired
+    assert slab.claim() is None and slab.free_slots == 2
+
+
 def test_batch_buckets():
     assert [batch_bucket(n, 16) for n in (1, 2, 3, 4, 5, 9, 16)] == [1, 2, 4, 4, 8, 16, 16]
     assert batch_bucket(5, 6) == 6

@@ -213,7 +213,10 @@ class FlexPlan(AttentionPlan):
             except Exception as exc:  # no compiler, an unsupported shape: exact, but slower
                 if q.is_cuda and torch.cuda.is_current_stream_capturing():
                     raise  # the fallback reads positions back: the capture gives up instead
-                if not isinstance(exc, torch.OutOfMemoryError):  # that one: this call only
+                if isinstance(exc, torch.OutOfMemoryError):  # this call only
+                    log.warning("FlexAttention ran out of device memory (%s); this call takes "
+                                "the row blocks of the sdpa kernel (exact, slower)", exc)
+                else:
                     _disable_flex(exc)
         if self._fallback is None:
             bounds = self._pos.tolist()

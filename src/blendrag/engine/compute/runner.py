@@ -157,7 +157,7 @@ class ModelRunner:
         and the decoding steps made over it, and the slabs no served request holds a slot of."""
         self._pool.clear()
         for key, step in list(self._slabs.items()):  # those no request holds a slot of
-            if not step.slab.lent:
+            if step.slab.retire():  # none lent, and none can be from now on
                 del self._slabs[key]
         if self._decoder is not None:
             self._decoder.clear()

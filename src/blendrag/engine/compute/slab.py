@@ -51,6 +51,7 @@ class KVSlab:
         self._written = [Extent(0) for _ in range(slots)]
         self._free = list(range(slots))  # a heap: the lowest free slot is lent first
         self._lock = threading.Lock()
+        self.retired = False  # its runner dropped it (``retire``): it lends no slot again
 
     @property
     def scratch(self) -> int:
@@ -75,15 +76,25 @@ class KVSlab:
         return capacity <= self.rows
 
     def claim(self) -> int | None:
-        """Lend the lowest free slot (zeroed on its first loan) -> its index; None: none free.
+        """Lend the lowest free slot (zeroed on its first loan) -> its index; None: none free,
+        or the slab is retired.
         The lowest, so that the requests decoding together hold the first slots and the step's
         batch (every slot up to the highest lent) stays short."""
         with self._lock:
-            if not self._free:
+            if not self._free or self.retired:
                 return None
             slot = heapq.heappop(self._free)
         self.zero([slot])
         return slot
+
+    def retire(self) -> bool:
+        """Lend no slot again, if none is lent now (checked and set at once, so that no claim
+        slips in between); whether it is retired (its runner then lets it go)."""
+        with self._lock:
+            if len(self._free) < self.slots:
+                return False
+            self.retired = True
+            return True
 
     def release(self, slot: int) -> None:
         """Take back ``slot`` (its request is done: nothing reads its rows any more)."""
