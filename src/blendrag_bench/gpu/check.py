@@ -56,7 +56,7 @@ PHASES = {
     # many users through the scheduler against one at a time (its report follows decoding's)
     "serve": ("decode.txt", 120),
     "chat": ("chat.txt", 120),  # two workloads: the same passages, new ones every turn
-    "loading": ("loading.txt", 60),
+    "loading": ("loading.txt", 75),  # disk and RAM tiers to the device, then bench ttft --tier disk
     "profile": ("profile.txt", 40),
 }
 # the engine's loggers whose warnings say it took a slower path than the device's fastest
