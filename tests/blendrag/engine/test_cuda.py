@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, ComputeConfig, GenerationConfig
-from blendrag.engine.compute.attention import BlockPlan, LowerRightPlan, plan_attention
+from blendrag.engine.compute.attention import (
+    BlockPlan,
+    LowerRightPlan,
+    flex_kernel,
+    plan_attention,
+)
 from blendrag.engine.selection.controller import LoadingConfig
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -49,6 +54,7 @@ def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window):
         assert a.stats.controller.mode is None and b.stats.controller.mode is None  # ran as asked
         assert (a.logits - b.logits).abs().max() < TOL, config.label
     assert (gpu.prefill(layout, BlendConfig(ratio=1.0)).logits - full).abs().max() < TOL
+    assert flex_kernel() is not None  # FlexAttention ran, not the row blocks it falls back to
 
 
 def test_the_lower_right_bias_is_the_exact_mask_on_cuda():
@@ -96,7 +102,9 @@ def test_decoding_from_a_cuda_graph_equals_eager_decoding(model_dir, dtype):
             assert (la - lb).abs().max() < tol
             token = int(lb.argmax())
         del a, b
-    assert graph.runner.static_decoder is not None and graph.runner.static_decoder.buffers == 1
+    decoder = graph.runner.static_decoder
+    assert decoder is not None and decoder.buffers == 1
+    assert decoder.graphs  # captured and replayed, not fallen back to eager steps
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -114,9 +122,10 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
             got = graphs.prefill(layout, config, extra_capacity=8)
             tol = TOL if dtype == "float32" else 2**-5 * want.logits.abs().max().item()
             assert (got.logits - want.logits).abs().max() < tol, config.label
-            assert int(got.logits.argmax()) == int(want.logits.argmax())
+            if dtype == "float32":  # in bf16 the tiny model's top two logits are 2 steps apart
+                assert int(got.logits.argmax()) == int(want.logits.argmax())
             del got
-    assert not passes.failed
+    assert not passes.failed and flex_kernel() is not None
     assert passes.captures >= len(configs) and passes.replays >= 2 * len(configs)
     if dtype == "float32":  # decoding after a replayed pass: the loop's tokens
         a = graphs.generate(layout, BlendConfig(mode="reuse"), GENERATE)
@@ -131,7 +140,8 @@ def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
     from blendrag.store import StoreConfig, TieredKVStore
 
     def make(tier_bytes: int) -> BlendEngine:
-        store = TieredKVStore(StoreConfig(ram_bytes=256 << 20))
+        # no disk tier: with one, precompute writes past the RAM tier and reads come from disk
+        store = TieredKVStore(StoreConfig(ram_bytes=256 << 20, disk_dir=None))
         return BlendEngine.from_pretrained(
             model_dir("llama"), device="cuda", chat=False, store=store,
             compute=ComputeConfig(passes="eager"),
@@ -151,6 +161,8 @@ def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
             ram.loading = dataclasses.replace(before, prefetch_layers=depth)
             got = ram.prefill(layout, reuse)
             assert got.stats.cache.device_hits == 0
+            tiers = {t["name"]: t["hits"] for t in got.stats.cache.store["tiers"]}
+            assert tiers["ram"] == len(PASSAGES) + 1  # every entry (chunks, prefix) from RAM
             assert (got.logits - want.logits).abs().max() < TOL, depth
     finally:
         ram.loading = before

@@ -243,6 +243,7 @@ def test_gpu_profile_is_stored_on_the_cpu(make_store):
     kv = make_kv(17, profile=True)
     on_gpu = ChunkKV(kv.keys.cuda(), kv.values.cuda(), kv.token_ids, kv.prefix_hash,
                      kv.profile.cuda())
+    assert on_gpu.profile.device.type == "cpu"  # ChunkKV keeps its profile on the CPU
     store = make_store()
     store.put("k", on_gpu)
     assert store.get("k").profile.device.type == "cpu"
