@@ -4,11 +4,11 @@
     python -m blendrag_bench.gpu.check --out DIR [--small] [--budget SECONDS] [--only PHASE ...]
 
 Each phase runs in a process of its own under a time budget (the whole check ends within
-``--budget``, default 350 s: under 6 minutes; ``--budget 590`` gives every phase its
-most; on a cold machine 350 s reach about four), so that a phase that fails, hangs or runs
-out of time is reported and the next one still runs; partial output is kept. ``--small``:
-tiny shapes, to check the script on a CPU. Files in DIR (eight at most: what a GPU machine
-sends back):
+``--budget``, default 350 s: under 6 minutes; ``--budget 590``, the most one 10-minute
+device call allows, reaches more; on a cold machine 350 s reach about four), so that a phase
+that fails, hangs or runs out of time is reported and the next one still runs; partial
+output is kept. ``--small``: tiny shapes, to check the script on a CPU. Files in DIR (eight
+at most: what a GPU machine sends back):
 
 - ``summary.md``: the device, the date, the command, every headline figure against its target;
 - ``exactness.txt``: tiny random models of eight families on the device against HF (every
