@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine.engine import BlendEngine
@@ -266,16 +267,20 @@ def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLa
         # captured at its second use, are captured here rather than inside a timed run
         most = max(cfg.users, default=1)
         closed_loop(scheduler, engine, layouts[:most], blend, gen, most)
+    def row(name: str, serve: Callable[[], tuple[list[Served], float]]) -> dict:
+        """One served run's row against the one-at-a-time baseline, with its steps' batch,
+        its packed prefills and its cores' share."""
+        before, cpu = copy.copy(scheduler.stats), _cpu_s()
+        served, wall = serve()
+        return _busy(_batched(summary(name, served, wall, base, base_wall, want), scheduler,
+                              before), _cpu_s() - cpu)
+
     for users in cfg.users:
-        before, cpu = copy.copy(scheduler.stats), _cpu_s()
-        served, wall = closed_loop(scheduler, engine, layouts, blend, gen, users)
-        yield _busy(_batched(summary(f"{users} users", served, wall, base, base_wall, want),
-                             scheduler, before), _cpu_s() - cpu)
+        yield row(f"{users} users",
+                  partial(closed_loop, scheduler, engine, layouts, blend, gen, users))
     for rate in cfg.rates:
-        before, cpu = copy.copy(scheduler.stats), _cpu_s()
-        served, wall = poisson(scheduler, engine, layouts, blend, gen, rate, cfg.seed)
-        yield _busy(_batched(summary(f"poisson {rate:g}/s", served, wall, base, base_wall,
-                                     want), scheduler, before), _cpu_s() - cpu)
+        yield row(f"poisson {rate:g}/s",
+                  partial(poisson, scheduler, engine, layouts, blend, gen, rate, cfg.seed))
 
 
 def _cpu_s() -> float:

@@ -13,6 +13,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -123,10 +124,16 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
         with torch.inference_mode():
             return engine.model(ids, logits_to_keep=1).logits
 
-    runs = {"hf": hf} | {c.label: (lambda c=c: engine.prefill(layout, c)) for c in configs(w)}
+    # (label, config, the selector column, rows from the host tiers only)
+    cases = [(c.label, c, c.selector if c.mode == "blend" else None, False) for c in configs(w)]
     if engine.cache.device_tier is not None:  # reuse from the host's RAM tier too
-        runs[RAM_REUSE] = lambda: _off_device_tier(engine, lambda: engine.prefill(layout,
-                                                                                  REUSE))
+        cases.append((RAM_REUSE, REUSE, RAM_TIER, True))
+
+    def prefill(config: BlendConfig, host_only: bool, observers=()) -> Prefill:
+        call = partial(engine.prefill, layout, config, observers=observers)
+        return _off_device_tier(engine, call) if host_only else call()
+
+    runs = {"hf": hf} | {label: partial(prefill, c, host) for label, c, _, host in cases}
     times: dict[str, list[float]] = {k: [] for k in runs}
     replayed = dict.fromkeys(runs, 0)  # timed calls whose passes were replayed (CUDA graphs)
     total = (w.repeats + 1) * len(runs)
@@ -149,37 +156,23 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
         step("memory", i, len(runs))
     # one more call per mode, timed phase by phase (on CUDA it synchronizes at every phase)
     stats, phases = {}, {}
-    for c in configs(w):
+    for label, c, _, host in cases:
         clock = PhaseClock(engine.device)
-        stats[c.label] = engine.prefill(layout, c, observers=[clock]).stats
-        phases[c.label] = clock.seconds
-    if RAM_REUSE in runs:
-        clock = PhaseClock(engine.device)
-        stats[RAM_REUSE] = _off_device_tier(engine, lambda: engine.prefill(
-            layout, REUSE, observers=[clock])).stats
-        phases[RAM_REUSE] = clock.seconds
+        stats[label] = prefill(c, host, [clock]).stats
+        phases[label] = clock.seconds
     flops = FlopModel.of(engine.adapter)
     full_label = BlendConfig(mode="full").label
     full_s = statistics.median(times[full_label])
     full_flops = flops.request(stats[full_label])
     records = [_record("hf", None, None, times["hf"], full_s, peaks["hf"], None)]
-    for c in configs(w):
-        blend = c.mode == "blend"
-        st = stats[c.label]
+    for label, c, column, _ in cases:
+        st = stats[label]
         ran = st.controller.mode.ran if st.controller.mode is not None else c.label
-        records.append(_record(c.mode, c.selector if blend else None, c.ratio if blend else None,
-                               times[c.label], full_s, peaks[c.label], st.recompute_fraction)
+        records.append(_record(c.mode, column, c.ratio if c.mode == "blend" else None,
+                               times[label], full_s, peaks[label], st.recompute_fraction)
                        | {"ideal_speedup": full_flops / flops.request(st),
-                          "phase_s": phases[c.label], "ran_full": ran != c.label,
-                          "replayed": replayed[c.label], "device_hits": st.cache.device_hits,
-                          "reused_bytes": st.cache.tokens_reused * _row_bytes(engine)})
-    if RAM_REUSE in runs:  # the reuse row's figures, its rows from the RAM tier
-        st = stats[RAM_REUSE]
-        records.append(_record("reuse", RAM_TIER, None, times[RAM_REUSE], full_s,
-                               peaks[RAM_REUSE], st.recompute_fraction)
-                       | {"ideal_speedup": full_flops / flops.request(st),
-                          "phase_s": phases[RAM_REUSE], "ran_full": False,
-                          "replayed": replayed[RAM_REUSE], "device_hits": st.cache.device_hits,
+                          "phase_s": phases[label], "ran_full": ran != c.label,
+                          "replayed": replayed[label], "device_hits": st.cache.device_hits,
                           "reused_bytes": st.cache.tokens_reused * _row_bytes(engine)})
     return records
 
