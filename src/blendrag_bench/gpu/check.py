@@ -50,7 +50,7 @@ PHASES = {
     # the first phase pays the machine's cold start (CUDA context, Triton compiling
     # FlexAttention's kernels into its disk cache): on a cold H100, 55 s left it no row
     "ttft-3k": ("ttft-3k.txt", 100),
-    "exactness": ("exactness.txt", 180),  # eight families, then 14 CUDA-marked tests
+    "exactness": ("exactness.txt", 180),  # eight families, then the CUDA-marked tests
     "ttft-16k": ("ttft-16k.txt", 60),
     "decode": ("decode.txt", 100),  # the 7B-shaped model's build (~15 s), graph capture, HF
     # many users through the scheduler against one at a time (its report follows decoding's)
