@@ -58,7 +58,7 @@ class ServeBenchConfig:
     max_seqs: int = 16
     serve_threads: int | None = None  # the scheduler's torch threads (None: the engine's)
     prefill_workers: int | None = None  # ServingConfig.prefill_workers (None: per device)
-    prefill_piece_tokens: int | None = ServingConfig.prefill_piece_tokens  # None: whole
+    prefill_piece_tokens: int | None = None  # ServingConfig's (None: per device; 0: whole)
     slot_tokens: int = ServingConfig.slot_tokens  # 0: no slab
     pack_tokens: int | None = None  # ServingConfig.pack_tokens (None: per device)
     seed: int = 0

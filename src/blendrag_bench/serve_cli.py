@@ -38,10 +38,10 @@ def register(bench: argparse._SubParsersAction) -> None:
                    help="threads prefilling beside the decoding loop; 0: between its steps "
                         "(ServingConfig.prefill_workers; default: 1 on a GPU, and on a CPU "
                         "whose cores hold both threads)")
-    s.add_argument("--prefill-piece-tokens", type=int, default=512, metavar="N",
+    s.add_argument("--prefill-piece-tokens", type=int, default=None, metavar="N",
                    help="a longer prefill runs in pieces of N tokens, the running requests "
                         "decoding between them; 0: whole (ServingConfig.prefill_piece_tokens; "
-                        "default: 512)")
+                        "default: 512 on a CPU, 4096 on a GPU)")
     s.add_argument("--slot-tokens", type=int, default=4096, metavar="N",
                    help="rows of each KV slab slot; 0: no slab (ServingConfig.slot_tokens; "
                         "default: 4096)")
@@ -64,7 +64,7 @@ def _serve(args: argparse.Namespace) -> int:
                                modes=tuple(m for m in args.modes.split(",") if m),
                                serve_threads=args.serve_threads,
                                prefill_workers=args.prefill_workers,
-                               prefill_piece_tokens=args.prefill_piece_tokens or None,
+                               prefill_piece_tokens=args.prefill_piece_tokens,
                                slot_tokens=args.slot_tokens, pack_tokens=args.pack_tokens)
     except ValueError as e:
         print(f"blendrag bench serve: error: {e}", file=sys.stderr)

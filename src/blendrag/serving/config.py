@@ -10,6 +10,12 @@ from blendrag.engine.compute.pieces import MIN_PIECE_TOKENS
 DEFAULT_SLOT_TOKENS = 4096
 """Rows of a slab slot by default: a typical RAG prompt of about 3k tokens and its answer."""
 
+DEFAULT_PIECE_TOKENS = 512
+"""Tokens of a prefill piece on a CPU by default (chunked prefill)."""
+DEFAULT_GPU_PIECE_TOKENS = 4096
+"""Tokens of a prefill piece on a GPU by default: a typical RAG prompt runs whole (on an H200,
+at a 7B model's shape, pieces of 512 made a served 3k-token prefill take about 5 times its
+time alone)."""
 DEFAULT_PACK_TOKENS = 4096
 """Computed tokens packed into one forward on a GPU by default: 16 requests' questions of 64
 tokens and their recomputed chunk tokens at a typical prompt."""
@@ -37,7 +43,10 @@ class ServingConfig:
       this many (chunked prefill: engine/compute/pieces.py), so that a long prompt does not
       stall every running request's next token: between two pieces a prefill in the decoding
       loop's thread decodes a step for the running requests, and a prefill worker on a GPU
-      waits for its piece, letting their steps in. None: every prefill whole.
+      waits for its piece, letting their steps in. 0: every prefill whole. None:
+      ``DEFAULT_PIECE_TOKENS`` on a CPU; ``DEFAULT_GPU_PIECE_TOKENS`` on a GPU, where a piece
+      of a 7B model's prefill shorter than a typical prompt is bound by its launches, not its
+      arithmetic (docs/benchmarks.md "Many users at once").
     pack_tokens: the requests prefilled together (those admitted in one turn of the loop, or
       waiting for the prefill worker) have their passes packed into one forward
       (engine/request/packing.py) of at most this many computed tokens: reuse's question,
@@ -68,7 +77,7 @@ class ServingConfig:
     max_queue: int = 256
     prefill_workers: int | None = None
     max_prefill_tokens: int = 8192
-    prefill_piece_tokens: int | None = 512
+    prefill_piece_tokens: int | None = None
     pack_tokens: int | None = None
     pool_tokens: int | None = None
     block_tokens: int = 16
@@ -87,7 +96,7 @@ class ServingConfig:
         if self.pool_tokens is not None:
             _count("pool_tokens", self.pool_tokens, self.block_tokens)
         _count("slot_tokens", self.slot_tokens, 0)
-        if self.prefill_piece_tokens is not None:
+        if self.prefill_piece_tokens not in (None, 0):
             _count("prefill_piece_tokens", self.prefill_piece_tokens, MIN_PIECE_TOKENS)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0 seconds or None, got {self.timeout_s!r}")

@@ -14,7 +14,11 @@ from blendrag.engine import GenerationStream
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.request.packing import run_together
-from blendrag.serving.config import DEFAULT_PACK_TOKENS
+from blendrag.serving.config import (
+    DEFAULT_GPU_PIECE_TOKENS,
+    DEFAULT_PACK_TOKENS,
+    DEFAULT_PIECE_TOKENS,
+)
 from blendrag.serving.jobs import Job
 
 Outcome = GenerationStream | BaseException
@@ -35,6 +39,12 @@ def default_pack_tokens(device: torch.device) -> int:
     a CPU, whose prefills are bound by their arithmetic; ``DEFAULT_PACK_TOKENS`` on a GPU,
     where a short pass is bound by reading the weights."""
     return DEFAULT_PACK_TOKENS if device.type == "cuda" else 0
+
+
+def default_piece_tokens(device: torch.device) -> int:
+    """Tokens of a prefill piece when the config leaves them out: ``DEFAULT_PIECE_TOKENS`` on a
+    CPU, ``DEFAULT_GPU_PIECE_TOKENS`` on a GPU (serving.config says why)."""
+    return DEFAULT_GPU_PIECE_TOKENS if device.type == "cuda" else DEFAULT_PIECE_TOKENS
 
 
 def prefill_jobs(runner: ModelRunner, jobs: list[Job], pack_tokens: int,

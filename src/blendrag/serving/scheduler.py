@@ -349,6 +349,8 @@ class Scheduler:
         on a core of its own: nothing to leave room for)."""
         tokens = self.config.prefill_piece_tokens
         if tokens is None:
+            tokens = prefills.default_piece_tokens(self.runner.device)
+        if tokens == 0:
             return None
         if threading.current_thread() is self._thread:
             return PrefillPieces(tokens, self._between)

@@ -138,14 +138,17 @@ class TierCounters:
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {f.name: getattr(self,
-                                    f.name) for f in fields(self) if not f.name.startswith("_")}
+            return {name: getattr(self, name) for name in _COUNTER_NAMES}
 
     def reset(self) -> None:
         with self._lock:
             for f in fields(self):
                 if not f.name.startswith("_"):
                     setattr(self, f.name, f.default)
+
+
+# the counters' names, listed once: a request snapshots them at each of its store calls
+_COUNTER_NAMES = tuple(f.name for f in fields(TierCounters) if not f.name.startswith("_"))
 
 
 def _opt(n: int | None) -> str:

@@ -238,10 +238,28 @@ def test_other_models_and_bad_configs_are_refused(engine, engine_for):
         scheduler.submit(other, other.build_prompt(PREFIX, PASSAGES, SUFFIX), BlendConfig(),
                          GREEDY)
     for bad in ({"max_seqs": 0}, {"max_queue": 1.5}, {"timeout_s": 0}, {"pool_tokens": 3},
-                {"threads": 0}, {"idle_s": -1}, {"prefill_workers": -1}):
+                {"threads": 0}, {"idle_s": -1}, {"prefill_workers": -1},
+                {"prefill_piece_tokens": 8}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             ServingConfig(**bad)
     scheduler.close()
+
+
+def test_prefill_pieces_per_device_or_whole(engine):
+    """None: pieces of 512 on a CPU, of 4096 on a GPU (a typical prompt whole); 0: whole."""
+    from blendrag.serving import prefills
+
+    assert prefills.default_piece_tokens(torch.device("cpu")) == 512
+    assert prefills.default_piece_tokens(torch.device("cuda")) == 4096
+    by_default, whole = Scheduler(engine.runner), Scheduler(
+        engine.runner, ServingConfig(prefill_piece_tokens=0))
+    for scheduler in (by_default, whole):  # as the decoding loop's thread asks
+        scheduler._thread = threading.current_thread()
+    assert by_default._pieces().tokens == 512
+    assert whole._pieces() is None
+    for scheduler in (by_default, whole):
+        scheduler._thread = None
+        scheduler.close()
 
 
 def _settle(scheduler, timeout=10.0):

@@ -7,11 +7,18 @@ a decoding step and a pass captured at once from two threads (serving's decoding
 prefill worker) would allocate from the caching allocator's capture pools side by side. The
 capture is ``thread_local``: work that other threads launch meanwhile (the backfill computing
 chunks, a layer feed's reader copying rows) is theirs, not the capture's to refuse.
+
+Graphs that share a memory pool capture through a ``SharedPool``: the caching allocator keeps
+a pool whose graphs are all gone while a tensor allocated in it during a capture still lives,
+and then refuses any capture into it (torch 2.11 on an H200: ``use_count > 0 INTERNAL ASSERT
+FAILED``, after the static passes dropped a buffer's graphs), so a pool is shared only while
+one of its graphs is alive.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -39,3 +46,25 @@ def capture(step: Callable[[], torch.Tensor], device: torch.device,
         with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
             out = step()
         return graph, out
+
+
+class SharedPool:
+    """One memory pool for the graphs captured through it, as long as one of them is alive;
+    a new pool once they are all gone (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._handle: _POOL_HANDLE | None = None
+        self._graphs: weakref.WeakSet[torch.cuda.CUDAGraph] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self.pools = 0  # pools taken so far (the tests count them)
+
+    def capture(self, step: Callable[[], torch.Tensor],
+                device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """``step`` captured (``capture``) into the pool of the graphs alive, or a new one."""
+        with self._lock:
+            if self._handle is None or len(self._graphs) == 0:
+                self._handle = torch.cuda.graph_pool_handle()
+                self.pools += 1
+            graph, out = capture(step, device, self._handle)
+            self._graphs.add(graph)
+            return graph, out

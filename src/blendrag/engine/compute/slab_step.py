@@ -39,7 +39,7 @@ from blendrag.engine.compute.batch_decode import batch_logits
 from blendrag.engine.compute.buckets import ladder
 from blendrag.engine.compute.decode import key_mask
 from blendrag.engine.compute.fused_kv import FusedKV
-from blendrag.engine.compute.graphs import capture
+from blendrag.engine.compute.graphs import SharedPool
 from blendrag.engine.compute.layer import finish, project
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.softcap import capped_attention_batched
@@ -79,7 +79,7 @@ class SlabStep:
         self.graphs = graphs and slab.k.device.type == "cuda"
         self._rope: RopeTables = adapter.rope(slab.rows, slab.k.dtype, slab.k.device)
         self._shapes: dict[tuple[int, int], _Shape] = {}
-        self._pool = torch.cuda.graph_pool_handle() if self.graphs else None
+        self._pool = SharedPool()  # one memory pool for every shape's graph
         self.replays = 0  # steps that were replays (the tests and benchmarks count them)
         # one step at a time: the shapes' inputs (and graphs) are shared by every caller
         self._lock = threading.Lock()
@@ -131,8 +131,8 @@ class SlabStep:
     def _run(self, st: _Shape) -> torch.Tensor:
         if st.graph is None and st.seen >= CAPTURE_AT:
             try:
-                st.graph, st.out = capture(partial(self._step, st), self.slab.k.device,
-                                           self._pool)
+                st.graph, st.out = self._pool.capture(partial(self._step, st),
+                                                      self.slab.k.device)
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
                 log.warning("batched decoding without CUDA graphs (%s: %s)",
                             type(exc).__name__, exc)

@@ -51,7 +51,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -59,16 +58,13 @@ import torch.nn.functional as F
 from blendrag.engine.compute.attention import FlexPlan, flex_kernel, score_bias
 from blendrag.engine.compute.buckets import row_bucket, token_bucket
 from blendrag.engine.compute.fused_kv import FusedKV
-from blendrag.engine.compute.graphs import capture
+from blendrag.engine.compute.graphs import SharedPool
 from blendrag.engine.compute.layer import attend_scored, finish, project
 from blendrag.engine.compute.loop import LoopPlan, LoopResult
 from blendrag.engine.compute.observers import KeyAttention, LayerCounts, LayerObserver
 from blendrag.engine.compute.softcap import capped_attention
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTables, Rotation
-
-if TYPE_CHECKING:
-    from torch.cuda import _POOL_HANDLE
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +106,7 @@ class StaticPasses:
         self._lock = threading.Lock()  # requests on several threads (serving's prefill worker)
         # per buffer, per shape (tokens, rows, scored)
         self._by_buffer: OrderedDict[tuple, OrderedDict[_Shape, _Pass]] = OrderedDict()
-        self._mempool: _POOL_HANDLE | None = None  # one memory pool for every captured pass
+        self._pool = SharedPool()  # one memory pool for the captured passes alive
         self.ran = self.replays = self.captures = 0  # passes run, of them replayed; graphs
         self._windows = [adapter.sliding_window(i) for i in range(adapter.num_layers)]
 
@@ -279,6 +275,4 @@ class StaticPasses:
     def _capture(self, st: _Pass) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """``st``'s pass captured, and its hidden state, which every replay refills (the
         warm-up runs compute the request's own rows, the same values each time)."""
-        if self._mempool is None:
-            self._mempool = torch.cuda.graph_pool_handle()
-        return capture(partial(self._step, st), st.k.device, self._mempool)
+        return self._pool.capture(partial(self._step, st), st.k.device)
