@@ -1,6 +1,7 @@
 """Where one request's time goes on the device, per mode, at the 3k prompt: ``torch.profiler``
 of one warm request of each mode; the top ops by device time, the kernel launches and the host
-syncs counted (a request of this size is bound by them on a GPU)."""
+syncs counted (a request of this size is bound by them on a GPU); on a GPU, the top ops by
+the host's time as well."""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
         emit(f"\n### {config.label}: {layout.num_tokens} tokens, {launches} kernel launches, "
              f"{syncs} host syncs")
         emit(events.table(sort_by=key, row_limit=16, max_name_column_width=60))
+        if cuda:  # a request of this size is bound by the host: where its time goes there
+            emit(events.table(sort_by="self_cpu_time_total", row_limit=12,
+                              max_name_column_width=60))
         out[f"{config.label} kernel launches"] = (float(launches), "", None)
         out[f"{config.label} host syncs"] = (float(syncs), "", None)
     return out
