@@ -222,7 +222,21 @@ def summary(name: str, served: list[Served], wall: float, base: list[Served] | N
         row["tpot_p50_x"] = _pct([s.tpot for s in base], 50) / row["tpot_p50_s"]
     if want is not None:
         row["same_answer"] = sum(s.tokens == w for s, w in zip(served, want))
+        # where answers part (bf16 on random weights: batches of other sizes round otherwise)
+        agree = [_agreeing(s.tokens, w) for s, w in zip(served, want)]
+        row["same_first"] = sum(a >= 1 for a in agree)
+        row["agreeing_p50"] = statistics.median(agree) if agree else 0
     return row
+
+
+def _agreeing(got: list[int], want: list[int]) -> int:
+    """Leading tokens two answers share."""
+    n = 0
+    for a, b in zip(got, want):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _pct(values: list[float], q: int) -> float:
@@ -314,6 +328,9 @@ def format_row(row: dict) -> str:
         line += (f"  | throughput {row['throughput_x']:.2f}x, p95 TTFT {row['ttft_p95_x']:.2f}x, "
                  f"tok/s per user {row['tpot_p50_x']:.2f}x, same answer "
                  f"{row['same_answer']}/{row['requests']}")
+        if "same_first" in row and row["same_answer"] < row["requests"]:
+            line += (f" (first token {row['same_first']}/{row['requests']}, "
+                     f"{row['agreeing_p50']:g} leading tokens the same at the median)")
     if "ttft_p95_later_x" in row:
         line += f", after each user's first: p95 TTFT {row['ttft_p95_later_x']:.2f}x"
     if "gap_max_s" in row:

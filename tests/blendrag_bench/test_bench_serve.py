@@ -8,7 +8,7 @@ import json
 import pytest
 
 from blendrag import BlendEngine
-from blendrag_bench.serve import ServeBenchConfig, run
+from blendrag_bench.serve import ServeBenchConfig, format_row, run
 
 SMALL = dict(requests=3, passages=2, passage_tokens=30, answer_tokens=4)
 
@@ -26,12 +26,29 @@ def test_runs_side_by_side_with_the_baseline():
         assert 0 < row["cores_busy"] <= 1.05  # CPU seconds over wall x cores (clock rounding)
         if row["run"] != "one at a time":
             assert row["same_answer"] == 3  # served together, answered as alone
+            assert row["same_first"] == 3 and row["agreeing_p50"] == SMALL["answer_tokens"]
             assert row["throughput_x"] > 0
             assert 1.0 <= row["mean_batch"] <= 3
         if row["run"] == "1 users":  # one user's first request opens it, the rest follow
             assert row["ttft_p95_later_s"] > 0 and "ttft_p95_later_x" in row
         if row["run"] == "3 users":  # every request is a user's first: no later ones
             assert "ttft_p95_later_s" not in row
+
+
+def test_answers_that_part_say_where():
+    """An answer unlike alone's is reported with the first tokens and the leading tokens
+    shared (bf16 on a GPU parts answers where a batch rounds otherwise)."""
+    from blendrag_bench.serve import _agreeing
+
+    assert _agreeing([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert _agreeing([5, 2], [1, 2]) == 0 and _agreeing([1, 2], [1, 2]) == 2
+    row = {"mode": "full", "run": "16 users", "requests": 16, "requests_per_s": 5.0,
+           "tokens_per_s": 320.0, "ttft_p50_s": 1.0, "ttft_p95_s": 2.0, "tpot_p50_s": 0.02,
+           "tpot_p95_s": 0.03, "throughput_x": 4.8, "ttft_p95_x": 21.0, "tpot_p50_x": 0.5,
+           "same_answer": 0, "same_first": 16, "agreeing_p50": 7.5}
+    assert "same answer 0/16 (first token 16/16, 7.5 leading tokens the same at the " \
+           "median)" in format_row(row)
+    assert "first token" not in format_row({**row, "same_answer": 16})
 
 
 def test_bad_settings_are_refused():
