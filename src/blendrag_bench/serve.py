@@ -328,7 +328,7 @@ def format_row(row: dict) -> str:
         line += (f"  | throughput {row['throughput_x']:.2f}x, p95 TTFT {row['ttft_p95_x']:.2f}x, "
                  f"tok/s per user {row['tpot_p50_x']:.2f}x, same answer "
                  f"{row['same_answer']}/{row['requests']}")
-        if "same_first" in row and row["same_answer"] < row["requests"]:
+        if row["same_answer"] < row["requests"]:
             line += (f" (first token {row['same_first']}/{row['requests']}, "
                      f"{row['agreeing_p50']:g} leading tokens the same at the median)")
     if "ttft_p95_later_x" in row:

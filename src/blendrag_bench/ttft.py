@@ -22,6 +22,7 @@ from blendrag.config import BlendConfig
 from blendrag.engine.compute.observers import PHASES, PhaseClock
 from blendrag.engine.engine import BlendEngine
 from blendrag.engine.request.prefill import Prefill
+from blendrag.ingest.ingestion import kv_bytes_per_token
 from blendrag.prompt import PromptLayout
 from blendrag_bench.flops import FlopModel
 from blendrag_bench.memory import memory_mode, peak_bytes, timing_mode
@@ -124,16 +125,16 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
         with torch.inference_mode():
             return engine.model(ids, logits_to_keep=1).logits
 
-    # (label, config, the selector column, rows from the host tiers only)
-    cases = [(c.label, c, c.selector if c.mode == "blend" else None, False) for c in configs(w)]
+    # (label, config, the selector column: RAM_TIER for rows from the host tiers only)
+    cases = [(c.label, c, c.selector if c.mode == "blend" else None) for c in configs(w)]
     if engine.cache.device_tier is not None:  # reuse from the host's RAM tier too
-        cases.append((RAM_REUSE, REUSE, RAM_TIER, True))
+        cases.append((RAM_REUSE, REUSE, RAM_TIER))
 
-    def prefill(config: BlendConfig, host_only: bool, observers=()) -> Prefill:
+    def prefill(config: BlendConfig, column: str | None, observers=()) -> Prefill:
         call = partial(engine.prefill, layout, config, observers=observers)
-        return _off_device_tier(engine, call) if host_only else call()
+        return _off_device_tier(engine, call) if column == RAM_TIER else call()
 
-    runs = {"hf": hf} | {label: partial(prefill, c, host) for label, c, _, host in cases}
+    runs = {"hf": hf} | {label: partial(prefill, c, column) for label, c, column in cases}
     times: dict[str, list[float]] = {k: [] for k in runs}
     replayed = dict.fromkeys(runs, 0)  # timed calls whose passes were replayed (CUDA graphs)
     total = (w.repeats + 1) * len(runs)
@@ -156,16 +157,16 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
         step("memory", i, len(runs))
     # one more call per mode, timed phase by phase (on CUDA it synchronizes at every phase)
     stats, phases = {}, {}
-    for label, c, _, host in cases:
+    for label, c, column in cases:
         clock = PhaseClock(engine.device)
-        stats[label] = prefill(c, host, [clock]).stats
+        stats[label] = prefill(c, column, [clock]).stats
         phases[label] = clock.seconds
     flops = FlopModel.of(engine.adapter)
     full_label = BlendConfig(mode="full").label
     full_s = statistics.median(times[full_label])
     full_flops = flops.request(stats[full_label])
     records = [_record("hf", None, None, times["hf"], full_s, peaks["hf"], None)]
-    for label, c, column, _ in cases:
+    for label, c, column in cases:
         st = stats[label]
         ran = st.controller.mode.ran if st.controller.mode is not None else c.label
         records.append(_record(c.mode, column, c.ratio if c.mode == "blend" else None,
@@ -173,7 +174,7 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
                        | {"ideal_speedup": full_flops / flops.request(st),
                           "phase_s": phases[label], "ran_full": ran != c.label,
                           "replayed": replayed[label], "device_hits": st.cache.device_hits,
-                          "reused_bytes": st.cache.tokens_reused * _row_bytes(engine)})
+                          "reused_bytes": st.cache.tokens_reused * kv_bytes_per_token(engine)})
     return records
 
 
@@ -185,12 +186,6 @@ def _off_device_tier(engine: BlendEngine, call: Callable[[], Prefill]) -> Prefil
         return call()
     finally:
         engine.cache.device_tier = tier
-
-
-def _row_bytes(engine: BlendEngine) -> int:
-    """Bytes of one token's cached row, keys and values of every layer."""
-    a = engine.adapter
-    return 2 * a.num_layers * a.num_kv_heads * a.head_dim * engine.dtype.itemsize
 
 
 def _replays(engine) -> int:

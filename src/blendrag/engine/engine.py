@@ -219,7 +219,7 @@ class BlendEngine:
         """Serve from ``store`` now: this engine, and every namespace view of it alive, each
         re-pointed to its namespace of ``store`` (ValueError, nothing changed, when one of them
         is ``store``'s public namespace)."""
-        self.views.repoint(self, store, lambda engine, to: engine._point(to))
+        self.views.repoint(self, store, BlendEngine._point)
 
     def _point(self, store: KVStore) -> None:
         """Read and write ``store`` (the prefix cache's blocks too, when it keeps them in one)."""

@@ -46,7 +46,7 @@ class ServingConfig:
       waits for its piece, letting their steps in. 0: every prefill whole. None:
       ``DEFAULT_PIECE_TOKENS`` on a CPU; ``DEFAULT_GPU_PIECE_TOKENS`` on a GPU, where a piece
       of a 7B model's prefill shorter than a typical prompt is bound by its launches, not its
-      arithmetic (docs/benchmarks.md "Many users at once").
+      arithmetic (docs/benchmarks.md "On a GPU").
     pack_tokens: the requests prefilled together (those admitted in one turn of the loop, or
       waiting for the prefill worker) have their passes packed into one forward
       (engine/request/packing.py) of at most this many computed tokens: reuse's question,

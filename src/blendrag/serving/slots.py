@@ -58,7 +58,6 @@ class SlabSlots:
             slot = slab.claim()
             if slot is not None or not slab.retired:
                 return slot
-            self.slab = None
         return None
 
     def place(self, job: Job, fused: FusedKV) -> None:

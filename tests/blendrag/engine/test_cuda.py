@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, ComputeConfig, GenerationConfig
+from blendrag.engine.compute import attention
 from blendrag.engine.compute.attention import (
     BlockPlan,
     LowerRightPlan,
@@ -32,13 +33,29 @@ GENERATE = GenerationConfig(max_new_tokens=12)
 AS_ASKED = LoadingConfig(full_when_faster=False, full_when_missing=None)
 
 
+@pytest.fixture
+def flex_calls(monkeypatch) -> list[int]:
+    """Calls of the process's compiled FlexAttention, counted: the kernel must have run (a
+    failure there falls back to the row blocks, exact, and turns it off: ``[None]``)."""
+    kernel, calls = flex_kernel(), []
+    if kernel is None:
+        pytest.fail("FlexAttention is off in this process")
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_FLEX", [counted])
+    return calls
+
+
 def engine(model_dir, compute: ComputeConfig, dtype: str = "float32", **kw) -> BlendEngine:
     return BlendEngine.from_pretrained(model_dir("llama", **kw), dtype=dtype, device="cuda",
                                        chat=False, compute=compute, loading=AS_ASKED)
 
 
 @pytest.mark.parametrize("window", [None, 24])
-def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window):
+def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window, flex_calls):
     kw = {} if window is None else {"sliding_window": window}
     family = "llama" if window is None else "mistral"
     gpu = BlendEngine.from_pretrained(model_dir(family, **kw), device="cuda", chat=False,
@@ -54,7 +71,7 @@ def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window):
         assert a.stats.controller.mode is None and b.stats.controller.mode is None  # ran as asked
         assert (a.logits - b.logits).abs().max() < TOL, config.label
     assert (gpu.prefill(layout, BlendConfig(ratio=1.0)).logits - full).abs().max() < TOL
-    assert flex_kernel() is not None  # FlexAttention ran, not the row blocks it falls back to
+    assert flex_calls and attention._FLEX[0] is not None  # it ran, and never fell back
 
 
 def test_the_lower_right_bias_is_the_exact_mask_on_cuda():
@@ -108,7 +125,8 @@ def test_decoding_from_a_cuda_graph_equals_eager_decoding(model_dir, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir, dtype):
+def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir, dtype,
+                                                                     flex_calls):
     graphs = engine(model_dir, ComputeConfig(), dtype)  # passes "auto": captured on CUDA
     loop = engine(model_dir, ComputeConfig(passes="eager"), dtype)
     layout = graphs.build_prompt(PREFIX, PASSAGES, SUFFIX)
@@ -125,7 +143,7 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
             if dtype == "float32":  # in bf16 the tiny model's top two logits are 2 steps apart
                 assert int(got.logits.argmax()) == int(want.logits.argmax())
             del got
-    assert not passes.failed and flex_kernel() is not None
+    assert not passes.failed and flex_calls and attention._FLEX[0] is not None
     assert passes.captures >= len(configs) and passes.replays >= 2 * len(configs)
     if dtype == "float32":  # decoding after a replayed pass: the loop's tokens
         a = graphs.generate(layout, BlendConfig(mode="reuse"), GENERATE)

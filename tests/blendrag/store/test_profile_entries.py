@@ -239,7 +239,8 @@ def test_redis_round_trip_and_promotion_keep_the_profile(make_store, redis_serve
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_gpu_profile_is_stored_on_the_cpu(make_store):
+def test_an_entry_made_of_gpu_tensors_is_stored_and_read_with_its_profile_on_the_cpu(
+        make_store):
     kv = make_kv(17, profile=True)
     on_gpu = ChunkKV(kv.keys.cuda(), kv.values.cuda(), kv.token_ids, kv.prefix_hash,
                      kv.profile.cuda())

@@ -193,6 +193,7 @@ class FlexPlan(AttentionPlan):
         self._pos = pos
         self._mask: tuple[int, object] | None = None  # (keys, BlockMask)
         self._fallback: BlockPlan | None = None
+        self._short = False  # out of device memory once: this plan's layers take the row blocks
 
     def block_mask(self, keys: int):
         """The ``BlockMask`` over ``keys`` key rows (built once)."""
@@ -201,7 +202,7 @@ class FlexPlan(AttentionPlan):
         return self._mask[1]
 
     def attend(self, q, k, v, scale):
-        flex = _flex()
+        flex = None if self._short else _flex()
         if flex is not None:
             try:
                 a, keys = q.shape[1], k.shape[1]
@@ -213,8 +214,9 @@ class FlexPlan(AttentionPlan):
             except Exception as exc:  # no compiler, an unsupported shape: exact, but slower
                 if q.is_cuda and torch.cuda.is_current_stream_capturing():
                     raise  # the fallback reads positions back: the capture gives up instead
-                if isinstance(exc, torch.OutOfMemoryError):  # this call only
-                    log.warning("FlexAttention ran out of device memory (%s); this call takes "
+                if isinstance(exc, torch.OutOfMemoryError):  # this pass only
+                    self._short = True
+                    log.warning("FlexAttention ran out of device memory (%s); this pass takes "
                                 "the row blocks of the sdpa kernel (exact, slower)", exc)
                 else:
                     _disable_flex(exc)

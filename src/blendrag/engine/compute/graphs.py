@@ -62,7 +62,7 @@ class SharedPool:
                 device: torch.device) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         """``step`` captured (``capture``) into the pool of the graphs alive, or a new one."""
         with self._lock:
-            if self._handle is None or len(self._graphs) == 0:
+            if not self._graphs:  # none alive (or none yet): a new pool
                 self._handle = torch.cuda.graph_pool_handle()
                 self.pools += 1
             graph, out = capture(step, device, self._handle)

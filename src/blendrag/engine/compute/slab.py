@@ -91,7 +91,7 @@ class KVSlab:
         """Lend no slot again, if none is lent now (checked and set at once, so that no claim
         slips in between); whether it is retired (its runner then lets it go)."""
         with self._lock:
-            if len(self._free) < self.slots:
+            if self.lent:
                 return False
             self.retired = True
             return True

@@ -309,21 +309,22 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
         return LoopPlan(ids, torch.arange(first_computed, n, device=dev), feed=feed, ape=ape)
     chunk_kvs = [s.kv for s in rows.segments if s.start >= chunk_start]
     attention = None
+    clock = _clock(req)
     if config.selector == "preview":  # where the question looks, over the cached rows
-        _clock(req).lap("plan")
+        clock.lap("plan")
         preview = PreviewPass(layout, dev, feed)
         yield from stop_at(CachedPass(preview.plan, running.fused, running.rope,
-                                      preview.observers, OFF, None, alone=_clock(req) is not OFF),
+                                      preview.observers, OFF, None, alone=clock is not OFF),
                            req.stats.timing)
         attention, keys = preview.result()
         req.stats.compute.preview_attended_keys = keys
         req.stats.compute.preview_tokens = len(layout.suffix_ids)
         feed = None  # the preview pass loaded every cached row into the buffer
-        _clock(req).lap("preview")
+        clock.lap("preview")
     selector = make_selector(config, layout, runner.adapter.num_layers, dev,
                              runner.adapter.scaling, chunk_kvs, attention,
                              runner.adapter.attn_softcap)
-    _clock(req).lap("plan")
+    clock.lap("plan")
     suffix = torch.arange(suffix_start, n, device=dev)
     return LoopPlan(ids, torch.cat([selector.initial(), suffix]), feed=feed, selector=selector,
                     ape=ape)
