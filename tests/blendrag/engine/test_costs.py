@@ -4,13 +4,22 @@ profile predicts its mode slower (``LoadingConfig.full_when_faster``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from blendrag import BlendConfig, BlendEngine
+from blendrag import BlendConfig, BlendEngine, ComputeConfig
 from blendrag.engine.caches.context import NO_CONTEXT
+from blendrag.engine.request.stats import ModeChoice, RequestStats, TimingStats
 from blendrag.engine.selection.controller import LoadingConfig
-from blendrag.engine.selection.costs import DeviceCosts, PassCost, PromptShape, _fit
+from blendrag.engine.selection.costs import (
+    DeviceCosts,
+    PassCost,
+    PromptShape,
+    _fit,
+    observe_choice,
+)
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 FULL = BlendConfig(mode="full")
@@ -45,10 +54,12 @@ def test_predictions_follow_the_work_of_each_mode():
     assert costs.predict(BlendConfig(mode="reuse"), missing) == pytest.approx(reuse + extra)
 
 
-def engine_with(model_dir, costs: DeviceCosts, enabled: bool | None) -> BlendEngine:
+def engine_with(model_dir, costs: DeviceCosts, enabled: bool | None,
+                compute: ComputeConfig | None = None) -> BlendEngine:
     engine = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chat=False,
                                          context=NO_CONTEXT,
-                                         loading=LoadingConfig(full_when_faster=enabled))
+                                         loading=LoadingConfig(full_when_faster=enabled),
+                                         compute=compute or ComputeConfig())
     engine.runner.cost_profile = costs
     return engine
 
@@ -85,6 +96,62 @@ def test_what_a_mode_takes_beyond_its_passes_is_measured_and_counts():
     costs.observe("reuse", 0.010, 0.090)  # a slow outlier never counts against the mode
     assert costs.overhead("reuse") == pytest.approx(0.030)
     assert costs.overhead("full") == 0.0
+
+
+def _timed(work_s: float, **compute) -> RequestStats:
+    stats = RequestStats(mode="reuse", timing=TimingStats(fetch_s=work_s / 2,
+                                                          prefill_s=work_s / 2))
+    stats.compute = dataclasses.replace(stats.compute, **compute)
+    return stats
+
+
+def test_only_requests_alone_at_their_steady_state_are_measured():
+    costs = DeviceCosts(2, {k: PassCost(1e-3, 0, 0) for k in ("causal", "tail", "scattered")})
+    choice = ModeChoice("reuse", "reuse", 0.0, 0.0, 0.010, 0.050, 0)
+    # a pass captured now, or seen once and run by the layer loop: far slower than a replay
+    observe_choice(costs, choice, _timed(0.500, settling_passes=1))
+    observe_choice(costs, choice, _timed(0.400, settling_passes=2))
+    observe_choice(costs, choice, _timed(0.300, packed_requests=3))  # its pass time shared
+    assert costs.overhead("reuse") == 0.0 and "reuse" not in costs._gaps
+    # its own work: no time queued, none left to the requests served beside it
+    beside = _timed(0.060)
+    beside.timing.waited_s, beside.timing.between_pieces_s = 0.010, 0.020
+    beside.timing.ttft_s = 2.0  # it queued behind others first
+    observe_choice(costs, choice, beside)
+    observe_choice(costs, choice, _timed(0.045))
+    assert costs.overhead("reuse") == pytest.approx(0.020)  # 0.030 of work, 0.010 predicted
+    ran_full = ModeChoice("reuse", "full", 0.0, 0.0, 0.010, 0.050, 0)
+    observe_choice(costs, ran_full, _timed(0.070))  # measured against full's passes
+    observe_choice(costs, ran_full, _timed(0.080))
+    assert costs.overhead("full") == pytest.approx(0.020)
+
+
+def test_the_first_passes_of_a_shape_teach_the_profile_nothing(model_dir):
+    """A captured pass's shape seen the first time runs the layer loop (on CUDA; here the
+    static pass is told to wait once, as it does there): that request is settling, not
+    measured; the next one is."""
+    free = DeviceCosts(3, {"causal": PassCost(2e-6, 0, 0), "tail": PassCost(1e-6, 0, 0),
+                           "scattered": PassCost(1e-6, 0, 0)})
+    engine = engine_with(model_dir, free, True, ComputeConfig(passes="graph"))
+    passes = engine.runner.static_passes
+    assert passes is not None
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.ingest(PASSAGES, prefix=PREFIX)
+    replay, seen = passes.run, []
+
+    def first_twice_none(*args):  # as on CUDA: the loop, then a capture
+        seen.append(1)
+        return None if len(seen) == 1 else replay(*args)
+
+    passes.run = first_twice_none  # type: ignore[method-assign]
+    config = BlendConfig(mode="reuse")
+    first = engine.prefill(layout, config)
+    assert first.stats.compute.settling_passes == 1 and first.stats.mode == "reuse"
+    assert "reuse" not in free._gaps
+    second = engine.prefill(layout, config)  # the static pass: its steady state, measured
+    assert second.stats.compute.settling_passes == 0
+    assert free._gaps["reuse"][0] == 1
+    assert torch.allclose(first.logits, second.logits, atol=1e-5, rtol=0)
 
 
 def test_a_mode_measured_slower_than_its_passes_predict_then_runs_full(model_dir):

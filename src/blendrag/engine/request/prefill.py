@@ -149,7 +149,7 @@ def prefill_steps(parts: Parts, req: Request) -> Steps[Prefill]:
         if req.choice is not None:
             pre.stats.controller.mode = req.choice
             if req.choice.reason == "predicted":  # the profile's own prediction, checked
-                observe_choice(parts.runner.costs(), req.choice, pre.stats.timing.ttft_s)
+                observe_choice(parts.runner.costs(), req.choice, pre.stats)
         return pre
 
 
@@ -235,7 +235,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
                 else (yield from make_plan(parts, req, opened, running)))  # 2. plan
         counts = LayerCounts((len(req.layout.prefix_ids), req.layout.suffix_start))
         main = CachedPass(plan, fused, rope, (counts, *_watchers(req)), clock, req.pieces)
-        out = yield from stop_at(main, stats.timing)  # 3. run: alone, or packed with others
+        out = yield from stop_at(main, stats)  # 3. run: alone, or packed with others
         stats.compute.packed_requests = main.packed
         fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
@@ -280,8 +280,9 @@ def _fill_head(parts: Parts, req: Request, opened: Opened, running: Running) -> 
     if first.bridge:
         dev = parts.runner.device
         ids = torch.tensor(req.layout.ids[:first.rows], device=dev)
-        parts.runner.run(LoopPlan(ids, torch.arange(first.taken, first.rows, device=dev)),
-                         running.fused, running.rope, (), _clock(req))
+        out = parts.runner.run(LoopPlan(ids, torch.arange(first.taken, first.rows, device=dev)),
+                               running.fused, running.rope, (), _clock(req))
+        req.stats.compute.settling_passes += out.settling
 
 
 def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:
@@ -315,7 +316,7 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
         preview = PreviewPass(layout, dev, feed)
         yield from stop_at(CachedPass(preview.plan, running.fused, running.rope,
                                       preview.observers, OFF, None, alone=clock is not OFF),
-                           req.stats.timing)
+                           req.stats)
         attention, keys = preview.result()
         req.stats.compute.preview_attended_keys = keys
         req.stats.compute.preview_tokens = len(layout.suffix_ids)

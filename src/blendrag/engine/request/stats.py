@@ -93,7 +93,8 @@ class ComputeStats:
     bridged_tokens: tokens computed (at every layer) after the prefix cache's rows to the end
     of the piece those rows stop in (engine/request/head.py); packed_requests: the requests
     whose main passes ran in one forward with its own, itself included (1: alone;
-    engine/request/packing.py)."""
+    engine/request/packing.py); settling_passes: its passes whose shape was seen for the first
+    time or captured now (``LoopResult.settling``: its time is no steady-state one)."""
 
     layers: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
@@ -103,6 +104,7 @@ class ComputeStats:
     preview_attended_keys: int = 0
     bridged_tokens: int = 0
     packed_requests: int = 1
+    settling_passes: int = 0
 
 
 @dataclass
@@ -121,6 +123,13 @@ class TimingStats:
     ttft_s: float = 0.0
     between_pieces_s: float = 0.0
     waited_s: float = 0.0
+
+    @property
+    def work_s(self) -> float:
+        """The request's own work: opening its rows and its prefill, less what it left to the
+        requests served beside it (``between_pieces_s``, ``waited_s``). Its TTFT less these and
+        the time it queued before it started."""
+        return max(self.fetch_s + self.prefill_s - self.between_pieces_s - self.waited_s, 0.0)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from blendrag.engine.compute.loop import LoopPlan, LoopResult
 from blendrag.engine.compute.observers import LayerObserver, PhaseClock
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ModelRunner
-from blendrag.engine.request.stats import TimingStats
+from blendrag.engine.request.stats import RequestStats
 from blendrag.model.rope import RopeTables
 
 
@@ -43,12 +43,14 @@ Steps = Generator[CachedPass, LoopResult, T]
 takes its ``LoopResult`` (or has the pass's error thrown in), and returns the result."""
 
 
-def stop_at(cached: CachedPass, timing: TimingStats) -> Steps[LoopResult]:
+def stop_at(cached: CachedPass, stats: RequestStats) -> Steps[LoopResult]:
     """Stop at ``cached`` for whoever runs it -> its result; the time it waited there for the
-    requests run with it goes to ``timing.waited_s``."""
+    requests run with it goes to ``stats.timing.waited_s``, a settling pass to
+    ``stats.compute.settling_passes``."""
     t0 = time.perf_counter()
     out = yield cached
-    timing.waited_s += max(time.perf_counter() - t0 - cached.pass_s, 0.0)
+    stats.timing.waited_s += max(time.perf_counter() - t0 - cached.pass_s, 0.0)
+    stats.compute.settling_passes += out.settling
     return out
 
 

@@ -272,9 +272,11 @@ def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats)
     # The compute speed is learnt from the requests whose computed tokens are like those a
     # ratio adds (scattered tokens attending over cached rows): a full or prefix prefill
     # computes causal blocks, cheaper per token, which would make the controller overshoot;
-    # and from a main pass run alone (a packed one's time is shared with other requests).
+    # and from a main pass run alone (a packed one's time is shared with other requests) at
+    # its steady state (not one whose shape is being captured).
     token_layers = 0
-    if stats.mode in ("blend", "reuse") and compute.packed_requests == 1:
+    if stats.mode in ("blend", "reuse") and compute.packed_requests == 1 \
+            and not compute.settling_passes:
         token_layers = sum(compute.computed_per_layer) + compute.preview_tokens * compute.layers
     controller.observe(feed.tier_s, feed.tier_bytes, loading.compute_s, token_layers,
                        feed.place_s, stats.cache.tokens_reused * compute.layers)

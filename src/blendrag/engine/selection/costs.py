@@ -22,6 +22,8 @@ launching many small kernels: on an H200 the preview pass of a 3k-token prompt t
 its passes predict a few) is measured on the requests themselves: ``observe`` keeps, per mode,
 the least time a request of that mode took beyond its prediction, and ``overhead`` adds it to
 later predictions once ``TRIALS`` requests have run (the first may include compiling kernels).
+Only requests run alone at their steady state count (``observe_choice``): not one packed with
+others, nor one whose pass shape was captured now or awaits its capture.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from blendrag.config import BlendConfig, CheckLayerOptions, token_budget
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.request.head import Head
-from blendrag.engine.request.stats import ModeChoice
+from blendrag.engine.request.stats import ModeChoice, RequestStats
 from blendrag.model.adapters import LlamaAdapter
 from blendrag.model.rope import RopeTables
 from blendrag.prompt import PromptLayout
@@ -237,10 +239,18 @@ def choose_mode(costs: DeviceCosts, config: BlendConfig,
     return FULL, record
 
 
-def observe_choice(costs: DeviceCosts, choice: ModeChoice, ttft_s: float) -> None:
-    """Fold what a request whose mode was chosen took (``ttft_s``) into ``costs``."""
+def observe_choice(costs: DeviceCosts, choice: ModeChoice, stats: RequestStats) -> None:
+    """Fold what a request whose mode was chosen took into ``costs``: its own work
+    (``TimingStats.work_s``: no queueing, no time left to requests served beside it), when it
+    ran alone and at its steady state. A pass whose shape was captured now, or seen once and run
+    by the layer loop until it is, launches every kernel from Python: on a GPU it is several
+    times slower than its replays. Counted, it could make a mode look slower than a full
+    prefill, and once the mode runs full its gap is never measured again: the warm-up's
+    settling requests would decide every later one."""
+    if stats.compute.settling_passes or stats.compute.packed_requests > 1:
+        return
     passes = choice.full_passes_s if choice.ran != choice.asked else choice.passes_s
-    costs.observe(choice.ran, passes, ttft_s)
+    costs.observe(choice.ran, passes, stats.timing.work_s)
 
 
 def exact_path_choice(layout: PromptLayout, config: BlendConfig, exact_tokens: int,
