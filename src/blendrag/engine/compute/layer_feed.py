@@ -151,11 +151,12 @@ class LayerFeed:
         request's KV is not reused under it."""
         self._stop.set()
         if self._thread is not None:
-            while self._thread.is_alive():
-                try:  # unblock a reader waiting on a full queue
-                    self._queue.get(timeout=0.05)
+            while True:  # unblock a reader waiting on a full queue: it stops at its next step
+                try:
+                    self._queue.get_nowait()
                 except queue.Empty:
-                    pass
+                    break
+            self._thread.join()  # no polling: a reader still running costs no timeout here
             self._thread = None
         if self._stager is not None:
             torch.cuda.current_stream(self.device).wait_stream(self._stager.stream)
