@@ -21,7 +21,9 @@ at most: what a GPU machine sends back):
 - ``decode.txt``: tokens per second of eager decoding, the CUDA-graph step and HF generate;
   then ``bench serve``: 4 and 16 users through the scheduler against one request at a time,
   and one batched decoding step of 16 requests against one request's;
-- ``profile.txt``: one request of each mode under ``torch.profiler``: top ops, launches, syncs.
+- ``profile.txt``: the captured passes' attention kernel against candidates, per call; then
+  one request of each mode under ``torch.profiler``: top ops, launches, syncs (the default's
+  host time per function too).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ PHASES = {
     "serve": ("decode.txt", 120),
     "chat": ("chat.txt", 120),  # two workloads: the same passages, new ones every turn
     "loading": ("loading.txt", 75),  # disk and RAM tiers to the device, then bench ttft --tier disk
+    # FlexAttention and candidates per call at the captured passes' shapes (it compiles three
+    # kernels: about half its time)
+    "attention": ("profile.txt", 60),
     "profile": ("profile.txt", 40),
 }
 # the engine's loggers whose warnings say it took a slower path than the device's fastest
@@ -118,7 +123,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
-    from blendrag_bench.gpu import cold, exactness, profile, serving, shapes, speed
+    from blendrag_bench.gpu import attention, cold, exactness, profile, serving, shapes, speed
 
     path = out / PHASES[name][0]
     with path.open("a") as f:  # two phases may share a file (cold start, ttft-3k; serve)
@@ -140,6 +145,8 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
             heads = speed.ttft(emit, small, name.split("-")[1])
         elif name == "profile":
             heads = profile.run(emit, small)
+        elif name == "attention":
+            heads = attention.run(emit, small)
         elif name == "cold":
             heads = cold.run(emit, small)
         elif name == "serve":
@@ -226,6 +233,8 @@ def _value(figure: str, value: float) -> str:
         return f"{value:+.1%}"
     if "GB/s" in figure or "->" in figure:
         return f"{value:.2f} GB/s"
+    if figure.endswith("(us)"):
+        return f"{value:.1f} us"
     if figure.endswith(" s"):
         return f"{value:.1f} s"
     if any(word in figure for word in ("launches", "syncs", "checks", "bytes", "warnings")):

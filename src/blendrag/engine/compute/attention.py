@@ -291,10 +291,19 @@ def _attended(bounds: list[int], window: int | None) -> int:
 def _block_mask(pos: torch.Tensor, n: int, keys: int, window: int | None):
     """FlexAttention's ``BlockMask`` of queries at ``pos`` over ``keys`` key rows, the queries
     padded to at least two tiles (see ``FlexPlan``)."""
+    return block_mask_rows(pos, n, keys, window, max(2, -(-pos.shape[0] // FLEX_BLOCK))
+                           * FLEX_BLOCK)
+
+
+def block_mask_rows(pos: torch.Tensor, n: int, keys: int, window: int | None, rows: int):
+    """``_block_mask`` for ``rows`` query rows (>= the queries at ``pos``; the padding rows
+    repeat the last position): the GPU check's attention phase tries other paddings."""
     from torch.nn.attention.flex_attention import BlockMask
 
     a, dev, b = pos.shape[0], pos.device, FLEX_BLOCK
-    tiles, kv_blocks = max(2, -(-a // b)), -(-keys // b)
+    if rows < a:
+        raise ValueError(f"a block mask for {a} queries needs at least {a} rows, got {rows}")
+    tiles, kv_blocks = -(-rows // b), -(-keys // b)
     # every query of a tile gets a position: the padding repeats the last one
     qpos = torch.cat([pos, pos[-1:].expand(tiles * b - a)])  # [tiles * b]
     first, last = qpos[::b], qpos[b - 1::b]  # [tiles] each
@@ -326,7 +335,7 @@ def _block_mask(pos: torch.Tensor, n: int, keys: int, window: int | None):
     full_num, full_idx = packed(full)
     return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=b,
                                     mask_mod=causal if window is None else windowed,
-                                    seq_lengths=(tiles * b, keys), compute_q_blocks=False)
+                                    seq_lengths=(rows, keys), compute_q_blocks=False)
 
 
 _FLEX: list[Callable | None] = []  # the compiled FlexAttention, once per process (None: off)

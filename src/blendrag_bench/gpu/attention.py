@@ -1,0 +1,157 @@
+"""The attention kernel of the captured passes, side by side with candidates, at the 7B shape.
+
+A captured cached pass (engine/compute/static_pass.py) runs FlexAttention over the pooled
+buffer's whole rows, its queries padded to at least two tiles of 128. On an H200 a warm 3k
+reuse request spent 2.3 ms of its 11.5 ms on the device in it: 72 us a layer for 64 queries
+over about 3.6k keys, whose K and V a layer are 14 MB, a few microseconds of the card's
+bandwidth. Two tiles of 128 rows make 64 programs (2 tiles x 32 heads), each walking every key
+block alone. This phase times, per call, the kernel the passes run now and candidates that
+split the work otherwise, on the same queries, keys and exact mask, and prints each one's
+largest difference from it:
+
+- ``flex 2x128``: what the passes run (``FlexPlan``);
+- ``flex unpadded``: the queries padded to a multiple of 16 rows only; below 128 rows
+  FlexAttention takes its decoding kernel, which splits the keys across programs;
+- ``flex 64x64``: the same mask in tiles of 64 queries and 64 keys (``kernel_options``): twice
+  the programs;
+- ``sdpa mask``: SDPA with the exact mask as an additive bias (its memory-efficient kernel);
+- ``sdpa lower-right``: contiguous queries at the end only (reuse's): SDPA's causal mask
+  aligned to the bottom-right corner.
+
+Cases: reuse (the 64 question tokens at the end), blend at 15 % and 20 % (chosen chunk tokens
+spread over the prompt, then the question), at the 3k prompt and, for reuse and 15 %, the 16k
+one. On a CPU (``--small``) only the SDPA rows run (FlexAttention is the CUDA kernel)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from blendrag.engine.compute import attention as att
+from blendrag.engine.compute.buckets import row_bucket
+from blendrag_bench.gpu.shapes import SEVEN_B, TINY, sync
+
+SUFFIX = 64
+CASES = (("3k reuse", 3168, 0.0), ("3k blend@15%", 3168, 0.15), ("3k blend@20%", 3168, 0.20),
+         ("16k reuse", 16448, 0.0), ("16k blend@15%", 16448, 0.15))
+SMALL_CASES = (("reuse", 448, 0.0), ("blend@15%", 448, 0.15))
+CALLS = 20
+
+
+def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str, None]]:
+    shape = TINY if small else SEVEN_B
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    h, hkv = shape["heads"], shape["kv_heads"]
+    d = shape["hidden"] // h
+    emit(f"attention per call (us, median of {CALLS}), {h}/{hkv} heads of {d}, {dtype}; "
+         "diff: largest |difference| from flex 2x128 (sdpa mask on a CPU)")
+    out: dict[str, tuple[float, str, None]] = {}
+    for label, n, ratio in SMALL_CASES if small else CASES:
+        pos = _positions(n, ratio, dev)  # [A]
+        keys = att.pad_rows(row_bucket(n, n + 128) or n + 1)  # the pooled buffer's rows
+        g = torch.Generator(device=dev).manual_seed(n)
+        q = torch.randn(h, pos.shape[0], d, generator=g, device=dev, dtype=dtype)
+        k, v = (torch.randn(hkv, keys, d, generator=g, device=dev, dtype=dtype)
+                for _ in range(2))
+        k[:, n:], v[:, n:] = 0, 0  # rows past the prompt: zeros, as in a request KV
+        ref = None
+        emit(f"\n{label}: {pos.shape[0]} queries over {n} keys ({keys} rows)")
+        for name, call in _variants(pos, n, keys, d ** -0.5, cuda).items():
+            try:
+                o = call(q, k, v)
+                us = _time(partial(call, q, k, v))
+            except Exception as exc:  # a variant this torch or device cannot run
+                emit(f"  {name:<18} failed: {type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            ref = o if ref is None else ref
+            diff = (o.float() - ref.float()).abs().max().item()
+            emit(f"  {name:<18} {us:9.1f} us   diff {diff:.2e}")
+            out[f"attention {label}, {name} (us)"] = (us, "", None)
+    return out
+
+
+def _positions(n: int, ratio: float, dev: torch.device) -> torch.Tensor:
+    """The computed positions: ``ratio`` of the chunk tokens (after a 32-token prefix) drawn
+    at random, sorted, then the question's ``SUFFIX`` tokens at the end."""
+    chunk = n - 32 - SUFFIX
+    g = torch.Generator().manual_seed(n)
+    chosen = torch.randperm(chunk, generator=g)[:round(ratio * chunk)].sort().values + 32
+    return torch.cat([chosen, torch.arange(n - SUFFIX, n)]).to(dev)
+
+
+def _variants(pos: torch.Tensor, n: int, keys: int, scale: float,
+              cuda: bool) -> dict[str, Callable]:
+    a = pos.shape[0]
+    bias = att.score_bias(pos, keys if cuda else n, None).to(  # [A, keys]
+        torch.bfloat16 if cuda else torch.float32)
+
+    def sdpa_mask(q, k, v):
+        rows = bias.shape[1]
+        return F.scaled_dot_product_attention(q[None], k[None, :, :rows], v[None, :, :rows],
+                                              attn_mask=bias, scale=scale,
+                                              enable_gqa=True)[0]
+
+    variants: dict[str, Callable] = {}
+    if cuda:
+        plan = att.FlexPlan(pos, n, None, attended_keys=0)
+        variants["flex 2x128"] = lambda q, k, v: plan.attend(q, k, v, scale)
+        variants["flex unpadded"] = _flex_rows(pos, n, keys, scale, -(-a // 16) * 16, {})
+        variants["flex 64x64"] = _flex_rows(pos, n, keys, scale, plan_rows(a),
+                                            {"BLOCK_M": 64, "BLOCK_N": 64})
+    variants["sdpa mask"] = sdpa_mask
+    if cuda and bool((pos[1:] - pos[:-1] == 1).all()):  # contiguous to the end: reuse's
+        right = att.LowerRightPlan(a, n)
+        variants["sdpa lower-right"] = lambda q, k, v: right.attend(q, k, v, scale)
+    return variants
+
+
+def plan_rows(a: int) -> int:
+    """The query rows ``FlexPlan`` pads to: at least two tiles."""
+    return max(2, -(-a // att.FLEX_BLOCK)) * att.FLEX_BLOCK
+
+
+def _flex_rows(pos: torch.Tensor, n: int, keys: int, scale: float, rows: int,
+               options: dict) -> Callable:
+    """FlexAttention over the same exact mask with the queries padded to ``rows`` and
+    ``options`` for its kernel."""
+    mask = att.block_mask_rows(pos, n, keys, None, rows)
+    flex = att.flex_kernel()
+    if flex is None:
+        raise RuntimeError("FlexAttention is not usable here")
+
+    def call(q, k, v):
+        a = q.shape[1]
+        qp = F.pad(q, (0, 0, 0, rows - a))  # [H, rows, D]
+        o = flex(qp[None], k[None], v[None], block_mask=mask, scale=scale, enable_gqa=True,
+                 kernel_options=options or None)
+        return o[0, :, :a]
+
+    return call
+
+
+def _time(call: Callable[[], object]) -> float:
+    """Microseconds per call: the median of ``CALLS`` after three warm calls."""
+    for _ in range(3):
+        call()
+    sync()
+    times = []
+    for _ in range(CALLS):
+        if torch.cuda.is_available():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        else:
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
