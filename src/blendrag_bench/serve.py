@@ -45,12 +45,16 @@ MODES = {"full": BlendConfig(mode="full"), "default": BlendConfig()}
 @dataclass(frozen=True)
 class ServeBenchConfig:
     """users: closed-loop user counts; rates: Poisson arrival rates (requests/s);
-    requests: requests per run; passages/passage_tokens: each prompt's retrieved passages;
-    answer_tokens: tokens decoded per answer; modes: names in ``MODES``."""
+    requests: requests per run (the baseline's); rounds: a served run sends the requests this
+    many times over (closed-loop users all start at once: with one request each, every TTFT
+    is the opening burst's; past their first, users keep their own rhythm);
+    passages/passage_tokens: each prompt's retrieved passages; answer_tokens: tokens decoded
+    per answer; modes: names in ``MODES``."""
 
     users: tuple[int, ...] = (1, 2, 4)
     rates: tuple[float, ...] = ()
     requests: int = 8
+    rounds: int = 1
     passages: int = 5
     passage_tokens: int = 100
     answer_tokens: int = 32
@@ -68,7 +72,8 @@ class ServeBenchConfig:
             raise ValueError("give at least one user count or arrival rate")
         if any(u < 1 for u in self.users) or any(not r > 0 for r in self.rates):
             raise ValueError(f"users must be >= 1 and rates > 0, got {self.users}, {self.rates}")
-        for name in ("requests", "passages", "passage_tokens", "answer_tokens", "max_seqs"):
+        for name in ("requests", "rounds", "passages", "passage_tokens", "answer_tokens",
+                     "max_seqs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         unknown = set(self.modes) - set(MODES)
@@ -216,8 +221,8 @@ def summary(name: str, served: list[Served], wall: float, base: list[Served] | N
     gaps = [g for s in served for g in s.gaps]
     if gaps:  # the longest waits a reader saw between two pieces of text
         row["gap_p99_s"], row["gap_max_s"] = _pct(gaps, 99), max(gaps)
-    if base is not None and base_wall is not None:
-        row["throughput_x"] = base_wall / wall
+    if base is not None and base_wall is not None:  # requests/s: runs of other lengths
+        row["throughput_x"] = row["requests_per_s"] / (len(base) / base_wall)
         row["ttft_p95_x"] = row["ttft_p95_s"] / _pct([s.ttft for s in base], 95)
         row["tpot_p50_x"] = _pct([s.tpot for s in base], 50) / row["tpot_p50_s"]
     if want is not None:
@@ -275,7 +280,7 @@ def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLa
     engine.generate(layouts[0], blend, gen)  # warm: the first request's one-off costs
     cpu = _cpu_s()
     base, base_wall = one_at_a_time(engine, layouts, blend, gen)
-    want = [s.tokens for s in base]
+    sent, want = layouts * cfg.rounds, [s.tokens for s in base] * cfg.rounds
     yield _busy(summary("one at a time", base, base_wall, None, None, None), _cpu_s() - cpu)
     if engine.device.type == "cuda":  # untimed: the batched steps' CUDA graphs, each shape
         # captured at its second use, are captured here rather than inside a timed run
@@ -291,10 +296,10 @@ def _mode_rows(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLa
 
     for users in cfg.users:
         yield row(f"{users} users",
-                  partial(closed_loop, scheduler, engine, layouts, blend, gen, users))
+                  partial(closed_loop, scheduler, engine, sent, blend, gen, users))
     for rate in cfg.rates:
         yield row(f"poisson {rate:g}/s",
-                  partial(poisson, scheduler, engine, layouts, blend, gen, rate, cfg.seed))
+                  partial(poisson, scheduler, engine, sent, blend, gen, rate, cfg.seed))
 
 
 def _cpu_s() -> float:

@@ -24,6 +24,10 @@ def register(bench: argparse._SubParsersAction) -> None:
     s.add_argument("--rates", type=csv_of(float), default=(),
                    help="comma-separated Poisson arrival rates, requests/s (default: none)")
     s.add_argument("--requests", type=int, default=8, help="requests per run (default: 8)")
+    s.add_argument("--rounds", type=int, default=1,
+                   help="served runs send the requests this many times over: past their "
+                        "first request the users keep their own rhythm, and 'after each "
+                        "user's first' reports that (default: 1)")
     s.add_argument("--passages", type=int, default=5,
                    help="retrieved passages per prompt (default: 5)")
     s.add_argument("--passage-tokens", type=int, default=100,
@@ -59,6 +63,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         cfg = ServeBenchConfig(users=args.users, rates=args.rates, requests=args.requests,
+                               rounds=args.rounds,
                                passages=args.passages, passage_tokens=args.passage_tokens,
                                answer_tokens=args.answer_tokens,
                                modes=tuple(m for m in args.modes.split(",") if m),

@@ -35,6 +35,20 @@ def test_runs_side_by_side_with_the_baseline():
             assert "ttft_p95_later_s" not in row
 
 
+def test_rounds_serve_the_requests_again_past_each_users_first():
+    """With rounds, every user past its first request keeps its own rhythm: the served runs
+    send the requests that many times over (each still answered as alone), and their
+    throughput is requests per second against the baseline's."""
+    engine = BlendEngine.from_pretrained("demo", device="cpu")
+    rows = run(engine, ServeBenchConfig(users=(3,), modes=("default",), rounds=2, **SMALL))
+    base, served = rows
+    assert base["requests"] == 3 and served["requests"] == 6
+    assert served["same_answer"] == 6  # the requests in each round answered as alone
+    assert served["ttft_p95_later_s"] > 0  # 3 of the 6 came after their user's first
+    assert served["throughput_x"] == pytest.approx(
+        served["requests_per_s"] / base["requests_per_s"])
+
+
 def test_answers_that_part_say_where():
     """An answer unlike alone's is reported with the first tokens and the leading tokens
     shared (bf16 on a GPU parts answers where a batch rounds otherwise)."""
@@ -53,7 +67,7 @@ def test_answers_that_part_say_where():
 
 def test_bad_settings_are_refused():
     for bad in ({"users": (), "rates": ()}, {"users": (0,)}, {"rates": (-1.0,)},
-                {"modes": ("fast",)}, {"requests": 0}):
+                {"modes": ("fast",)}, {"requests": 0}, {"rounds": 0}):
         with pytest.raises(ValueError):
             ServeBenchConfig(**bad)
 

@@ -56,7 +56,7 @@ PHASES = {
     "ttft-16k": ("ttft-16k.txt", 60),
     "decode": ("decode.txt", 100),  # the 7B-shaped model's build (~15 s), graph capture, HF
     # many users through the scheduler against one at a time (its report follows decoding's)
-    "serve": ("decode.txt", 120),
+    "serve": ("decode.txt", 160),
     "chat": ("chat.txt", 120),  # two workloads: the same passages, new ones every turn
     "loading": ("loading.txt", 75),  # disk and RAM tiers to the device, then bench ttft --tier disk
     # FlexAttention and candidates per call at the captured passes' shapes (it compiles three
