@@ -109,8 +109,8 @@ def test_only_requests_alone_at_their_steady_state_are_measured():
     costs = DeviceCosts(2, {k: PassCost(1e-3, 0, 0) for k in ("causal", "tail", "scattered")})
     choice = ModeChoice("reuse", "reuse", 0.0, 0.0, 0.010, 0.050, 0)
     # a pass captured now, or seen once and run by the layer loop: far slower than a replay
-    observe_choice(costs, choice, _timed(0.500, settling_passes=1))
-    observe_choice(costs, choice, _timed(0.400, settling_passes=2))
+    observe_choice(costs, choice, _timed(0.500, warming_passes=1))
+    observe_choice(costs, choice, _timed(0.400, warming_passes=2))
     observe_choice(costs, choice, _timed(0.300, packed_requests=3))  # its pass time shared
     assert costs.overhead("reuse") == 0.0 and "reuse" not in costs._gaps
     # its own work: no time queued, none left to the requests served beside it
@@ -128,7 +128,7 @@ def test_only_requests_alone_at_their_steady_state_are_measured():
 
 def test_the_first_passes_of_a_shape_teach_the_profile_nothing(model_dir):
     """A captured pass's shape seen the first time runs the layer loop (on CUDA; here the
-    static pass is told to wait once, as it does there): that request is settling, not
+    static pass is told to wait once, as it does there): that request is warming, not
     measured; the next one is."""
     free = DeviceCosts(3, {"causal": PassCost(2e-6, 0, 0), "tail": PassCost(1e-6, 0, 0),
                            "scattered": PassCost(1e-6, 0, 0)})
@@ -146,10 +146,10 @@ def test_the_first_passes_of_a_shape_teach_the_profile_nothing(model_dir):
     passes.run = first_twice_none  # type: ignore[method-assign]
     config = BlendConfig(mode="reuse")
     first = engine.prefill(layout, config)
-    assert first.stats.compute.settling_passes == 1 and first.stats.mode == "reuse"
+    assert first.stats.compute.warming_passes == 1 and first.stats.mode == "reuse"
     assert "reuse" not in free._gaps
     second = engine.prefill(layout, config)  # the static pass: its steady state, measured
-    assert second.stats.compute.settling_passes == 0
+    assert second.stats.compute.warming_passes == 0
     assert free._gaps["reuse"][0] == 1
     assert torch.allclose(first.logits, second.logits, atol=1e-5, rtol=0)
 

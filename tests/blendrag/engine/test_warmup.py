@@ -163,3 +163,40 @@ def test_from_pretrained_warms_up_when_asked(model_dir):
     assert report is not None and set(report.steps) == {"profile", "reuse 96 cold",
                                                           "reuse 96 warm"}
     assert tiny_engine(model_dir).warmup_report is None  # off unless asked
+
+
+def test_a_warm_run_repeats_while_its_passes_are_warming(model_dir):
+    """On CUDA a static pass's shape runs the layer loop when seen once and is captured the
+    second time; warm-up repeats a warm prefill until its passes replay, so that the cost
+    profile (which counts no warming request) learns each mode at its steady state at load.
+    Here the static pass is told to wait twice per shape, as on CUDA."""
+    from blendrag import ComputeConfig
+    from blendrag.engine.selection.controller import LoadingConfig
+    from blendrag.engine.selection.costs import DeviceCosts, PassCost
+
+    engine = tiny_engine(model_dir, compute=ComputeConfig(passes="graph"),
+                         loading=LoadingConfig(full_when_faster=True))
+    costs = DeviceCosts(3, {k: PassCost(1e-6, 0, 0) for k in ("causal", "tail", "scattered")})
+    engine.runner.cost_profile = costs
+    passes = engine.runner.static_passes
+    replay, seen = passes.run, {}
+
+    def twice_none(plan, fused, observers=()):  # a shape seen once, then captured
+        shape = (plan.active.shape[0], len(observers))
+        seen[shape] = seen.get(shape, 0) + 1
+        return None if seen[shape] <= 2 else replay(plan, fused, observers)
+
+    passes.run = twice_none  # type: ignore[method-assign]
+    ran = []
+
+    def prefill(layout, blend, extra):
+        pre = engine.prefill(layout, blend, extra)
+        ran.append((blend.label, pre.stats.compute.warming_passes))
+        return pre
+
+    config = dataclasses.replace(SMALL, prompt_tokens=(96,), profile=False,
+                                 configs=(BlendConfig(mode="reuse"),))
+    warm_up(engine.runner, prefill, 50, config, settle=engine.cache.backfill.wait)
+    # the cold run (its chunks in no store: a full prefill), then warming twice, then steady
+    assert [w for _, w in ran] == [0, 1, 1, 0]
+    assert costs._gaps["reuse"][0] == 1  # learnt from the steady run only

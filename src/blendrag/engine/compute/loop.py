@@ -53,13 +53,13 @@ class LoopPlan:
 
 @dataclass
 class LoopResult:
-    """hidden: [hidden] the last position's final-normed hidden state. settling: the pass ran
+    """hidden: [hidden] the last position's final-normed hidden state. warming: the pass ran
     as its shape will not from now on (a captured pass's shape seen the first time ran the layer
     loop, or was captured now: engine/compute/static_pass.py), so its time is no steady-state
     figure to learn from."""
 
     hidden: torch.Tensor
-    settling: bool = False
+    warming: bool = False
 
 
 class ActiveTokens:

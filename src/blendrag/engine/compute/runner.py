@@ -210,7 +210,7 @@ class ModelRunner:
             if out is not None:
                 return out
             out = run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
-            out.settling = True  # its shape seen once: captured when it comes again
+            out.warming = True  # its shape seen once: captured when it comes again
             return out
         return run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
 

@@ -147,7 +147,7 @@ class StaticPasses:
         st.pos[a:].fill_(rows - 1)
         st.at[a:].fill_(fused.capacity - 1)  # past the whole prompt (a bridge's n is not)
         st.last.fill_(a - 1)
-        settling = capture and st.graph is None  # captured now (or failing to be)
+        warming = capture and st.graph is None  # captured now (or failing to be)
         hidden = self._replay(st) if capture else self._step(st)
         fused.length = n
         self.ran += 1
@@ -156,7 +156,7 @@ class StaticPasses:
                 o.count_pass(plan.active, self._windows)
             elif isinstance(o, KeyAttention) and st.scored is not None:
                 o.take_pass(st.scored[:, :n].clone())  # the shape's buffer: the next pass's
-        return LoopResult(hidden=hidden, settling=settling)
+        return LoopResult(hidden=hidden, warming=warming)
 
     @property
     def shapes(self) -> int:

@@ -282,7 +282,7 @@ def _fill_head(parts: Parts, req: Request, opened: Opened, running: Running) -> 
         ids = torch.tensor(req.layout.ids[:first.rows], device=dev)
         out = parts.runner.run(LoopPlan(ids, torch.arange(first.taken, first.rows, device=dev)),
                                running.fused, running.rope, (), _clock(req))
-        req.stats.compute.settling_passes += out.settling
+        req.stats.compute.warming_passes += out.warming
 
 
 def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:

@@ -93,8 +93,8 @@ class ComputeStats:
     bridged_tokens: tokens computed (at every layer) after the prefix cache's rows to the end
     of the piece those rows stop in (engine/request/head.py); packed_requests: the requests
     whose main passes ran in one forward with its own, itself included (1: alone;
-    engine/request/packing.py); settling_passes: its passes whose shape was seen for the first
-    time or captured now (``LoopResult.settling``: its time is no steady-state one)."""
+    engine/request/packing.py); warming_passes: its passes whose shape was seen for the first
+    time or captured now (``LoopResult.warming``: its time is no steady-state one)."""
 
     layers: int = 0
     computed_per_layer: list[int] = field(default_factory=list)
@@ -104,7 +104,7 @@ class ComputeStats:
     preview_attended_keys: int = 0
     bridged_tokens: int = 0
     packed_requests: int = 1
-    settling_passes: int = 0
+    warming_passes: int = 0
 
 
 @dataclass

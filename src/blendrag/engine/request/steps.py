@@ -45,12 +45,12 @@ takes its ``LoopResult`` (or has the pass's error thrown in), and returns the re
 
 def stop_at(cached: CachedPass, stats: RequestStats) -> Steps[LoopResult]:
     """Stop at ``cached`` for whoever runs it -> its result; the time it waited there for the
-    requests run with it goes to ``stats.timing.waited_s``, a settling pass to
-    ``stats.compute.settling_passes``."""
+    requests run with it goes to ``stats.timing.waited_s``, a warming pass to
+    ``stats.compute.warming_passes``."""
     t0 = time.perf_counter()
     out = yield cached
     stats.timing.waited_s += max(time.perf_counter() - t0 - cached.pass_s, 0.0)
-    stats.compute.settling_passes += out.settling
+    stats.compute.warming_passes += out.warming
     return out
 
 

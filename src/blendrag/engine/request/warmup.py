@@ -32,6 +32,7 @@ import torch
 from blendrag.config import DEFAULT_GENERATION, BlendConfig
 from blendrag.engine.compute import compile_cache
 from blendrag.engine.compute.runner import ModelRunner
+from blendrag.engine.compute.static_pass import CAPTURE_AT
 from blendrag.engine.request.prefill import Prefill
 from blendrag.prompt import PromptLayout
 
@@ -152,11 +153,15 @@ def synthetic_layout(tokens: int, chunks: int, suffix: int, vocab: int) -> Promp
 def _warm(runner: ModelRunner, prefill: PrefillFn, layout: PromptLayout, config: BlendConfig,
           tokens: int, room: int) -> None:
     """A warm request: ``layout``'s chunks stored, the prefill with ``room`` rows for its
-    answer, then ``tokens`` decoded. With
-    static passes the prefill runs twice: its shape is captured the second time
-    (engine/compute/static_pass.py), here rather than by a user's request."""
+    answer, then ``tokens`` decoded. With static passes the prefill runs again while its passes
+    are warming (on CUDA a shape seen once runs the layer loop, the second time it is captured:
+    engine/compute/static_pass.py), here rather than in a user's request, and once more at its
+    steady state: the first time the cost profile learns what the mode takes beyond its passes
+    (``costs.observe_choice`` counts no warming request)."""
     pre = prefill(layout, config, room)
-    if runner.static_passes is not None:
+    for _ in range(CAPTURE_AT if runner.static_passes is not None else 0):
+        if not pre.stats.compute.warming_passes:
+            break
         del pre  # its buffer free for the next prefill
         pre = prefill(layout, config, room)
     token = int(pre.logits.argmax())

@@ -276,7 +276,7 @@ def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats)
     # its steady state (not one whose shape is being captured).
     token_layers = 0
     if stats.mode in ("blend", "reuse") and compute.packed_requests == 1 \
-            and not compute.settling_passes:
+            and not compute.warming_passes:
         token_layers = sum(compute.computed_per_layer) + compute.preview_tokens * compute.layers
     controller.observe(feed.tier_s, feed.tier_bytes, loading.compute_s, token_layers,
                        feed.place_s, stats.cache.tokens_reused * compute.layers)

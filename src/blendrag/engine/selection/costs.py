@@ -246,8 +246,8 @@ def observe_choice(costs: DeviceCosts, choice: ModeChoice, stats: RequestStats) 
     by the layer loop until it is, launches every kernel from Python: on a GPU it is several
     times slower than its replays. Counted, it could make a mode look slower than a full
     prefill, and once the mode runs full its gap is never measured again: the warm-up's
-    settling requests would decide every later one."""
-    if stats.compute.settling_passes or stats.compute.packed_requests > 1:
+    warming requests would decide every later one."""
+    if stats.compute.warming_passes or stats.compute.packed_requests > 1:
         return
     passes = choice.full_passes_s if choice.ran != choice.asked else choice.passes_s
     costs.observe(choice.ran, passes, stats.timing.work_s)
