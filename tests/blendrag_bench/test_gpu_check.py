@@ -38,7 +38,10 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
                    "decode: 4 requests' step vs one (slab)"):
         assert f"| {figure} |" in summary
     assert "| exactness checks failed | 0 | 0 | PASS |" in summary
-    assert "| serve 4 users, full: same answers as alone | 4/4 | all | PASS |" in summary
+    # 4 prompts, served twice over (--small's rounds): 4 users past their first request
+    assert "| serve 4 users, full: same answers as alone | 8/8 | all | PASS |" in summary
+    assert "| serve 4 users, default: p95 TTFT vs alone, after each user's first |" in summary
+    assert "attention reuse, sdpa mask (us)" in summary
     for name in PHASES:  # every phase says whether it gave a fast path up (none on a CPU)
         assert f"| {name}: slower paths taken (warnings) | 0 | 0 | PASS |" in summary, summary
     ttft = (out / "ttft-3k.txt").read_text()  # the cold start, then the 3k phase
