@@ -102,8 +102,9 @@ def test_cached_modes_add_few_ops_per_layer_over_a_full_prefill(counts):
     assert per_layer(counts, "epic") <= 1.25 * full  # a static selector: one pass
     assert per_layer(counts, "cacheblend") <= 1.25 * full
     # the default runs two passes, the preview pass and the blend pass, each of a full layer's
-    # ops but the preview's attention (explicit: its probabilities are the selector's scores)
-    assert per_layer(counts, "default") <= 2 * full
+    # ops but the preview's attention (explicit: its probabilities are the selector's scores;
+    # a few ops more than one fused call)
+    assert per_layer(counts, "default") <= 2 * full + 4
 
 
 @pytest.mark.parametrize("name", list(MODES))

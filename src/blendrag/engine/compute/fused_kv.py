@@ -17,6 +17,9 @@ from blendrag.engine.compute.observers import OFF, PhaseClock
 from blendrag.model.rope import RopeTable
 from blendrag.store.layered import LayeredEntry
 
+# (the tensor the views were made of, each layer's keys, each layer's values)
+_LayerViews = tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
+
 
 @dataclass
 class CachedSegment:
@@ -59,6 +62,8 @@ class FusedKV:
         # capacity]
         self.ape: Ape | None = None
         self.ape_stale: torch.Tensor | None = None
+        self._views: _LayerViews | None = None  # ``layer``'s, made at its first call
+        self._base_views: _LayerViews | None = None
 
     @classmethod
     def over(cls, k: torch.Tensor, v: torch.Tensor,
@@ -69,6 +74,7 @@ class FusedKV:
         fused.base = base if base is not None else (k, v)
         fused.ape, fused.ape_stale = None, None
         fused._written = None
+        fused._views = fused._base_views = None
         return fused
 
     @property
@@ -155,8 +161,28 @@ class FusedKV:
 
     def write(self, layer: int, pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """pos: [A] positions; k, v: [Hkv, A, D] (k rotated)."""
-        self.k[layer].index_copy_(1, pos, k)
-        self.v[layer].index_copy_(1, pos, v)
+        k_rows, v_rows = self.layer(layer)
+        k_rows.index_copy_(1, pos, k)
+        v_rows.index_copy_(1, pos, v)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s keys and values, [Hkv, capacity, D] views. Every layer's are made at
+        once, at the first call over this storage: a loop writing a layer's rows and attending
+        over them would otherwise make each view again (a host dispatch each, per layer and per
+        request packed into a forward)."""
+        views = self._views
+        if views is None or views[0] is not self.k:
+            views = self._views = (self.k, self.k.unbind(0), self.v.unbind(0))
+        return views[1][i], views[2][i]
+
+    def base_layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``layer`` over ``base``, the whole buffer: what kernels that read whole key blocks
+        attend over."""
+        views = self._base_views
+        if views is None or views[0] is not self.base[0]:
+            k, v = self.base
+            views = self._base_views = (k, k.unbind(0), v.unbind(0))
+        return views[1][i], views[2][i]
 
     def rows(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v of ``layer`` for positions [0, n): [Hkv, n, D] each (views)."""

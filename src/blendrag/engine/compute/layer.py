@@ -30,8 +30,8 @@ def attend(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedK
     """Attention of q: [H, A, D] over the fused KV of ``layer_idx`` -> o: [H, A, D], as
     ``plan`` says (engine/compute/attention.py: built once for the positions of q). The plan gets
     the layer's whole buffer (its keys past the prompt are never visible)."""
-    k, v = fused.base
-    return plan.attend(q, k[layer_idx], v[layer_idx], adapter.scaling)
+    k, v = fused.base_layer(layer_idx)
+    return plan.attend(q, k, v, adapter.scaling)
 
 
 def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedKV,
@@ -41,7 +41,7 @@ def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused:
     q: [H, A, D] over keys [0, n) with ``bias`` (``attention.score_bias`` of their positions)
     -> o: [H, A, D] and per_key: [n] float32 (the probabilities summed over heads and
     queries)."""
-    k, v = fused.k[layer_idx, :, :n], fused.v[layer_idx, :, :n]  # [Hkv, n, D]
+    k, v = (x[:, :n] for x in fused.layer(layer_idx))  # [Hkv, n, D]
     heads, a, d = q.shape
     probs = _grouped_probs(q, k, adapter.scaling, adapter.attn_softcap, bias)  # [Hkv, g*A, n]
     o = _as(probs, v.dtype) @ v  # [Hkv, g*A, D]

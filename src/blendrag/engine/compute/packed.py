@@ -75,14 +75,12 @@ def run_packed(adapter: LlamaAdapter, lanes: Sequence[Lane],
         q, k, k_pre, v = project(adapter, layer, h, _rotation(rows, i))  # q: [H, sum A, D]
         outs: list[torch.Tensor] = []
         kept: list[Lane] = []
-        start = 0
-        for j, lane in zip(live, rows):
-            end = start + _h(lane).shape[0]
-            part = slice(start, end)
-            start = end
+        # each lane's rows, split once per layer (not sliced per lane: a host dispatch each)
+        sizes = [_h(lane).shape[0] for lane in rows]
+        parts = zip(*(x.split(sizes, dim=1) for x in (q, k, k_pre, v)))
+        for j, lane, (q_j, k_j, k_pre_j, v_j) in zip(live, rows, parts):
             try:
-                o = _own(adapter, lane, i, check[j], q[:, part], k[:, part], k_pre[:, part],
-                         v[:, part])
+                o = _own(adapter, lane, i, check[j], q_j, k_j, k_pre_j, v_j)
             except Exception as exc:  # this request's own step: it leaves, the others go on
                 lane.error = exc
                 continue
