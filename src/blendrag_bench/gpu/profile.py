@@ -3,8 +3,9 @@ of one warm request of each mode; the top ops by device time, the kernel launche
 syncs counted (a request of this size is bound by them on a GPU); on a GPU, the top ops by
 the host's time as well. The default runs first (the phase has a cap, and the default's time
 at 3k is the one its parts do not explain: on an H200 its phases summed to 64 ms and its
-requests took 90-95), with the host's time per function as well (``cProfile``: what the host
-waits in, queues and threads included)."""
+requests took 90-95), with its timeline (the host's long events and the device's bursts of
+kernels, in time order) and the host's time per function (``cProfile``: what the host waits
+in, queues and threads included)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pstats
 from collections.abc import Callable
 from functools import partial
 
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from blendrag.config import BlendConfig
@@ -23,6 +25,7 @@ from blendrag_bench.ttft import build_engine, random_layout
 MODES = (BlendConfig(), BlendConfig(mode="reuse"), BlendConfig(selector="epic", ratio=0.15),
          BlendConfig(mode="full"), BlendConfig(mode="prefix"))
 HOST_FUNCTIONS = 30  # rows of the default's host profile
+HOST_MS, GAP_MS = 0.3, 1.0  # the default's timeline: host events shown, device gaps
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
          "aten::_local_scalar_dense")
@@ -54,6 +57,7 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
             emit(events.table(sort_by="self_cpu_time_total", row_limit=12,
                               max_name_column_width=60))
         if config == BlendConfig():
+            emit(timeline(prof.events()))
             emit(host_profile(partial(engine.prefill, layout, config)))
         out[f"{config.label} kernel launches"] = (float(launches), "", None)
         out[f"{config.label} host syncs"] = (float(syncs), "", None)
@@ -72,3 +76,34 @@ def host_profile(request: Callable[[], object]) -> str:
     stats = pstats.Stats(profiler, stream=text).sort_stats("cumulative")
     stats.print_stats("blendrag|threading|queue|torch|cuda", HOST_FUNCTIONS)
     return "host time per function (cProfile, one request):\n" + text.getvalue()
+
+
+def timeline(events) -> str:
+    """One profiled request in time order: the host's top-level events of ``HOST_MS`` or more
+    (what it waited in, and when), and on a GPU the device's bursts of kernels with the idle
+    gaps between them (a gap of ``GAP_MS`` or more ends a burst): where neither side works."""
+    host = sorted((e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None),
+                  key=lambda e: e.time_range.start)
+    if not host:
+        return "timeline: no host events"
+    t0 = host[0].time_range.start
+    lines = [f"timeline (ms from the request's start): host events of {HOST_MS} ms or more"]
+    lines += [f"  {(e.time_range.start - t0) / 1e3:8.2f} +{e.time_range.elapsed_us() / 1e3:7.2f}"
+              f"  {e.name[:70]}" for e in host if e.time_range.elapsed_us() >= HOST_MS * 1e3]
+    kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    if kernels:
+        lines.append(f"device: bursts of kernels, a gap of {GAP_MS} ms or more between two "
+                     "(start, end, kernels, busy ms)")
+        burst: list = []
+        for k in kernels + [None]:
+            if burst and (k is None or k.time_range.start - burst[-1].time_range.end
+                          >= GAP_MS * 1e3):
+                start, end = burst[0].time_range.start, max(b.time_range.end for b in burst)
+                busy = sum(b.time_range.elapsed_us() for b in burst)
+                lines.append(f"  {(start - t0) / 1e3:8.2f} .. {(end - t0) / 1e3:8.2f}"
+                             f"  {len(burst):5d}  {busy / 1e3:7.2f}")
+                burst = []
+            if k is not None:
+                burst.append(k)
+    return "\n".join(lines)
