@@ -199,3 +199,30 @@ def test_a_bridge_after_cached_rows_writes_no_padding_into_the_chunks_after_it(c
     assert torch.allclose(got.logits, want.logits, atol=1e-5, rtol=0)
     n = b.num_tokens
     assert torch.allclose(got.fused.k[:, :, :n], want.fused.k[:, :, :n], atol=1e-5, rtol=0)
+
+
+def test_a_capture_out_of_memory_is_tried_again_later_and_later(engine_for):
+    """A shape whose capture runs out of device memory runs eagerly (exact) and is tried again
+    after 2, then 4, then 8 more passes of it (each try runs the pass three times), never given
+    up for good as a capture error of another kind is. (Captures are CUDA's; the bookkeeping is
+    the pass's own, checked here.)"""
+    engine = engine_for("llama", compute=STATIC)
+    passes = engine.runner.static_passes
+    fused = engine.runner.buffer(200)
+    st = passes._state(fused, 16, 192, False)
+
+    def out_of_memory(_):
+        raise torch.OutOfMemoryError("no room for the graph's pool")
+
+    passes._capture = out_of_memory  # type: ignore[method-assign]
+    waits = []
+    for seen in (2, 4, 8):
+        st.seen = seen
+        hidden = passes._replay(st)  # the pass run eagerly, as the layer loop would
+        assert hidden.shape == (engine.model.config.hidden_size,) and torch.isfinite(hidden).all()
+        waits.append(st.retry_at - seen)
+        assert not passes.failed and st.graph is None
+    assert waits == [2, 4, 8]
+    passes._capture = lambda _: (_ for _ in ()).throw(RuntimeError("not capturable"))
+    passes._replay(st)
+    assert passes.failed  # any other error: the layer loop from then on

@@ -88,6 +88,8 @@ class _Pass:
     last: torch.Tensor  # [1] long: the index of the last real token
     scored: torch.Tensor | None = None  # [layers, rows] float32: attention paid each key
     seen: int = 0
+    retry_at: int = CAPTURE_AT  # the shape's pass captured once it is seen this often
+    backoff: int = 1  # passes of the shape waited after the last capture out of memory
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None  # the graph's hidden state
 
@@ -134,7 +136,7 @@ class StaticPasses:
         st = self._state(fused, tokens, rows, scored)
         st.seen += 1
         capture = self.graphs and st.k.device.type == "cuda"
-        if capture and st.graph is None and st.seen < CAPTURE_AT:
+        if capture and st.graph is None and st.seen < st.retry_at:
             return None
         if plan.feed is not None and plan.feed.segments:  # every layer's rows, on the device
             for i in range(self.adapter.num_layers):
@@ -266,8 +268,11 @@ class StaticPasses:
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
                 log.warning("cached passes run the layer loop: a CUDA graph could not be "
                             "captured (%s: %s)", type(exc).__name__, exc)
-                # out of memory: this pass only (captured again later); else for good
+                # out of memory: tried again later, the wait doubling (2, 4, 8... passes of
+                # the shape: each try runs the pass three times); else for good
                 self.failed = not isinstance(exc, torch.OutOfMemoryError)
+                st.backoff *= 2
+                st.retry_at = st.seen + st.backoff
                 return self._step(st)  # this pass's rows are placed already: finished here
         st.graph.replay()
         self.replays += 1
