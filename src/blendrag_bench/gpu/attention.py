@@ -24,8 +24,6 @@ one. On a CPU (``--small``) only the SDPA rows run (FlexAttention is the CUDA ke
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 
@@ -35,6 +33,7 @@ import torch.nn.functional as F
 from blendrag.engine.compute import attention as att
 from blendrag.engine.compute.buckets import row_bucket
 from blendrag_bench.gpu.shapes import SEVEN_B, TINY, sync
+from blendrag_bench.timing import median_time
 
 SUFFIX = 64
 CASES = (("3k reuse", 3168, 0.0), ("3k blend@15%", 3168, 0.15), ("3k blend@20%", 3168, 0.20),
@@ -103,18 +102,13 @@ def _variants(pos: torch.Tensor, n: int, keys: int, scale: float,
         plan = att.FlexPlan(pos, n, None, attended_keys=0)
         variants["flex 2x128"] = lambda q, k, v: plan.attend(q, k, v, scale)
         variants["flex unpadded"] = _flex_rows(pos, n, keys, scale, -(-a // 16) * 16, {})
-        variants["flex 64x64"] = _flex_rows(pos, n, keys, scale, plan_rows(a),
+        variants["flex 64x64"] = _flex_rows(pos, n, keys, scale, att.pad_rows(a),
                                             {"BLOCK_M": 64, "BLOCK_N": 64})
     variants["sdpa mask"] = sdpa_mask
     if cuda and bool((pos[1:] - pos[:-1] == 1).all()):  # contiguous to the end: reuse's
         right = att.LowerRightPlan(a, n)
         variants["sdpa lower-right"] = lambda q, k, v: right.attend(q, k, v, scale)
     return variants
-
-
-def plan_rows(a: int) -> int:
-    """The query rows ``FlexPlan`` pads to: at least two tiles."""
-    return max(2, -(-a // att.FLEX_BLOCK)) * att.FLEX_BLOCK
 
 
 def _flex_rows(pos: torch.Tensor, n: int, keys: int, scale: float, rows: int,
@@ -137,21 +131,6 @@ def _flex_rows(pos: torch.Tensor, n: int, keys: int, scale: float, rows: int,
 
 
 def _time(call: Callable[[], object]) -> float:
-    """Microseconds per call: the median of ``CALLS`` after three warm calls."""
-    for _ in range(3):
-        call()
-    sync()
-    times = []
-    for _ in range(CALLS):
-        if torch.cuda.is_available():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
-        else:
-            t0 = time.perf_counter()
-            call()
-            times.append((time.perf_counter() - t0) * 1e6)
-    return statistics.median(times)
+    """Microseconds per call: the median of ``CALLS`` after three warm calls, each between two
+    device syncs."""
+    return median_time(call, CALLS + 3, skip=3, sync=sync).seconds * 1e6

@@ -195,6 +195,18 @@ def test_the_score_bias_is_the_exact_mask_repeated_per_query_group():
     assert (probs.double() - ref[:, :, :n]).abs().max() < 2e-6
 
 
+def _flex_failing_with(monkeypatch, failing):
+    """FlexAttention replaced by ``failing``, and a flex plan of scattered queries over 300
+    keys: (pos, n, q, k, v, plan)."""
+    from blendrag.engine.compute import attention
+
+    monkeypatch.setattr(attention, "_FLEX", [failing])
+    n = 300
+    pos = positions("scattered", n)
+    q, k, v = tensors(pos.shape[0], n)
+    return pos, n, q, k, v, plan_attention(pos, n, None, "flex")
+
+
 @pytest.mark.parametrize("error, kept", [(torch.OutOfMemoryError("out of memory"), True),
                                          (RuntimeError("no compiler here"), False)])
 def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
@@ -207,11 +219,7 @@ def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
     def failing(*args, **kwargs):
         raise error
 
-    monkeypatch.setattr(attention, "_FLEX", [failing])
-    n = 300
-    pos = positions("scattered", n)
-    q, k, v = tensors(pos.shape[0], n)
-    plan = plan_attention(pos, n, None, "flex")
+    pos, n, q, k, v, plan = _flex_failing_with(monkeypatch, failing)
     with caplog.at_level("WARNING", logger="blendrag.engine.compute.attention"):
         out = plan.attend(q, k, v, SCALE)
     assert (out.double() - reference(q, k, v, pos, n)).abs().max() < 2e-6
@@ -223,7 +231,6 @@ def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
 def test_out_of_memory_leaves_flex_for_the_rest_of_the_pass_only(monkeypatch, caplog):
     """One plan serves every layer of a pass: out of device memory at one layer, the others
     take the row blocks at once (one warning, not one per layer); the next pass tries again."""
-    from blendrag.engine.compute import attention
 
     tried = []
 
@@ -231,11 +238,7 @@ def test_out_of_memory_leaves_flex_for_the_rest_of_the_pass_only(monkeypatch, ca
         tried.append(1)
         raise torch.OutOfMemoryError("out of memory")
 
-    monkeypatch.setattr(attention, "_FLEX", [failing])
-    n = 300
-    pos = positions("scattered", n)
-    q, k, v = tensors(pos.shape[0], n)
-    plan = plan_attention(pos, n, None, "flex")
+    pos, n, q, k, v, plan = _flex_failing_with(monkeypatch, failing)
     with caplog.at_level("WARNING", logger="blendrag.engine.compute.attention"):
         for _ in range(3):  # three layers
             out = plan.attend(q, k, v, SCALE)

@@ -223,6 +223,9 @@ def test_a_capture_out_of_memory_is_tried_again_later_and_later(engine_for):
         waits.append(st.retry_at - seen)
         assert not passes.failed and st.graph is None
     assert waits == [2, 4, 8]
-    passes._capture = lambda _: (_ for _ in ()).throw(RuntimeError("not capturable"))
+    def not_capturable(_):
+        raise RuntimeError("a kernel that cannot be captured")
+
+    passes._capture = not_capturable  # type: ignore[method-assign]
     passes._replay(st)
     assert passes.failed  # any other error: the layer loop from then on

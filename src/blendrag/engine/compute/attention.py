@@ -206,7 +206,7 @@ class FlexPlan(AttentionPlan):
         if flex is not None:
             try:
                 a, keys = q.shape[1], k.shape[1]
-                rows = max(2, -(-a // FLEX_BLOCK)) * FLEX_BLOCK
+                rows = pad_rows(a)
                 qp = F.pad(q, (0, 0, 0, rows - a))  # [H, rows, D]
                 o = flex(qp[None], k[None], v[None], block_mask=self.block_mask(keys),
                          scale=scale, enable_gqa=True)
@@ -227,9 +227,9 @@ class FlexPlan(AttentionPlan):
 
 
 def pad_rows(n: int) -> int:
-    """The rows of a request KV buffer made for ``n`` rows: whole FlexAttention key blocks, at
-    least two (``FlexPlan`` reads the whole buffer; fewer blocks would compile another
-    kernel)."""
+    """The rows of a request KV buffer made for ``n`` rows, or of ``FlexPlan``'s queries for
+    ``n`` queries: whole FlexAttention blocks, at least two (``FlexPlan`` reads the whole
+    buffer; fewer blocks would compile another kernel)."""
     return max(2, -(-n // FLEX_BLOCK)) * FLEX_BLOCK
 
 
@@ -291,8 +291,7 @@ def _attended(bounds: list[int], window: int | None) -> int:
 def _block_mask(pos: torch.Tensor, n: int, keys: int, window: int | None):
     """FlexAttention's ``BlockMask`` of queries at ``pos`` over ``keys`` key rows, the queries
     padded to at least two tiles (see ``FlexPlan``)."""
-    return block_mask_rows(pos, n, keys, window, max(2, -(-pos.shape[0] // FLEX_BLOCK))
-                           * FLEX_BLOCK)
+    return block_mask_rows(pos, n, keys, window, pad_rows(pos.shape[0]))
 
 
 def block_mask_rows(pos: torch.Tensor, n: int, keys: int, window: int | None, rows: int):

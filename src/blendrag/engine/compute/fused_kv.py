@@ -170,23 +170,25 @@ class FusedKV:
         once, at the first call over this storage: a loop writing a layer's rows and attending
         over them would otherwise make each view again (a host dispatch each, per layer and per
         request packed into a forward)."""
-        views = self._views
-        if views is None or views[0] is not self.k:
-            views = self._views = (self.k, self.k.unbind(0), self.v.unbind(0))
-        return views[1][i], views[2][i]
+        self._views = _per_layer(self._views, self.k, self.v)
+        return self._views[1][i], self._views[2][i]
 
     def base_layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``layer`` over ``base``, the whole buffer: what kernels that read whole key blocks
         attend over."""
-        views = self._base_views
-        if views is None or views[0] is not self.base[0]:
-            k, v = self.base
-            views = self._base_views = (k, k.unbind(0), v.unbind(0))
-        return views[1][i], views[2][i]
+        self._base_views = _per_layer(self._base_views, *self.base)
+        return self._base_views[1][i], self._base_views[2][i]
 
     def rows(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v of ``layer`` for positions [0, n): [Hkv, n, D] each (views)."""
         return self.k[layer, :, :n], self.v[layer, :, :n]
+
+
+def _per_layer(views: _LayerViews | None, k: torch.Tensor, v: torch.Tensor) -> _LayerViews:
+    """``views`` when they were made of ``k``, else ``k`` and ``v`` cut into their layers."""
+    if views is not None and views[0] is k:
+        return views
+    return k, k.unbind(0), v.unbind(0)
 
 
 class Extent:

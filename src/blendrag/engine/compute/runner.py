@@ -203,16 +203,16 @@ class ModelRunner:
                 return run_in_pieces(lambda piece, seen: run_layers(
                     self.adapter, piece, fused, rope, seen, OFF, self.kernel),
                     plan, observers, pieces, spans)
-        passes = self._passes
+        passes, warming = self._passes, False
         if (passes is not None and clock is OFF and self._pool.lent(fused)
                 and passes.takes(plan, fused, observers)):
             out = passes.run(plan, fused, observers)
             if out is not None:
                 return out
-            out = run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
-            out.warming = True  # its shape seen once: captured when it comes again
-            return out
-        return run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
+            warming = True  # its shape seen once: captured when it comes again
+        out = run_layers(self.adapter, plan, fused, rope, observers, clock, self.kernel)
+        out.warming = warming
+        return out
 
     def run_packed(self, lanes: Sequence[Lane]) -> list[LoopResult | BaseException]:
         """Several requests' plans, each over its own request KV, in one forward
