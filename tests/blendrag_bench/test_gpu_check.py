@@ -48,6 +48,26 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
     assert ttft.index("# cold:") < ttft.index("# ttft-3k:") and "first/warm" in ttft
     exactness = (out / "exactness.txt").read_text()
     assert exactness.count("[PASS]") >= 140 and "[FAIL]" not in exactness
+    assert "host reads (each a sync on a GPU):" in (out / "profile.txt").read_text()
+
+
+def test_a_requests_host_reads_are_named_by_the_package_sites_that_make_them():
+    import torch
+
+    from blendrag.engine.compute.observers import LayerCounts
+    from blendrag_bench.gpu.profile import sync_sites
+
+    def request():
+        counts = LayerCounts((2, 6))
+        counts.count_pass(torch.arange(8), [None, 4])  # one read back of every count
+        torch.tensor([1, 2])  # the bench's own: no site of the package's
+        return counts
+
+    text = sync_sites(request, cuda=False)
+    lines = text.splitlines()
+    assert lines[0] == "host reads (each a sync on a GPU): 1, by site (innermost frame first)"
+    assert lines[1].split()[:3] == ["1", "tolist", "@"]
+    assert "blendrag/engine/compute/observers.py:" in lines[1]
 
 
 def test_a_commands_output_goes_into_the_file_as_it_prints(tmp_path):

@@ -5,17 +5,23 @@ the host's time as well. The default runs first (the phase has a cap, and the de
 at 3k is the one its parts do not explain: on an H200 its phases summed to 64 ms and its
 requests took 90-95), with its timeline (the host's long events and the device's bursts of
 kernels, in time order) and the host's time per function (``cProfile``: what the host waits
-in, queues and threads included)."""
+in, queues and threads included). Each mode's host syncs are named by where the package makes
+them (``sync_sites``): on a GPU every call that waits for the device."""
 
 from __future__ import annotations
 
 import cProfile
 import io
 import pstats
+import traceback
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from functools import partial
 
+import torch
 from torch.autograd import DeviceType
+from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
 from blendrag.config import BlendConfig
@@ -56,12 +62,76 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
         if cuda:  # a request of this size is bound by the host: where its time goes there
             emit(events.table(sort_by="self_cpu_time_total", row_limit=12,
                               max_name_column_width=60))
+        emit(sync_sites(partial(engine.prefill, layout, config), cuda))
         if config == BlendConfig():
             emit(timeline(prof.events()))
             emit(host_profile(partial(engine.prefill, layout, config)))
         out[f"{config.label} kernel launches"] = (float(launches), "", None)
         out[f"{config.label} host syncs"] = (float(syncs), "", None)
     return out
+
+
+# what waits for the device on a GPU, seen on any device: reads of a tensor's values, and
+# tensors made from the host's data (on CUDA a blocking copy: it waits for the stream's work)
+HOST_READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
+              "__index__", "nonzero", "tensor"}
+PACKAGE = "/blendrag/"  # a site is the package's frames nearest the call (the bench's excluded)
+
+
+def _site(stack: list[traceback.FrameSummary]) -> str:
+    """The package's three innermost frames of ``stack`` (innermost first; "": none, a call
+    of the bench's own)."""
+    own = [f for f in stack if PACKAGE in f.filename.replace("\\", "/")][::-1][:3]
+    return " < ".join(f"{f.filename.rsplit('src/', 1)[-1]}:{f.lineno}" for f in own)
+
+
+class _HostReads(TorchFunctionMode):
+    """The sites of the package's calls in ``HOST_READS`` (what a CPU run can see)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: Counter[str] = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        if name in HOST_READS and (name != "tensor" or not isinstance(args[0], torch.Tensor)):
+            site = _site(traceback.extract_stack()[:-1])
+            if site:
+                self.sites[f"{name} @ {site}"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def sync_sites(request: Callable[[], object], cuda: bool) -> str:
+    """One ``request``'s host syncs by site: on CUDA each call that synchronizes with the
+    device (``torch.cuda.set_sync_debug_mode``: item, nonzero, a blocking copy either way),
+    elsewhere the calls that would (``HOST_READS``)."""
+    if not cuda:
+        reads = _HostReads()
+        with reads:
+            request()
+        return _sites_text("host reads (each a sync on a GPU)", reads.sites)
+    sites: Counter[str] = Counter()
+
+    def seen(message, category, filename, lineno, file=None, line=None):
+        site = _site(traceback.extract_stack()[:-1])
+        if site:
+            sites[site] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = seen
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            request()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return _sites_text("host syncs (torch.cuda.set_sync_debug_mode)", sites)
+
+
+def _sites_text(title: str, sites: Counter[str]) -> str:
+    lines = [f"{title}: {sum(sites.values())}, by site (innermost frame first)"]
+    lines += [f"  {n:4d}  {site}" for site, n in sites.most_common()]
+    return "\n".join(lines)
 
 
 def host_profile(request: Callable[[], object]) -> str:
