@@ -22,27 +22,17 @@ with this entry (``BlendEngine.prefill`` redoes the request with the chunk recom
 Reading speed (disk entries in the page cache): a layer is one ``preadv`` straight into the
 stacked buffer plus one xxh3-128 pass over it (tens of GB/s), and two things decide the rate.
 The buffer: fresh pageable memory faults in 4 KiB at a time during the read (about 2 GB/s,
-slower than the copy itself), so it is page-locked memory when this process uses CUDA (torch's
-pinned allocator hands freed blocks out again, already mapped, and pinned memory is what a
-copy to the device wants) and otherwise memory advised for huge pages (``host_buffer``). And
-one thread copies from the page cache at a few GB/s: an entry whose reader takes concurrent
-positioned reads (an entry file) has its layers read and verified ahead by a small pool of
-threads shared by every entry, lowest layer first across the entries open at once (the order
-the layer loop asks in). ``layer(i)`` still returns only once layer i is read and verified, and
+slower than the copy itself), so it is page-locked or huge-paged (``host_buffer``,
+store/host_memory.py). And one thread copies from the page cache at a few GB/s: an entry whose
+reader takes concurrent positioned reads (an entry file) has its layers read and verified ahead
+by a small pool of threads shared by every entry (store/read_ahead.py). ``layer(i)`` still returns only once layer i is read and verified, and
 raises that read's error, as if it had read the layer itself; ``close`` drops the reads not
 started and waits for those under way.
 """
 
 from __future__ import annotations
 
-import atexit
-import ctypes
-import mmap
-import os
-import sys
-import threading
 import weakref
-from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_all
 from functools import partial
@@ -52,11 +42,8 @@ import torch
 
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.codec import EntryReader
-from blendrag.store.s3_ranges import FetchPool
-
-# Threads that read layers of entry files ahead, shared by every entry (0: each layer is read
-# by its caller, when asked for).
-READ_AHEAD_WORKERS = min(4, os.cpu_count() or 1)
+from blendrag.store.host_memory import host_buffer
+from blendrag.store.read_ahead import read_pool
 
 
 class LayerReadError(RuntimeError):
@@ -230,7 +217,7 @@ class EncodedLayeredEntry(_Shape):
         self._read = [False] * self.num_layers
         # layer -> its read by the shared pool (module docstring); taken back by ``layer``
         self._ahead: dict[int, Future] = {}
-        pool = _read_pool() if reader.concurrent_reads else None
+        pool = read_pool() if reader.concurrent_reads else None
         if pool is not None:
             me = weakref.ref(self)  # a queued read keeps no entry (and no buffer) alive
             for i in range(self.num_layers):
@@ -279,94 +266,3 @@ def _read_ahead(entry: weakref.ref[EncodedLayeredEntry], i: int) -> None:
     alive = entry()
     if alive is not None:
         alive._read_layer(i)
-
-
-def host_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialized host tensor that entries are read into (module docstring): page-locked
-    when this process has started CUDA (a process that never uses the GPU does not get a CUDA
-    context from the store), else pageable, advised for huge pages when large."""
-    if torch.cuda.is_initialized():
-        try:
-            return torch.empty(shape, dtype=dtype, pin_memory=True)
-        except RuntimeError:  # no page-locked memory left: pageable memory reads the same
-            pass
-    return pageable_buffer(shape, dtype)
-
-
-def pageable_buffer(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """An uninitialized pageable host tensor, its whole 2 MiB pages advised for huge pages when
-    it is large: a fresh buffer is then faulted in 2 MiB at a time (about 5 times faster than
-    4 KiB pages). The memory is torch's own, freed as any tensor's."""
-    out = torch.empty(shape, dtype=dtype)
-    nbytes = out.numel() * out.element_size()
-    if nbytes >= _HUGE_MIN_BYTES:
-        _advise_huge(out.data_ptr(), nbytes)
-    return out
-
-
-# Buffers at least this large are advised for huge pages (2 MiB pages on x86-64 and arm64).
-_HUGE_MIN_BYTES = 4 << 20
-_HUGE_PAGE = 2 << 20
-_madvise: Callable[[int, int, int], int] | None = None
-
-
-def _advise_huge(address: int, nbytes: int) -> None:
-    """madvise(MADV_HUGEPAGE) over the whole huge pages of [address, address + nbytes): Linux
-    only, best effort (a kernel without transparent huge pages, or with them off, refuses)."""
-    global _madvise
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is None or not sys.platform.startswith("linux"):
-        return
-    start = -(-address // _HUGE_PAGE) * _HUGE_PAGE
-    end = (address + nbytes) // _HUGE_PAGE * _HUGE_PAGE
-    if end <= start:
-        return
-    if _madvise is None:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).madvise
-        except (OSError, AttributeError):
-            return
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        fn.restype = ctypes.c_int
-        _madvise = fn
-    _madvise(start, end - start, advice)  # advice only: a refusal changes nothing
-
-
-_pool: FetchPool | None = None
-_pool_lock = threading.Lock()
-_exiting = False
-
-
-def _read_pool() -> FetchPool | None:
-    """The threads that read layers ahead, started at the first use (None: reading ahead is
-    off, or the interpreter is exiting)."""
-    global _pool
-    if READ_AHEAD_WORKERS <= 0 or _exiting:
-        return None
-    with _pool_lock:
-        if _pool is None:
-            _pool = FetchPool(READ_AHEAD_WORKERS, name="blendrag-read-ahead")
-        return _pool
-
-
-@atexit.register
-def _stop_pool() -> None:
-    """Stop the pool's threads before the interpreter finalizes: a daemon thread that frees a
-    tensor then (its last reference) aborts the process. A read still queued is done by
-    whoever asks for its layer."""
-    global _pool, _exiting
-    with _pool_lock:
-        pool, _pool, _exiting = _pool, None, True
-    if pool is not None:
-        pool.close()
-        pool.join(timeout=10.0)  # a read under way ends in far less; a hung disk: exit anyway
-
-
-def _forget_pool() -> None:
-    # a forked child has none of the parent's threads (and maybe a lock held by one of them)
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)

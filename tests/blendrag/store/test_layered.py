@@ -10,9 +10,10 @@ import time
 import pytest
 import torch
 
-from blendrag.store import MemoryKVStore, layered, readers
+from blendrag.store import MemoryKVStore, read_ahead, readers
 from blendrag.store.codec import EntryError, encode, open_entry
-from blendrag.store.layered import LayerReadError, pageable_buffer
+from blendrag.store.host_memory import pageable_buffer
+from blendrag.store.layered import LayerReadError
 from blendrag.store.throttle import Throttle, ThrottledTier
 from helpers.kvgen import make_kv
 
@@ -112,7 +113,7 @@ def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monk
                                                                workers):
     """Read ahead or not, a failed read of layer 2 is that layer's failure (a storage one:
     nothing deleted), raised when layer 2 is asked for, after layers 0 and 1 are served."""
-    monkeypatch.setattr(layered, "READ_AHEAD_WORKERS", workers)
+    monkeypatch.setattr(read_ahead, "READ_AHEAD_WORKERS", workers)
     kv = make_kv(5, layers=4, tokens=64)
     store = make_store(ram_bytes=0)
     store.put("k", kv)
@@ -139,7 +140,7 @@ def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monk
 
 def test_closing_an_entry_stops_its_reads_ahead_before_the_file_is_closed(make_store,
                                                                           monkeypatch):
-    monkeypatch.setattr(layered, "READ_AHEAD_WORKERS", 2)
+    monkeypatch.setattr(read_ahead, "READ_AHEAD_WORKERS", 2)
     kv = make_kv(6, layers=8, tokens=64)
     store = make_store(ram_bytes=0)
     store.put("k", kv)

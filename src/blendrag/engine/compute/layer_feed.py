@@ -37,11 +37,9 @@ layer at a time, compute identical logits (tests/blendrag/engine/test_pipelined.
 test_placing.py). A read that fails raises its error (``LayerReadError``) from ``wait`` of
 that layer (of the first layer of its block), on the loop's thread.
 
-On CUDA the reader works on a stream of its own: host rows are copied into pinned staging
-buffers, sent with non-blocking copies, placed by kernels on that stream, and an event is
-recorded after them; ``wait`` makes the compute stream wait for that event (no host sync). The
-reader's stream first waits for the compute stream, which made the buffer and the RoPE
-tables. A staging slot is reused only after its copy's event has completed.
+On CUDA the reader works on a stream of its own (``CudaStager``, engine/compute/cuda_stager.py):
+host rows go through pinned staging buffers with non-blocking copies, are placed by kernels on
+that stream, and ``wait`` makes the compute stream wait for the block's event (no host sync).
 """
 
 from __future__ import annotations
@@ -49,18 +47,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 
 import torch
 
+from blendrag.engine.compute.cuda_stager import CudaStager, Rows
 from blendrag.engine.compute.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.compute.observers import OFF, PhaseClock
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 
-# per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
-Rows = list[tuple[torch.Tensor, torch.Tensor]]
 HOST_COPY_BYTES = 4 << 20  # one copy of host rows to the device (K or V of one segment)
 
 
@@ -99,7 +96,7 @@ class LayerFeed:
         self._thread: threading.Thread | None = None
         # on CUDA the reader copies and places on a stream of its own
         staged = self.device.type == "cuda" and self.depth > 0
-        self._stager = _CudaStager(self.device, self.depth) if staged else None
+        self._stager = CudaStager(self.device, self.depth) if staged else None
         if self.depth:
             self._queue: queue.Queue = queue.Queue(maxsize=self.depth)
             self._thread = threading.Thread(target=self._run, name="blendrag-layer-feed",
@@ -139,7 +136,7 @@ class LayerFeed:
                 raise item
             end, ahead, event = item
             if event is not None:
-                _CudaStager.consume(ahead, event, self.device)
+                CudaStager.consume(ahead, event, self.device)
             if ahead is not None:  # read ahead, placed here
                 self._place(i, end, ahead, clock)
         self._ready = end
@@ -256,72 +253,5 @@ class LayerFeed:
         return False
 
 
-class _CudaStager:
-    """Host rows to the device through pinned buffers on a stream of the reader's own, placed
-    there too when the reader places (see the module docstring). ``depth + 2`` staging slots:
-    at most ``depth`` layers wait in the queue, one is being consumed and one is being
-    filled."""
-
-    def __init__(self, device: torch.device, depth: int) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        # the request's KV and RoPE tables were made on the compute stream
-        self.stream.wait_stream(torch.cuda.current_stream(device))
-        self._slots: list[tuple[list[torch.Tensor | None], torch.cuda.Event | None]] = [
-            ([], None) for _ in range(depth + 2)]
-        self._turn = 0
-
-    def send(self, rows: Rows, place: Callable[[Rows], None] | None,
-             ) -> tuple[Rows | None, torch.cuda.Event]:
-        """A block's rows on the device, placed when ``place`` is given (then None is
-        returned for the rows), and the event that follows the copies (and the placing)."""
-        buffers, done = self._slots[self._turn]
-        if done is not None:
-            done.synchronize()  # the slot's previous copy has left the pinned buffers
-        host = [t for pair in rows for t in pair]
-        held = [None if b is None else (tuple(b.shape), b.dtype) for b in buffers]
-        if held != [_spec(t) for t in host]:
-            buffers = [None if _spec(t) is None else
-                       torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in host]
-        out = []
-        with torch.cuda.stream(self.stream):
-            for buf, t in zip(buffers, host):
-                if buf is None:  # on the device already (a chunk computed now), or pinned
-                    # (the disk tier's reads): torch keeps a pinned block from reuse until
-                    # its copy is done
-                    out.append(t if t.device.type != "cpu"
-                               else t.to(self.device, non_blocking=True))
-                    continue
-                buf.copy_(t)
-                out.append(buf.to(self.device, non_blocking=True))
-            on_device = [(out[2 * j], out[2 * j + 1]) for j in range(len(rows))]
-            if place is not None:
-                place(on_device)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        self._slots[self._turn] = (buffers, event)
-        self._turn = (self._turn + 1) % len(self._slots)
-        return (None if place is not None else on_device), event
-
-    @staticmethod
-    def consume(rows: Rows | None, event: torch.cuda.Event, device: torch.device) -> None:
-        """Make the compute stream wait for the reader's stream up to ``event``; rows to be
-        placed on the compute stream (made on the reader's) are marked as used there, so that
-        their memory is not reused too early."""
-        stream = torch.cuda.current_stream(device)
-        stream.wait_event(event)
-        for k, v in rows or ():
-            k.record_stream(stream)
-            v.record_stream(stream)
-
-
 def _on(kv: ChunkKV, device: torch.device) -> bool:
     return kv.keys.device == device and kv.values.device == device
-
-
-def _spec(t: torch.Tensor | None) -> tuple | None:
-    """What a staging buffer must match: a host tensor's shape and dtype (None: no staging, on
-    the device or pinned already)."""
-    if t is None or t.device.type != "cpu" or t.is_pinned():
-        return None
-    return tuple(t.shape), t.dtype
