@@ -32,7 +32,7 @@ from blendrag.engine.request import prefill as request
 from blendrag.engine.request.generation import GenerationResult, GenerationStream
 from blendrag.engine.request.prefill import Prefill
 from blendrag.engine.request.request import Parts, Request
-from blendrag.engine.request.stats import RequestStore
+from blendrag.engine.request.request_store import RequestStore
 from blendrag.engine.request.steps import Steps, run_alone
 from blendrag.engine.request.warmup import WarmupConfig, WarmupReport, warm_up
 from blendrag.engine.selection.calibrated import CalibratedDefault

@@ -25,9 +25,9 @@ The buffer: fresh pageable memory faults in 4 KiB at a time during the read (abo
 slower than the copy itself), so it is page-locked or huge-paged (``host_buffer``,
 store/host_memory.py). And one thread copies from the page cache at a few GB/s: an entry whose
 reader takes concurrent positioned reads (an entry file) has its layers read and verified ahead
-by a small pool of threads shared by every entry (store/read_ahead.py). ``layer(i)`` still returns only once layer i is read and verified, and
-raises that read's error, as if it had read the layer itself; ``close`` drops the reads not
-started and waits for those under way.
+by a small pool of threads shared by every entry (store/read_ahead.py). ``layer(i)`` still
+returns only once layer i is read and verified, and raises that read's error, as if it had
+read the layer itself; ``close`` drops the reads not started and waits for those under way.
 """
 
 from __future__ import annotations
