@@ -20,7 +20,7 @@ _EXPORTS = {
     "DiskTier": "disk",
     "RedisTier": "redis_tier",
     "TieredKVStore": "tiered",
-    "Entry": "codec", "EntryError": "codec", "EntryReader": "codec", "decode": "codec",
+    "Entry": "codec", "EntryError": "errors", "EntryReader": "entry_reader", "decode": "codec",
     "encode": "codec",
     "open_entry": "codec",
     "DEFAULT_DISK_DIR": "config", "StoreConfig": "config",

@@ -41,7 +41,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import EntryReader
+from blendrag.store.entry_reader import EntryReader
 from blendrag.store.host_memory import host_buffer
 from blendrag.store.read_ahead import read_pool
 

@@ -10,7 +10,7 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.store import MemoryKVStore
-from blendrag.store.codec import EntryError
+from blendrag.store.errors import EntryError
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 MODES = [

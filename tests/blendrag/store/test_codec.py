@@ -11,14 +11,8 @@ import torch
 from safetensors import safe_open
 
 from blendrag.kv.chunk_kv import ChunkKV
-from blendrag.store.codec import (
-    SIGNED_VERSION,
-    EntryError,
-    decode,
-    encode,
-    meta_digest,
-    open_entry,
-)
+from blendrag.store.codec import SIGNED_VERSION, decode, encode, meta_digest, open_entry
+from blendrag.store.errors import EntryError
 from helpers.kvgen import make_kv, rewrite_header, same_bits
 
 KEY = "a" * 64

@@ -14,7 +14,7 @@ import torch
 
 from blendrag import BlendConfig
 from blendrag.cli import cache as store_cli
-from blendrag.store import codec
+from blendrag.store import codec, entry_reader
 from blendrag.store.auth import StoreKeys
 from blendrag.store.disk import DiskTier
 from helpers.kvgen import make_kv, same_bits
@@ -116,13 +116,13 @@ def test_a_refused_header_is_not_parsed_again(make_store, monkeypatch):
     forged = codec.encode(name, make_kv(2, tokens=64))
     tier.put(name, forged)
     parsed = []
-    loads = codec.headers.loads
+    loads = entry_reader.headers.loads
 
     def counted(raw):
         parsed.extend([1] if isinstance(raw, bytes) else [])  # the header, not its fields
         return loads(raw)
 
-    monkeypatch.setattr(codec.headers, "loads", counted)
+    monkeypatch.setattr(entry_reader.headers, "loads", counted)
     for _ in range(5):
         assert store.get("k") is None and store.open_layers("k") is None
     assert len(parsed) == 1  # the first read parsed it; every later one knew it refused

@@ -13,7 +13,8 @@ import safetensors.torch
 import torch
 
 from blendrag.store import StoreConfig, TieredKVStore
-from blendrag.store.codec import KV_FORMATS, EntryError, decode, encode, meta_digest, open_entry
+from blendrag.store.codec import KV_FORMATS, decode, encode, meta_digest, open_entry
+from blendrag.store.errors import EntryError
 from helpers.kvgen import make_kv, same_bits
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from blendrag.store import MemoryKVStore, read_ahead, readers
-from blendrag.store.codec import EntryError, encode, open_entry
+from blendrag.store.codec import encode, open_entry
+from blendrag.store.errors import EntryError
 from blendrag.store.host_memory import pageable_buffer
 from blendrag.store.layered import LayerReadError
 from blendrag.store.throttle import Throttle, ThrottledTier

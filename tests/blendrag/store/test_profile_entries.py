@@ -12,7 +12,8 @@ import torch
 from blendrag import BlendConfig, BlendEngine
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store import StoreConfig, TieredKVStore
-from blendrag.store.codec import PROFILE, EntryError, decode, encode, open_entry
+from blendrag.store.codec import PROFILE, decode, encode, open_entry
+from blendrag.store.errors import EntryError
 from blendrag.store.ram import MemoryKVStore, held_bytes
 from helpers.kvgen import make_kv, rewrite_header, same_bits, same_profile
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX

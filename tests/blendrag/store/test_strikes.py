@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from blendrag.store import DiskTier, disk_files, readers
-from blendrag.store.codec import EntryError
+from blendrag.store.errors import EntryError
 from blendrag.store.health import STRIKES, TierHealth
 from blendrag.store.layered import LayerReadError
 from blendrag.store.wrappers import TierWrapper
