@@ -6,7 +6,8 @@ header checked against what was asked for), computing and storing what the store
 the ingestion context, with the first passage's exact rows beside it: ``engine/caches/context.py``),
 and the priors a selector reads (a profile measured on first use: ``engine/caches/profile.py``).
 Computing uses the runner's pooled request buffer, so it happens before a request takes it:
-``rows_for`` is the first step of a request.
+``rows_for`` (a request's rows, filled by engine/caches/request_rows.py) is the first step of a
+request.
 """
 
 from __future__ import annotations
@@ -14,74 +15,24 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, field
-
-import torch
 
 from blendrag.config import BlendConfig, profile_depth
 from blendrag.engine.caches.backfill import Backfill, Piece
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext, in_context
-from blendrag.engine.caches.device_tier import TIER as DEVICE
 from blendrag.engine.caches.device_tier import DeviceTier
-from blendrag.engine.caches.history import HISTORY_TAG, HistoryRows
+from blendrag.engine.caches.history import HistoryRows
 from blendrag.engine.caches.profile import neighbours, profiled
-from blendrag.engine.compute.fused_kv import CachedSegment
+from blendrag.engine.caches.request_rows import RequestRows, fill, request_chunks
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.keys import ModelIdentity, chunk_key, hash_ids
 from blendrag.prompt import PromptLayout
-from blendrag.store.layered import LayeredEntry, LayerReadError, MemoryLayeredEntry
+from blendrag.store.layered import LayeredEntry, LayerReadError
 from blendrag.store.protocol import KVStore
 
 log = logging.getLogger(__name__)
 
 Ids = Sequence[int]
-
-
-@dataclass
-class RequestRows:
-    """The cached rows of one request (``ChunkCache.rows_for``): ``segments`` in prompt order
-    (stored entries opened for layer-wise reads, chunks computed now) and what the lookups
-    found. A context manager: leaving it closes the opened entries, which promotes an entry
-    read through to faster tiers."""
-
-    segments: list[CachedSegment] = field(default_factory=list)
-    opened: list[LayeredEntry] = field(default_factory=list)
-    chunk_hits: int = 0
-    chunk_misses: int = 0
-    device_hits: int = 0  # entries (chunks and the prefix) served by the device tier
-    hit_chunks: list[int] = field(default_factory=list)  # indices of the chunks found stored
-    prefix_hit: bool = False
-    exact_first: bool = False  # the first passage's rows are its exact ones (ChunkContext)
-    profiles_computed: int = 0
-    chunks_without_context: int = 0  # too long for the ingestion context (``context_for``)
-    # keeps an entry read through in the device tier (``ChunkCache.keep_on_device``)
-    promote: Callable[[LayeredEntry], None] | None = None
-
-    def close(self) -> None:
-        for entry in self.opened:
-            if self.promote is not None:
-                self.promote(entry)
-            entry.close()
-
-    def failing_at(self, layer: int, known: str) -> list[str]:
-        """The keys of the other opened entries whose ``layer`` fails to load too (besides
-        ``known``'s): found at once, so that one retry computes them all."""
-        bad = []
-        for seg in self.segments:
-            if seg.kv.complete or seg.kv.key == known:  # every layer in memory: cannot fail
-                continue
-            try:
-                seg.kv.layer(layer)
-            except LayerReadError as exc:
-                bad.append(exc.key)
-        return bad
-
-    def __enter__(self) -> RequestRows:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class ChunkCache:
@@ -217,7 +168,7 @@ class ChunkCache:
                             "instead", len(chunk_ids), exc)
             finally:
                 entry.close()
-        return self._compute_and_put(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
+        return self.compute_and_put(self.prefix(chunk_prefix_ids), chunk_prefix_ids, chunk_ids,
                                      context, exact=exact)
 
     def prefix(self, prefix_ids: Ids) -> ChunkKV | None:
@@ -227,9 +178,10 @@ class ChunkCache:
 
     # ---- computing -------------------------------------------------------------------------
 
-    def _compute_and_put(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids,
-                         chunk_ids: Ids, context: ChunkContext, ram: bool = True,
-                         exact: bool = False) -> ChunkKV:
+    def compute_and_put(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids,
+                        chunk_ids: Ids, context: ChunkContext, ram: bool = True,
+                        exact: bool = False) -> ChunkKV:
+        """The chunk computed (``compute_pair``) and stored (``_put``): a miss's KV."""
         kv, alone = self.compute_pair(chunk_prefix, chunk_prefix_ids, chunk_ids, context)
         self._put(chunk_prefix_ids, chunk_ids, context, kv, alone, ram, exact)
         return kv
@@ -322,7 +274,7 @@ class ChunkCache:
         if config.mode == "full":
             return rows
         try:
-            self._fill(rows, layout, config, {} if failed is None else failed, head, history)
+            fill(self, rows, layout, config, {} if failed is None else failed, head, history)
         except BaseException:
             rows.close()
             raise
@@ -350,7 +302,7 @@ class ChunkCache:
                         self.key((), layout.prefix_ids, NO_CONTEXT), exact=True)
                   ] if layout.prefix_ids else []
         pieces += [Piece(tuple(p), tuple(ids), context, self.key(p, ids, context))
-                   for _, span, p, ids, context, _ in self._chunks(layout, config)
+                   for _, span, p, ids, context, _ in request_chunks(self, layout, config)
                    if history is None or span[0] != history.start]
         missing = set(self.store.missing([piece.key for piece in pieces]))
         return [piece for piece in pieces if piece.key in missing]
@@ -372,96 +324,3 @@ class ChunkCache:
         else:  # one request: one set of weights, checked once
             clone._model_fp = self.identity.fingerprint
         return clone
-
-    def _chunks(self, layout: PromptLayout, config: BlendConfig, head: int = 0):
-        """Per chunk after row ``head``: (its index, its span, the ids it is computed after,
-        its ids, the context it is stored in, whether its rows are exact)."""
-        chunk_prefix_ids = _computed_after(layout, config)
-        chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
-        # the first passage follows this very prefix: its rows computed alone are exact
-        exact_first = chunk_prefix_ids == layout.prefix_ids and self.context.stores_alone
-        for i, (span, ids) in enumerate(zip(layout.chunk_spans, chunks)):
-            if span[1] <= head:
-                continue
-            exact = exact_first and i == 0 or config.mode == "prefix"
-            context = NO_CONTEXT if exact else self.context_for(chunk_prefix_ids, ids)
-            yield i, span, chunk_prefix_ids, ids, context, exact
-
-    def _fill(self, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
-              failed: dict[str, ChunkKV | None], head: int, history: HistoryRows | None) -> None:
-        prefix: LayeredEntry | None = None  # exact whatever follows it
-        if layout.prefix_ids and not head:
-            prefix, rows.prefix_hit = self._open_or_compute(
-                rows, failed, (), layout.prefix_ids, NO_CONTEXT, lambda: None)
-            rows.segments.append(CachedSegment(0, prefix))
-        whole: list[ChunkKV | None] = []  # the chunk prefix's KV, once a missing chunk needs it
-        after = _computed_after(layout, config)
-
-        def chunk_prefix() -> ChunkKV | None:
-            if not whole:
-                same = after == layout.prefix_ids
-                whole.append(_whole(prefix) if same and prefix is not None
-                             else self.prefix(after))
-            return whole[0]
-
-        profile = config.mode == "blend" and config.selector == "profile"
-        chunks = layout.chunk_ids[:1] if config.mode == "prefix" else layout.chunk_ids
-        for i, (start, _), chunk_prefix_ids, ids, context, exact in self._chunks(layout, config,
-                                                                                 head):
-            if history is not None and start == history.start:
-                rows.segments.append(CachedSegment(start, MemoryLayeredEntry(history.kv,
-                                                                             tier=HISTORY_TAG)))
-                continue
-            rows.chunks_without_context += context is NO_CONTEXT and not exact
-            entry, hit = self._open_or_compute(rows, failed, chunk_prefix_ids, ids, context,
-                                               chunk_prefix)
-            rows.chunk_hits += hit
-            if hit:
-                rows.hit_chunks.append(i)
-            rows.chunk_misses += not hit
-            rows.exact_first |= exact and config.mode != "prefix"
-            if profile and entry.profile is None and not exact:  # exact rows need no profile
-                kv = self._profile_now(entry.materialize(), chunk_prefix_ids, chunk_prefix(),
-                                       chunks, i, rows)
-                entry = MemoryLayeredEntry(kv, tier="computed")
-            rows.segments.append(CachedSegment(start, entry))
-
-    def _open_or_compute(self, rows: RequestRows, failed: dict[str, ChunkKV | None],
-                         chunk_prefix_ids: Ids, ids: Ids, context: ChunkContext,
-                         chunk_prefix: Callable[[], ChunkKV | None]) -> tuple[LayeredEntry, bool]:
-        """(the stored entry, True) or (the KV computed and stored now, False); a key that
-        failed in an earlier attempt is computed once and its KV kept in ``failed``."""
-        key = self.key(chunk_prefix_ids, ids, context)
-        kv = failed.get(key)
-        if kv is None:
-            entry = self.open(chunk_prefix_ids, ids, context, failed.keys(), rows.opened)
-            if entry is not None:
-                rows.device_hits += entry.tier == DEVICE
-                return entry, True
-            kv = self._compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context)
-            if key in failed:
-                failed[key] = kv
-        return MemoryLayeredEntry(kv, tier="computed"), False
-
-    def _profile_now(self, kv: ChunkKV, chunk_prefix_ids: Ids, chunk_prefix: ChunkKV | None,
-                     chunks: Sequence[Ids], i: int, rows: RequestRows) -> ChunkKV:
-        """A chunk stored without a profile, met by the ``profile`` selector: measure it after
-        its neighbour in this prompt (the rule of ``precompute``) and store it, once."""
-        probes = neighbours(chunks, i)
-        if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
-            return kv.with_profile(torch.zeros(kv.num_tokens))
-        kv = profiled(self.runner, kv, chunk_prefix_ids, probes, chunk_prefix)
-        self.store.put(self.key(chunk_prefix_ids, kv.token_ids), kv)
-        rows.profiles_computed += 1
-        return kv
-
-
-def _computed_after(layout: PromptLayout, config: BlendConfig) -> tuple[int, ...]:
-    """The ids a request's chunks are computed after: the chunk prefix, or in prefix mode the
-    request's own prefix (only a chunk computed after this very prefix is an exact prefix)."""
-    return layout.prefix_ids if config.mode == "prefix" else layout.chunk_prefix_ids
-
-
-def _whole(kv: ChunkKV | LayeredEntry | None) -> ChunkKV | None:
-    """A cached KV in full (an opened entry is read through)."""
-    return kv if kv is None or isinstance(kv, ChunkKV) else kv.materialize()

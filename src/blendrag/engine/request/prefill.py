@@ -39,9 +39,9 @@ from dataclasses import dataclass
 import torch
 
 import blendrag.engine.request.head as head_rules
-from blendrag.engine.caches.chunk_cache import RequestRows
 from blendrag.engine.caches.history import HISTORY_TAG
 from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
+from blendrag.engine.caches.request_rows import RequestRows
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import LoopPlan
