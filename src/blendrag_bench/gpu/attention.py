@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from blendrag.engine.compute import attention as att
+from blendrag.engine.compute import flex
 from blendrag.engine.compute.buckets import row_bucket
 from blendrag_bench.gpu.shapes import SEVEN_B, TINY, sync
 from blendrag_bench.timing import median_time
@@ -115,16 +116,16 @@ def _flex_rows(pos: torch.Tensor, n: int, keys: int, scale: float, rows: int,
                options: dict) -> Callable:
     """FlexAttention over the same exact mask with the queries padded to ``rows`` and
     ``options`` for its kernel."""
-    mask = att.block_mask_rows(pos, n, keys, None, rows)
-    flex = att.flex_kernel()
-    if flex is None:
+    mask = flex.block_mask_rows(pos, n, keys, None, rows)
+    kernel = flex.flex_kernel()
+    if kernel is None:
         raise RuntimeError("FlexAttention is not usable here")
 
     def call(q, k, v):
         a = q.shape[1]
         qp = F.pad(q, (0, 0, 0, rows - a))  # [H, rows, D]
-        o = flex(qp[None], k[None], v[None], block_mask=mask, scale=scale, enable_gqa=True,
-                 kernel_options=options or None)
+        o = kernel(qp[None], k[None], v[None], block_mask=mask, scale=scale, enable_gqa=True,
+                   kernel_options=options or None)
         return o[0, :, :a]
 
     return call

@@ -7,9 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blendrag.engine.compute import attention
+from blendrag.engine.compute import flex
 from blendrag.engine.compute.attention import (
-    FLEX_BLOCK,
     BlockPlan,
     CausalPlan,
     FlexPlan,
@@ -37,7 +36,7 @@ def fresh_flex(monkeypatch) -> None:
     from torch.nn.attention.flex_attention import flex_attention
 
     torch._dynamo.reset()
-    monkeypatch.setattr(attention, "_FLEX", [torch.compile(flex_attention, dynamic=False)])
+    monkeypatch.setattr(flex, "_FLEX", [torch.compile(flex_attention, dynamic=False)])
 
 
 def reference(q, k, v, pos, n, window=None, softcap=None):
@@ -94,7 +93,7 @@ def test_every_plan_computes_the_exact_mask(kernel, window, kind, n, monkeypatch
         k[:, n:], v[:, n:] = 1e3, 1e3
     out = plan.attend(q, k, v, SCALE)
     if isinstance(plan, FlexPlan):  # FlexAttention computed it, not the fallback
-        assert attention._FLEX[0] is not None
+        assert flex._FLEX[0] is not None
     assert (out.double() - reference(q, k, v, pos, n, window)).abs().max() < 2e-6
     ref_keys = sum(min(p + 1, window or n) for p in pos.tolist())
     assert plan.attended_keys == ref_keys
@@ -168,7 +167,7 @@ def test_the_block_mask_marks_whole_partial_and_skipped_key_blocks(window):
         visible &= keys[None] > pos[:, None] - window
     kv_num, kv_idx = mask.kv_num_blocks[0, 0], mask.kv_indices[0, 0]
     full_num, full_idx = mask.full_kv_num_blocks[0, 0], mask.full_kv_indices[0, 0]
-    b = FLEX_BLOCK
+    b = flex.FLEX_BLOCK
     for t in range(-(-pos.shape[0] // b)):
         rows = visible[t * b:(t + 1) * b]
         full = {j for j in range(-(-n // b)) if rows[:, j * b:(j + 1) * b].all()
@@ -198,9 +197,8 @@ def test_the_score_bias_is_the_exact_mask_repeated_per_query_group():
 def _flex_failing_with(monkeypatch, failing):
     """FlexAttention replaced by ``failing``, and a flex plan of scattered queries over 300
     keys: (pos, n, q, k, v, plan)."""
-    from blendrag.engine.compute import attention
 
-    monkeypatch.setattr(attention, "_FLEX", [failing])
+    monkeypatch.setattr(flex, "_FLEX", [failing])
     n = 300
     pos = positions("scattered", n)
     q, k, v = tensors(pos.shape[0], n)
@@ -214,7 +212,6 @@ def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
     """A kernel that cannot run here (no compiler, an unsupported shape) is not tried again in
     the process; running out of device memory falls back for that call only. Either way the
     call's answer is the exact one."""
-    from blendrag.engine.compute import attention
 
     def failing(*args, **kwargs):
         raise error
@@ -223,7 +220,7 @@ def test_flex_is_switched_off_for_a_lasting_failure_not_for_a_lack_of_memory(
     with caplog.at_level("WARNING", logger="blendrag.engine.compute.attention"):
         out = plan.attend(q, k, v, SCALE)
     assert (out.double() - reference(q, k, v, pos, n)).abs().max() < 2e-6
-    assert attention._FLEX == ([failing] if kept else [None])
+    assert flex._FLEX == ([failing] if kept else [None])
     # either way said (the GPU check counts these warnings as slower paths taken)
     assert ("out of device memory" if kept else "not usable here") in caplog.text
 

@@ -10,13 +10,9 @@ import pytest
 import torch
 
 from blendrag import BlendConfig, BlendEngine, ComputeConfig, GenerationConfig
-from blendrag.engine.compute import attention
-from blendrag.engine.compute.attention import (
-    BlockPlan,
-    LowerRightPlan,
-    flex_kernel,
-    plan_attention,
-)
+from blendrag.engine.compute import flex
+from blendrag.engine.compute.attention import BlockPlan, LowerRightPlan, plan_attention
+from blendrag.engine.compute.flex import flex_kernel
 from blendrag.engine.selection.controller import LoadingConfig
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
@@ -45,7 +41,7 @@ def flex_calls(monkeypatch) -> list[int]:
         calls.append(1)
         return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "_FLEX", [counted])
+    monkeypatch.setattr(flex, "_FLEX", [counted])
     return calls
 
 
@@ -71,7 +67,7 @@ def test_the_gpu_kernels_equal_the_row_blocks_in_every_mode(model_dir, window, f
         assert a.stats.controller.mode is None and b.stats.controller.mode is None  # ran as asked
         assert (a.logits - b.logits).abs().max() < TOL, config.label
     assert (gpu.prefill(layout, BlendConfig(ratio=1.0)).logits - full).abs().max() < TOL
-    assert flex_calls and attention._FLEX[0] is not None  # it ran, and never fell back
+    assert flex_calls and flex._FLEX[0] is not None  # it ran, and never fell back
 
 
 def test_the_lower_right_bias_is_the_exact_mask_on_cuda():
@@ -146,7 +142,7 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
             if dtype == "float32":  # in bf16 the tiny model's top two logits are 2 steps apart
                 assert int(got.logits.argmax()) == int(want.logits.argmax())
             del got
-    assert not passes.failed and flex_calls and attention._FLEX[0] is not None
+    assert not passes.failed and flex_calls and flex._FLEX[0] is not None
     assert passes.captures >= len(configs) and passes.replays >= 2 * len(configs)
     if dtype == "float32":  # decoding after a replayed pass: the loop's tokens
         a = graphs.generate(layout, BlendConfig(mode="reuse"), GENERATE)

@@ -169,7 +169,7 @@ def test_a_partial_blend_through_flex_attention_equals_the_row_blocks(engine_for
     import torch._dynamo
     from torch.nn.attention.flex_attention import flex_attention
 
-    from blendrag.engine.compute import attention
+    from blendrag.engine.compute import flex as flex_module
 
     torch._dynamo.reset()
     compiled, calls = torch.compile(flex_attention, dynamic=False), []
@@ -178,7 +178,7 @@ def test_a_partial_blend_through_flex_attention_equals_the_row_blocks(engine_for
         calls.append(1)
         return compiled(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "_FLEX", [counted])
+    monkeypatch.setattr(flex_module, "_FLEX", [counted])
     rows = engine_for(family, compute=KERNELS["sdpa"])
     flex = engine_for(family, compute=KERNELS["flex"])
     layout = rows.build_prompt(PREFIX, PASSAGES, SUFFIX)
@@ -187,5 +187,5 @@ def test_a_partial_blend_through_flex_attention_equals_the_row_blocks(engine_for
         before = len(calls)
         with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # each shape static
             got = flex.prefill(layout, config).logits
-        assert len(calls) > before and attention._FLEX == [counted], selector  # flex ran
+        assert len(calls) > before and flex_module._FLEX == [counted], selector  # flex ran
         assert max_diff(got, rows.prefill(layout, config).logits) < TOL, selector

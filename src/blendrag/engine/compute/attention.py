@@ -27,11 +27,11 @@ window). The kernel follows the shape of the queries:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from blendrag.engine.compute.flex import FLEX_BLOCK, block_mask_rows, disable_flex, flex_kernel
 from blendrag.engine.compute.softcap import capped_attention
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,6 @@ CUDA); ``auto``: ``flex`` on CUDA, ``sdpa`` elsewhere (the compile costs more th
 a CPU, where the row blocks are as fast)."""
 
 ROW_BLOCK = 64  # query rows per masked block: the fastest measured on the CPU
-FLEX_BLOCK = 128  # FlexAttention's tile, queries and keys
 
 
 def kernel_for(attention: str, device: torch.device) -> str:
@@ -198,11 +197,12 @@ class FlexPlan(AttentionPlan):
     def block_mask(self, keys: int):
         """The ``BlockMask`` over ``keys`` key rows (built once)."""
         if self._mask is None or self._mask[0] != keys:
-            self._mask = keys, _block_mask(self._pos, self.n, keys, self.window)
+            self._mask = keys, block_mask_rows(self._pos, self.n, keys, self.window,
+                                               pad_rows(self._pos.shape[0]))
         return self._mask[1]
 
     def attend(self, q, k, v, scale):
-        flex = None if self._short else _flex()
+        flex = None if self._short else flex_kernel()
         if flex is not None:
             try:
                 a, keys = q.shape[1], k.shape[1]
@@ -219,7 +219,7 @@ class FlexPlan(AttentionPlan):
                     log.warning("FlexAttention ran out of device memory (%s); this pass takes "
                                 "the row blocks of the sdpa kernel (exact, slower)", exc)
                 else:
-                    _disable_flex(exc)
+                    disable_flex(exc)
         if self._fallback is None:
             bounds = self._pos.tolist()
             self._fallback = BlockPlan(self._pos, bounds, self.n, self.window, q.dtype)
@@ -286,76 +286,3 @@ def score_bias(pos: torch.Tensor, n: int, window: int | None, groups: int = 1) -
 
 def _attended(bounds: list[int], window: int | None) -> int:
     return sum(min(p + 1, window) for p in bounds) if window else sum(bounds) + len(bounds)
-
-
-def _block_mask(pos: torch.Tensor, n: int, keys: int, window: int | None):
-    """FlexAttention's ``BlockMask`` of queries at ``pos`` over ``keys`` key rows, the queries
-    padded to at least two tiles (see ``FlexPlan``)."""
-    return block_mask_rows(pos, n, keys, window, pad_rows(pos.shape[0]))
-
-
-def block_mask_rows(pos: torch.Tensor, n: int, keys: int, window: int | None, rows: int):
-    """``_block_mask`` for ``rows`` query rows (>= the queries at ``pos``; the padding rows
-    repeat the last position): the GPU check's attention phase tries other paddings."""
-    from torch.nn.attention.flex_attention import BlockMask
-
-    a, dev, b = pos.shape[0], pos.device, FLEX_BLOCK
-    if rows < a:
-        raise ValueError(f"a block mask for {a} queries needs at least {a} rows, got {rows}")
-    tiles, kv_blocks = -(-rows // b), -(-keys // b)
-    # every query of a tile gets a position: the padding repeats the last one
-    qpos = torch.cat([pos, pos[-1:].expand(tiles * b - a)])  # [tiles * b]
-    first, last = qpos[::b], qpos[b - 1::b]  # [tiles] each
-    w = window if window is not None else n + 1
-    # keys seen by every query of a tile: [last - w + 1, first]; by some query: [first - w + 1,
-    # last]
-    starts = torch.arange(kv_blocks, device=dev) * b  # [KB]
-    ends = starts + b - 1
-    full = (starts[None] >= (last - w + 1)[:, None]) & (ends[None] <= first[:, None])
-    seen = (ends[None] >= (first - w + 1)[:, None]) & (starts[None] <= last[:, None])
-    partial = seen & ~full  # [tiles, KB]
-
-    def packed(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # the blocks of each tile in ascending order, those in the set first
-        count = m.sum(-1, dtype=torch.int32)[None, None]  # [1, 1, tiles]
-        order = torch.argsort((~m).to(torch.int8), dim=-1, stable=True)
-        return count, order.to(torch.int32)[None, None]  # [1, 1, tiles, KB]
-
-    # two mask functions, not one with a window of n + 1: a number captured by the function
-    # is part of the compiled kernel, and n changes with every request
-    def causal(b_, h_, q_idx, kv_idx):
-        return kv_idx <= qpos[q_idx]
-
-    def windowed(b_, h_, q_idx, kv_idx):
-        p = qpos[q_idx]
-        return (kv_idx <= p) & (kv_idx > p - window)
-
-    kv_num, kv_idx = packed(partial)
-    full_num, full_idx = packed(full)
-    return BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx, BLOCK_SIZE=b,
-                                    mask_mod=causal if window is None else windowed,
-                                    seq_lengths=(rows, keys), compute_q_blocks=False)
-
-
-_FLEX: list[Callable | None] = []  # the compiled FlexAttention, once per process (None: off)
-
-
-def _flex() -> Callable | None:
-    if not _FLEX:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        # dynamic: one compile serves every request's query and key counts
-        _FLEX.append(torch.compile(flex_attention, dynamic=True))
-    return _FLEX[0]
-
-
-def flex_kernel() -> Callable | None:
-    """The compiled FlexAttention this process runs, or None when it is not usable here."""
-    return _flex()
-
-
-def _disable_flex(exc: Exception) -> None:
-    log.warning("FlexAttention is not usable here (%s: %s); scattered queries take the row "
-                "blocks of the sdpa kernel instead (exact, slower on a GPU)",
-                type(exc).__name__, exc)
-    _FLEX[:] = [None]

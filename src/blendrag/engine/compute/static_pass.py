@@ -55,8 +55,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from blendrag.engine.compute.attention import FlexPlan, flex_kernel, score_bias
+from blendrag.engine.compute.attention import FlexPlan, score_bias
 from blendrag.engine.compute.buckets import row_bucket, token_bucket
+from blendrag.engine.compute.flex import flex_kernel
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.graphs import SharedPool
 from blendrag.engine.compute.layer import attend_scored, finish, project
