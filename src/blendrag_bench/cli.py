@@ -1,5 +1,6 @@
-"""`blendrag bench ...` sub-commands: ttft, store, match, quality and fidelity
-(``quality_cli``)."""
+"""`blendrag bench ...` sub-commands: ttft, store and match here; chat (``chat_cli``), serve
+(``serve_cli``), precompute (``precompute_cli``), quality and fidelity (``quality_cli``) and
+calibration (``calibration_cli``) in their own files."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ RANDOM = "random"  # --model value of the benchmarks' default: random weights of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from blendrag_bench import precompute_cli, quality_cli, serve_cli
+    from blendrag_bench import calibration_cli, chat_cli, precompute_cli, quality_cli, serve_cli
 
     group = sub.add_parser("bench", help="benchmarks: TTFT, store and precompute throughput, "
                            "chunk matching, answer quality, fidelity on your own prompts",
@@ -27,14 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                                  metavar="{ttft,chat,serve,store,precompute,match,quality,"
                                          "fidelity,calibration}")
     _register_ttft(bench)
-    _register_chat(bench)
+    chat_cli.register(bench)
     serve_cli.register(bench)
     _register_store(bench)
     precompute_cli.register(bench)
     _register_match(bench)
     quality_cli.register(bench)
     quality_cli.register_fidelity(bench)
-    _register_calibration(bench)
+    calibration_cli.register(bench)
 
 
 def _register_ttft(bench: argparse._SubParsersAction) -> None:
@@ -102,149 +103,6 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
                         help="retrieved chunks in the prompt (default: 6)")
     parser.add_argument("--chunk-tokens", type=int, default=512,
                         help="tokens per chunk (default: 512)")
-
-
-def _register_chat(bench: argparse._SubParsersAction) -> None:
-    chat = bench.add_parser(
-        "chat", help="a multi-turn RAG chat: each turn's TTFT with the prefix cache vs full",
-        description="A chat over the same retrieved passages: per configuration "
-                    "(full or blend with the engine's prefix cache, blend without) a "
-                    "conversation of --turns turns, each turn's TTFT against a full prefill of "
-                    "the same prompt, the tokens taken from the cache and the bytes it holds.")
-    add_model_options(chat, default_help="the default model (the text workload)")
-    chat.add_argument("--workloads", default="text,random,history",
-                      help="text (a real model and MuSiQue passages), random (random weights, "
-                           "token ids), history (new passages every turn ahead of the "
-                           "conversation, as LlamaIndex's ContextChatEngine sends them), "
-                           "random-history (the same on the random workload), "
-                           "comma-separated (default: text,random,history)")
-    chat.add_argument("--configs", default=",".join(_chat_configs()),
-                      help=f"comma-separated (default: {','.join(_chat_configs())})")
-    chat.add_argument("--turns", type=int, default=5, help="turns per conversation (default: 5)")
-    chat.add_argument("--answer-tokens", type=int, default=32,
-                      help="tokens per answer (default: 32)")
-    chat.add_argument("--cache-mib", type=int, default=2048,
-                      help="each prefix cache's budget in MiB (default: 2048)")
-    chat.add_argument("--runs", type=int, default=1,
-                      help="conversations per configuration; the median TTFT per turn is "
-                           "reported (default: 1)")
-    chat.add_argument("--turn-passages", type=int, default=2,
-                      help="passages retrieved per turn in the history workload (default: 2)")
-    chat.add_argument("--passage-tokens", type=int, default=None,
-                      help="cut each passage of the text and history workloads to this many "
-                           "tokens (default: whole)")
-    chat.add_argument("--layers", type=int, default=32,
-                      help="layers of the random workload's model (default: 32)")
-    chat.add_argument("--chunks", type=int, default=6,
-                      help="chunks of the random workload (default: 6)")
-    chat.add_argument("--chunk-tokens", type=int, default=512,
-                      help="tokens per chunk of the random workload (default: 512)")
-    add_progress_option(chat)
-    add_json_option(chat, "the records (turn, config, exact, prefix_tokens, ttft_s, "
-                          "speedup_vs_full, ...)")
-    chat.set_defaults(func=_chat)
-
-
-def _register_calibration(bench: argparse._SubParsersAction) -> None:
-    cal = bench.add_parser(
-        "calibration", help="does a calibration generalise: calibrate on half a dataset's "
-                            "passages, check the ratio on the other half's questions",
-        description="Calibrate (as `blendrag calibrate` does, generic questions, no labels) on "
-                    "the passages of half a dataset's items, then measure the chosen ratio and "
-                    "the default on the other half's own questions; two targets (whole answers, "
-                    "first sentences) read off the same answers.")
-    add_model_options(cal)
-    cal.add_argument("--dataset", default="synthetic",
-                     help="synthetic, longfacts, musique or a file (default: synthetic)")
-    cal.add_argument("--items", type=int, default=40,
-                     help="dataset items, half for calibrating, half held out (default: 40)")
-    cal.add_argument("--prompts", type=int, default=24,
-                     help="calibration prompts (default: 24)")
-    cal.add_argument("--per-prompt", type=int, default=4,
-                     help="passages in each calibration prompt (default: 4)")
-    cal.add_argument("--same-answer", type=float, default=0.9,
-                     help="the target's share of answers equal to full's (default: 0.9)")
-    cal.add_argument("--answer-kl", type=float, default=0.02,
-                     help="the target's mean answer KL (default: 0.02)")
-    cal.add_argument("--answer-tokens", type=int, default=32,
-                     help="tokens of each answer (default: 32)")
-    cal.add_argument("--questions", choices=("generic", "model"), default="generic",
-                     help="the calibration's questions: generic, or written by the model "
-                          "(default: generic)")
-    add_progress_option(cal)
-    add_json_option(cal, "the result")
-    cal.set_defaults(func=_calibration)
-
-
-def _calibration(args: argparse.Namespace) -> int:
-    from blendrag.cli.options import apply_threads, emit, engine_spec
-    from blendrag.cli.progress import Progress
-    from blendrag_bench.calibration_bench import CalibrationBenchConfig, format_report, run
-
-    try:
-        cfg = CalibrationBenchConfig(args.dataset, args.items, args.prompts, args.per_prompt,
-                                     same_answer=args.same_answer, answer_kl=args.answer_kl,
-                                     answer_tokens=args.answer_tokens, questions=args.questions)
-    except ValueError as exc:
-        print(f"blendrag bench calibration: error: {exc}", file=sys.stderr)
-        return 2
-    apply_threads(args)
-    engine = engine_spec(args).build()
-    bars: dict[str, Progress] = {}
-
-    def step(phase: str, done: int, total: int) -> None:
-        bar = bars.setdefault(phase, Progress(phase, unit="prompts",
-                                              enabled=not args.no_progress))
-        bar(done, total)
-
-    result = run(engine, cfg, step)
-    emit(args, result, format_report(result))
-    return 0
-
-
-def _chat_configs() -> tuple[str, ...]:
-    return ("full+prefix-cache", "blend+prefix-cache", "blend")
-
-
-def _chat(args: argparse.Namespace) -> int:
-    import torch
-
-    from blendrag.cli.options import apply_threads, emit
-    from blendrag.cli.progress import Progress
-    from blendrag_bench.chat_bench import ChatBenchConfig, format_table, run
-    from blendrag_bench.ttft import TTFTWorkload
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        random = TTFTWorkload(device=device, dtype=args.dtype, layers=args.layers,
-                              chunks=args.chunks, chunk_tokens=args.chunk_tokens,
-                              suffix_tokens=32)
-        cfg = ChatBenchConfig(workloads=_names(args.workloads), model=args.model,
-                              gguf_file=args.gguf_file, dtype=args.dtype, device=device,
-                              random=random, turns=args.turns, answer_tokens=args.answer_tokens,
-                              cache_bytes=args.cache_mib << 20, runs=args.runs,
-                              configs=_names(args.configs), turn_passages=args.turn_passages,
-                              passage_tokens=args.passage_tokens)
-    except ValueError as e:
-        print(f"blendrag bench chat: error: {e}", file=sys.stderr)
-        return 2
-    threads = apply_threads(args)
-    print(f"torch {torch.__version__}, {threads} threads", file=sys.stderr)
-    bars: dict[str, Progress] = {}
-
-    def step(workload: str, done: int, total: int) -> None:
-        if workload not in bars:
-            bars[workload] = Progress(f"bench chat {workload}", "turns",
-                                      enabled=not args.no_progress)
-        bars[workload](done, total)
-
-    records = run(cfg, on_turn=step)
-    emit(args, {"threads": threads, "records": records}, format_table(records, cfg))
-    return 0
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip())
 
 
 def _register_store(bench: argparse._SubParsersAction) -> None:
