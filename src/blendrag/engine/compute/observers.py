@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -58,38 +58,69 @@ class LayerObserver:
         """Called once per layer, in order, after the layer is computed."""
 
 
-@dataclass
 class LayerCounts(LayerObserver):
-    """Per layer: tokens computed, those inside ``chunk_range`` ([start, end) of the chunk
-    tokens: blend's recompute) and the keys they attended to (attention work)."""
+    """Per layer: tokens computed (``computed``), those inside ``chunk_range`` ([start, end) of
+    the chunk tokens: blend's recompute, ``chunk_computed``) and the keys they attended to
+    (attention work, ``attended_keys``).
 
-    chunk_range: tuple[int, int]
-    computed: list[int] = field(default_factory=list)
-    chunk_computed: list[int] = field(default_factory=list)
-    attended_keys: list[int] = field(default_factory=list)
-    _last: tuple[torch.Tensor, int] | None = field(default=None, repr=False)
+    A static pass's counts (``count_pass``) are computed on the device and read back when they
+    are first read, after the request's last sync: a read right after the pass would have
+    the host wait for it before it queues what follows (the logits)."""
+
+    def __init__(self, chunk_range: tuple[int, int]) -> None:
+        self.chunk_range = chunk_range
+        self._computed: list[int] = []
+        self._chunk_computed: list[int] = []
+        self._attended_keys: list[int] = []
+        self._last: tuple[torch.Tensor, int] | None = None
+        # static passes not read back yet: (their counts on the device, the windows, tokens)
+        self._pending: list[tuple[torch.Tensor, list[int | None], Sequence[int | None],
+                                  int]] = []
+
+    @property
+    def computed(self) -> list[int]:
+        self._read_back()
+        return self._computed
+
+    @property
+    def chunk_computed(self) -> list[int]:
+        self._read_back()
+        return self._chunk_computed
+
+    @property
+    def attended_keys(self) -> list[int]:
+        self._read_back()
+        return self._attended_keys
 
     def on_layer(self, step: LayerStep) -> None:
+        self._read_back()  # in layer order
         if self._last is None or self._last[0] is not step.pos:  # the set changed
             lo, hi = self.chunk_range
             self._last = step.pos, int(((step.pos >= lo) & (step.pos < hi)).sum())
-        self.computed.append(int(step.pos.shape[0]))
-        self.chunk_computed.append(self._last[1])
-        self.attended_keys.append(step.attended_keys)
+        self._computed.append(int(step.pos.shape[0]))
+        self._chunk_computed.append(self._last[1])
+        self._attended_keys.append(step.attended_keys)
 
     def count_pass(self, pos: torch.Tensor, windows: Sequence[int | None]) -> None:
         """Every layer computed the tokens at ``pos`` [A] (a pass no selector shrank:
         engine/compute/static_pass.py), layer i with the sliding window ``windows[i]``: the
-        counts ``on_layer`` would take, read back at once."""
+        counts ``on_layer`` would take, on the device until they are read."""
         lo, hi = self.chunk_range
         kinds = list(dict.fromkeys(windows))
         seen = [(pos + 1) if w is None else (pos + 1).clamp(max=w) for w in kinds]
-        inside, *keys = torch.stack([((pos >= lo) & (pos < hi)).sum(),
-                                     *(s.sum() for s in seen)]).tolist()
-        attended = dict(zip(kinds, keys))
-        self.computed.extend(int(pos.shape[0]) for _ in windows)
-        self.chunk_computed.extend(int(inside) for _ in windows)
-        self.attended_keys.extend(int(attended[w]) for w in windows)
+        # [1 + kinds]: the chunk tokens among them, then the keys attended per kind of window
+        counts = torch.stack([((pos >= lo) & (pos < hi)).sum(), *(s.sum() for s in seen)])
+        self._pending.append((counts, kinds, windows, int(pos.shape[0])))
+
+    def _read_back(self) -> None:
+        """The static passes' counts, read from the device into the lists, in order."""
+        for counts, kinds, windows, tokens in self._pending:
+            inside, *keys = counts.tolist()
+            attended = dict(zip(kinds, keys))
+            self._computed.extend(tokens for _ in windows)
+            self._chunk_computed.extend(int(inside) for _ in windows)
+            self._attended_keys.extend(int(attended[w]) for w in windows)
+        self._pending.clear()
 
 
 class CapturedRows(LayerObserver):
