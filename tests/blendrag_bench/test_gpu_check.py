@@ -70,6 +70,36 @@ def test_a_requests_host_reads_are_named_by_the_package_sites_that_make_them():
     assert "blendrag/engine/compute/observers.py:" in lines[1]
 
 
+def test_on_cuda_the_sync_warnings_are_counted_by_site_and_other_warnings_shown(monkeypatch):
+    """The CUDA path, its debug mode stood in for: torch's sync warning counted at the site that
+    made it, any other warning shown as usual, the mode set before put back."""
+    import os
+    import warnings
+
+    import torch
+
+    from blendrag_bench.gpu import profile
+
+    monkeypatch.setattr(profile, "PACKAGE", os.path.dirname(__file__) + os.sep)  # this file's
+    modes = [1]
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: modes[-1])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    shown = []
+    monkeypatch.setattr(warnings, "showwarning", lambda *a, **k: shown.append(str(a[0])))
+
+    def request():
+        for _ in range(2):
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
+
+    text = profile.sync_sites(request, cuda=True)
+    lines = text.splitlines()
+    assert lines[0].startswith("host syncs (torch.cuda.set_sync_debug_mode): 2,")
+    assert len(lines) == 2 and lines[1].split()[0] == "2" and "test_gpu_check.py:" in lines[1]
+    assert shown == ["something else"]
+    assert modes == [1, "warn", 1]
+
+
 def test_a_commands_output_goes_into_the_file_as_it_prints(tmp_path):
     from blendrag_bench.gpu.check import streamed
 

@@ -373,7 +373,7 @@ class BlendEngine:
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
         # the request's own view of the store: its stats count its own lookups, never another
-        # request's (engine/request/stats.py)
+        # request's (engine/request/request_store.py)
         cache = self.cache.with_store(RequestStore(self.cache.store))
         parts = Parts(cache, self.runner, self.controller, self.prefix_cache, self.history)
         pre = yield from request.prefill_steps(parts, Request(

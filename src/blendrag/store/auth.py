@@ -80,7 +80,7 @@ class StoreKeys:
             raise ValueError("StoreKeys: a retired key id cannot also be accepted: "
                              f"{sorted(set(self.retired) & set(self.secrets))}")
         # headers these keys refused for their tag (by digest of the header and storage key):
-        # refused again without being checked (``codec.py``); not a field, never pickled
+        # refused again without being checked (``tensors.py``); not a field, never pickled
         object.__setattr__(self, "refusals", Refusals())
 
     # -- where keys come from -----------------------------------------------------------------

@@ -15,7 +15,7 @@ _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 KV_FORMATS = ("model", "bfloat16", "float16", "int8")
 """How K and V may be stored: the model's dtype (exact), a 16-bit float, or int8 with scales
 (K per channel, V per token); every format is decoded to the model's dtype as it is read
-(``store/codec.py``)."""
+(``store/entry_reader.py``)."""
 
 
 @dataclass

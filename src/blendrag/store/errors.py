@@ -1,6 +1,7 @@
-"""What a read of a stored entry raises when the bytes it finds cannot be the entry's: the codec's
-checks (``codec.py``) and the readers under it (``readers.py``) both raise ``EntryError``, which
-the tiers turn into a logged miss (``slot.py``)."""
+"""What a read of a stored entry raises when the bytes it finds cannot be the entry's: the
+entry reader's checks (``entry_reader.py``, ``tensors.py``) and the readers under them
+(``readers.py``) all raise ``EntryError``, which the tiers turn into a logged miss
+(``slot.py``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The tensors of one stored entry: its safetensors header, strictly checked, over a
-``RangeReader``, and positioned reads of its tensors into the caller's memory (``codec.py``
-reads entries through it).
+``RangeReader``, and positioned reads of its tensors into the caller's memory
+(``entry_reader.py`` reads entries through it).
 
 Why not ``safetensors.safe_open``: it memory-maps the file, and a file truncated while mapped
 kills the process with SIGBUS. Positioned reads turn that into a short read, i.e. an

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import os
 import pstats
 import traceback
 import warnings
@@ -24,6 +25,7 @@ from torch.autograd import DeviceType
 from torch.overrides import TorchFunctionMode
 from torch.profiler import ProfilerActivity, profile
 
+import blendrag
 from blendrag.config import BlendConfig
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.ttft import build_engine, random_layout
@@ -75,14 +77,16 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
 # tensors made from the host's data (on CUDA a blocking copy: it waits for the stream's work)
 HOST_READS = {"item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__",
               "__index__", "nonzero", "tensor"}
-PACKAGE = "/blendrag/"  # a site is the package's frames nearest the call (the bench's excluded)
+# a site is the package's frames nearest the call (the bench's own and torch's excluded)
+PACKAGE = os.path.dirname(blendrag.__file__) + os.sep
+SYNC_WARNING = "synchroniz"  # torch's: "called a synchronizing CUDA operation"
 
 
 def _site(stack: list[traceback.FrameSummary]) -> str:
     """The package's three innermost frames of ``stack`` (innermost first; "": none, a call
     of the bench's own)."""
-    own = [f for f in stack if PACKAGE in f.filename.replace("\\", "/")][::-1][:3]
-    return " < ".join(f"{f.filename.rsplit('src/', 1)[-1]}:{f.lineno}" for f in own)
+    own = [f for f in stack if f.filename.startswith(PACKAGE)][::-1][:3]
+    return " < ".join(f"blendrag/{f.filename[len(PACKAGE):]}:{f.lineno}" for f in own)
 
 
 class _HostReads(TorchFunctionMode):
@@ -111,12 +115,17 @@ def sync_sites(request: Callable[[], object], cuda: bool) -> str:
             request()
         return _sites_text("host reads (each a sync on a GPU)", reads.sites)
     sites: Counter[str] = Counter()
+    shown = warnings.showwarning
 
     def seen(message, category, filename, lineno, file=None, line=None):
+        if SYNC_WARNING not in str(message):  # another warning: shown as it would be
+            shown(message, category, filename, lineno, file, line)
+            return
         site = _site(traceback.extract_stack()[:-1])
         if site:
             sites[site] += 1
 
+    mode = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = seen
@@ -124,7 +133,7 @@ def sync_sites(request: Callable[[], object], cuda: bool) -> str:
         try:
             request()
         finally:
-            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.set_sync_debug_mode(mode)
     return _sites_text("host syncs (torch.cuda.set_sync_debug_mode)", sites)
 
 

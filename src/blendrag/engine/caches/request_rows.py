@@ -26,7 +26,7 @@ from blendrag.store.protocol import KVStore
 Ids = Sequence[int]
 
 
-class ChunkSource(Protocol):
+class ChunkLookup(Protocol):
     """What filling a request's rows asks of the chunk cache (engine/caches/chunk_cache.py)."""
 
     runner: ModelRunner
@@ -95,7 +95,7 @@ class RequestRows:
         self.close()
 
 
-def request_chunks(cache: ChunkSource, layout: PromptLayout, config: BlendConfig,
+def request_chunks(cache: ChunkLookup, layout: PromptLayout, config: BlendConfig,
                    head: int = 0) -> Iterator[tuple[int, tuple[int, int], Ids, Ids,
                                                     ChunkContext, bool]]:
     """Per chunk after row ``head``: (its index, its span, the ids it is computed after,
@@ -112,7 +112,7 @@ def request_chunks(cache: ChunkSource, layout: PromptLayout, config: BlendConfig
         yield i, span, chunk_prefix_ids, ids, context, exact
 
 
-def fill(cache: ChunkSource, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
+def fill(cache: ChunkLookup, rows: RequestRows, layout: PromptLayout, config: BlendConfig,
          failed: dict[str, ChunkKV | None], head: int, history: HistoryRows | None) -> None:
     """Fill ``rows`` with the request's cached rows (``ChunkCache.rows_for``): its prefix's,
     then each chunk's after row ``head`` (stored, computed now, or the history's)."""
@@ -154,7 +154,7 @@ def fill(cache: ChunkSource, rows: RequestRows, layout: PromptLayout, config: Bl
         rows.segments.append(CachedSegment(start, entry))
 
 
-def _open_or_compute(cache: ChunkSource, rows: RequestRows, failed: dict[str, ChunkKV | None],
+def _open_or_compute(cache: ChunkLookup, rows: RequestRows, failed: dict[str, ChunkKV | None],
                      chunk_prefix_ids: Ids, ids: Ids, context: ChunkContext,
                      chunk_prefix: Callable[[], ChunkKV | None]) -> tuple[LayeredEntry, bool]:
     """(the stored entry, True) or (the KV computed and stored now, False); a key that
@@ -172,7 +172,7 @@ def _open_or_compute(cache: ChunkSource, rows: RequestRows, failed: dict[str, Ch
     return MemoryLayeredEntry(kv, tier="computed"), False
 
 
-def _profile_now(cache: ChunkSource, kv: ChunkKV, chunk_prefix_ids: Ids,
+def _profile_now(cache: ChunkLookup, kv: ChunkKV, chunk_prefix_ids: Ids,
                  chunk_prefix: ChunkKV | None, chunks: Sequence[Ids], i: int,
                  rows: RequestRows) -> ChunkKV:
     """A chunk stored without a profile, met by the ``profile`` selector: measure it after
