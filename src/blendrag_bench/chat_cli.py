@@ -7,7 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blendrag.cli.options import add_json_option, add_model_options, add_progress_option
+from blendrag.cli.options import (
+    add_json_option,
+    add_model_options,
+    add_progress_option,
+    csv_of,
+)
+
+# chat_config.CONFIGS's names (a test holds them equal): building the parser imports no torch
+CHAT_CONFIGS = ("full+prefix-cache", "blend+prefix-cache", "blend")
 
 
 def register(bench: argparse._SubParsersAction) -> None:
@@ -19,14 +27,14 @@ def register(bench: argparse._SubParsersAction) -> None:
                     "conversation of --turns turns, each turn's TTFT against a full prefill of "
                     "the same prompt, the tokens taken from the cache and the bytes it holds.")
     add_model_options(chat, default_help="the default model (the text workload)")
-    chat.add_argument("--workloads", default="text,random,history",
+    chat.add_argument("--workloads", type=csv_of(str.strip), default="text,random,history",
                       help="text (a real model and MuSiQue passages), random (random weights, "
                            "token ids), history (new passages every turn ahead of the "
                            "conversation, as LlamaIndex's ContextChatEngine sends them), "
                            "random-history (the same on the random workload), "
                            "comma-separated (default: text,random,history)")
-    chat.add_argument("--configs", default=",".join(_chat_configs()),
-                      help=f"comma-separated (default: {','.join(_chat_configs())})")
+    chat.add_argument("--configs", type=csv_of(str.strip), default=",".join(CHAT_CONFIGS),
+                      help=f"comma-separated (default: {','.join(CHAT_CONFIGS)})")
     chat.add_argument("--turns", type=int, default=5, help="turns per conversation (default: 5)")
     chat.add_argument("--answer-tokens", type=int, default=32,
                       help="tokens per answer (default: 32)")
@@ -52,10 +60,6 @@ def register(bench: argparse._SubParsersAction) -> None:
     chat.set_defaults(func=_chat)
 
 
-def _chat_configs() -> tuple[str, ...]:
-    return ("full+prefix-cache", "blend+prefix-cache", "blend")
-
-
 def _chat(args: argparse.Namespace) -> int:
     import torch
 
@@ -69,11 +73,11 @@ def _chat(args: argparse.Namespace) -> int:
         random = TTFTWorkload(device=device, dtype=args.dtype, layers=args.layers,
                               chunks=args.chunks, chunk_tokens=args.chunk_tokens,
                               suffix_tokens=32)
-        cfg = ChatBenchConfig(workloads=_names(args.workloads), model=args.model,
+        cfg = ChatBenchConfig(workloads=args.workloads, model=args.model,
                               gguf_file=args.gguf_file, dtype=args.dtype, device=device,
                               random=random, turns=args.turns, answer_tokens=args.answer_tokens,
                               cache_bytes=args.cache_mib << 20, runs=args.runs,
-                              configs=_names(args.configs), turn_passages=args.turn_passages,
+                              configs=args.configs, turn_passages=args.turn_passages,
                               passage_tokens=args.passage_tokens)
     except ValueError as e:
         print(f"blendrag bench chat: error: {e}", file=sys.stderr)
@@ -91,7 +95,3 @@ def _chat(args: argparse.Namespace) -> int:
     records = run(cfg, on_turn=step)
     emit(args, {"threads": threads, "records": records}, format_table(records, cfg))
     return 0
-
-
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip())

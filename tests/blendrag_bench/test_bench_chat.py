@@ -127,3 +127,10 @@ def test_the_history_table_states_the_targets(history_records):
     text = format_table(rows, cfg)
     assert "workload: history" in text and "workload: random-history" in text
     assert text.count("(target >= 2x") == 2 and "whole answers" in text
+
+
+def test_the_command_lines_default_configs_are_the_benchs_own():
+    from blendrag_bench.chat_cli import CHAT_CONFIGS
+    from blendrag_bench.chat_config import CONFIGS
+
+    assert CHAT_CONFIGS == tuple(CONFIGS)

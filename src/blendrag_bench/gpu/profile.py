@@ -98,7 +98,8 @@ class _HostReads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in HOST_READS and (name != "tensor" or not isinstance(args[0], torch.Tensor)):
+        if name in HOST_READS and not (name == "tensor" and args and isinstance(args[0],
+                                                                   torch.Tensor)):
             site = _site(traceback.extract_stack()[:-1])
             if site:
                 self.sites[f"{name} @ {site}"] += 1

@@ -13,12 +13,12 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from blendrag import BlendConfig
 from blendrag.engine.caches.prefix_cache import PrefixCache
 from blendrag.prompt import PromptLayout
+from helpers.host_reads import HostReads
 
 MODES = {
     "full": BlendConfig(mode="full"),
@@ -31,7 +31,6 @@ MODES = {
 # what builds a mask: comparisons of positions, their combinations and the fills
 MASK_OPS = {"arange", "le", "lt", "ge", "gt", "bitwise_and", "bitwise_or", "logical_not",
             "masked_fill", "masked_fill_", "where", "zeros", "repeat"}
-HOST = {"item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
 COPIES = {"copy_", "cat", "index_copy_", "index_put_", "clone", "_to_copy", "index_select"}
 
 
@@ -51,18 +50,6 @@ class Ops(TorchDispatchMode):
             mask = kwargs.get("attn_mask", args[3] if len(args) > 3 else None)
             self.bool_masks += isinstance(mask, torch.Tensor) and mask.dtype == torch.bool
         return func(*args, **kwargs)
-
-
-class HostReads(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count: Counter[str] = Counter()
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", "")
-        if name in HOST:
-            self.count[name] += 1
-        return func(*args, **(kwargs or {}))
 
 
 def layout_of(engine) -> PromptLayout:

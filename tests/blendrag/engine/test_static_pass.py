@@ -13,6 +13,7 @@ from blendrag.config import Ape
 from blendrag.engine.compute.buckets import TOKEN_BUCKETS, ladder, row_bucket, token_bucket
 from blendrag.engine.compute.observers import LayerCounts, LayerStep, PhaseClock
 from blendrag.engine.compute.static_pass import StaticPasses
+from helpers.host_reads import HostReads
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 STATIC = ComputeConfig(passes="graph")
@@ -28,19 +29,10 @@ FAMILIES = {"llama": {}, "mistral": {"sliding_window": 24}, "qwen3": {}, "gemma2
 def test_a_static_pass_reads_its_counts_back_only_when_they_are_read():
     """On CUDA reading them right after the pass would make the host wait for the pass before
     it queues the logits: they are read with the request's stats, after its last sync."""
-    from torch.overrides import TorchFunctionMode
-
-    class Reads(TorchFunctionMode):
-        count = 0
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            Reads.count += getattr(func, "__name__", "") in ("tolist", "item", "__int__")
-            return func(*args, **(kwargs or {}))
-
-    counts = LayerCounts((2, 6))
-    with Reads():
+    counts, reads = LayerCounts((2, 6)), HostReads()
+    with reads:
         counts.count_pass(torch.arange(8), [None, 4, None])
-    assert Reads.count == 0
+    assert sum(reads.count.values()) == 0
     # a layer of the layer loop after it: its counts follow the pass's, in layer order
     pos = torch.tensor([5, 7])
     counts.on_layer(LayerStep(3, pos, torch.empty(0), pos, torch.empty(0), torch.empty(0), 13,
