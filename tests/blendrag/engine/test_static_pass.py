@@ -10,10 +10,11 @@ import torch
 
 from blendrag import BlendConfig, ComputeConfig, GenerationConfig
 from blendrag.config import Ape
+from blendrag.engine.caches.context import ChunkContext
 from blendrag.engine.compute.buckets import TOKEN_BUCKETS, ladder, row_bucket, token_bucket
 from blendrag.engine.compute.observers import LayerCounts, LayerStep, PhaseClock
 from blendrag.engine.compute.static_pass import StaticPasses
-from helpers.host_reads import HostReads
+from helpers.host_reads import MADE_ON_DEVICE, HostReads
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 STATIC = ComputeConfig(passes="graph")
@@ -40,6 +41,39 @@ def test_a_static_pass_reads_its_counts_back_only_when_they_are_read():
     assert counts.computed == [8, 8, 8, 2]
     assert counts.chunk_computed == [4, 4, 4, 1]  # positions 2..5 are chunk tokens
     assert counts.attended_keys == [36, 26, 36, 13]  # window 4: 1 + 2 + 3 + 4 x 5
+
+
+def test_the_default_queues_its_blend_pass_behind_its_preview_with_nothing_read_back(
+        engine_for, monkeypatch):
+    """On a GPU a value read back between the preview pass and the blend pass makes the host
+    wait for the preview before it queues the blend pass: the preview's attention, the
+    selection over it and the blend pass's inputs stay on the device, and the counts are read
+    with the stats, after the logits. ``torch.tensor(..., device=...)`` counts as a read: on
+    CUDA torch synchronizes after its blocking copy. The chunks carry their ingestion context,
+    so the selection's stored priors are sent too."""
+    engine = engine_for("llama", compute=STATIC, context=ChunkContext())
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    first = engine.prefill(layout, BlendConfig())  # warm: the chunks stored, the buffers made
+    logits, keys = first.logits, first.stats.compute.preview_attended_keys
+    del first  # the pooled buffer free again: static passes run on it only
+    reads, passes = HostReads(made=True), engine.runner.static_passes
+    run = passes.run
+
+    def marked(*args, **kwargs):
+        reads.log.append("pass")
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(passes, "run", marked)
+    with reads:
+        got = engine.prefill(layout, BlendConfig())
+    marks = [i for i, name in enumerate(reads.log) if name == "pass"]
+    assert len(marks) == 2, reads.log  # the preview pass and the blend pass, both static
+    assert reads.log[:marks[0]] == []
+    assert reads.log[marks[0] + 1:marks[1]] == [], reads.log  # nothing between the passes
+    assert MADE_ON_DEVICE not in reads.log
+    # the same choice and the same figures as before
+    assert torch.equal(got.logits, logits)
+    assert got.stats.compute.preview_attended_keys == keys > 0
 
 
 def test_buckets():
@@ -100,6 +134,7 @@ def test_static_passes_give_the_layer_loops_logits(engine_for, family):
         assert ca.computed_per_layer == cb.computed_per_layer, config.label
         assert ca.recomputed_chunk_tokens_per_layer == cb.recomputed_chunk_tokens_per_layer
         assert ca.attended_keys_per_layer == cb.attended_keys_per_layer
+        assert ca.preview_attended_keys == cb.preview_attended_keys, config.label
         # and the request KV's rows, which decoding reads next
         n = layout.num_tokens
         assert torch.allclose(a.fused.k[:, :, :n], b.fused.k[:, :, :n], atol=1e-5, rtol=0)

@@ -42,6 +42,7 @@ import blendrag.engine.request.head as head_rules
 from blendrag.engine.caches.history import HISTORY_TAG
 from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.caches.request_rows import RequestRows
+from blendrag.engine.compute.cuda_stager import tensor_on
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer_feed import LayerFeed
 from blendrag.engine.compute.loop import LoopPlan
@@ -92,12 +93,14 @@ class Opened:
 
 @dataclass
 class Running:
-    """What a running attempt holds: its KV (``fused``), RoPE tables, and the feed that places
-    the cached rows layer by layer."""
+    """What a running attempt holds: its KV (``fused``), RoPE tables, the feed that places
+    the cached rows layer by layer, and the preview pass once it has run (its counts are read
+    with the stats, after the logits)."""
 
     fused: FusedKV
     rope: RopeTables
     feed: LayerFeed
+    preview: PreviewPass | None = None
 
 
 def _clock(req: Request) -> PhaseClock:
@@ -253,6 +256,8 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
     stats.compute.computed_per_layer = counts.computed
     stats.compute.recomputed_chunk_tokens_per_layer = counts.chunk_computed
     stats.compute.attended_keys_per_layer = counts.attended_keys
+    if running.preview is not None:
+        stats.compute.preview_attended_keys = running.preview.attended_keys
     observe(parts.controller, feed, stats)
     return Prefill(logits, fused, stats, head_rules.exact_rows(req.layout, req.config,
                                                                opened.head))
@@ -279,7 +284,7 @@ def _fill_head(parts: Parts, req: Request, opened: Opened, running: Running) -> 
     PrefixCache.copy_into(opened.found, running.fused, first.taken)
     if first.bridge:
         dev = parts.runner.device
-        ids = torch.tensor(req.layout.ids[:first.rows], device=dev)
+        ids = tensor_on(req.layout.ids[:first.rows], dev)
         out = parts.runner.run(LoopPlan(ids, torch.arange(first.taken, first.rows, device=dev)),
                                running.fused, running.rope, (), _clock(req))
         req.stats.compute.warming_passes += out.warming
@@ -288,7 +293,7 @@ def _fill_head(parts: Parts, req: Request, opened: Opened, running: Running) -> 
 def _tail_plan(parts: Parts, req: Request, opened: Opened, running: Running) -> LoopPlan:
     """Every token after the head computed."""
     n, dev = req.layout.num_tokens, parts.runner.device
-    return LoopPlan(torch.tensor(req.layout.ids, device=dev),
+    return LoopPlan(tensor_on(req.layout.ids, dev),
                     torch.arange(opened.head.rows, n, device=dev), feed=running.feed)
 
 
@@ -296,11 +301,13 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
               running: Running) -> Steps[LoopPlan]:
     """The layer loop's plan for ``req.config`` over ``opened.rest``: which rows are cached,
     which tokens computed (the blend selector's choice, after the preview pass for
-    ``preview``: a pass of its own, stopped at as the main pass is)."""
+    ``preview``: a pass of its own, stopped at as the main pass is). Nothing is read back
+    between the two passes: the preview's attention stays where it was computed, the
+    selection is made there, and on a GPU the blend pass is queued behind the preview."""
     runner, config, rows, layout = parts.runner, req.config, opened.rows, opened.rest
     dev, n = runner.device, layout.num_tokens
     feed: LayerFeed | None = running.feed
-    ids = torch.tensor(layout.ids, device=dev)
+    ids = tensor_on(layout.ids, dev)
     first_computed = rows.segments[-1].end if rows.segments else 0
     chunk_start, suffix_start = len(layout.prefix_ids), layout.suffix_start
     ape = None if config.ape is None else ApeSpan(config.ape, chunk_start, suffix_start)
@@ -313,12 +320,11 @@ def make_plan(parts: Parts, req: Request, opened: Opened,
     clock = _clock(req)
     if config.selector == "preview":  # where the question looks, over the cached rows
         clock.lap("plan")
-        preview = PreviewPass(layout, dev, feed)
+        preview = running.preview = PreviewPass(layout, ids, feed)
         yield from stop_at(CachedPass(preview.plan, running.fused, running.rope,
                                       preview.observers, OFF, None, alone=clock is not OFF),
                            req.stats)
-        attention, keys = preview.result()
-        req.stats.compute.preview_attended_keys = keys
+        attention = preview.result()
         req.stats.compute.preview_tokens = len(layout.suffix_ids)
         feed = None  # the preview pass loaded every cached row into the buffer
         clock.lap("preview")

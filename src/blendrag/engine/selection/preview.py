@@ -27,21 +27,26 @@ class PreviewPass:
     in the request's buffer: the pass is the consumer of ``feed``, so with pipelined loading it
     overlaps their loading, and the blend pass after it has nothing left to load."""
 
-    def __init__(self, layout: PromptLayout, device: torch.device,
+    def __init__(self, layout: PromptLayout, ids: torch.Tensor,
                  feed: LayerFeed | None) -> None:
         self.attention = KeyAttention(len(layout.prefix_ids), layout.suffix_start)
         self.counts = LayerCounts((0, 0))
-        self.plan = LoopPlan(torch.tensor(layout.ids, device=device),
-                             torch.arange(layout.suffix_start, layout.num_tokens, device=device),
-                             feed=feed)
+        self.plan = LoopPlan(ids, torch.arange(layout.suffix_start, layout.num_tokens,
+                                               device=ids.device), feed=feed)
 
     @property
     def observers(self) -> tuple[KeyAttention, LayerCounts]:
         return self.attention, self.counts
 
-    def result(self) -> tuple[torch.Tensor, int]:
+    def result(self) -> torch.Tensor:
         """Attention the suffix paid each chunk token, per layer, summed over heads and suffix
-        queries: [layers, C] float32 on the CPU (C: chunk tokens); and the keys the pass
-        attended to over all layers (its attention work)."""
-        return self.attention.attention.cpu(), sum(self.counts.attended_keys)
+        queries: [layers, C] float32 where the pass ran (C: chunk tokens). Nothing is read
+        back: on a GPU the selection is made on the device and the blend pass queued behind
+        this one (engine/selection/selectors.py)."""
+        return self.attention.attention
 
+    @property
+    def attended_keys(self) -> int:
+        """The keys the pass attended to over all layers (its attention work): a read of its
+        counts, for the stats once the request's logits are ready."""
+        return sum(self.counts.attended_keys)

@@ -28,6 +28,7 @@ from blendrag.config import (
     token_budget,
 )
 from blendrag.engine.caches.history import HISTORY_TAG
+from blendrag.engine.compute.cuda_stager import to_device
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer import attention_probs
 from blendrag.kv.chunk_kv import ChunkKV
@@ -138,23 +139,24 @@ class RandomSelector(Selector):
         g = torch.Generator().manual_seed(self.config.typed_options(RandomOptions).seed)
         count = self.budget_of(self.config.ratio)
         chosen = torch.randperm(self.num_chunk_tokens, generator=g)[:count].sort().values
-        return self.chunk_positions[chosen.to(self.device)]
+        return self.chunk_positions[to_device(chosen, self.device)]
 
 
 class StaticTopSelector(Selector):
-    """The top ceil(ratio * C) chunk tokens by ``self.scores`` ([C] on the CPU), ranked across
-    all chunks, recomputed at every layer."""
+    """The top ceil(ratio * C) chunk tokens by ``self.scores`` ([C], on the CPU or on the
+    device: the preview's, made there, are chosen there, with nothing read back), ranked
+    across all chunks, recomputed at every layer."""
 
     scores: torch.Tensor
     span = 1  # windows of neighbouring tokens (``PreviewOptions.span``)
 
     def initial(self) -> torch.Tensor:
         count = self.budget_of(self.config.ratio)
-        if self.span > 1:
-            chosen = spans(self.scores, count, self.span)
+        if self.span > 1:  # windows chosen one after another: on the host
+            chosen = spans(self.scores.cpu(), count, self.span)
         else:
-            chosen = torch.topk(self.scores, count).indices.sort().values
-        return self.chunk_positions[chosen.to(self.device)]
+            chosen = torch.topk(self.scores, count).indices.sort().values  # [count]
+        return self.chunk_positions[to_device(chosen, self.device)]
 
 
 def spans(scores: torch.Tensor, count: int, span: int) -> torch.Tensor:
@@ -261,12 +263,14 @@ class PreviewSelector(StaticTopSelector):
         layout, chunks, attention = inputs.layout, inputs.chunks, inputs.attention
         if attention is None or tuple(attention.shape[1:]) != (self.num_chunk_tokens,):
             raise ValueError("the preview selector needs the preview pass's attention [layers, C]")
+        # where the preview ran: on a GPU the scores and the choice are made on the device
         att = attention.float()
         att = att / att.mean(dim=1, keepdim=True).clamp_min(1e-12)  # [L, C], mean 1 per layer
         shifts = _stored([kv.context_shift for kv in chunks], layout, chunks,
                          lambda t: torch.zeros(att.shape[0], t))
-        if shifts is not None:
-            prior = torch.cat([s.float() for s in shifts], dim=1).sqrt()  # [L, C]
+        if shifts is not None:  # the stored priors, on the host: sent without a wait
+            prior = to_device(torch.cat([s.float() for s in shifts], dim=1).sqrt(),
+                              att.device)  # [L, C]
         else:  # a chunk stored without its context: rank by attention alone
             prior = torch.ones_like(att)  # [L, C]
         options = config.typed_options(PreviewOptions)
