@@ -2,36 +2,16 @@
 pinned staging buffers, non-blocking copies and the placing kernels on a stream of the
 reader's own, an event after each block; the compute stream waits for that event, never the
 host. The reader's stream first waits for the compute stream, which made the request's KV and
-the RoPE tables; a staging slot is reused only after its copy's event has completed.
-
-``to_device`` and ``tensor_on`` are the same idea for a request's small host inputs (its token
-ids, the selection's priors): on CUDA a blocking copy from pageable memory makes the host wait
-for every kernel queued on the stream (torch synchronizes after it), so an input made while
-a pass runs would stall the queueing of the next one; pinned and non-blocking, it does not."""
+the RoPE tables; a staging slot is reused only after its copy's event has completed."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
 # per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
 Rows = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``t`` on ``device`` without the host waiting for the device's queued work: on CUDA a host
-    tensor is pinned and copied non-blocking (torch keeps the pinned block from reuse until
-    the copy is done); elsewhere a plain ``to``."""
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
-
-
-def tensor_on(values: Sequence[int], device: torch.device) -> torch.Tensor:
-    """``values`` (token ids, positions) as a long tensor on ``device``, made as ``to_device``
-    sends: ``torch.tensor(values, device=cuda)`` would wait for the stream's queued work."""
-    return to_device(torch.tensor(values, dtype=torch.long), device)
 
 
 class CudaStager:

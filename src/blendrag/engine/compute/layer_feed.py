@@ -40,6 +40,11 @@ that layer (of the first layer of its block), on the loop's thread.
 On CUDA the reader works on a stream of its own (``CudaStager``, engine/compute/cuda_stager.py):
 host rows go through pinned staging buffers with non-blocking copies, are placed by kernels on
 that stream, and ``wait`` makes the compute stream wait for the block's event (no host sync).
+
+A request's small host inputs take the same road (``to_device``, ``tensor_on``: its token ids,
+the selection's stored priors): on CUDA a blocking copy from pageable memory makes the host wait
+for every kernel queued on the stream (torch synchronizes after it), so an input made while a
+pass runs would stall the queueing of the next one; pinned and non-blocking, it does not.
 """
 
 from __future__ import annotations
@@ -251,6 +256,21 @@ class LayerFeed:
             except queue.Full:
                 continue
         return False
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` without the host waiting for the device's queued work: on CUDA a host
+    tensor is pinned and copied non-blocking (torch keeps the pinned block from reuse until
+    the copy is done); elsewhere a plain ``to``."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+
+
+def tensor_on(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` (token ids, positions) as a long tensor on ``device``, sent as ``to_device``
+    sends: ``torch.tensor(values, device="cuda")`` would wait for the stream's queued work."""
+    return to_device(torch.tensor(values, dtype=torch.long), device)
 
 
 def _on(kv: ChunkKV, device: torch.device) -> bool:

@@ -42,9 +42,8 @@ import blendrag.engine.request.head as head_rules
 from blendrag.engine.caches.history import HISTORY_TAG
 from blendrag.engine.caches.prefix_cache import PrefixCache, PrefixMatch
 from blendrag.engine.caches.request_rows import RequestRows
-from blendrag.engine.compute.cuda_stager import tensor_on
 from blendrag.engine.compute.fused_kv import FusedKV
-from blendrag.engine.compute.layer_feed import LayerFeed
+from blendrag.engine.compute.layer_feed import LayerFeed, tensor_on
 from blendrag.engine.compute.loop import LoopPlan
 from blendrag.engine.compute.observers import OFF, LayerCounts, LayerObserver, PhaseClock
 from blendrag.engine.request.mode import mode_for, with_history

@@ -28,9 +28,9 @@ from blendrag.config import (
     token_budget,
 )
 from blendrag.engine.caches.history import HISTORY_TAG
-from blendrag.engine.compute.cuda_stager import to_device
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.layer import attention_probs
+from blendrag.engine.compute.layer_feed import to_device
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.prompt import PromptLayout
 from blendrag.store.layered import LayeredEntry
