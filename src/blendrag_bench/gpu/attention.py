@@ -16,11 +16,16 @@ largest difference from it:
   the programs;
 - ``sdpa mask``: SDPA with the exact mask as an additive bias (its memory-efficient kernel);
 - ``sdpa lower-right``: contiguous queries at the end only (reuse's): SDPA's causal mask
-  aligned to the bottom-right corner.
+  aligned to the bottom-right corner;
+- ``explicit fp32``: the probabilities computed explicitly with the exact mask added in the
+  matmul, the q heads of a KV head in one batched GEMM (``layer.attention_probs``: the preview
+  pass's attention, whose per-key sums are the preview selector's scores); the GEMMs split the
+  keys across the whole card where a tile of queries walks them alone.
 
 Cases: reuse (the 64 question tokens at the end), blend at 15 % and 20 % (chosen chunk tokens
 spread over the prompt, then the question), at the 3k prompt and, for reuse and 15 %, the 16k
-one. On a CPU (``--small``) only the SDPA rows run (FlexAttention is the CUDA kernel)."""
+one. On a CPU (``--small``) only the SDPA and explicit rows run (FlexAttention is the CUDA
+kernel)."""
 
 from __future__ import annotations
 
@@ -33,6 +38,7 @@ import torch.nn.functional as F
 from blendrag.engine.compute import attention as att
 from blendrag.engine.compute import flex
 from blendrag.engine.compute.buckets import row_bucket
+from blendrag.engine.compute.layer import attention_probs
 from blendrag_bench.gpu.shapes import SEVEN_B, TINY, sync
 from blendrag_bench.timing import median_time
 
@@ -63,7 +69,7 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
         k[:, n:], v[:, n:] = 0, 0  # rows past the prompt: zeros, as in a request KV
         ref = None
         emit(f"\n{label}: {pos.shape[0]} queries over {n} keys ({keys} rows)")
-        for name, call in _variants(pos, n, keys, d ** -0.5, cuda).items():
+        for name, call in _variants(pos, n, keys, d ** -0.5, cuda, h // hkv).items():
             try:
                 o = call(q, k, v)
                 us = _time(partial(call, q, k, v))
@@ -86,8 +92,8 @@ def _positions(n: int, ratio: float, dev: torch.device) -> torch.Tensor:
     return torch.cat([chosen, torch.arange(n - SUFFIX, n)]).to(dev)
 
 
-def _variants(pos: torch.Tensor, n: int, keys: int, scale: float,
-              cuda: bool) -> dict[str, Callable]:
+def _variants(pos: torch.Tensor, n: int, keys: int, scale: float, cuda: bool,
+              groups: int) -> dict[str, Callable]:
     a = pos.shape[0]
     bias = att.score_bias(pos, keys if cuda else n, None).to(  # [A, keys]
         torch.bfloat16 if cuda else torch.float32)
@@ -109,7 +115,24 @@ def _variants(pos: torch.Tensor, n: int, keys: int, scale: float,
     if cuda and bool((pos[1:] - pos[:-1] == 1).all()):  # contiguous to the end: reuse's
         right = att.LowerRightPlan(a, n)
         variants["sdpa lower-right"] = lambda q, k, v: right.attend(q, k, v, scale)
+    variants["explicit fp32"] = _explicit(pos, keys if cuda else n, scale, groups)
     return variants
+
+
+def _explicit(pos: torch.Tensor, rows: int, scale: float, groups: int) -> Callable:
+    """The preview pass's attention: probabilities in float32 over ``rows`` keys with the exact
+    mask (built once, as a pass builds it for all its layers), then one batched GEMM with the
+    values."""
+    bias = att.score_bias(pos, rows, None, groups)  # [g*A, rows]
+
+    def call(q, k, v):
+        heads, a, d = q.shape
+        hkv = k.shape[0]
+        probs = attention_probs(q, k[:, :rows], None, scale, bias=bias)  # [H, A, rows]
+        o = probs.view(hkv, -1, rows).to(v.dtype) @ v[:, :rows]  # [Hkv, g*A, D]
+        return o.view(heads, a, d)
+
+    return call
 
 
 def _flex_rows(pos: torch.Tensor, n: int, keys: int, scale: float, rows: int,
