@@ -5,6 +5,7 @@ stand-ins; what is checked is which pool each capture is given."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 
 import pytest
@@ -51,3 +52,62 @@ def test_a_new_pool_once_every_graph_is_gone(captured):
     pool.capture(lambda: torch.zeros(1), torch.device("cpu"))  # the new pool's graph lives
     assert captured == [0, 1, 1] and pool.pools == 2
     del alive
+
+
+class _Stream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_capture_leaves_the_threads_stream_as_it_found_it(monkeypatch, fails):
+    """``torch.cuda.graph`` leaves its stream current when the capture fails; the eager
+    fallback after it must run on the thread's own stream, ordered with the rest. The capture
+    runs on a stream of the model's device, under that device (stand-ins: no CUDA here)."""
+    before, made, current, seen = _Stream("before"), [], [], {}
+
+    class _Device:  # torch.cuda.device(d): the device the capture runs under
+        def __init__(self, device):
+            seen["device"] = device
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    class _GraphContext:
+        def __init__(self, graph, pool=None, stream=None, capture_error_mode="global"):
+            seen["capture stream"] = stream
+
+        def __enter__(self):
+            current.append(seen["capture stream"])
+
+        def __exit__(self, *exc):
+            if fails:  # capture_end raised: torch does not restore the stream
+                raise RuntimeError("operation not permitted when stream is capturing")
+            current.pop()
+            return False
+
+    def stream_made(device):
+        made.append(_Stream(f"side {device}"))
+        return made[-1]
+
+    monkeypatch.setattr(torch.cuda, "device", _Device)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: before)
+    monkeypatch.setattr(torch.cuda, "Stream", stream_made)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", _GraphContext)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda s: current.append(s))
+    model = torch.device("cuda", 1)
+    if fails:
+        with pytest.raises(RuntimeError):
+            graphs.capture(lambda: torch.zeros(1), model)
+    else:
+        graphs.capture(lambda: torch.zeros(1), model)
+    assert seen["device"] == model and seen["capture stream"] is made[0]
+    assert current[-1] is before  # the thread's stream, whatever happened

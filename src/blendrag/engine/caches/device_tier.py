@@ -73,7 +73,11 @@ class DeviceTier:
                 return None
             self._rows.move_to_end(name)
             self.hits += 1
-            ready = self._ready.pop(name, None)
+            # kept until the copy is seen done: a hit on another thread meanwhile waits too
+            ready = self._ready.get(name)
+            if ready is not None and ready.query():
+                del self._ready[name]
+                ready = None
         if self._stream is not None:
             current = torch.cuda.current_stream(self.device)
             if ready is not None:  # the compute stream waits for the copy (no host sync)

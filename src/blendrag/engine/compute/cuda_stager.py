@@ -34,7 +34,7 @@ class CudaStager:
         """A block's rows on the device, placed when ``place`` is given (then None is
         returned for the rows), and the event that follows the copies (and the placing)."""
         buffers, done = self._slots[self._turn]
-        if done is not None:
+        if done is not None and any(b is not None for b in buffers):
             done.synchronize()  # the slot's previous copy has left the pinned buffers
         host = [t for pair in rows for t in pair]
         held = [None if b is None else (tuple(b.shape), b.dtype) for b in buffers]

@@ -34,18 +34,29 @@ def capture(step: Callable[[], torch.Tensor], device: torch.device,
             pool: _POOL_HANDLE | None = None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """``step`` captured as a CUDA graph on ``device`` (its memory from ``pool`` when given,
     shared with the graphs captured into it), and the tensor it returns, which every replay
-    refills. ``step`` must read no value back to the host."""
-    with _CAPTURING:
+    refills. ``step`` must read no value back to the host.
+
+    The capture runs on a stream of ``device`` (torch's default capture stream belongs to the
+    thread's current device, which need not be the model's), and the thread's stream is the
+    one it had afterwards, the capture failed or not: ``torch.cuda.graph`` leaves a failed
+    capture's stream current, and the eager fallback would then run unordered with the
+    other threads' work."""
+    with _CAPTURING, torch.cuda.device(device):
+        before = torch.cuda.current_stream(device)
         stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):  # warm-up: outside the capture
-            for _ in range(2):
-                step()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
-            out = step()
-        return graph, out
+        stream.wait_stream(before)
+        try:
+            with torch.cuda.stream(stream):  # warm-up: outside the capture
+                for _ in range(2):
+                    step()
+            before.wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream,
+                                  capture_error_mode="thread_local"):
+                out = step()
+            return graph, out
+        finally:
+            torch.cuda.set_stream(before)
 
 
 class SharedPool:
