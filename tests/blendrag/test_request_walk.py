@@ -87,7 +87,7 @@ def _warm(engine: BlendEngine, call) -> set[str]:
     its path (the backfill, engine/caches/backfill.py), so it is waited for, and the traced call
     must blend them."""
     call()
-    engine.cache.backfill.wait()
+    assert engine.cache.backfill.wait(timeout=120), "the backfill did not store the chunks"
     return _files_run(call)
 
 

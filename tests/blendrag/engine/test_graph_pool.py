@@ -92,8 +92,8 @@ def test_a_capture_leaves_the_threads_stream_as_it_found_it(monkeypatch, fails):
             current.pop()
             return False
 
-    def stream_made(device):
-        made.append(_Stream(f"side {device}"))
+    def stream_made(device, priority=0):
+        made.append(_Stream(f"side {device} {priority}"))
         return made[-1]
 
     monkeypatch.setattr(torch.cuda, "device", _Device)
@@ -103,11 +103,17 @@ def test_a_capture_leaves_the_threads_stream_as_it_found_it(monkeypatch, fails):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
     monkeypatch.setattr(torch.cuda, "graph", _GraphContext)
     monkeypatch.setattr(torch.cuda, "set_stream", lambda s: current.append(s))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(graphs, "_STREAMS", {})
     model = torch.device("cuda", 1)
-    if fails:
-        with pytest.raises(RuntimeError):
+    for _ in range(2):
+        if fails:
+            with pytest.raises(RuntimeError):
+                graphs.capture(lambda: torch.zeros(1), model)
+        else:
             graphs.capture(lambda: torch.zeros(1), model)
-    else:
-        graphs.capture(lambda: torch.zeros(1), model)
-    assert seen["device"] == model and seen["capture stream"] is made[0]
-    assert current[-1] is before  # the thread's stream, whatever happened
+        assert seen["device"] == model and seen["capture stream"] is made[0]
+        assert current[-1] is before  # the thread's stream, whatever happened
+    # one capture stream for the device (graphs sharing a pool must share it), of high
+    # priority (not one of the default pool's, which the layer feed and device tier take)
+    assert len(made) == 1 and made[0].name == "side 1 -1"

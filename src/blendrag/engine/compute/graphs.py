@@ -28,6 +28,20 @@ if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
 _CAPTURING = threading.Lock()
+_STREAMS: dict[int, torch.cuda.Stream] = {}  # the capture stream of each device (by index)
+
+
+def _capture_stream() -> torch.cuda.Stream:
+    """The current device's capture stream, one for the life of the process (the caller holds
+    ``_CAPTURING``): graphs that share a memory pool are captured on one stream, since the
+    caching allocator hands a pool's freed block only to a later allocation on the stream that
+    freed it; and of high priority, so that it comes from torch's other pool of streams and is
+    never the stream a layer feed or the device tier took from the default one (work another
+    thread queued on it would land in the graph)."""
+    index = torch.cuda.current_device()
+    if index not in _STREAMS:
+        _STREAMS[index] = torch.cuda.Stream(index, priority=-1)
+    return _STREAMS[index]
 
 
 def capture(step: Callable[[], torch.Tensor], device: torch.device,
@@ -36,14 +50,14 @@ def capture(step: Callable[[], torch.Tensor], device: torch.device,
     shared with the graphs captured into it), and the tensor it returns, which every replay
     refills. ``step`` must read no value back to the host.
 
-    The capture runs on a stream of ``device`` (torch's default capture stream belongs to the
-    thread's current device, which need not be the model's), and the thread's stream is the
-    one it had afterwards, the capture failed or not: ``torch.cuda.graph`` leaves a failed
-    capture's stream current, and the eager fallback would then run unordered with the
-    other threads' work."""
+    The capture runs under ``device``, on its capture stream (``_capture_stream``; torch's
+    default capture stream belongs to the thread's current device, which need not be the
+    model's), and the thread's stream is the one it had afterwards, the capture failed or not:
+    ``torch.cuda.graph`` leaves a failed capture's stream current, and the eager fallback would
+    then run unordered with the other threads' work."""
     with _CAPTURING, torch.cuda.device(device):
         before = torch.cuda.current_stream(device)
-        stream = torch.cuda.Stream(device)
+        stream = _capture_stream()
         stream.wait_stream(before)
         try:
             with torch.cuda.stream(stream):  # warm-up: outside the capture

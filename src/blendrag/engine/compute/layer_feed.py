@@ -261,7 +261,8 @@ class LayerFeed:
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` without the host waiting for the device's queued work: on CUDA a host
     tensor is pinned and copied non-blocking (torch keeps the pinned block from reuse until
-    the copy is done); elsewhere a plain ``to``."""
+    the copy is done); elsewhere a plain ``to``. A tensor pinned already is copied as it is:
+    the caller must not write it until the copy is done (callers pass tensors made for it)."""
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
