@@ -18,8 +18,9 @@ Question kinds (``KINDS``):
 Coreference rule of the corpus: a passage that starts with a pronoun continues the person
 named in the passage right before it. Passages are ordered so that the rule always holds.
 
-Word pools live in ``vocab.py`` and the prompt format in ``prompt_format.py``; this module
-re-exports the prompt format's public names. What only the training script needs (question
+Word pools live in ``vocab.py``, the entities and their passages in ``entities.py`` and the
+prompt format in ``prompt_format.py``; this module re-exports the prompt format's public
+names. What only the training script needs (question
 groups, the tokenizer's vocabulary, an independent reader of the passages) lives beside it in
 ``scripts/training/``.
 
@@ -32,10 +33,20 @@ training script tokenize the pieces separately and concatenate the ids (see
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from blendrag.eval.metrics import exact_match, normalize_answer  # noqa: F401  (one normalization, re-exported)
+from blendrag_demo.entities import (
+    Company,
+    Person,
+    Pools,
+    company_passage,
+    new_company,
+    new_person,
+    person_continuation,
+    person_intro,
+    place_passage,
+)
 from blendrag_demo.prompt_format import (  # noqa: F401  (re-exported: the corpus's public names)
     CHUNK_TEMPLATE,
     PREFIX,
@@ -47,21 +58,7 @@ from blendrag_demo.prompt_format import (  # noqa: F401  (re-exported: the corpu
     format_suffix,
     prompt_pieces,
 )
-from blendrag_demo.vocab import (
-    CITIES,
-    COMPANIES,
-    COMPANY_TYPES,
-    COMPANY_YEARS,
-    FEMALE_FIRST,
-    FILLERS,
-    HOBBIES,
-    JOBS,
-    LAST_NAMES,
-    MALE_FIRST,
-    PERSON_YEARS,
-    PLACE_TEMPLATES,
-    PLACE_YEARS,
-)
+from blendrag_demo.vocab import COMPANIES
 
 KINDS: tuple[str, ...] = ("single", "pronoun", "comparison", "multihop")
 """Question kinds, see the module docstring."""
@@ -77,134 +74,6 @@ DEFAULT_KIND_WEIGHTS: dict[str, float] = {"single": 0.3, "pronoun": 0.3, "compar
 HELDOUT_SEED = 9_000_001
 """Seed of the held-out evaluation set; training draws its data from other seeds."""
 
-
-
-# --------------------------------------------------------------------------- entities
-
-
-def _article(noun: str) -> str:
-    return "an" if noun[0] in "aeiou" else "a"
-
-
-@dataclass(frozen=True)
-class _Person:
-    first: str
-    last: str
-    female: bool
-    job: str
-    city: str
-    employer: str
-    year: str
-    hobby: str
-    split: bool  # birth year and hobby are told in a separate, pronoun-led passage
-
-    @property
-    def name(self) -> str:
-        return f"{self.first} {self.last}"
-
-    @property
-    def subj(self) -> str:
-        return "She" if self.female else "He"
-
-    @property
-    def poss(self) -> str:
-        return "her" if self.female else "his"
-
-
-@dataclass(frozen=True)
-class _Company:
-    name: str
-    kind: str
-    city: str
-    year: str
-
-
-class _Pools:
-    """Draws entity attributes without repetition inside one example."""
-
-    def __init__(self, rng: random.Random) -> None:
-        self.rng = rng
-        self._used: dict[str, set[str]] = {}
-
-    def take(self, pool_name: str, pool: Sequence[str], avoid: Sequence[str] = ()) -> str:
-        used = self._used.setdefault(pool_name, set())
-        free = [x for x in pool if x not in used and x not in avoid]
-        value = self.rng.choice(free)
-        used.add(value)
-        return value
-
-
-def _new_person(pools: _Pools, split: bool, employer: str | None = None) -> _Person:
-    rng = pools.rng
-    female = rng.random() < 0.5
-    first = pools.take("first", FEMALE_FIRST if female else MALE_FIRST)
-    return _Person(
-        first=first,
-        last=pools.take("last", LAST_NAMES),
-        female=female,
-        job=rng.choice(JOBS),
-        city=pools.take("city", CITIES),
-        employer=employer if employer is not None else pools.take("company", COMPANIES),
-        year=pools.take("person_year", PERSON_YEARS),
-        hobby=rng.choice(HOBBIES),
-        split=split,
-    )
-
-
-def _new_company(pools: _Pools, name: str | None = None, avoid_city: str = "") -> _Company:
-    return _Company(
-        name=name if name is not None else pools.take("company", COMPANIES),
-        kind=pools.rng.choice(COMPANY_TYPES),
-        city=pools.take("company_city", CITIES, avoid=(avoid_city,)),
-        year=pools.take("company_year", COMPANY_YEARS),
-    )
-
-
-# --------------------------------------------------------------------------- passages
-
-
-def _fillers(rng: random.Random, lo: int, hi: int) -> list[str]:
-    return rng.sample(FILLERS, rng.randint(lo, hi))
-
-
-def _person_intro(p: _Person, rng: random.Random) -> str:
-    if rng.random() < 0.5:
-        first = f"{p.name} is {_article(p.job)} {p.job} from {p.city}."
-    else:
-        first = f"{p.name} comes from {p.city} and works as {_article(p.job)} {p.job}."
-    sents = [first, f"{p.subj} works for {p.employer}."]
-    if not p.split:
-        sents += _person_details(p, rng)
-    return " ".join(sents + _fillers(rng, 1 if p.split else 0, 1))
-
-
-def _person_details(p: _Person, rng: random.Random) -> list[str]:
-    if rng.random() < 0.5:
-        born = f"{p.subj} was born in {p.year}."
-    else:
-        born = f"{p.subj} was born in {p.year} in a small house."
-    return [born, f"In {p.poss} free time {p.subj.lower()} enjoys {p.hobby}."]
-
-
-def _person_continuation(p: _Person, rng: random.Random) -> str:
-    return " ".join(_person_details(p, rng) + _fillers(rng, 1, 1))
-
-
-def _company_passage(c: _Company, rng: random.Random) -> str:
-    if rng.random() < 0.5:
-        first = f"{c.name} is {_article(c.kind)} {c.kind} based in {c.city}."
-    else:
-        first = f"The {c.kind} {c.name} is based in {c.city}."
-    return " ".join([first, f"It was founded in {c.year}."] + _fillers(rng, 0, 1))
-
-
-def _place_passage(pools: _Pools) -> str:
-    rng = pools.rng
-    city = pools.take("place_city", CITIES)
-    sents = [
-        t.format(city=city, year=rng.choice(PLACE_YEARS)) for t in rng.sample(PLACE_TEMPLATES, 2)
-    ]
-    return " ".join(sents + _fillers(pools.rng, 0, 1))
 
 
 # --------------------------------------------------------------------------- examples
@@ -243,7 +112,7 @@ class _Unit:
     """Passages about one entity, kept adjacent: (texts, entity)."""
 
     texts: tuple[str, ...]
-    entity: _Person | _Company | None
+    entity: Person | Company | None
 
 
 @dataclass
@@ -251,70 +120,70 @@ class Scene:
     """One example's passages and the entities they describe (with their passage indices)."""
 
     chunks: list[str]
-    persons: list[tuple[_Person, int]]  # person, index of the intro passage
-    companies: dict[str, tuple[_Company, int]]  # name -> company, passage index
+    persons: list[tuple[Person, int]]  # person, index of the intro passage
+    companies: dict[str, tuple[Company, int]]  # name -> company, passage index
 
 
 _MIN_CHUNKS = {"single": 1, "pronoun": 2, "comparison": 2, "multihop": 2}
 
 
-def _required_units(kind: str, pools: _Pools, room: int) -> list[_Person | _Company]:
+def _required_units(kind: str, pools: Pools, room: int) -> list[Person | Company]:
     rng = pools.rng
     if kind == "pronoun":
-        return [_new_person(pools, split=True)]
+        return [new_person(pools, split=True)]
     if kind == "comparison":
-        return [_new_person(pools, split=room >= 3 and rng.random() < 0.5),
-                _new_person(pools, split=False)]
+        return [new_person(pools, split=room >= 3 and rng.random() < 0.5),
+                new_person(pools, split=False)]
     if kind == "multihop":
         name = pools.take("company", COMPANIES)
-        person = _new_person(pools, split=room >= 3 and rng.random() < 0.3, employer=name)
-        return [person, _new_company(pools, name=name, avoid_city=person.city)]
+        person = new_person(pools, split=room >= 3 and rng.random() < 0.3, employer=name)
+        return [person, new_company(pools, name=name, avoid_city=person.city)]
     roll = rng.random()
     if roll < 0.4:
-        return [_new_person(pools, split=False)]
+        return [new_person(pools, split=False)]
     if roll < 0.7 and room >= 2:
-        return [_new_person(pools, split=True)]
-    return [_new_company(pools)]
+        return [new_person(pools, split=True)]
+    return [new_company(pools)]
 
 
-def _n_texts(entity: _Person | _Company | None) -> int:
-    return 2 if isinstance(entity, _Person) and entity.split else 1
+def _n_texts(entity: Person | Company | None) -> int:
+    return 2 if isinstance(entity, Person) and entity.split else 1
 
 
-def _distractor(pools: _Pools, room: int,
-                companies_in_scene: list[str]) -> _Person | _Company | None:
+def _distractor(pools: Pools, room: int,
+                companies_in_scene: list[str]) -> Person | Company | None:
     rng = pools.rng
     roll = rng.random()
     if roll < 0.15:
         return None  # a place passage
     if roll < 0.45:
-        return _new_company(pools)
+        return new_company(pools)
     split = room >= 2 and rng.random() < 0.5
     employer = rng.choice(companies_in_scene) if companies_in_scene and rng.random() < 0.4 else None
-    return _new_person(pools, split=split, employer=employer)
+    return new_person(pools, split=split, employer=employer)
 
 
-def _render(entity: _Person | _Company | None, pools: _Pools) -> _Unit:
+def _render(entity: Person | Company | None, pools: Pools) -> _Unit:
     rng = pools.rng
-    if isinstance(entity, _Person):
-        texts = (_person_intro(entity, rng),)
+    if isinstance(entity, Person):
+        texts = (person_intro(entity, rng),)
         if entity.split:
-            texts += (_person_continuation(entity, rng),)
+            texts += (person_continuation(entity, rng),)
         return _Unit(texts, entity)
-    if isinstance(entity, _Company):
-        return _Unit((_company_passage(entity, rng),), entity)
-    return _Unit((_place_passage(pools),), None)
+    if isinstance(entity, Company):
+        return _Unit((company_passage(entity, rng),), entity)
+    return _Unit((place_passage(pools),), None)
 
 
 def build_scene(
     kind: str, num_chunks: int, rng: random.Random
-) -> tuple[Scene, list[_Person | _Company]]:
-    pools = _Pools(rng)
+) -> tuple[Scene, list[Person | Company]]:
+    pools = Pools(rng)
     targets = _required_units(kind, pools, num_chunks)
-    entities: list[_Person | _Company | None] = list(targets)
+    entities: list[Person | Company | None] = list(targets)
     room = num_chunks - sum(_n_texts(e) for e in entities)
     while room > 0:
-        names = [e.name for e in entities if isinstance(e, _Company)]
+        names = [e.name for e in entities if isinstance(e, Company)]
         extra = _distractor(pools, room, names)
         entities.append(extra)
         room -= _n_texts(extra)
@@ -322,23 +191,23 @@ def build_scene(
     scene = Scene(chunks=[], persons=[], companies={})
     for entity in entities:
         unit = _render(entity, pools)
-        if isinstance(entity, _Person):
+        if isinstance(entity, Person):
             scene.persons.append((entity, len(scene.chunks)))
-        elif isinstance(entity, _Company):
+        elif isinstance(entity, Company):
             scene.companies[entity.name] = (entity, len(scene.chunks))
         scene.chunks.extend(unit.texts)
     return scene, targets
 
 
-def _intro_index(scene: Scene, person: _Person) -> int:
+def _intro_index(scene: Scene, person: Person) -> int:
     return next(i for p, i in scene.persons if p is person)
 
 
-def _year_index(scene: Scene, person: _Person) -> int:
+def _year_index(scene: Scene, person: Person) -> int:
     return _intro_index(scene, person) + (1 if person.split else 0)
 
 
-def _person_questions(scene: Scene, p: _Person) -> list[tuple[str, str, list[str], list[int]]]:
+def _person_questions(scene: Scene, p: Person) -> list[tuple[str, str, list[str], list[int]]]:
     """All (kind, question, answers, support) about one person."""
     i = _intro_index(scene, p)
     j = _year_index(scene, p)
@@ -361,7 +230,7 @@ def _person_questions(scene: Scene, p: _Person) -> list[tuple[str, str, list[str
     return out
 
 
-def _company_questions(scene: Scene, c: _Company) -> list[tuple[str, str, list[str], list[int]]]:
+def _company_questions(scene: Scene, c: Company) -> list[tuple[str, str, list[str], list[int]]]:
     k = scene.companies[c.name][1]
     return [
         ("single", f"Where is {c.name} based?", [c.city], [k]),
@@ -369,8 +238,8 @@ def _company_questions(scene: Scene, c: _Company) -> list[tuple[str, str, list[s
     ]
 
 
-def _comparison_questions(scene: Scene, a: _Person,
-                          b: _Person) -> list[tuple[str, str, list[str], list[int]]]:
+def _comparison_questions(scene: Scene, a: Person,
+                          b: Person) -> list[tuple[str, str, list[str], list[int]]]:
     older, younger = (a, b) if int(a.year) < int(b.year) else (b, a)
     support = sorted({_year_index(scene, a), _year_index(scene, b), _intro_index(scene, a),
                       _intro_index(scene, b)})
@@ -394,7 +263,7 @@ def scene_questions(scene: Scene) -> list[tuple[str, str, list[str], list[int]]]
 
 
 def _target_questions(
-    scene: Scene, kind: str, targets: list[_Person | _Company]
+    scene: Scene, kind: str, targets: list[Person | Company]
 ) -> list[tuple[str, str, list[str], list[int]]]:
     if kind == "comparison":
         a, b = targets
@@ -402,7 +271,7 @@ def _target_questions(
     target = targets[0]
     pool = (
         _person_questions(scene, target)
-        if isinstance(target, _Person)
+        if isinstance(target, Person)
         else _company_questions(scene, target)
     )
     return [q for q in pool if q[0] == kind]
