@@ -58,6 +58,10 @@ def _register_ttft(bench: argparse._SubParsersAction) -> None:
     ttft.add_argument("--repeats", type=int, default=3,
                       help="timed calls per mode in a run, after one warm-up; the median is "
                            "reported (default: 3)")
+    ttft.add_argument("--pass-attention", choices=("kernel", "explicit"), default="kernel",
+                      help="the captured passes' attention (ComputeConfig.pass_attention): the "
+                           "engine's kernel, or explicit probabilities and a GEMM for passes of "
+                           "at most 128 tokens (default: kernel)")
     ttft.add_argument("--runs", type=int, default=1,
                       help="independent runs (model rebuilt each time); headline figures are "
                            "then the median with the min-max range (default: 1; use 3 or more "
@@ -190,7 +194,7 @@ def _ttft(args: argparse.Namespace) -> int:
             raise ValueError(f"--runs must be >= 1, got {args.runs}")
         w = _workload(args, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                       intermediate=args.intermediate, suffix_tokens=args.suffix_tokens,
-                      repeats=args.repeats)
+                      repeats=args.repeats, pass_attention=args.pass_attention)
     except ValueError as e:
         print(f"blendrag bench ttft: error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ import torch
 
 from blendrag.config import BlendConfig
 from blendrag.engine.compute.observers import PHASES, PhaseClock
+from blendrag.engine.compute.runner import PASS_ATTENTION, ComputeConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.engine.request.prefill import Prefill
 from blendrag.ingest.ingestion import kv_bytes_per_token
@@ -58,6 +59,7 @@ class TTFTWorkload:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
+    pass_attention: str = "kernel"  # ComputeConfig.pass_attention: the captured passes' attention
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "kv_heads", "chunks", "chunk_tokens",
@@ -66,12 +68,16 @@ class TTFTWorkload:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.heads % self.kv_heads or self.hidden % self.heads:
             raise ValueError("heads must divide hidden and kv_heads must divide heads")
+        if self.pass_attention not in PASS_ATTENTION:
+            raise ValueError(f"pass_attention must be one of {PASS_ATTENTION}, got "
+                             f"{self.pass_attention!r}")
 
 
 def build_engine(w: TTFTWorkload) -> BlendEngine:
     if w.model is not None:
         return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device,
-                                           gguf_file=w.gguf_file, threads=None)
+                                           gguf_file=w.gguf_file, threads=None,
+                                           compute=ComputeConfig(pass_attention=w.pass_attention))
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(w.seed)
@@ -83,7 +89,8 @@ def build_engine(w: TTFTWorkload) -> BlendEngine:
              "float16": torch.float16}[w.dtype]
     with torch.device(w.device):
         model = MistralForCausalLM(config).to(dtype)
-    return BlendEngine(model.eval(), tokenizer=None, threads=None)
+    return BlendEngine(model.eval(), tokenizer=None, threads=None,
+                       compute=ComputeConfig(pass_attention=w.pass_attention))
 
 
 def random_layout(w: TTFTWorkload, vocab: int) -> PromptLayout:

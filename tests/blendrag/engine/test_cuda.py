@@ -150,6 +150,27 @@ def test_cached_passes_replayed_from_cuda_graphs_equal_the_layer_loop(model_dir,
         assert a.token_ids == b.token_ids
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_explicit_pass_attention_replayed_from_cuda_graphs_equals_the_layer_loop(model_dir,
+                                                                                 dtype):
+    """``pass_attention="explicit"`` (probabilities and a GEMM in the captured passes): the
+    logits of the layer loop, replayed."""
+    graphs = engine(model_dir, ComputeConfig(pass_attention="explicit"), dtype)
+    loop = engine(model_dir, ComputeConfig(passes="eager"), dtype)
+    layout = graphs.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    passes = graphs.runner.static_passes
+    assert passes is not None and passes.explicit
+    for config in (BlendConfig(mode="reuse"), BlendConfig(),
+                   BlendConfig(selector="epic", ratio=0.3)):
+        want = loop.prefill(layout, config, extra_capacity=8)
+        for _ in range(4):  # seen once (the loop), captured, replayed twice
+            got = graphs.prefill(layout, config, extra_capacity=8)
+            tol = TOL if dtype == "float32" else 2**-5 * want.logits.abs().max().item()
+            assert (got.logits - want.logits).abs().max() < tol, config.label
+            del got
+    assert not passes.failed and passes.replays >= 6
+
+
 def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
     """A request reads rows held in the RAM tier in copies of several layers
     (layer_feed.HOST_COPY_BYTES), sequential or pipelined, with the logits of the same rows

@@ -11,6 +11,7 @@ import torch
 from blendrag import BlendConfig, ComputeConfig, GenerationConfig
 from blendrag.config import Ape
 from blendrag.engine.caches.context import ChunkContext
+from blendrag.engine.compute import static_pass
 from blendrag.engine.compute.buckets import TOKEN_BUCKETS, ladder, row_bucket, token_bucket
 from blendrag.engine.compute.observers import LayerCounts, LayerStep, PhaseClock
 from blendrag.engine.compute.static_pass import StaticPasses
@@ -140,6 +141,47 @@ def test_static_passes_give_the_layer_loops_logits(engine_for, family):
         assert torch.allclose(a.fused.k[:, :, :n], b.fused.k[:, :, :n], atol=1e-5, rtol=0)
         assert torch.allclose(a.fused.v[:, :, :n], b.fused.v[:, :, :n], atol=1e-5, rtol=0)
         del a, b  # the pooled buffer free again: static passes run on it only
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+def test_explicit_pass_attention_gives_the_layer_loops_logits(engine_for, monkeypatch, family):
+    """``pass_attention="explicit"``: the passes' attention as probabilities and a GEMM (a
+    sliding window, Gemma 2's soft cap), the logits and rows of the layer loop; a pass of more
+    than ``EXPLICIT_TOKENS`` tokens keeps the kernel."""
+    explicit = engine_for(family, compute=ComputeConfig(passes="graph",
+                                                        pass_attention="explicit"),
+                          **FAMILIES[family])
+    loop = engine_for(family, compute=LOOP, **FAMILIES[family])
+    calls: list[bool] = []
+    real = static_pass.attend_scored
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("summed", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(static_pass, "attend_scored", spy)
+    layout = explicit.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for config in TAKEN:
+        calls.clear()
+        a, b = explicit.prefill(layout, config), loop.prefill(layout, config)
+        assert False in calls, config.label  # the main pass's attention, computed explicitly
+        assert torch.allclose(a.logits, b.logits, atol=1e-5, rtol=0), \
+            (config.label, (a.logits - b.logits).abs().max())
+        n = layout.num_tokens
+        assert torch.allclose(a.fused.k[:, :, :n], b.fused.k[:, :, :n], atol=1e-5, rtol=0)
+        del a, b
+    # a pass over the bound keeps the kernel (here every pass: the bound below the least bucket)
+    monkeypatch.setattr(static_pass, "EXPLICIT_TOKENS", TOKEN_BUCKETS[0] - 1)
+    calls.clear()
+    got = explicit.prefill(layout, BlendConfig(mode="reuse"))
+    assert calls == [] and explicit.runner.static_passes.ran
+    assert torch.allclose(got.logits, loop.prefill(layout, BlendConfig(mode="reuse")).logits,
+                          atol=1e-5, rtol=0)
+
+
+def test_bad_pass_attention_is_refused():
+    with pytest.raises(ValueError, match="pass_attention"):
+        ComputeConfig(pass_attention="fast")
 
 
 def test_decoding_after_a_static_pass_is_the_same(engine_for):

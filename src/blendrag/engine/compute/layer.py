@@ -35,17 +35,18 @@ def attend(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedK
 
 
 def attend_scored(adapter: LlamaAdapter, layer_idx: int, q: torch.Tensor, fused: FusedKV,
-                  n: int, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                  n: int, bias: torch.Tensor,
+                  summed: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``attend`` for a few queries whose attention is also wanted (the preview pass): the
     probabilities are computed once, explicitly, in float32, and used for both.
     q: [H, A, D] over keys [0, n) with ``bias`` (``attention.score_bias`` of their positions)
     -> o: [H, A, D] and per_key: [n] float32 (the probabilities summed over heads and
-    queries)."""
+    queries; None when not ``summed``: a static pass that computes its attention so)."""
     k, v = (x[:, :n] for x in fused.layer(layer_idx))  # [Hkv, n, D]
     heads, a, d = q.shape
     probs = _grouped_probs(q, k, adapter.scaling, adapter.attn_softcap, bias)  # [Hkv, g*A, n]
     o = _as(probs, v.dtype) @ v  # [Hkv, g*A, D]
-    return o.view(heads, a, d), probs.sum(dim=(0, 1))
+    return o.view(heads, a, d), probs.sum(dim=(0, 1)) if summed else None
 
 
 def finish(adapter: LlamaAdapter, layer: HFModule, h: torch.Tensor,

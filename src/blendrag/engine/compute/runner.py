@@ -36,6 +36,7 @@ from blendrag.store.layered import MemoryLayeredEntry
 
 DECODE_MODES = ("auto", "graph", "eager")
 PASS_MODES = DECODE_MODES
+PASS_ATTENTION = ("kernel", "explicit")
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,19 @@ class ComputeConfig:
       ``auto`` (with fixed shapes per bucket, replayed from CUDA graphs, on CUDA when the
       model's RoPE allows it; the layer loop elsewhere), ``graph`` (the fixed-shape pass, run
       eagerly off CUDA) or ``eager`` (the layer loop).
+    pass_attention: the attention of those fixed-shape passes: ``kernel`` (the engine's
+      ``attention`` kernel over the exact mask) or ``explicit`` (the probabilities in float32
+      with the exact mask added in the matmul, then one batched GEMM with the values, as the
+      preview pass computes them, in passes of at most ``static_pass.EXPLICIT_TOKENS``
+      tokens: for a few queries over many keys the GEMMs spread the keys over the whole
+      device, where a kernel's tile of queries walks them alone; the GPU check's attention
+      phase times both).
     """
 
     attention: str = "auto"
     decode: str = "auto"
     passes: str = "auto"
+    pass_attention: str = "kernel"
 
     def __post_init__(self) -> None:
         kernel_for(self.attention, torch.device("cpu"))  # raises for an unknown kernel
@@ -64,6 +73,9 @@ class ComputeConfig:
             raise ValueError(f"decode must be one of {DECODE_MODES}, got {self.decode!r}")
         if self.passes not in PASS_MODES:
             raise ValueError(f"passes must be one of {PASS_MODES}, got {self.passes!r}")
+        if self.pass_attention not in PASS_ATTENTION:
+            raise ValueError(f"pass_attention must be one of {PASS_ATTENTION}, got "
+                             f"{self.pass_attention!r}")
 
 
 class ModelRunner:
@@ -82,7 +94,8 @@ class ModelRunner:
         cuda = self.device.type == "cuda"
         self._decoder = (StaticDecoder(self.adapter, graphs=cuda)
                          if self._fixed_shapes(self.compute.decode) else None)
-        self._passes = (StaticPasses(self.adapter, self.kernel, graphs=cuda)
+        self._passes = (StaticPasses(self.adapter, self.kernel, graphs=cuda,
+                                     explicit=self.compute.pass_attention == "explicit")
                         if self._fixed_shapes(self.compute.passes) else None)
         self.cost_profile: DeviceCosts | None = None  # measured by ``costs()`` when needed
         # the served requests' slabs, one per (slots, rows), each with its step

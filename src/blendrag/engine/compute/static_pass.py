@@ -32,6 +32,14 @@ request wrote there (``FusedKV.drop_earlier_rows``); the decoding step masks the
 token runs the arithmetic of the layer loop, with its projections as rows of a larger matmul
 (the tests bound the logits' difference).
 
+With ``ComputeConfig(pass_attention="explicit")`` a pass of at most ``EXPLICIT_TOKENS`` tokens
+computes its attention as the preview pass does: the probabilities in float32 with the exact
+mask added in the matmul (a padded token seeing only its own row), then one batched GEMM with
+the values. For a few queries over thousands of keys the GEMMs spread the keys over the whole
+device, where a FlexAttention tile of queries walks them alone; a larger pass keeps the kernel
+(its probabilities, [heads, tokens, rows] in float32, would be gigabytes, and a captured graph
+keeps its buffers).
+
 What takes the layer loop instead: a pass that computes half the prompt or more (a full
 prefill, prefix mode's long tail: their kernels are the causal ones), a request KV that is not
 the runner's pooled buffer (a graph is bound to its buffer's memory: requests served side by
@@ -72,6 +80,7 @@ log = logging.getLogger(__name__)
 _WATCHERS = (LayerCounts, KeyAttention)  # observers a static pass serves (and the preview's)
 
 CAPTURE_AT = 2  # a shape is captured the second time a pass asks for it
+EXPLICIT_TOKENS = 128  # the largest token bucket whose attention ``explicit`` computes so
 _Shape = tuple[int, int, bool]
 
 
@@ -98,13 +107,17 @@ class _Pass:
 class StaticPasses:
     """Cached passes of fixed shape over each request KV's buffer (module docstring);
     ``graphs``: capture them as CUDA graphs (CUDA only) and replay them; ``kernel``: the
-    engine's attention kernel (``flex``: FlexAttention's block mask, built in the pass)."""
+    engine's attention kernel (``flex``: FlexAttention's block mask, built in the pass);
+    ``explicit``: every pass's attention computed as the preview pass's is (probabilities in
+    float32, then a GEMM with the values) instead of by the kernel
+    (``ComputeConfig.pass_attention``)."""
 
     KEPT_BUFFERS = 1  # buffers whose passes are kept: the pooled one (the runner's choice)
     KEPT_SHAPES = 64  # shapes kept (the graphs share one memory pool)
 
-    def __init__(self, adapter: LlamaAdapter, kernel: str, graphs: bool) -> None:
-        self.adapter, self.kernel, self.graphs = adapter, kernel, graphs
+    def __init__(self, adapter: LlamaAdapter, kernel: str, graphs: bool,
+                 explicit: bool = False) -> None:
+        self.adapter, self.kernel, self.graphs, self.explicit = adapter, kernel, graphs, explicit
         self.failed = False  # a capture failed: passes run the layer loop from then on
         self._lock = threading.Lock()  # requests on several threads (serving's prefill worker)
         # per buffer, per shape (tokens, rows, scored)
@@ -205,6 +218,7 @@ class StaticPasses:
         masks: dict[int | None, torch.Tensor | FlexPlan] = {}
         biases: dict[int | None, torch.Tensor] = {}
         whole = FusedKV.over(st.k, st.v)  # the scored pass reads the buffer through it
+        explicit = self.explicit and st.ids.shape[0] <= EXPLICIT_TOKENS
         for i, layer in enumerate(a.layers):
             table = st.rope.layer(i)
             if id(table) not in rotations:  # gathered on the device: no sync
@@ -214,11 +228,13 @@ class StaticPasses:
             st.k[i].index_copy_(1, st.at, k)  # padding: the request KV's last row
             st.v[i].index_copy_(1, st.at, v)
             window = a.sliding_window(i)
-            if st.scored is not None:  # the preview pass: explicit probabilities, kept
+            if st.scored is not None or explicit:  # probabilities computed explicitly
                 if window not in biases:
                     biases[window] = self._score_bias(st, window)
-                o, per_key = attend_scored(a, i, q, whole, st.rows, biases[window])
-                st.scored[i].copy_(per_key)
+                o, per_key = attend_scored(a, i, q, whole, st.rows, biases[window],
+                                           summed=st.scored is not None)
+                if st.scored is not None and per_key is not None:  # the preview's, kept
+                    st.scored[i].copy_(per_key)
             else:
                 if window not in masks:
                     masks[window] = self._mask(st, window, q.dtype)
