@@ -11,7 +11,7 @@ import torch
 from blendrag import BlendConfig, ComputeConfig, GenerationConfig
 from blendrag.config import Ape
 from blendrag.engine.caches.context import ChunkContext
-from blendrag.engine.compute import static_pass
+from blendrag.engine.compute import layer_feed, static_pass
 from blendrag.engine.compute.buckets import TOKEN_BUCKETS, ladder, row_bucket, token_bucket
 from blendrag.engine.compute.observers import LayerCounts, LayerStep, PhaseClock
 from blendrag.engine.compute.static_pass import StaticPasses
@@ -75,6 +75,39 @@ def test_the_default_queues_its_blend_pass_behind_its_preview_with_nothing_read_
     # the same choice and the same figures as before
     assert torch.equal(got.logits, logits)
     assert got.stats.compute.preview_attended_keys == keys > 0
+
+
+def test_host_inputs_go_pinned_and_non_blocking_or_plainly_without_locked_memory(monkeypatch):
+    """``layer_feed.to_device`` on CUDA: a host tensor pinned, then copied non-blocking; with
+    no page-locked memory to be had (a container's limit), the plain blocking copy: the same
+    values, never a failed request. Stand-ins for the CUDA calls (no CUDA here)."""
+    cuda, copies = torch.device("cuda"), []
+
+    def to(self, *args, **kwargs):
+        copies.append((self.tag, args, kwargs))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)
+    host = torch.arange(3)
+    host.tag = "host"
+
+    def pinned(self):
+        out = self.clone()
+        out.tag = "pinned"
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pinned)
+    layer_feed.to_device(host, cuda)
+    assert copies == [("pinned", (cuda,), {"non_blocking": True})]
+    copies.clear()
+
+    def refused(self):
+        raise RuntimeError("cudaHostAlloc: out of memory")
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", refused)
+    layer_feed.to_device(host, cuda)
+    assert copies == [("host", (cuda,), {})]
 
 
 def test_buckets():

@@ -262,10 +262,16 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` without the host waiting for the device's queued work: on CUDA a host
     tensor is pinned and copied non-blocking (torch keeps the pinned block from reuse until
     the copy is done); elsewhere a plain ``to``. A tensor pinned already is copied as it is:
-    the caller must not write it until the copy is done (callers pass tensors made for it)."""
+    the caller must not write it until the copy is done (callers pass tensors made for it).
+    With no page-locked memory to be had (a container's locked-memory limit), a plain copy:
+    the same values, only with the wait."""
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
-    return (t if t.is_pinned() else t.pin_memory()).to(device, non_blocking=True)
+    try:
+        pinned = t if t.is_pinned() else t.pin_memory()
+    except RuntimeError:
+        return t.to(device)
+    return pinned.to(device, non_blocking=True)
 
 
 def tensor_on(values: Sequence[int], device: torch.device) -> torch.Tensor:
