@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from blendrag.store.host_memory import host_buffer
+
 # per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
 Rows = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -39,8 +41,10 @@ class CudaStager:
         host = [t for pair in rows for t in pair]
         held = [None if b is None else (tuple(b.shape), b.dtype) for b in buffers]
         if held != [_spec(t) for t in host]:
-            buffers = [None if _spec(t) is None else
-                       torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in host]
+            # pinned, or pageable when no page-locked memory is left (store/host_memory.py):
+            # a copy from pageable memory has left it when it returns
+            buffers = [None if _spec(t) is None else host_buffer(tuple(t.shape), t.dtype)
+                       for t in host]
         out = []
         with torch.cuda.stream(self.stream):
             for buf, t in zip(buffers, host):
