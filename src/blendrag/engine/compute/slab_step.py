@@ -41,7 +41,7 @@ from blendrag.engine.compute.decode import key_mask
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.graphs import SharedPool
 from blendrag.engine.compute.layer import finish, project
-from blendrag.engine.compute.layer_feed import tensor_on
+from blendrag.engine.compute.layer_feed import tensor_on, to_device
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.softcap import capped_attention_batched
 from blendrag.model.adapters import LlamaAdapter
@@ -108,8 +108,7 @@ class SlabStep:
             self.slab.zero(list(range(b)))  # padding rows read their slot's first row
             st = self._shape(b, rows)
             # sent pinned and non-blocking: a blocking copy would wait for the stream's queue
-            st.inputs.copy_(torch.tensor(host).pin_memory() if st.inputs.is_cuda
-                            else torch.tensor(host), non_blocking=True)
+            st.inputs.copy_(to_device(torch.tensor(host), st.inputs.device))
             st.seen += 1
             out = self._run(st) if self.graphs else self._step(st)
             index = tensor_on(list(slots), out.device)
