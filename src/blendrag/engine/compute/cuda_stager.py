@@ -10,8 +10,6 @@ from collections.abc import Callable
 
 import torch
 
-from blendrag.store.host_memory import host_buffer
-
 # per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
 Rows = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -41,10 +39,7 @@ class CudaStager:
         host = [t for pair in rows for t in pair]
         held = [None if b is None else (tuple(b.shape), b.dtype) for b in buffers]
         if held != [_spec(t) for t in host]:
-            # pinned, or pageable when no page-locked memory is left (store/host_memory.py):
-            # a copy from pageable memory has left it when it returns
-            buffers = [None if _spec(t) is None else host_buffer(tuple(t.shape), t.dtype)
-                       for t in host]
+            buffers = [None if _spec(t) is None else _staging(t) for t in host]
         out = []
         with torch.cuda.stream(self.stream):
             for buf, t in zip(buffers, host):
@@ -75,6 +70,16 @@ class CudaStager:
         for k, v in rows or ():
             k.record_stream(stream)
             v.record_stream(stream)
+
+
+def _staging(t: torch.Tensor) -> torch.Tensor:
+    """A staging buffer for host tensor ``t``: pinned, or pageable when no page-locked memory
+    is left (a container's locked-memory limit), where a copy from it has left it when the copy
+    call returns: slower, the same values, never a failed request."""
+    try:
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    except RuntimeError:
+        return torch.empty(t.shape, dtype=t.dtype)
 
 
 def _spec(t: torch.Tensor | None) -> tuple | None:
