@@ -20,7 +20,7 @@ import torch
 
 from blendrag.config import BlendConfig
 from blendrag.engine.compute.observers import PHASES, PhaseClock
-from blendrag.engine.compute.runner import PASS_ATTENTION, ComputeConfig
+from blendrag.engine.compute.runner import ComputeConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.engine.request.prefill import Prefill
 from blendrag.ingest.ingestion import kv_bytes_per_token
@@ -68,16 +68,14 @@ class TTFTWorkload:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.heads % self.kv_heads or self.hidden % self.heads:
             raise ValueError("heads must divide hidden and kv_heads must divide heads")
-        if self.pass_attention not in PASS_ATTENTION:
-            raise ValueError(f"pass_attention must be one of {PASS_ATTENTION}, got "
-                             f"{self.pass_attention!r}")
+        ComputeConfig(pass_attention=self.pass_attention)  # refuses an unknown one
 
 
 def build_engine(w: TTFTWorkload) -> BlendEngine:
+    compute = ComputeConfig(pass_attention=w.pass_attention)
     if w.model is not None:
         return BlendEngine.from_pretrained(w.model, dtype=w.dtype, device=w.device,
-                                           gguf_file=w.gguf_file, threads=None,
-                                           compute=ComputeConfig(pass_attention=w.pass_attention))
+                                           gguf_file=w.gguf_file, threads=None, compute=compute)
     from transformers import MistralConfig, MistralForCausalLM
 
     torch.manual_seed(w.seed)
@@ -89,8 +87,7 @@ def build_engine(w: TTFTWorkload) -> BlendEngine:
              "float16": torch.float16}[w.dtype]
     with torch.device(w.device):
         model = MistralForCausalLM(config).to(dtype)
-    return BlendEngine(model.eval(), tokenizer=None, threads=None,
-                       compute=ComputeConfig(pass_attention=w.pass_attention))
+    return BlendEngine(model.eval(), tokenizer=None, threads=None, compute=compute)
 
 
 def random_layout(w: TTFTWorkload, vocab: int) -> PromptLayout:

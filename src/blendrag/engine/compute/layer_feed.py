@@ -267,11 +267,21 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     the same values, only with the wait."""
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
-    try:
-        pinned = t if t.is_pinned() else t.pin_memory()
-    except RuntimeError:
+    held = pinned(t)
+    if held is t and not t.is_pinned():  # none to be had: the plain copy
         return t.to(device)
-    return pinned.to(device, non_blocking=True)
+    return held.to(device, non_blocking=True)
+
+
+def pinned(t: torch.Tensor) -> torch.Tensor:
+    """Host tensor ``t`` in page-locked memory (``t`` itself when it is), or ``t`` when none can
+    be had: a non-blocking copy from it to a CUDA device does not make the host wait."""
+    if t.is_pinned():
+        return t
+    try:
+        return t.pin_memory()
+    except RuntimeError:
+        return t
 
 
 def tensor_on(values: Sequence[int], device: torch.device) -> torch.Tensor:

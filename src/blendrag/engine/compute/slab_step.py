@@ -41,7 +41,7 @@ from blendrag.engine.compute.decode import key_mask
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.graphs import SharedPool
 from blendrag.engine.compute.layer import finish, project
-from blendrag.engine.compute.layer_feed import tensor_on, to_device
+from blendrag.engine.compute.layer_feed import pinned, tensor_on
 from blendrag.engine.compute.slab import KVSlab
 from blendrag.engine.compute.softcap import capped_attention_batched
 from blendrag.model.adapters import LlamaAdapter
@@ -107,8 +107,13 @@ class SlabStep:
         with self._lock:
             self.slab.zero(list(range(b)))  # padding rows read their slot's first row
             st = self._shape(b, rows)
-            # sent pinned and non-blocking: a blocking copy would wait for the stream's queue
-            st.inputs.copy_(to_device(torch.tensor(host), st.inputs.device))
+            # on CUDA pinned and non-blocking (a blocking copy would wait for the stream's
+            # queue), straight into the step's input buffer
+            inputs = torch.tensor(host)
+            if st.inputs.is_cuda:
+                st.inputs.copy_(pinned(inputs), non_blocking=True)
+            else:
+                st.inputs.copy_(inputs)
             st.seen += 1
             out = self._run(st) if self.graphs else self._step(st)
             index = tensor_on(list(slots), out.device)
