@@ -172,3 +172,46 @@ def test_placing_every_layer_takes_ops_per_segment_not_per_layer(engine_for, lay
     per_place = 2 * len(spans) + 4 * runs
     assert counts[2][0] == counts[4][0] == per_place + 1, counts
     assert counts[4][1] - counts[2][1] == 2 * per_place, counts
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])  # gemma3: blocks end where tables do
+def test_rows_still_to_read_come_a_block_of_layers_at_a_time(engine_for, family, monkeypatch):
+    """Rows not read yet (disk, Redis, S3) are placed a block of layers at a time: the rows of
+    HF's rotation bit for bit, pipelined or not, in half the ops of a layer at a time when the
+    blocks hold two layers."""
+    import blendrag.engine.compute.layer_feed as layer_feed
+
+    engine = engine_for(family, dtype="bfloat16", layers=16)
+    spans = LAYOUTS["gaps"]
+    segments = segments_of(engine, spans, torch.bfloat16)
+    n = max(s.end for s in segments) + 3
+    ref_k, ref_v = reference(engine, segments, n)
+    assert layer_feed.block_layers(segments, 16) == 2  # 16 layers in MIN_BLOCKS = 8 blocks
+    for depth in (0, 2):
+        fused, _ = placed(engine, segments, n, depth, whole=False)
+        assert same_bits(fused.k[:, :, :n], ref_k), depth
+        assert same_bits(fused.v[:, :, :n], ref_v), depth
+    if family != "llama":
+        return
+    blocks = sum(placing_ops(engine, segments, n, False).values())
+    monkeypatch.setattr(layer_feed, "MIN_BLOCKS", 16)  # blocks of one layer
+    layers = sum(placing_ops(engine, segments, n, False).values())
+    runs = 1 + sum(a[0] + a[1] != b[0] for a, b in zip(spans, spans[1:]))
+    per_place = 2 * len(spans) + 4 * runs
+    assert layers - blocks == 8 * per_place, (layers, blocks)
+
+
+def test_a_block_of_layers_is_a_view_of_the_rows_it_lies_in():
+    """``joined``: consecutive layers of one stacked buffer as one view (nothing copied); any
+    other layers stacked, the same values."""
+    from blendrag.engine.compute.layer_feed import joined
+
+    stacked = torch.arange(4 * 2 * 3 * 5, dtype=torch.float32).view(4, 2, 3, 5)
+    view = joined([stacked[1], stacked[2], stacked[3]])
+    assert view.data_ptr() == stacked[1].data_ptr() and torch.equal(view, stacked[1:])
+    out_of_order = joined([stacked[2], stacked[1]])
+    assert out_of_order.data_ptr() != stacked.data_ptr()
+    assert torch.equal(out_of_order, stacked[[2, 1]])
+    assert torch.equal(joined([stacked[0]]), stacked[:1])
+    apart = [torch.randn(2, 3, 5), torch.randn(2, 3, 5)]
+    assert torch.equal(joined(apart), torch.stack(apart))

@@ -15,8 +15,14 @@ Redis, ranged GETs for S3), and placed a block of layers at a time:
   layers that share a RoPE table (Gemma 3: its local and global layers).
   Layer by layer that is a few kernels per segment and per layer, on a GPU a large share of
   a cached request's launches;
-- otherwise (disk, Redis, S3, or host rows for a GPU) one layer at a time, read while the
-  loop computes the layers before it.
+- otherwise (disk, Redis, S3, or host rows for a GPU) a block of a few layers at a time
+  (``block_layers``: at least ``MIN_BLOCKS`` blocks, each segment's keys of a block about
+  ``HOST_COPY_BYTES``), read while the loop computes the layers before it. A block's rows of a
+  segment are one view of the entry's stacked buffer, so a block costs the ops of one layer:
+  one copy each of keys and values per segment and one rotation per run of segments. The
+  reader's ops are what the loop's thread competes with for the interpreter: layer by layer,
+  with both threads bound by the host (a 7B model's short prompts on a GPU, a small model on
+  a CPU), pipelined loading was slower than sequential loading.
 
 One reading path, two schedules:
 
@@ -64,6 +70,7 @@ from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.model.rope import RopeTables
 
 HOST_COPY_BYTES = 4 << 20  # one copy of host rows to the device (K or V of one segment)
+MIN_BLOCKS = 8  # blocks of layers a request's rows come in, at least: the loop starts early
 
 
 class LayerFeed:
@@ -96,7 +103,7 @@ class LayerFeed:
         self._opened = False
         self._stacked: list[ChunkKV] | None = None
         self._whole = False
-        self._host_layers = 1  # layers a copy of host rows read whole takes (``_host_end``)
+        self._block_layers = block_layers(self.segments, num_layers)  # a block of rows read
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # on CUDA the reader copies and places on a stream of its own
@@ -168,15 +175,15 @@ class LayerFeed:
         if not self._opened:
             self._open()
         if self._stacked is not None:
-            end = self._block_end(i) if self._whole else self._host_end(i)
+            end = self._block_end(i) if self._whole else self._read_end(i)
             return end, [(kv.keys[i:end], kv.values[i:end]) for kv in self._stacked]
-        rows = []
+        end, rows = self._read_end(i), []
         for seg in self.segments:
             t0 = time.perf_counter()
-            k, v = seg.kv.layer(i)  # [Hkv, T, D] each
-            self._count(seg, t0, 1)
-            rows.append((k[None], v[None]))  # a block of one layer
-        return i + 1, rows
+            layers = [seg.kv.layer(j) for j in range(i, end)]  # [Hkv, T, D] each
+            self._count(seg, t0, end - i)
+            rows.append((joined([k for k, _ in layers]), joined([v for _, v in layers])))
+        return end, rows
 
     def _open(self) -> None:
         """At the first read: whether every entry was read already (then its rows are taken
@@ -193,21 +200,17 @@ class LayerFeed:
             self._count(seg, t0, seg.kv.num_layers)
         self._stacked = stacked
         self._whole = all(_on(kv, self.device) for kv in stacked)
-        largest = max((seg.kv.layer_nbytes for seg in self.segments), default=2)
-        self._host_layers = max(1, HOST_COPY_BYTES // max(1, largest // 2))
 
     def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
         tier = seg.kv.tier
         self.tier_s[tier] = self.tier_s.get(tier, 0.0) + time.perf_counter() - t0
         self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + layers * seg.kv.layer_nbytes
 
-    def _host_end(self, i: int) -> int:
-        """The end of the block of layers from ``i`` that host rows read whole (every entry
-        read already, in host memory: the RAM tier for a GPU) are sent in: the largest
-        segment's copies about ``HOST_COPY_BYTES`` each (large copies run at the link's rate;
-        blocks small enough that the loop starts after the first one and computes while the
-        next are sent)."""
-        return min(self._block_end(i), i + self._host_layers)
+    def _read_end(self, i: int) -> int:
+        """The end of the block of layers from ``i`` that rows still to be read or to be sent
+        from host memory (the RAM tier for a GPU) come in: ``block_layers`` of them, within
+        one RoPE table's run."""
+        return min(self._block_end(i), i + self._block_layers)
 
     def _block_end(self, i: int) -> int:
         """The end of the run of layers from ``i`` that rotate with layer i's RoPE table."""
@@ -256,6 +259,33 @@ class LayerFeed:
             except queue.Full:
                 continue
         return False
+
+
+def block_layers(segments: Sequence[CachedSegment], num_layers: int) -> int:
+    """Layers a block of rows to read or send holds: the largest segment's keys of a block
+    about ``HOST_COPY_BYTES`` (large copies run at the link's rate, and a block costs the ops of
+    one layer), in at least ``MIN_BLOCKS`` blocks (the loop starts once the first is placed and
+    computes while the next are read)."""
+    largest = max((seg.kv.layer_nbytes // 2 for seg in segments), default=1)
+    return max(1, min(HOST_COPY_BYTES // max(1, largest), -(-num_layers // MIN_BLOCKS)))
+
+
+def joined(layers: list[torch.Tensor]) -> torch.Tensor:
+    """Consecutive layers' rows, each [Hkv, T, D], as one [B, Hkv, T, D] tensor: a view when
+    they lie one after another in one buffer (an entry's stacked rows: nothing is copied), else
+    stacked."""
+    first = layers[0]
+    if len(layers) == 1:
+        return first[None]
+    step, size = first.numel(), first.element_size()
+    base = first.untyped_storage().data_ptr()
+    if first.is_contiguous() and all(
+            t.is_contiguous() and t.shape == first.shape
+            and t.untyped_storage().data_ptr() == base
+            and t.data_ptr() == first.data_ptr() + j * step * size
+            for j, t in enumerate(layers)):
+        return first.as_strided((len(layers), *first.shape), (step, *first.stride()))
+    return torch.stack(layers)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
