@@ -25,9 +25,13 @@ The buffer: fresh pageable memory faults in 4 KiB at a time during the read (abo
 slower than the copy itself), so it is page-locked or huge-paged (``host_buffer``,
 store/host_memory.py). And one thread copies from the page cache at a few GB/s: an entry whose
 reader takes concurrent positioned reads (an entry file) has its layers read and verified ahead
-by a small pool of threads shared by every entry (store/read_ahead.py). ``layer(i)`` still
-returns only once layer i is read and verified, and raises that read's error, as if it had
-read the layer itself; ``close`` drops the reads not started and waits for those under way.
+by a small pool of threads shared by every entry (store/read_ahead.py), a block of a few
+layers a task (``read_ahead.task_layers``: each task handed to the pool costs the opening
+thread a queue put and a worker's wake-up, which at one per layer was more than a third of an
+entry's opening). ``layer(i)`` still returns only once layer i is read and verified, and
+raises that layer's own error, as if it had read the layer itself (a block's other layers are
+read and judged on their own); ``close`` drops the reads not started and waits for those under
+way.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import torch
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.store.entry_reader import EntryReader
 from blendrag.store.host_memory import host_buffer
-from blendrag.store.read_ahead import read_pool
+from blendrag.store.read_ahead import read_pool, task_layers
 
 
 class LayerReadError(RuntimeError):
@@ -215,13 +219,17 @@ class EncodedLayeredEntry(_Shape):
         self._keys = host_buffer(self.shape, self.dtype)
         self._values = host_buffer(self.shape, self.dtype)
         self._read = [False] * self.num_layers
-        # layer -> its read by the shared pool (module docstring); taken back by ``layer``
+        # layer -> the read of its block by the shared pool (module docstring), whose result
+        # is each layer's error or None; taken back by ``layer``
         self._ahead: dict[int, Future] = {}
         pool = read_pool() if reader.concurrent_reads else None
         if pool is not None:
             me = weakref.ref(self)  # a queued read keeps no entry (and no buffer) alive
-            for i in range(self.num_layers):
-                self._ahead[i] = pool.submit(i, partial(_read_ahead, me, i))
+            step = task_layers(self.num_layers, self.layer_nbytes)
+            for start in range(0, self.num_layers, step):
+                end = min(start + step, self.num_layers)
+                block = pool.submit(start, partial(_read_ahead, me, start, end))
+                self._ahead.update(dict.fromkeys(range(start, end), block))
 
     @property
     def complete(self) -> bool:
@@ -237,8 +245,11 @@ class EncodedLayeredEntry(_Shape):
         if not self._read[i]:
             ahead = self._ahead.pop(i, None)
             if ahead is not None and not ahead.cancel():
-                ahead.result()  # read (or being read) by the pool: its error is this read's
-            else:  # not started yet: read here rather than wait behind other layers
+                # read (or being read) by the pool: this layer's error is this read's
+                error = ahead.result()[i]
+                if error is not None:
+                    raise error
+            else:  # not started yet (or its block given up): read here, not behind others
                 self._read_layer(i)
             self._read[i] = True
         return self._keys[i], self._values[i]
@@ -260,9 +271,18 @@ class EncodedLayeredEntry(_Shape):
         self._reader.close()
 
 
-def _read_ahead(entry: weakref.ref[EncodedLayeredEntry], i: int) -> None:
-    """Layer ``i`` of ``entry`` read by the pool; nothing when the entry is gone (dropped
-    without ``close``)."""
+def _read_ahead(entry: weakref.ref[EncodedLayeredEntry], start: int,
+                end: int) -> dict[int, BaseException | None]:
+    """Layers [start, end) of ``entry`` read by the pool, each on its own: each layer's error
+    (None: read and verified); nothing read when the entry is gone (dropped without
+    ``close``)."""
     alive = entry()
-    if alive is not None:
-        alive._read_layer(i)
+    errors: dict[int, BaseException | None] = dict.fromkeys(range(start, end))
+    if alive is None:
+        return errors
+    for i in range(start, end):
+        try:
+            alive._read_layer(i)
+        except Exception as exc:  # noqa: BLE001 - the reader of layer i raises it
+            errors[i] = exc
+    return errors

@@ -14,6 +14,14 @@ from blendrag.store.s3_ranges import FetchPool
 # Threads that read layers of entry files ahead, shared by every entry (0: each layer is read
 # by its caller, when asked for).
 READ_AHEAD_WORKERS = min(4, os.cpu_count() or 1)
+TASK_BYTES = 8 << 20  # an entry's layers (K and V) one task reads, about
+MIN_TASKS = 8  # tasks an entry's layers are read in, at least: layer 0 comes early
+
+
+def task_layers(num_layers: int, layer_nbytes: int) -> int:
+    """Layers one read-ahead task reads: about ``TASK_BYTES``, in at least ``MIN_TASKS``
+    tasks an entry (the loop needs layer 0 of every entry first)."""
+    return max(1, min(TASK_BYTES // max(1, layer_nbytes), -(-num_layers // MIN_TASKS)))
 
 _pool: FetchPool | None = None
 _pool_lock = threading.Lock()

@@ -109,12 +109,15 @@ def _layer_start(store, key: str, layer: int) -> int:
         return min(reader.span(f"{kind}.{layer}")[0] for kind in ("k", "v"))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers,tasks", [(0, 8), (2, 8), (2, 1)])
 def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monkeypatch,
-                                                               workers):
+                                                               workers, tasks):
     """Read ahead or not, a failed read of layer 2 is that layer's failure (a storage one:
-    nothing deleted), raised when layer 2 is asked for, after layers 0 and 1 are served."""
+    nothing deleted), raised when layer 2 is asked for, after layers 0 and 1 are served; also
+    when the pool reads all four layers in one task (``tasks=1``), and so fails in the middle
+    of it."""
     monkeypatch.setattr(read_ahead, "READ_AHEAD_WORKERS", workers)
+    monkeypatch.setattr(read_ahead, "MIN_TASKS", tasks)
     kv = make_kv(5, layers=4, tokens=64)
     store = make_store(ram_bytes=0)
     store.put("k", kv)
@@ -176,3 +179,30 @@ def test_pageable_buffers_are_plain_tensors():
         (2, 3), torch.bfloat16, (5, 1 << 20), torch.float32)
     large.fill_(1.5)  # the huge-page advice changes nothing of the memory's use
     assert large.sum().item() == 5 * (1 << 20) * 1.5 and not large.is_pinned()
+
+
+def test_reads_ahead_come_a_block_of_layers_a_task():
+    """An entry's layers are handed to the pool a block a task: about ``TASK_BYTES`` each, in
+    at least ``MIN_TASKS`` tasks."""
+    mib = 1 << 20
+    assert read_ahead.task_layers(32, 2 * mib) == 4  # a 7B model's 512 tokens: 8 tasks
+    assert read_ahead.task_layers(32, 6 * mib) == 1  # larger layers: one a task
+    assert read_ahead.task_layers(4, 1000) == 1  # few layers: one a task
+    assert read_ahead.task_layers(30, 10) == 4
+
+
+def test_every_layer_read_ahead_in_blocks_is_its_own(make_store, monkeypatch):
+    """Read in blocks of two layers by the pool, every layer comes back as stored, whichever
+    order they are asked in, and a layer asked for before its block started is read at once."""
+    monkeypatch.setattr(read_ahead, "READ_AHEAD_WORKERS", 2)
+    monkeypatch.setattr(read_ahead, "MIN_TASKS", 4)
+    kv = make_kv(7, layers=8, tokens=64)
+    store = make_store(ram_bytes=0)
+    store.put("k", kv)
+    for order in (range(8), [7, 0, 3, 2, 1, 6, 5, 4]):
+        entry = store.open_layers("k")
+        for i in order:
+            k, v = entry.layer(i)
+            assert torch.equal(k, kv.keys[i]) and torch.equal(v, kv.values[i]), i
+        assert entry.complete
+        entry.close()
