@@ -150,3 +150,41 @@ def test_a_header_larger_than_its_data_can_need_is_refused_unread():
         codec.open_entry(Counted(big), "k")
     assert reads == [8]  # the length alone refused it
     assert same_bits(codec.decode(data, "k"), make_kv(1))
+
+
+def test_an_accepted_header_is_parsed_again_without_its_checks_to_the_same_values(
+        monkeypatch):
+    """A text that passed ``loads``' checks is remembered by its exact bytes: parsed again, it
+    gives equal values, fresh ones (a caller's change is not seen by the next), without the
+    checks; a text one byte apart is checked (and refused) as any other; the memory is
+    bounded."""
+    from blendrag.store import header as headers
+    from blendrag.store.errors import EntryError
+
+    memo = headers.Accepted(max_bytes=1000)
+    monkeypatch.setattr(headers, "ACCEPTED", memo)
+    checked = []
+    strict = headers._strict
+    monkeypatch.setattr(headers, "_strict", lambda raw: checked.append(raw) or strict(raw))
+    text = b'{"a": [1, 2, {"b": "c"}], "n": 9223372036854775807}'
+    first = headers.loads(text)
+    again = headers.loads(text)
+    assert first == again and first is not again and checked == [text]
+    again["a"].append(3)
+    assert headers.loads(text) == first
+    for hostile in (text.replace(b"807", b"808"), text.replace(b"1,", b"1.5,"),
+                    text.replace(b'"c"', b"NaN")):  # past MAX_INT, a float, a constant
+        for _ in range(2):
+            with pytest.raises(EntryError):
+                headers.loads(hostile)
+        assert not memo.holds(hostile)
+    assert checked.count(text) == 1
+    nested = b"[" * 9 + b"]" * 9  # deeper than MAX_DEPTH
+    with pytest.raises(EntryError, match="nested"):
+        headers.loads(nested)
+    assert len(memo) == 1
+    for i in range(20):  # 20 texts of about 100 bytes: the oldest forgotten past 1,000
+        headers.loads(b'{"k": "%s"}' % (b"x" * 90 + str(i).encode()))
+    assert memo._bytes <= 1000 and not memo.holds(text)
+    headers.loads(b'"%s"' % (b"y" * 300))  # over a quarter of the bound: not remembered
+    assert not memo.holds(b'"%s"' % (b"y" * 300))
