@@ -1,9 +1,12 @@
-"""Which chunk tokens blend recomputes.
+"""Which chunk tokens blend recomputes: the selectors' base, the registry, and the static
+selectors.
 
 Static selectors (preview, epic, profile, random) decide before layer 0 and recompute the same
-tokens at every layer. Scoring selectors (cacheblend, query) recompute every chunk token until
-their first check layer, then keep the top-scoring fraction ``ratio_schedule[i]`` of the chunk
-tokens at ``check_layers[i]`` (gradual filtering). Suffix tokens are always kept.
+tokens at every layer. Scoring selectors (cacheblend, query: ``scoring.py``) recompute every
+chunk token until their first check layer, then keep the top-scoring fraction
+``ratio_schedule[i]`` of the chunk tokens at ``check_layers[i]`` (gradual filtering). Suffix
+tokens are always kept. Every selector registers itself with ``@implements``; the package
+imports both files, so ``make_selector`` finds each one.
 """
 
 from __future__ import annotations
@@ -15,21 +18,17 @@ from typing import TypeVar
 import torch
 
 from blendrag.config import (
-    SELECTORS,
     BlendConfig,
-    CacheBlendOptions,
     CheckLayerOptions,
     EpicOptions,
     PreviewOptions,
     ProfileOptions,
-    QueryOptions,
     RandomOptions,
     SelectorOptions,
     token_budget,
 )
 from blendrag.engine.caches.history import HISTORY_TAG
 from blendrag.engine.compute.fused_kv import FusedKV
-from blendrag.engine.compute.layer import attention_probs
 from blendrag.engine.compute.layer_feed import to_device
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.prompt import PromptLayout
@@ -276,80 +275,6 @@ class PreviewSelector(StaticTopSelector):
         options = config.typed_options(PreviewOptions)
         floor, self.span = options.attention_floor, options.span
         self.scores = _last_if_exact(((att + floor) * prior).sum(dim=0), layout, chunks)  # [C]
-
-
-class ScoringSelector(Selector):
-    """Keeps the top-scoring chunk tokens at each check layer; subclasses define the score."""
-
-    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
-        super().__init__(config, inputs)
-        self.check_layers = config.typed_options(CheckLayerOptions).check_layers
-        self.schedule = config.schedule
-        self._chunk_tokens = self.num_chunk_tokens  # chunk tokens computed until the next check
-
-    def initial(self) -> torch.Tensor:
-        # Every token before the first check, the (exact, cached) prefix included: a complete
-        # causal block takes the fast attention path, and the prefix is a few % of the prompt.
-        self._chunk_tokens = self.num_chunk_tokens
-        return torch.arange(0, self.layout.suffix_start, device=self.device)
-
-    def budget(self, step: int) -> int:
-        """Chunk tokens kept at check ``step``: ceil(ratio_schedule[step] x chunk tokens)."""
-        return self.budget_of(self.schedule[step])
-
-    def keep(self, view: CheckView) -> torch.Tensor:
-        # Nothing is read back from the device: the count of chunk tokens still computed is
-        # known here, and the suffix tokens, always computed, are the last rows of ``pos``.
-        pos, a = view.pos, view.pos.shape[0]
-        is_chunk = (pos >= self.chunk_positions[0]) & (pos < self.layout.suffix_start)  # [A]
-        scores = self.score(view).float().masked_fill(~is_chunk, float("-inf"))  # [A]
-        budget = min(self.budget(view.step), self._chunk_tokens)
-        self._chunk_tokens = budget
-        top = torch.topk(scores, budget).indices  # [budget]
-        suffix = torch.arange(a - (self.layout.num_tokens - self.layout.suffix_start), a,
-                              device=pos.device)
-        return torch.cat([top, suffix]).sort().values
-
-    def score(self, view: CheckView) -> torch.Tensor:
-        """One score per active token ([A]); the top chunk tokens are kept."""
-        raise NotImplementedError
-
-
-@implements(CacheBlendOptions)
-class CacheBlendSelector(ScoringSelector):
-    """KV deviation: squared L2 between fresh and cached V (or rotated K), summed over heads."""
-
-    def __init__(self, config: BlendConfig, inputs: SelectorInputs) -> None:
-        if config.typed_options(CacheBlendOptions).check_layers[0] < 1:
-            raise ValueError("cacheblend check layers must be >= 1: at layer 0 K/V depend only on "
-                             "the token and its position, so fresh and cached rows are equal there")
-        super().__init__(config, inputs)
-
-    def score(self, view: CheckView) -> torch.Tensor:
-        value = self.config.typed_options(CacheBlendOptions).deviation == "value"
-        new, old = (view.v_new, view.v_old) if value else (view.k_new, view.k_old)
-        return (new.float() - old.float()).pow(2).sum(dim=(0, 2))  # [A]
-
-
-@implements(QueryOptions)
-class QuerySelector(ScoringSelector):
-    """Attention the suffix (question) tokens pay each chunk token, summed over heads and
-    suffix queries (A³ / ProphetKV style)."""
-
-    def score(self, view: CheckView) -> torch.Tensor:
-        pos = view.pos
-        s = self.layout.num_tokens - self.layout.suffix_start  # the suffix: the last rows
-        keys = view.fused.k[view.layer, :, :view.n]  # [Hkv, n, D], fresh rows already written
-        # [H, S, n]
-        probs = attention_probs(view.q[:, -s:], keys, pos[-s:], self.scaling,
-                                softcap=self.softcap)
-        per_key = probs.sum(dim=(0, 1))  # [n]
-        return per_key[pos]  # [A]
-
-
-_MISSING = set(SELECTORS.values()) - set(REGISTRY)
-if _MISSING:  # a selector named in blendrag.config without an implementation: fail at import
-    raise ImportError(f"no selector implements {sorted(t.__name__ for t in _MISSING)}")
 
 
 def make_selector(config: BlendConfig, layout: PromptLayout, num_layers: int, device: torch.device,
