@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -45,7 +46,7 @@ _NOT_STRUCTURE = bytes(set(range(256)) - set(b'"\\[]{}/bfnrtu'))
 _OPEN = np.frombuffer(b"[{", dtype=np.uint8)
 _CLOSE = np.frombuffer(b"]}", dtype=np.uint8)
 REFUSED_HEADERS = 4096  # refused headers remembered (digests: 16 bytes each)
-ACCEPTED_BYTES = 16 << 20  # accepted JSON texts remembered (``Accepted``), in all
+ACCEPTED_BYTES = 16 << 20  # memory the accepted JSON texts remembered take (``Accepted``)
 
 
 def read_raw(reader: RangeReader) -> bytes:
@@ -170,12 +171,15 @@ class Refusals:
 
 class Accepted:
     """JSON texts that passed ``loads``' checks, remembered by their exact bytes (a set: a text
-    is found only by an equal one), at most ``max_bytes`` of them in all, the least recently
-    used forgotten first; a text larger than a quarter of that is not remembered."""
+    is found only by an equal one), at most ``max_bytes`` of memory in all (each text's object
+    and its place in the order: ``held``), the least recently used forgotten first; a text
+    that takes more than a quarter of that is not remembered. Texts that pass the parse may
+    still be refused by what reads them (a shape, a token id): whoever writes a tier can fill
+    this with texts of its own, and the bound holds for them too."""
 
     def __init__(self, max_bytes: int = ACCEPTED_BYTES) -> None:
         self.max_bytes = max_bytes
-        self._texts: OrderedDict[bytes | str, None] = OrderedDict()  # bytes, or characters
+        self._texts: OrderedDict[bytes | str, None] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()  # entries are opened from many threads at once
 
@@ -188,7 +192,7 @@ class Accepted:
             return True
 
     def add(self, raw: bytes | str) -> None:
-        size = len(raw)
+        size = held(raw)
         if 4 * size > self.max_bytes:
             return
         with self._lock:
@@ -198,7 +202,7 @@ class Accepted:
             self._bytes += size
             while self._bytes > self.max_bytes:
                 old, _ = self._texts.popitem(last=False)
-                self._bytes -= len(old)
+                self._bytes -= held(old)
 
     def clear(self) -> None:
         with self._lock:
@@ -209,4 +213,11 @@ class Accepted:
         return len(self._texts)
 
 
+def held(raw: bytes | str) -> int:
+    """Memory text ``raw`` takes when remembered: its object (a str of wide characters takes
+    several bytes each) and its node in the order (about ``ORDER_NODE_BYTES``)."""
+    return sys.getsizeof(raw) + ORDER_NODE_BYTES
+
+
+ORDER_NODE_BYTES = 160  # an OrderedDict entry: its table slots and linked-list node (measured)
 ACCEPTED = Accepted()  # shared by every store of the process, as ``tensors.REFUSED`` is

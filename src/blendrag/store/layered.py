@@ -28,10 +28,11 @@ reader takes concurrent positioned reads (an entry file) has its layers read and
 by a small pool of threads shared by every entry (store/read_ahead.py), a block of a few
 layers a task (``read_ahead.task_layers``: each task handed to the pool costs the opening
 thread a queue put and a worker's wake-up, which at one per layer was more than a third of an
-entry's opening). ``layer(i)`` still returns only once layer i is read and verified, and
-raises that layer's own error, as if it had read the layer itself (a block's other layers are
-read and judged on their own); ``close`` drops the reads not started and waits for those under
-way.
+entry's opening). ``layer(i)`` returns once layer i is read and verified (its task's other
+layers with it, when the task is under way), and raises that layer's own error, as if it had
+read the layer itself (a task's other layers are read and judged on their own); a layer whose
+task has not started is read by its caller, the task's other layers handed back to the pool
+as a task of their own. ``close`` drops the reads not started and waits for those under way.
 """
 
 from __future__ import annotations
@@ -222,14 +223,19 @@ class EncodedLayeredEntry(_Shape):
         # layer -> the read of its block by the shared pool (module docstring), whose result
         # is each layer's error or None; taken back by ``layer``
         self._ahead: dict[int, Future] = {}
-        pool = read_pool() if reader.concurrent_reads else None
-        if pool is not None:
-            me = weakref.ref(self)  # a queued read keeps no entry (and no buffer) alive
+        self._pool = read_pool() if reader.concurrent_reads else None
+        if self._pool is not None:
             step = task_layers(self.num_layers, self.layer_nbytes)
             for start in range(0, self.num_layers, step):
-                end = min(start + step, self.num_layers)
-                block = pool.submit(start, partial(_read_ahead, me, start, end))
-                self._ahead.update(dict.fromkeys(range(start, end), block))
+                self._read_ahead(range(start, min(start + step, self.num_layers)))
+
+    def _read_ahead(self, layers: range | list[int]) -> None:
+        """Hand ``layers`` to the pool as one task, ranked by the first (the loop's order)."""
+        if self._pool is None or not layers:
+            return
+        me = weakref.ref(self)  # a queued read keeps no entry (and no buffer) alive
+        task = self._pool.submit(layers[0], partial(_read_layers, me, list(layers)))
+        self._ahead.update(dict.fromkeys(layers, task))
 
     @property
     def complete(self) -> bool:
@@ -249,7 +255,9 @@ class EncodedLayeredEntry(_Shape):
                 error = ahead.result()[i]
                 if error is not None:
                     raise error
-            else:  # not started yet (or its block given up): read here, not behind others
+            else:  # not started yet: read here, not behind others; the pool keeps the rest
+                if ahead is not None:
+                    self._read_ahead([j for j, f in self._ahead.items() if f is ahead])
                 self._read_layer(i)
             self._read[i] = True
         return self._keys[i], self._values[i]
@@ -271,16 +279,17 @@ class EncodedLayeredEntry(_Shape):
         self._reader.close()
 
 
-def _read_ahead(entry: weakref.ref[EncodedLayeredEntry], start: int,
-                end: int) -> dict[int, BaseException | None]:
-    """Layers [start, end) of ``entry`` read by the pool, each on its own: each layer's error
-    (None: read and verified); nothing read when the entry is gone (dropped without
-    ``close``)."""
+def _read_layers(entry: weakref.ref[EncodedLayeredEntry],
+                 layers: list[int]) -> dict[int, BaseException | None]:
+    """``layers`` of ``entry`` read by the pool, each on its own: each layer's error (None:
+    read and verified); nothing read when the entry is gone (dropped without ``close``: no
+    one asks)."""
     alive = entry()
-    errors: dict[int, BaseException | None] = dict.fromkeys(range(start, end))
     if alive is None:
-        return errors
-    for i in range(start, end):
+        gone = RuntimeError("the entry was dropped before its layers were read")
+        return dict.fromkeys(layers, gone)
+    errors: dict[int, BaseException | None] = dict.fromkeys(layers)
+    for i in layers:
         try:
             alive._read_layer(i)
         except Exception as exc:  # noqa: BLE001 - the reader of layer i raises it

@@ -215,3 +215,17 @@ def test_a_block_of_layers_is_a_view_of_the_rows_it_lies_in():
     assert torch.equal(joined([stacked[0]]), stacked[:1])
     apart = [torch.randn(2, 3, 5), torch.randn(2, 3, 5)]
     assert torch.equal(joined(apart), torch.stack(apart))
+
+
+def test_layers_at_one_stride_in_a_larger_buffer_are_one_view_too():
+    """A slice of a request KV's rows, [L, Hkv, n, D] of a larger buffer (history rows), is
+    joined by a view; layers of another dtype's alias are not taken for it."""
+    from blendrag.engine.compute.layer_feed import joined
+
+    k = torch.randn(4, 2, 10, 3)
+    rows = k[:, :, 2:6]  # [L, Hkv, 4, D]: not contiguous
+    view = joined([rows[1], rows[2]])
+    assert view.data_ptr() == rows[1].data_ptr() and torch.equal(view, rows[1:3])
+    alias = k[2].view(torch.int32)[:, 2:6]  # the same bytes as another dtype
+    mixed = joined([rows[1], alias])
+    assert mixed.dtype == torch.float32 and mixed.data_ptr() != rows[1].data_ptr()

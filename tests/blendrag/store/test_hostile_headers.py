@@ -161,7 +161,7 @@ def test_an_accepted_header_is_parsed_again_without_its_checks_to_the_same_value
     from blendrag.store import header as headers
     from blendrag.store.errors import EntryError
 
-    memo = headers.Accepted(max_bytes=1000)
+    memo = headers.Accepted(max_bytes=4000)
     monkeypatch.setattr(headers, "ACCEPTED", memo)
     checked = []
     strict = headers._strict
@@ -183,8 +183,12 @@ def test_an_accepted_header_is_parsed_again_without_its_checks_to_the_same_value
     with pytest.raises(EntryError, match="nested"):
         headers.loads(nested)
     assert len(memo) == 1
-    for i in range(20):  # 20 texts of about 100 bytes: the oldest forgotten past 1,000
-        headers.loads(b'{"k": "%s"}' % (b"x" * 90 + str(i).encode()))
-    assert memo._bytes <= 1000 and not memo.holds(text)
-    headers.loads(b'"%s"' % (b"y" * 300))  # over a quarter of the bound: not remembered
-    assert not memo.holds(b'"%s"' % (b"y" * 300))
+    texts = [b'{"k": "%s"}' % (b"x" * 90 + str(i).encode()) for i in range(40)]
+    for t in texts:  # each takes its object and its node: the oldest forgotten past 4,000
+        headers.loads(t)
+    assert memo._bytes == sum(map(headers.held, [t for t in texts if memo.holds(t)])) <= 4000
+    assert not memo.holds(text) and memo.holds(texts[-1]) and not memo.holds(texts[0])
+    wide = '"%s"' % ("\U0001f600" * 300)  # 300 characters of 4 bytes: over a quarter
+    assert headers.held(wide) > 1000
+    headers.loads(wide)
+    assert not memo.holds(wide)

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from blendrag.store import MemoryKVStore, read_ahead, readers
+from blendrag.store import MemoryKVStore, layered, read_ahead, readers
 from blendrag.store.codec import encode, open_entry
 from blendrag.store.errors import EntryError
 from blendrag.store.host_memory import pageable_buffer
@@ -206,3 +206,40 @@ def test_every_layer_read_ahead_in_blocks_is_its_own(make_store, monkeypatch):
             assert torch.equal(k, kv.keys[i]) and torch.equal(v, kv.values[i]), i
         assert entry.complete
         entry.close()
+
+
+class _HeldPool:
+    """A read-ahead pool that runs nothing: what an entry hands it, recorded."""
+
+    def __init__(self) -> None:
+        self.tasks: list[tuple[int, list[int]]] = []
+
+    def submit(self, priority, fn):
+        from concurrent.futures import Future
+
+        self.tasks.append((priority, fn.args[1]))  # partial(_read_layers, entry, layers)
+        return Future()
+
+
+def test_a_layer_asked_for_before_its_task_started_leaves_the_rest_to_the_pool(make_store,
+                                                                               monkeypatch):
+    """Asked for before its task ran, a layer is read by its caller and the task's other layers
+    go back to the pool as a task of their own (not read one by one by the caller)."""
+    pool = _HeldPool()
+    monkeypatch.setattr(layered, "read_pool", lambda: pool)
+    monkeypatch.setattr(read_ahead, "MIN_TASKS", 2)
+    kv = make_kv(8, layers=8, tokens=64)
+    store = make_store(ram_bytes=0)
+    store.put("k", kv)
+    entry = store.open_layers("k")
+    assert pool.tasks == [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7])]
+    k, v = entry.layer(1)
+    assert torch.equal(k, kv.keys[1]) and torch.equal(v, kv.values[1])
+    assert pool.tasks[-1] == (0, [0, 2, 3])
+    entry.layer(2)
+    assert pool.tasks[-1] == (0, [0, 3])
+    for i in range(8):
+        assert torch.equal(entry.layer(i)[0], kv.keys[i]), i
+    # each layer asked for early read by the caller, the rest of its task handed back
+    assert pool.tasks[-4:] == [(3, [3]), (5, [5, 6, 7]), (6, [6, 7]), (7, [7])]
+    entry.close()

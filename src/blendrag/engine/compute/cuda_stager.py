@@ -17,8 +17,9 @@ Rows = list[tuple[torch.Tensor, torch.Tensor]]
 class CudaStager:
     """Host rows to the device through pinned buffers on a stream of the reader's own, placed
     there too when the reader places (see the module docstring). ``depth + 2`` staging slots:
-    at most ``depth`` layers wait in the queue, one is being consumed and one is being
-    filled."""
+    at most ``depth`` blocks of layers wait in the queue, one is being consumed and one is being
+    filled (a slot's buffers are made again when a block's shapes differ from its last one's:
+    the last block of a run of layers may be shorter)."""
 
     def __init__(self, device: torch.device, depth: int) -> None:
         self.device = device

@@ -15,22 +15,24 @@ Redis, ranged GETs for S3), and placed a block of layers at a time:
   layers that share a RoPE table (Gemma 3: its local and global layers).
   Layer by layer that is a few kernels per segment and per layer, on a GPU a large share of
   a cached request's launches;
-- otherwise (disk, Redis, S3, or host rows for a GPU) a block of a few layers at a time
-  (``block_layers``: at least ``MIN_BLOCKS`` blocks, each segment's keys of a block about
-  ``HOST_COPY_BYTES``), read while the loop computes the layers before it. A block's rows of a
-  segment are one view of the entry's stacked buffer, so a block costs the ops of one layer:
-  one copy each of keys and values per segment and one rotation per run of segments. The
-  reader's ops are what the loop's thread competes with for the interpreter: layer by layer,
-  with both threads bound by the host (a 7B model's short prompts on a GPU, a small model on
-  a CPU), pipelined loading was slower than sequential loading.
+- otherwise a block of a few layers at a time, read (or sent) while the loop computes the
+  layers before it: host rows for a GPU, read already, in copies of about ``HOST_COPY_BYTES``
+  of the largest segment's keys; rows still to be read (disk, Redis, S3) in blocks of that
+  size too but at least ``MIN_BLOCKS`` of them (``block_layers``: the loop waits for the first
+  block's reads), each segment's layers of a block taken as one view of the rows they lie in
+  (``joined``; stacked only when they lie apart), so a block costs the ops of one layer: one
+  copy each of keys and values per segment and one rotation per run of segments. The reader's
+  ops are what the loop's thread competes with for the interpreter: layer by layer, with both
+  threads bound by the host (a 7B model's short prompts on a GPU, a small model on a CPU),
+  pipelined loading was slower than sequential loading.
 
 One reading path, two schedules:
 
 - ``depth=0`` (sequential loading): ``wait(i)`` reads and places layer i on the caller's
   thread; the request's time is load + compute.
 - ``depth=d > 0`` (pipelined loading): a background thread starts as soon as the feed is made,
-  reads and places each layer and stays at most ``d`` layers ahead of the loop (a bounded
-  queue), so layer i+1 is read, copied and rotated while layer i computes: the request takes
+  reads and places each block and stays at most ``d`` blocks ahead of the loop (a bounded
+  queue), so block b+1 is read, copied and rotated while block b computes: the request takes
   about max(load, compute), and the loop's own thread runs none of the loading (on a GPU, none
   of its kernel launches). File reads, Redis round trips, checksums (xxhash) and the torch
   kernels all release the GIL. ``place_ahead=False`` keeps the reading ahead but places the
@@ -104,6 +106,7 @@ class LayerFeed:
         self._stacked: list[ChunkKV] | None = None
         self._whole = False
         self._block_layers = block_layers(self.segments, num_layers)  # a block of rows read
+        self._host_layers = 1  # a block of host rows read already (``_open``)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # on CUDA the reader copies and places on a stream of its own
@@ -175,9 +178,9 @@ class LayerFeed:
         if not self._opened:
             self._open()
         if self._stacked is not None:
-            end = self._block_end(i) if self._whole else self._read_end(i)
+            end = self._block_end(i) if self._whole else self._read_end(i, self._host_layers)
             return end, [(kv.keys[i:end], kv.values[i:end]) for kv in self._stacked]
-        end, rows = self._read_end(i), []
+        end, rows = self._read_end(i, self._block_layers), []
         for seg in self.segments:
             t0 = time.perf_counter()
             layers = [seg.kv.layer(j) for j in range(i, end)]  # [Hkv, T, D] each
@@ -188,8 +191,8 @@ class LayerFeed:
     def _open(self) -> None:
         """At the first read: whether every entry was read already (then its rows are taken
         whole, at no cost) and whether they lie on the request KV's device (then every layer
-        is placed at once; host rows for a GPU go layer by layer, through the staging buffers
-        when pipelined)."""
+        is placed at once; host rows for a GPU go a block at a time, in copies of about
+        ``HOST_COPY_BYTES``, through the staging buffers when pipelined)."""
         self._opened = True
         if not all(seg.kv.complete for seg in self.segments):
             return
@@ -200,17 +203,18 @@ class LayerFeed:
             self._count(seg, t0, seg.kv.num_layers)
         self._stacked = stacked
         self._whole = all(_on(kv, self.device) for kv in stacked)
+        largest = max((seg.kv.layer_nbytes // 2 for seg in self.segments), default=1)
+        self._host_layers = max(1, HOST_COPY_BYTES // max(1, largest))
 
     def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
         tier = seg.kv.tier
         self.tier_s[tier] = self.tier_s.get(tier, 0.0) + time.perf_counter() - t0
         self.tier_bytes[tier] = self.tier_bytes.get(tier, 0) + layers * seg.kv.layer_nbytes
 
-    def _read_end(self, i: int) -> int:
-        """The end of the block of layers from ``i`` that rows still to be read or to be sent
-        from host memory (the RAM tier for a GPU) come in: ``block_layers`` of them, within
-        one RoPE table's run."""
-        return min(self._block_end(i), i + self._block_layers)
+    def _read_end(self, i: int, layers: int) -> int:
+        """The end of the block of ``layers`` layers from ``i`` (rows still to be read, or host
+        rows to be sent: the RAM tier for a GPU), within one RoPE table's run."""
+        return min(self._block_end(i), i + layers)
 
     def _block_end(self, i: int) -> int:
         """The end of the run of layers from ``i`` that rotate with layer i's RoPE table."""
@@ -262,7 +266,7 @@ class LayerFeed:
 
 
 def block_layers(segments: Sequence[CachedSegment], num_layers: int) -> int:
-    """Layers a block of rows to read or send holds: the largest segment's keys of a block
+    """Layers a block of rows still to be read holds: the largest segment's keys of a block
     about ``HOST_COPY_BYTES`` (large copies run at the link's rate, and a block costs the ops of
     one layer), in at least ``MIN_BLOCKS`` blocks (the loop starts once the first is placed and
     computes while the next are read)."""
@@ -272,19 +276,20 @@ def block_layers(segments: Sequence[CachedSegment], num_layers: int) -> int:
 
 def joined(layers: list[torch.Tensor]) -> torch.Tensor:
     """Consecutive layers' rows, each [Hkv, T, D], as one [B, Hkv, T, D] tensor: a view when
-    they lie one after another in one buffer (an entry's stacked rows: nothing is copied), else
-    stacked."""
+    they lie at one stride from each other in one buffer (an entry's stacked rows, a slice of
+    a request KV's rows: nothing is copied), else stacked."""
     first = layers[0]
     if len(layers) == 1:
         return first[None]
-    step, size = first.numel(), first.element_size()
+    size = first.element_size()
+    gap = layers[1].data_ptr() - first.data_ptr()
     base = first.untyped_storage().data_ptr()
-    if first.is_contiguous() and all(
-            t.is_contiguous() and t.shape == first.shape
+    if gap > 0 and gap % size == 0 and all(
+            t.dtype == first.dtype and t.shape == first.shape and t.stride() == first.stride()
             and t.untyped_storage().data_ptr() == base
-            and t.data_ptr() == first.data_ptr() + j * step * size
+            and t.data_ptr() == first.data_ptr() + j * gap
             for j, t in enumerate(layers)):
-        return first.as_strided((len(layers), *first.shape), (step, *first.stride()))
+        return first.as_strided((len(layers), *first.shape), (gap // size, *first.stride()))
     return torch.stack(layers)
 
 
