@@ -16,8 +16,9 @@ DEFAULT_SELECTOR = "preview"
 AUTO = "auto"
 MAX_TEMPERATURE = 100.0
 DEFAULT_THREADS = 1
-"""torch CPU threads of an engine's own calls: the fastest measured on a small shared CPU
-(engine/compute/threads.py says why; docs/benchmarks.md, "CPU threads")."""
+"""torch CPU threads of an engine's own calls on a CPU (``threads="auto"``, the default): the
+fastest measured on a small shared CPU (engine/compute/threads.py says why; docs/benchmarks.md,
+"CPU threads"). On a GPU "auto" leaves torch's own count."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blendrag.config import DEFAULT_THREADS
+from blendrag.config import AUTO
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import StoreConfig
 
@@ -51,7 +51,8 @@ class EngineSpec:
     prefix_cache_bytes: the prefix cache's budget on the device (0: off)
     prefix_cache_store: also keep the prefix cache's rows in the store's tiers
     history_bytes: the history cache's budget (None: the prefix cache's; 0: off)
-    threads:      torch CPU threads while the engine computes (None: torch's own count)
+    threads:      torch CPU threads while the engine computes ("auto": 1 on a CPU, torch's
+                  own count on a GPU; None: torch's own count)
     chat, system: the chat template (None: when the tokenizer has one) and system message
     chunk_prefix: the canonical prefix chunk KVs are computed after (None: none; the
                   framework LLMs and ingestion jobs need one, e.g. "")
@@ -71,7 +72,7 @@ class EngineSpec:
     prefix_cache_bytes: int = 0
     prefix_cache_store: bool = False
     history_bytes: int | None = None
-    threads: int | None = DEFAULT_THREADS
+    threads: int | str | None = AUTO
     chat: bool | None = None
     system: str | None = None
     chunk_prefix: str | None = None
@@ -102,10 +103,11 @@ class EngineSpec:
         return type(self).__name__
 
     def _check_counts(self) -> None:
-        if self.threads is not None and (isinstance(self.threads, bool)
-                                         or not isinstance(self.threads, int) or self.threads < 1):
-            raise ValueError(f"{self._name}.threads must be a count >= 1 or None, got "
-                             f"{self.threads!r}")
+        if self.threads != AUTO and self.threads is not None and (
+                isinstance(self.threads, bool) or not isinstance(self.threads, int)
+                or self.threads < 1):
+            raise ValueError(f"{self._name}.threads must be a count >= 1, None or \"auto\", "
+                             f"got {self.threads!r}")
         for name in ("prefix_cache_bytes", "history_bytes"):
             value = getattr(self, name)
             if value is None and name == "history_bytes":

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from blendrag.config import DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
+from blendrag.config import AUTO, DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
 from blendrag.engine.caches.chunk_cache import ChunkCache
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
 from blendrag.engine.caches.device_tier import DeviceTier, default_budget
@@ -27,7 +27,7 @@ from blendrag.engine.caches.prefix_cache import BlockShape, PrefixCache
 from blendrag.engine.compute.observers import LayerObserver
 from blendrag.engine.compute.pieces import PrefillPieces
 from blendrag.engine.compute.runner import ComputeConfig, ModelRunner
-from blendrag.engine.compute.threads import DEFAULT_THREADS, check_threads, torch_threads
+from blendrag.engine.compute.threads import engine_threads, torch_threads
 from blendrag.engine.request import prefill as request
 from blendrag.engine.request.generation import GenerationResult, GenerationStream
 from blendrag.engine.request.prefill import Prefill
@@ -64,7 +64,7 @@ class BlendEngine:
                  chat: bool | None = None, system: str | None = None,
                  chunk_prefix: str | None = None, context: ChunkContext | None = None,
                  loading: LoadingConfig | None = None, prefix_cache_bytes: int = 0,
-                 prefix_cache_store: bool = False, threads: int | None = DEFAULT_THREADS,
+                 prefix_cache_store: bool = False, threads: int | str | None = AUTO,
                  compute: ComputeConfig | None = None, history_bytes: int | None = None) -> None:
         """``context``: what stored chunk KVs are computed after (engine/caches/context.py);
         default ``ChunkContext()`` (three filler contexts, first passages exact) with a
@@ -83,13 +83,13 @@ class BlendEngine:
         cache's budget (on with it); 0: off.
         ``threads``: torch's CPU threads while the engine computes (prefill, decoding,
         ingestion), the previous count restored after each call (engine/compute/threads.py);
-        default 1, the fastest measured on a small shared CPU; None leaves torch's setting
-        alone.
+        default "auto": 1 on a CPU, the fastest measured on a small shared CPU, and torch's own
+        count on a GPU (whose CPU work is host copies); None leaves torch's setting alone.
         ``compute``: the attention kernel and how tokens are decoded (``ComputeConfig``:
         FlexAttention and CUDA graphs on CUDA, PyTorch's SDPA and eager decoding elsewhere);
         every choice runs the exact mask."""
-        self.threads = check_threads(threads)
         self.runner = ModelRunner(model, compute)
+        self.threads = engine_threads(threads, self.runner.device)
         self.tokenizer = tokenizer
         # Without a tokenizer (benchmarks on random ids) the engine takes PromptLayouts only.
         self.prompts = (PromptBuilder(tokenizer, chat=chat, system=system,

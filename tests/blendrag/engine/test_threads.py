@@ -91,3 +91,48 @@ def test_the_count_is_restored_when_the_call_fails(caller_threads):
 def test_a_bad_count_is_a_clear_error(model_dir, bad):
     with pytest.raises(ValueError, match="threads must be a count >= 1, or None"):
         _engine(model_dir, threads=bad)
+
+
+def test_auto_is_one_thread_on_a_cpu_and_torchs_own_count_on_a_gpu(model_dir):
+    """The default, "auto": ``DEFAULT_THREADS`` for an engine on a CPU; on a GPU None (torch's
+    own count: its CPU work is host copies). A count or None given is kept on either."""
+    from blendrag.engine.compute.threads import engine_threads
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert engine_threads("auto", cpu) == DEFAULT_THREADS == 1
+    assert engine_threads("auto", gpu) is None
+    assert engine_threads(3, gpu) == 3 and engine_threads(None, cpu) is None
+    assert _engine(model_dir, threads="auto").threads == 1
+    with pytest.raises(ValueError, match='or "auto"'):
+        engine_threads("all", cpu)
+
+
+def test_the_layer_feeds_reader_takes_the_engines_count(model_dir, caller_threads,
+                                                        monkeypatch, tmp_path):
+    """Threads an engine's call starts run with the count in effect: the layer feed's reader,
+    which copies host rows for a GPU, copies with the engine's threads (why "auto" leaves
+    torch's own count on a GPU)."""
+    from blendrag.engine.compute.fused_kv import FusedKV
+    from blendrag.engine.selection.controller import LoadingConfig
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    engine = _engine(model_dir, threads=2,
+                     loading=LoadingConfig(prefetch_layers=2, full_when_faster=False))
+    engine.store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path))
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.precompute(layout.prefix_ids, layout.chunk_ids)
+    seen: list[tuple[str, int]] = []
+    place = FusedKV.place
+
+    def watched(self, *args, **kw):
+        import threading
+
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return place(self, *args, **kw)
+
+    monkeypatch.setattr(FusedKV, "place", watched)
+    pre = engine.prefill(layout, BlendConfig(mode="reuse"))
+    assert pre.stats.loading.pipelined
+    assert seen and {name for name, _ in seen} == {"blendrag-layer-feed"}
+    assert {count for _, count in seen} == {2}
+    assert torch.get_num_threads() == caller_threads

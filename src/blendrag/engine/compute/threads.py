@@ -11,6 +11,14 @@ Why scoped rather than global: ``torch.set_num_threads`` is process-wide, and a 
 changes it for good changes the speed of everything else the user runs. The engine sets its
 count when one of its calls starts and puts the previous count back when it returns (the
 switch itself costs well under a microsecond); ``threads=None`` leaves torch's setting alone.
+
+Why one thread only on a CPU (``threads="auto"``, the default): an engine on a GPU computes on
+the device, and its CPU work is host copies, above all cached rows from the RAM tier staged in
+page-locked memory for the device (engine/compute/cuda_stager.py), a copy that torch spreads
+over its threads. Threads the engine's calls start (the layer feed's reader) take the count in
+effect, so one thread there would copy on one core what the GPU check measured on all of them
+(its engines run with torch's own count). "auto" is one thread on a CPU and torch's own count
+on a GPU.
 """
 
 from __future__ import annotations
@@ -20,18 +28,29 @@ from collections.abc import Iterator
 
 import torch
 
-from blendrag.config import DEFAULT_THREADS
+from blendrag.config import AUTO, DEFAULT_THREADS
 
-__all__ = ["DEFAULT_THREADS", "check_threads", "torch_threads"]
+__all__ = ["DEFAULT_THREADS", "check_threads", "engine_threads", "torch_threads"]
 
 
-def check_threads(threads: int | None) -> int | None:
-    """``threads`` if it is None or a count >= 1; else ValueError."""
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
+def check_threads(threads: int | str | None) -> int | str | None:
+    """``threads`` if it is None, "auto" or a count >= 1; else ValueError."""
+    if threads != AUTO and threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ValueError(f"threads must be a count >= 1, or None to leave torch's setting "
-                         f"(torch.set_num_threads) as it is; got {threads!r}")
+                         f"(torch.set_num_threads) as it is, or \"auto\" (one on a CPU, "
+                         f"torch's own on a GPU); got {threads!r}")
     return threads
+
+
+def engine_threads(threads: int | str | None, device: torch.device) -> int | None:
+    """The count an engine on ``device`` runs its calls with: ``threads`` as given (checked);
+    "auto": ``DEFAULT_THREADS`` on a CPU, None (torch's own) on any other device (module
+    docstring)."""
+    threads = check_threads(threads)
+    if threads == AUTO:
+        return DEFAULT_THREADS if device.type == "cpu" else None
+    return None if threads is None else int(threads)
 
 
 @contextlib.contextmanager
