@@ -21,6 +21,13 @@ fastest measured on a small shared CPU (engine/compute/threads.py says why; docs
 "CPU threads"). On a GPU "auto" leaves torch's own count."""
 
 
+def threads_valid(threads: object) -> bool:
+    """Whether ``threads`` is an engine's thread setting: a count >= 1, None (torch's own
+    count) or "auto" (``DEFAULT_THREADS`` on a CPU, torch's own count on a GPU)."""
+    return threads is None or threads == AUTO or (
+        isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1)
+
+
 @dataclass(frozen=True)
 class SelectorOptions:
     """Options of one blend selector (a subclass per selector; the base: none)."""

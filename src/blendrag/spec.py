@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blendrag.config import AUTO
+from blendrag.config import AUTO, threads_valid
 from blendrag.model.catalog import DEFAULT_MODEL
 from blendrag.store.config import StoreConfig
 
@@ -103,9 +103,7 @@ class EngineSpec:
         return type(self).__name__
 
     def _check_counts(self) -> None:
-        if self.threads != AUTO and self.threads is not None and (
-                isinstance(self.threads, bool) or not isinstance(self.threads, int)
-                or self.threads < 1):
+        if not threads_valid(self.threads):
             raise ValueError(f"{self._name}.threads must be a count >= 1, None or \"auto\", "
                              f"got {self.threads!r}")
         for name in ("prefix_cache_bytes", "history_bytes"):

@@ -204,11 +204,6 @@ class Accepted:
                 old, _ = self._texts.popitem(last=False)
                 self._bytes -= held(old)
 
-    def clear(self) -> None:
-        with self._lock:
-            self._texts.clear()
-            self._bytes = 0
-
     def __len__(self) -> int:
         return len(self._texts)
 

@@ -243,3 +243,44 @@ def test_a_layer_asked_for_before_its_task_started_leaves_the_rest_to_the_pool(m
     # each layer asked for early read by the caller, the rest of its task handed back
     assert pool.tasks[-4:] == [(3, [3]), (5, [5, 6, 7]), (6, [6, 7]), (7, [7])]
     entry.close()
+
+
+class _EagerPool:
+    """A read-ahead pool that runs each task as it is handed over: a task's reads are done,
+    every one, before any layer is asked for."""
+
+    def submit(self, priority, fn):
+        from concurrent.futures import Future
+
+        done: Future = Future()
+        done.set_result(fn())
+        return done
+
+
+def test_a_layer_failing_inside_a_task_fails_alone(make_store, monkeypatch):
+    """One task reads all four layers and layer 2's read fails: layers 0, 1 and 3 are served
+    from it, and only layer 2 raises (a storage failure: nothing deleted)."""
+    monkeypatch.setattr(layered, "read_pool", lambda: _EagerPool())
+    monkeypatch.setattr(read_ahead, "MIN_TASKS", 1)
+    kv = make_kv(9, layers=4, tokens=64)
+    store = make_store(ram_bytes=0)
+    store.put("k", kv)
+    bad = _layer_start(store, "k", 2)
+    real = readers.os.preadv
+
+    def preadv(fd, buffers, offset):
+        end = offset + sum(len(b) for b in buffers)
+        if offset <= bad < end:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(readers.os, "preadv", preadv)
+    entry = store.open_layers("k")
+    for i in (0, 1, 3):
+        k, v = entry.layer(i)
+        assert torch.equal(k, kv.keys[i]) and torch.equal(v, kv.values[i]), i
+    with pytest.raises(LayerReadError) as err:
+        entry.layer(2)
+    assert isinstance(err.value.__cause__, OSError)
+    entry.close()
+    assert store.contains("k")

@@ -105,8 +105,9 @@ class LayerFeed:
         self._opened = False
         self._stacked: list[ChunkKV] | None = None
         self._whole = False
-        self._block_layers = block_layers(self.segments, num_layers)  # a block of rows read
-        self._host_layers = 1  # a block of host rows read already (``_open``)
+        # a block of host rows read already (the RAM tier for a GPU), and of rows still to read
+        self._host_layers = copy_layers(self.segments)
+        self._block_layers = block_layers(self.segments, num_layers)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         # on CUDA the reader copies and places on a stream of its own
@@ -203,8 +204,6 @@ class LayerFeed:
             self._count(seg, t0, seg.kv.num_layers)
         self._stacked = stacked
         self._whole = all(_on(kv, self.device) for kv in stacked)
-        largest = max((seg.kv.layer_nbytes // 2 for seg in self.segments), default=1)
-        self._host_layers = max(1, HOST_COPY_BYTES // max(1, largest))
 
     def _count(self, seg: CachedSegment, t0: float, layers: int) -> None:
         tier = seg.kv.tier
@@ -265,13 +264,19 @@ class LayerFeed:
         return False
 
 
-def block_layers(segments: Sequence[CachedSegment], num_layers: int) -> int:
-    """Layers a block of rows still to be read holds: the largest segment's keys of a block
-    about ``HOST_COPY_BYTES`` (large copies run at the link's rate, and a block costs the ops of
-    one layer), in at least ``MIN_BLOCKS`` blocks (the loop starts once the first is placed and
-    computes while the next are read)."""
+def copy_layers(segments: Sequence[CachedSegment]) -> int:
+    """Layers whose keys of the largest segment make about ``HOST_COPY_BYTES``: a block of host
+    rows sent to the device (large copies run at the link's rate; the loop starts after the
+    first block and computes while the next are sent)."""
     largest = max((seg.kv.layer_nbytes // 2 for seg in segments), default=1)
-    return max(1, min(HOST_COPY_BYTES // max(1, largest), -(-num_layers // MIN_BLOCKS)))
+    return max(1, HOST_COPY_BYTES // max(1, largest))
+
+
+def block_layers(segments: Sequence[CachedSegment], num_layers: int) -> int:
+    """Layers a block of rows still to be read holds: ``copy_layers`` (a block costs the ops of
+    one layer), in at least ``MIN_BLOCKS`` blocks (the loop starts once the first is read and
+    placed, and computes while the next are read)."""
+    return max(1, min(copy_layers(segments), -(-num_layers // MIN_BLOCKS)))
 
 
 def joined(layers: list[torch.Tensor]) -> torch.Tensor:

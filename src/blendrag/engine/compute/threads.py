@@ -28,15 +28,14 @@ from collections.abc import Iterator
 
 import torch
 
-from blendrag.config import AUTO, DEFAULT_THREADS
+from blendrag.config import AUTO, DEFAULT_THREADS, threads_valid
 
 __all__ = ["DEFAULT_THREADS", "check_threads", "engine_threads", "torch_threads"]
 
 
 def check_threads(threads: int | str | None) -> int | str | None:
     """``threads`` if it is None, "auto" or a count >= 1; else ValueError."""
-    if threads != AUTO and threads is not None and (
-            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+    if not threads_valid(threads):
         raise ValueError(f"threads must be a count >= 1, or None to leave torch's setting "
                          f"(torch.set_num_threads) as it is, or \"auto\" (one on a CPU, "
                          f"torch's own on a GPU); got {threads!r}")
