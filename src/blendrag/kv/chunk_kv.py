@@ -11,6 +11,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from blendrag.kv.locked import note_copies
+
 
 @dataclass
 class ChunkKV:
@@ -97,8 +99,10 @@ class ChunkKV:
         """K and V on ``device`` (the priors stay on the host, where selectors read them)."""
         if self.keys.device == torch.device(device):
             return self
-        return replace(self, keys=self.keys.to(device, non_blocking=True),
-                       values=self.values.to(device, non_blocking=True))
+        out = replace(self, keys=self.keys.to(device, non_blocking=True),
+                      values=self.values.to(device, non_blocking=True))
+        note_copies([self.keys, self.values], torch.device(device))  # locked: kept till done
+        return out
 
     def with_profile(self, profile: torch.Tensor) -> ChunkKV:
         """The same rows with a profile attached (float32 on the CPU: it is read on the host)."""

@@ -21,7 +21,10 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
+import torch
+
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.locked import locked_empty
 from blendrag.store.codec import Entry
 from blendrag.store.config import StoreConfig
 from blendrag.store.counted import CountedLayeredEntry
@@ -255,9 +258,15 @@ class TieredKVStore(Named):
 
 def _on_cpu(kv: ChunkKV) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded (the
-    # priors are host tensors already: ChunkKV keeps them there). Pageable, not page-locked:
-    # torch's page-locked allocator rounds each block up to a power of two and keeps freed
-    # blocks locked, up to twice the tier's budget; the layer feed stages host rows instead.
+    # priors are host tensors already: ChunkKV keeps them there). Rows from a CUDA device go to
+    # page-locked memory of their exact size (kv/locked.py), which a later copy to the device
+    # reads by DMA without staging; pageable where none can be had.
     if kv.keys.device.type == "cpu":
         return kv
-    return dataclasses.replace(kv, keys=kv.keys.to("cpu"), values=kv.values.to("cpu"))
+    return dataclasses.replace(kv, keys=_host_copy(kv.keys), values=_host_copy(kv.values))
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (on a device) copied to the host: page-locked from CUDA where it can be had."""
+    out = locked_empty(tuple(t.shape), t.dtype) if t.device.type == "cuda" else None
+    return t.to("cpu") if out is None else out.copy_(t)

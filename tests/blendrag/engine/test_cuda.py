@@ -174,7 +174,9 @@ def test_explicit_pass_attention_replayed_from_cuda_graphs_equals_the_layer_loop
 def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
     """A request reads rows held in the RAM tier in copies of several layers
     (layer_feed.HOST_COPY_BYTES), sequential or pipelined, with the logits of the same rows
-    served from the device tier."""
+    served from the device tier. The RAM tier holds them page-locked (kv/locked.py): they
+    are copied to the device without staging."""
+    from blendrag.kv.locked import is_locked
     from blendrag.store import StoreConfig, TieredKVStore
 
     def make(tier_bytes: int) -> BlendEngine:
@@ -189,6 +191,8 @@ def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
     layout = ram.build_prompt(PREFIX, PASSAGES, SUFFIX)
     for e in (ram, hot):
         e.precompute(layout.prefix_ids, layout.chunk_ids)
+    held = ram.store.get(ram.key(layout.prefix_ids, layout.chunk_ids[0]))
+    assert held is not None and is_locked(held.keys) and is_locked(held.values)
     reuse = BlendConfig(mode="reuse")
     hot.prefill(layout, reuse)  # promoted to the device tier
     want = hot.prefill(layout, reuse)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from blendrag.kv.locked import is_locked
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.protocol import KVStore
 from helpers.kvgen import make_kv, same_bits
@@ -83,7 +84,10 @@ def test_gpu_tensors_are_stored_as_cpu_copies(make_store):
     store = make_store()
     kv = make_kv(4, dtype=torch.bfloat16)
     store.put("k", kv.to("cuda"))
-    assert store.get("k").keys.device.type == "cpu"  # the RAM tier is host memory
+    held = store.get("k")
+    assert held.keys.device.type == "cpu"  # the RAM tier is host memory, page-locked
+    assert held.keys.is_pinned() and is_locked(held.keys) and is_locked(held.values)
+    assert same_bits(held, kv)
     assert same_bits(make_store().get("k"), kv)  # and the disk copy is exact
 
 

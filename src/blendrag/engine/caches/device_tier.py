@@ -33,6 +33,7 @@ from dataclasses import replace
 import torch
 
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.locked import note_copies
 from blendrag.store.layered import LayeredEntry, MemoryLayeredEntry
 
 log = logging.getLogger(__name__)
@@ -176,9 +177,12 @@ def _to_device(kv: ChunkKV, device: torch.device) -> ChunkKV:
     if kv.keys.device == device and kv.values.device == device:
         return kv
     # k, v: [L, Hkv, T, D]; one copy each (from pinned memory: asynchronous on CUDA, ordered on
-    # the current stream before any later use of the tensors)
-    return replace(kv, keys=kv.keys.to(device, non_blocking=True),
-                   values=kv.values.to(device, non_blocking=True))
+    # the current stream before any later use of the tensors; a locked source is kept until
+    # the copy is done)
+    out = replace(kv, keys=kv.keys.to(device, non_blocking=True),
+                  values=kv.values.to(device, non_blocking=True))
+    note_copies([kv.keys, kv.values], device)
+    return out
 
 
 def default_budget(device: torch.device, reserve_bytes: int) -> int:

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from blendrag.kv.locked import note_reads
+
 # per segment: (pre-RoPE keys, values) of a block of layers: [layers, Hkv, T, D] each
 Rows = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -41,12 +43,14 @@ class CudaStager:
         held = [None if b is None else (tuple(b.shape), b.dtype) for b in buffers]
         if held != [_spec(t) for t in host]:
             buffers = [None if _spec(t) is None else _staging(t) for t in host]
-        out = []
+        out, direct = [], []
         with torch.cuda.stream(self.stream):
             for buf, t in zip(buffers, host):
-                if buf is None:  # on the device already (a chunk computed now), or pinned
-                    # (the disk tier's reads): torch keeps a pinned block from reuse until
-                    # its copy is done
+                if buf is None:  # on the device already (a chunk computed now), or pinned:
+                    # the disk tier's reads (torch keeps its pinned block from reuse until the
+                    # copy is done) or the RAM tier's locked entries (noted below)
+                    if t.device.type == "cpu":
+                        direct.append(t)
                     out.append(t if t.device.type != "cpu"
                                else t.to(self.device, non_blocking=True))
                     continue
@@ -57,6 +61,7 @@ class CudaStager:
                 place(on_device)
             event = torch.cuda.Event()
             event.record(self.stream)
+        note_reads(direct, event)
         self._slots[self._turn] = (buffers, event)
         self._turn = (self._turn + 1) % len(self._slots)
         return (None if place is not None else on_device), event

@@ -69,6 +69,7 @@ from blendrag.engine.compute.cuda_stager import CudaStager, Rows
 from blendrag.engine.compute.fused_kv import CachedSegment, FusedKV
 from blendrag.engine.compute.observers import OFF, PhaseClock
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.locked import note_copies
 from blendrag.model.rope import RopeTables
 
 HOST_COPY_BYTES = 4 << 20  # one copy of host rows to the device (K or V of one segment)
@@ -225,8 +226,10 @@ class LayerFeed:
     def _place(self, i: int, end: int, rows: Rows, clock: PhaseClock = OFF) -> None:
         t0 = time.perf_counter()
         if self.device.type == "cuda":  # host rows: asynchronous copies where they are pinned
+            host = [t for pair in rows for t in pair]
             rows = [(k.to(self.device, non_blocking=True), v.to(self.device, non_blocking=True))
                     for k, v in rows]
+            note_copies(host, self.device)
         self.fused.place(slice(i, end), self.segments, rows, self.rope.layer(i), clock)
         self.place_s += time.perf_counter() - t0
 
