@@ -148,7 +148,9 @@ class TieredKVStore(Named):
         """Write ``kv`` to every tier. ``ram=False`` (bulk precompute) skips the volatile (RAM)
         tier so as not to evict the entries being served, unless no persistent tier took it.
         ``exact``: the persistent tiers store it in the model's dtype whatever ``kv_format``."""
-        entry = Entry(self.names.stored(key), _on_cpu(kv), exact=exact)
+        # locked host memory only for rows the RAM tier will hold (kv/locked.py)
+        to_ram = ram and any(s.tier.volatile for s in self._slots)
+        entry = Entry(self.names.stored(key), _on_cpu(kv, locked=to_ram), exact=exact)
         stored = any([s.write(entry) for s in self._slots if not s.tier.volatile])
         if ram or not stored:
             for slot in self._slots:
@@ -256,17 +258,21 @@ class TieredKVStore(Named):
         self.close()
 
 
-def _on_cpu(kv: ChunkKV) -> ChunkKV:
+def _on_cpu(kv: ChunkKV, locked: bool) -> ChunkKV:
     # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded (the
-    # priors are host tensors already: ChunkKV keeps them there). Rows from a CUDA device go to
-    # page-locked memory of their exact size (kv/locked.py), which a later copy to the device
-    # reads by DMA without staging; pageable where none can be had.
+    # priors are host tensors already: ChunkKV keeps them there). ``locked``: rows from a CUDA
+    # device go to page-locked memory of their exact size (kv/locked.py), which a later copy to
+    # the device reads by DMA without staging (pageable where none can be had); not for rows
+    # only encoded for the persistent tiers (a bulk job's), which would pay the locking for
+    # nothing.
     if kv.keys.device.type == "cpu":
         return kv
-    return dataclasses.replace(kv, keys=_host_copy(kv.keys), values=_host_copy(kv.values))
+    return dataclasses.replace(kv, keys=_host_copy(kv.keys, locked),
+                               values=_host_copy(kv.values, locked))
 
 
-def _host_copy(t: torch.Tensor) -> torch.Tensor:
-    """``t`` (on a device) copied to the host: page-locked from CUDA where it can be had."""
-    out = locked_empty(tuple(t.shape), t.dtype) if t.device.type == "cuda" else None
+def _host_copy(t: torch.Tensor, locked: bool) -> torch.Tensor:
+    """``t`` (on a device) copied to the host: page-locked from CUDA where asked and it can
+    be had."""
+    out = locked_empty(tuple(t.shape), t.dtype) if locked and t.device.type == "cuda" else None
     return t.to("cpu") if out is None else out.copy_(t)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blendrag.kv.locked import is_locked
+from blendrag.kv.locked import REGISTRY, is_locked
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag.store.protocol import KVStore
 from helpers.kvgen import make_kv, same_bits
@@ -88,6 +88,9 @@ def test_gpu_tensors_are_stored_as_cpu_copies(make_store):
     assert held.keys.device.type == "cpu"  # the RAM tier is host memory, page-locked
     assert held.keys.is_pinned() and is_locked(held.keys) and is_locked(held.values)
     assert same_bits(held, kv)
+    live = len(REGISTRY.starts)
+    store.put("bulk", kv.to("cuda"), ram=False)  # for the disk only: nothing locked for it
+    assert len(REGISTRY.starts) == live and same_bits(make_store().get("bulk"), kv)
     assert same_bits(make_store().get("k"), kv)  # and the disk copy is exact
 
 
