@@ -201,6 +201,31 @@ def test_rows_still_to_read_come_a_block_of_layers_at_a_time(engine_for, family,
     assert layers - blocks == 8 * per_place, (layers, blocks)
 
 
+def test_rows_on_the_device_already_start_no_reader(engine_for):
+    """A feed whose rows are all read and on the request KV's device (RAM on a CPU, the device
+    tier on a GPU) places them at the first wait on the loop's thread, whatever its depth: no
+    reader thread to start and hand over (the same rows as sequential placing); a feed with
+    rows still to read starts one."""
+    engine = engine_for("llama", layers=4)
+    segments = segments_of(engine, LAYOUTS["gaps"], torch.float32)
+    n = max(s.end for s in segments)
+    runner = engine.runner
+    fused, rope = runner.buffer(n), runner.rope(n)
+    feed = runner.feed(segments, fused, rope, depth=3)
+    assert feed.resident and not feed.pipelined and feed._thread is None
+    feed.close()
+    unread = runner.feed([CachedSegment(s.start, Unread(s.kv)) for s in segments], fused, rope,
+                         depth=3)
+    assert unread.pipelined and unread._thread is not None
+    with torch.inference_mode():
+        for i in range(engine.adapter.num_layers):
+            unread.wait(i)
+    unread.close()
+    ahead, _ = placed(engine, segments, n, depth=3)
+    alone, _ = placed(engine, segments, n, depth=0)
+    assert same_bits(ahead.k, alone.k) and same_bits(ahead.v, alone.v)
+
+
 def test_a_block_of_layers_is_a_view_of_the_rows_it_lies_in():
     """``joined``: consecutive layers of one stacked buffer as one view (nothing copied); any
     other layers stacked, the same values."""

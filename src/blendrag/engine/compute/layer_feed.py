@@ -30,7 +30,9 @@ One reading path, two schedules:
 
 - ``depth=0`` (sequential loading): ``wait(i)`` reads and places layer i on the caller's
   thread; the request's time is load + compute.
-- ``depth=d > 0`` (pipelined loading): a background thread starts as soon as the feed is made,
+- ``depth=d > 0`` (pipelined loading): unless every row is resident (read and on the request
+  KV's device: nothing to load, placed at the first wait as with ``depth=0``), a background
+  thread starts as soon as the feed is made,
   reads and places each block and stays at most ``d`` blocks ahead of the loop (a bounded
   queue), so block b+1 is read, copied and rotated while block b computes: the request takes
   about max(load, compute), and the loop's own thread runs none of the loading (on a GPU, none
@@ -93,7 +95,10 @@ class LayerFeed:
         self.num_layers = num_layers
         self.fused, self.rope = fused, rope
         self.device = fused.k.device
-        self.depth = depth if self.segments else 0
+        # rows on the request KV's device already are placed at the first wait, on the loop's
+        # thread: a reader would only add its start and hand-off (on a CPU a quarter of a
+        # reuse request from RAM), and its GIL turns on a GPU
+        self.depth = depth if self.segments and not self.resident else 0
         self.place_ahead = place_ahead and self.depth > 0
         self.wait_s = 0.0
         self.place_s = 0.0

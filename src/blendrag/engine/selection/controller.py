@@ -244,7 +244,9 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
     both keep the floor."""
     floor = float(config.ratio)
     if not feed.pipelined or config.selector == "preview":
-        why = ("sequential loading: nothing to hide recompute under" if not feed.pipelined
+        why = ("every cached row on the device already: nothing to hide recompute under"
+               if feed.resident else
+               "sequential loading: nothing to hide recompute under" if not feed.pipelined
                else "preview: its preview pass reads every layer before the blend pass")
         return floor, RatioDecision(floor, why, floor)
     per_tier: dict[str, int] = {}
