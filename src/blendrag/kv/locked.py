@@ -15,35 +15,42 @@ any entry's bytes.
 
 Lifetime: a block lives as long as any tensor over it (the tensors' storage holds it). A copy
 that reads it asynchronously, host rows sent to the device, is noted with the event that
-follows it (``note_reads``). When the block's last tensor goes, the block retires. A later
-allocation unregisters and unmaps it once its noted copies have completed. That is not done
-in the destructor, because unregistering can wait for the device.
+follows it (``note_reads``). When the block's last tensor goes, the block retires; ``release``
+unregisters (through the runtime that registered it) and unmaps the retired blocks whose noted
+copies have completed. It runs at every allocation and when a RAM store drops entries (delete,
+clear, close), never in the destructor, because unregistering can wait for the device. A block
+whose unregistering fails stays mapped: unmapping registered memory is undefined.
 
 Where page-locked memory cannot be had (no CUDA, a container's locked-memory limit, a runtime
 that refuses), ``locked_empty`` returns None and the caller takes pageable memory: the same
-values, copied more slowly.
+values, copied more slowly. After a refusal nothing is registered again until some block has
+been released.
 """
 
 from __future__ import annotations
 
 import bisect
 import ctypes
+import logging
 import math
 import mmap
+import os
 import threading
 import weakref
 from collections.abc import Iterable
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
+log = logging.getLogger(__name__)
+
 
 class Runtime(Protocol):
-    """What registering memory needs from the CUDA runtime."""
+    """What registering memory needs from the CUDA runtime (a fake one in the CPU tests)."""
 
     def register(self, ptr: int, nbytes: int) -> bool: ...
 
-    def unregister(self, ptr: int) -> None: ...
+    def unregister(self, ptr: int) -> bool: ...
 
 
 class Event(Protocol):
@@ -54,10 +61,11 @@ class _Block:
     """One registered mapping. Its memory is lent to numpy (``__array_interface__``), and
     from numpy to torch, so the tensors over it hold the block."""
 
-    def __init__(self, mapping: mmap.mmap, ptr: int, registry: _Registry) -> None:
+    def __init__(self, mapping: mmap.mmap, ptr: int, runtime: Runtime,
+                 registry: _Registry) -> None:
         self.mapping, self.ptr, self.nbytes = mapping, ptr, len(mapping)
+        self.runtime, self.registry = runtime, registry
         self.reads: list[Event] = []  # the events after copies that read it
-        self.registry = registry
         self.__array_interface__ = {"shape": (self.nbytes,), "typestr": "|u1",
                                     "data": (ptr, False), "version": 3}
 
@@ -65,15 +73,26 @@ class _Block:
         self.registry.retire(self)
 
 
+class _Retired(NamedTuple):
+    ptr: int
+    mapping: mmap.mmap
+    runtime: Runtime
+    reads: list[Event]
+
+
 class _Registry:
-    """The live blocks by address (a copy's source is found by its data pointer) and the
-    retired ones still to be unregistered."""
+    """The live blocks by address (a copy's source is found by its data pointer), the retired
+    ones still to be released, and the runtimes that refused a registration (with the count of
+    releases then: they are asked again once memory has been given back)."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()  # a block freed while it is held retires here too
         self.starts: list[int] = []
         self.blocks: dict[int, weakref.ref[_Block]] = {}
-        self.retired: list[tuple[int, mmap.mmap, list[Event]]] = []
+        self.retired: list[_Retired] = []
+        self.kept: list[mmap.mmap] = []  # unregistering failed: never unmapped
+        self.released = 0
+        self.refused: dict[int, int] = {}  # id(runtime) -> ``released`` at its refusal
 
     def add(self, block: _Block) -> None:
         with self.lock:
@@ -97,41 +116,65 @@ class _Registry:
             block.reads = [e for e in block.reads if not e.query()] + [event]
 
     def retire(self, block: _Block) -> None:
-        """``block``'s last tensor is gone: kept (the mapping, not the block) until drained."""
+        """``block``'s last tensor is gone: kept (the mapping, not the block) until released."""
         with self.lock:
-            self.starts.pop(bisect.bisect_left(self.starts, block.ptr))
-            del self.blocks[block.ptr]
-            self.retired.append((block.ptr, block.mapping, block.reads))
+            if self.blocks.pop(block.ptr, None) is not None:
+                self.starts.pop(bisect.bisect_left(self.starts, block.ptr))
+            self.retired.append(_Retired(block.ptr, block.mapping, block.runtime, block.reads))
 
-    def drain(self, runtime: Runtime) -> int:
+    def release(self) -> int:
         """Unregister and unmap the retired blocks whose noted copies have completed; how many
         are left (a copy from them still queued)."""
-        done: list[tuple[int, mmap.mmap, list[Event]]] = []
+        done: list[_Retired] = []
         with self.lock:
-            left: list[tuple[int, mmap.mmap, list[Event]]] = []
+            left: list[_Retired] = []
             for r in self.retired:
-                (done if all(e.query() for e in r[2]) else left).append(r)
+                (done if all(e.query() for e in r.reads) else left).append(r)
             self.retired = left
-        for ptr, mapping, _ in done:
-            runtime.unregister(ptr)
-            mapping.close()
+        for r in done:
+            if r.runtime.unregister(r.ptr):
+                r.mapping.close()
+                with self.lock:
+                    self.released += 1
+            else:
+                with self.lock:
+                    self.kept.append(r.mapping)
         return len(left)
+
+    def refuses(self, runtime: Runtime) -> bool:
+        """Whether ``runtime`` refused a registration and nothing was released since."""
+        with self.lock:
+            return self.refused.get(id(runtime)) == self.released
+
+    def refusal(self, runtime: Runtime) -> None:
+        with self.lock:
+            self.refused[id(runtime)] = self.released
 
 
 REGISTRY = _Registry()
 HUGE_MIN_BYTES = 4 << 20  # blocks at least this large are advised for huge pages
 
 
+def release() -> int:
+    """Release the retired blocks whose copies are done (``_Registry.release``); how many
+    retired blocks are left."""
+    return REGISTRY.release()
+
+
 class _Cudart:
     """The CUDA runtime torch uses. A refused call leaves its error as the thread's last
-    error, which torch's next check after a kernel launch would raise, so it is cleared."""
+    error, which torch's next check after a kernel launch would raise, so it is cleared, in
+    torch's own runtime library (found by its soname among those loaded: another package's
+    runtime, loaded first, is not the one torch checks)."""
 
     PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context
 
     def __init__(self) -> None:
         self.rt = torch.cuda.cudart()
         self.ok = self.rt.cudaError.success
-        self.clear = ctypes.CDLL(None).cudaGetLastError  # AttributeError where not loaded
+        major = str(torch.version.cuda).split(".")[0]
+        lib = ctypes.CDLL(f"libcudart.so.{major}", mode=os.RTLD_NOLOAD)  # OSError: not loaded
+        self.clear = lib.cudaGetLastError
 
     def register(self, ptr: int, nbytes: int) -> bool:
         if self.rt.cudaHostRegister(ptr, nbytes, self.PORTABLE) == self.ok:
@@ -139,9 +182,11 @@ class _Cudart:
         self.clear()
         return False
 
-    def unregister(self, ptr: int) -> None:
-        if self.rt.cudaHostUnregister(ptr) != self.ok:
-            self.clear()
+    def unregister(self, ptr: int) -> bool:
+        if self.rt.cudaHostUnregister(ptr) == self.ok:
+            return True
+        self.clear()
+        return False
 
 
 _runtime: list[Runtime | None] = []  # made at the first allocation; [None]: none to be had
@@ -149,11 +194,13 @@ _runtime: list[Runtime | None] = []  # made at the first allocation; [None]: non
 
 def runtime() -> Runtime | None:
     """The CUDA runtime's registration calls, or None (no CUDA, or a runtime whose last error
-    cannot be cleared: no registration is then tried)."""
+    cannot be cleared: no registration is then tried, and the RAM tier stays pageable)."""
     if not _runtime:
         try:
             _runtime.append(_Cudart() if torch.cuda.is_available() else None)
-        except (AttributeError, OSError, RuntimeError):
+        except (AttributeError, OSError, RuntimeError) as exc:
+            log.info("no page-locked RAM tier entries: CUDA's runtime library was not found "
+                     "among those loaded (%s); they stay pageable", exc)
             _runtime.append(None)
     return _runtime[0]
 
@@ -166,26 +213,45 @@ def locked_empty(shape: tuple[int, ...], dtype: torch.dtype,
     nbytes = math.prod(shape) * dtype.itemsize
     if rt is None or nbytes == 0:
         return None
-    REGISTRY.drain(rt)
+    REGISTRY.release()
+    if REGISTRY.refuses(rt):
+        return None
+    mapping = _mapping(nbytes)
+    if mapping is None:
+        return None
+    ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))  # (the export ends here)
+    if not rt.register(ptr, len(mapping)):
+        REGISTRY.refusal(rt)
+        mapping.close()
+        return None
+    block = _Block(mapping, ptr, rt, REGISTRY)
+    REGISTRY.add(block)
     try:
-        mapping = mmap.mmap(-1, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE)
-    except OSError:  # no address space or memory for it: the caller's pageable copy
+        import numpy  # a dependency of transformers; only needed here
+
+        raw = torch.from_numpy(numpy.asarray(block))  # [pages] uint8, holding the block
+        return raw[:nbytes].view(dtype).view(shape)
+    except Exception as exc:  # never fail a put: the block retires now, released later
+        log.warning("locked memory could not be lent to torch (%s); pageable instead",
+                    str(exc))  # (not the exception: a kept record would hold the block)
+        return None
+
+
+def _mapping(nbytes: int) -> mmap.mmap | None:
+    """A private anonymous mapping of ``nbytes`` rounded up to a page (private: a shared one
+    follows shmem's huge-page setting, off by default), advised for huge pages when large;
+    None when the system has no room for it."""
+    try:
+        mapping = mmap.mmap(-1, -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE,
+                            flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError:
         return None
     if nbytes >= HUGE_MIN_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
         try:  # registering faults every page in: 2 MiB pages fault about 5x faster
             mapping.madvise(mmap.MADV_HUGEPAGE)
         except OSError:  # a kernel without transparent huge pages: advice only
             pass
-    ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))  # (the export ends here)
-    if not rt.register(ptr, len(mapping)):
-        mapping.close()
-        return None
-    block = _Block(mapping, ptr, REGISTRY)
-    REGISTRY.add(block)
-    import numpy  # a dependency of transformers; only needed here
-
-    raw = torch.from_numpy(numpy.asarray(block))  # [pages] uint8, holding the block
-    return raw[:nbytes].view(dtype).view(shape)
+    return mapping
 
 
 def is_locked(t: torch.Tensor) -> bool:

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from blendrag.kv.chunk_kv import ChunkKV
+from blendrag.kv.locked import release
 from blendrag.store.codec import Entry
 from blendrag.store.layered import MemoryLayeredEntry
 from blendrag.store.names import Named, Names, split
@@ -130,12 +131,13 @@ class MemoryKVStore(Named):
         return None  # nothing outlives the process
 
     def close(self) -> None:
-        pass
+        release()  # locked memory of entries dropped since the last put (kv/locked.py)
 
     def delete(self, key: str) -> None:
         """Drop ``key`` if present."""
         with self._lock:
             self._pop(self.names.stored(key))
+        release()
 
     def keys(self) -> list[str]:
         """Stored names (every namespace's) from least to most recently used."""
@@ -172,6 +174,7 @@ class MemoryKVStore(Named):
         with self._lock:
             for key in [k for k in self._entries if split(k)[0] == ns_id]:
                 self._pop(key)
+        release()
 
 
 class RamTier(Tier):

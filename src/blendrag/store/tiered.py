@@ -21,8 +21,6 @@ from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from blendrag.kv.chunk_kv import ChunkKV
 from blendrag.kv.locked import locked_empty
 from blendrag.store.codec import Entry
@@ -149,7 +147,8 @@ class TieredKVStore(Named):
         tier so as not to evict the entries being served, unless no persistent tier took it.
         ``exact``: the persistent tiers store it in the model's dtype whatever ``kv_format``."""
         # locked host memory only for rows the RAM tier will hold (kv/locked.py)
-        to_ram = ram and any(s.tier.volatile for s in self._slots)
+        volatile = [s.tier.volatile for s in self._slots]
+        to_ram = any(volatile) and (ram or all(volatile))
         entry = Entry(self.names.stored(key), _on_cpu(kv, locked=to_ram), exact=exact)
         stored = any([s.write(entry) for s in self._slots if not s.tier.volatile])
         if ram or not stored:
@@ -259,20 +258,18 @@ class TieredKVStore(Named):
 
 
 def _on_cpu(kv: ChunkKV, locked: bool) -> ChunkKV:
-    # The RAM tier is host memory; a blocking copy so the bytes are complete when encoded (the
-    # priors are host tensors already: ChunkKV keeps them there). ``locked``: rows from a CUDA
-    # device go to page-locked memory of their exact size (kv/locked.py), which a later copy to
-    # the device reads by DMA without staging (pageable where none can be had); not for rows
-    # only encoded for the persistent tiers (a bulk job's), which would pay the locking for
-    # nothing.
+    """``kv`` with its rows on the host: a blocking copy, so that the bytes are complete when
+    encoded (the priors are host tensors already: ChunkKV keeps them there). ``locked``: rows
+    from a CUDA device go to page-locked memory of their exact size, K and V in one block
+    (kv/locked.py), which a later copy to the device reads by DMA without staging (pageable
+    where none can be had); not for rows only encoded for the persistent tiers (a bulk job's),
+    which would pay the locking for nothing."""
     if kv.keys.device.type == "cpu":
         return kv
-    return dataclasses.replace(kv, keys=_host_copy(kv.keys, locked),
-                               values=_host_copy(kv.values, locked))
-
-
-def _host_copy(t: torch.Tensor, locked: bool) -> torch.Tensor:
-    """``t`` (on a device) copied to the host: page-locked from CUDA where asked and it can
-    be had."""
-    out = locked_empty(tuple(t.shape), t.dtype) if locked and t.device.type == "cuda" else None
-    return t.to("cpu") if out is None else out.copy_(t)
+    pair = (locked_empty((2, *kv.keys.shape), kv.keys.dtype)
+            if locked and kv.keys.device.type == "cuda" else None)  # [2, L, Hkv, T, D]
+    if pair is None:
+        return dataclasses.replace(kv, keys=kv.keys.to("cpu"), values=kv.values.to("cpu"))
+    pair[0].copy_(kv.keys)
+    pair[1].copy_(kv.values)
+    return dataclasses.replace(kv, keys=pair[0], values=pair[1])

@@ -28,8 +28,9 @@ class FakeRuntime:
         self.registered[ptr] = nbytes
         return True
 
-    def unregister(self, ptr: int) -> None:
+    def unregister(self, ptr: int) -> bool:
         self.unregistered.append(ptr)
+        return True
 
 
 class FakeEvent:
@@ -45,7 +46,7 @@ def rt():
     runtime = FakeRuntime()
     yield runtime
     gc.collect()
-    locked.REGISTRY.drain(runtime)
+    locked.release()
 
 
 def test_a_locked_tensor_has_the_shape_dtype_and_page_rounded_memory_asked_for(rt):
@@ -67,15 +68,92 @@ def test_a_block_is_unmapped_only_after_its_last_view_and_its_noted_copies(rt):
     ptr = t.data_ptr()
     del t
     gc.collect()
-    assert locked.REGISTRY.drain(rt) == 0 and rt.unregistered == []  # the view holds it
+    assert locked.release() == 0 and rt.unregistered == []  # the view holds it
     assert locked.is_locked(view) and view.sum().item() == 2048.0
     copy = FakeEvent()
     locked.note_reads([view], copy)  # a copy from the view still queued
     del view
     gc.collect()
-    assert locked.REGISTRY.drain(rt) == 1 and rt.unregistered == []  # retired, still read
+    assert locked.release() == 1 and rt.unregistered == []  # retired, still read
     copy.done = True
-    assert locked.REGISTRY.drain(rt) == 0 and rt.unregistered == [ptr]
+    assert locked.release() == 0 and rt.unregistered == [ptr]
+
+
+def test_views_the_feed_and_the_store_make_hold_the_block(rt):
+    """What the RAM tier and the layer feed make of an entry's rows (a dtype view, a block of
+    layers as one strided view, a ChunkKV replaced) keeps its memory mapped."""
+    from dataclasses import replace
+
+    from blendrag.engine.compute.layer_feed import joined
+    from blendrag.kv.chunk_kv import ChunkKV
+
+    pair = locked.locked_empty((2, 4, 2, 3, 8), torch.bfloat16, rt)  # [2, L, Hkv, T, D]
+    pair.copy_(torch.arange(pair.numel()).view(pair.shape))
+    want = pair.clone()
+    kv = replace(ChunkKV(pair[0], pair[1], (1, 2, 3)), prefix_hash="p")
+    block = joined([kv.keys[1], kv.keys[2]])  # one as_strided view of layers 1 and 2
+    bits = kv.values.view(torch.int16)
+    del pair, kv
+    gc.collect()
+    assert locked.release() == 0 and rt.unregistered == []
+    assert torch.equal(block, want[0, 1:3]) and torch.equal(bits, want[1].view(torch.int16))
+    del block, bits
+    gc.collect()
+    assert locked.release() == 0 and len(rt.unregistered) == 1
+
+
+def test_a_block_is_released_through_the_runtime_that_registered_it():
+    first, second = FakeRuntime(), FakeRuntime()
+    a = locked.locked_empty((8,), torch.float32, first)
+    b = locked.locked_empty((8,), torch.float32, second)
+    pa, pb = a.data_ptr(), b.data_ptr()
+    del a, b
+    gc.collect()
+    locked.release()
+    assert first.unregistered == [pa] and second.unregistered == [pb]
+
+
+def test_a_block_whose_unregistering_fails_stays_mapped():
+    class Stuck(FakeRuntime):
+        def unregister(self, ptr: int) -> bool:
+            self.unregistered.append(ptr)
+            return False
+
+    stuck = Stuck()
+    t = locked.locked_empty((8,), torch.float32, stuck)
+    del t
+    gc.collect()
+    kept = len(locked.REGISTRY.kept)
+    assert locked.release() == 0 and len(stuck.unregistered) == 1
+    assert len(locked.REGISTRY.kept) == kept + 1 and not locked.REGISTRY.kept[-1].closed
+
+
+def test_after_a_refusal_nothing_is_registered_until_memory_is_released(rt):
+    class Full(FakeRuntime):
+        def register(self, ptr: int, nbytes: int) -> bool:
+            self.calls = getattr(self, "calls", 0) + 1
+            return super().register(ptr, nbytes)
+
+    full = Full(refuse=True)
+    assert locked.locked_empty((8,), torch.float32, full) is None
+    full.refuse = False
+    assert locked.locked_empty((8,), torch.float32, full) is None and full.calls == 1
+    t = locked.locked_empty((8,), torch.float32, rt)  # another runtime: not held back
+    del t
+    gc.collect()
+    locked.release()  # memory given back: asked again
+    assert locked.locked_empty((8,), torch.float32, full) is not None and full.calls == 2
+
+
+def test_a_failure_after_registering_gives_none_and_releases_the_block(rt, monkeypatch):
+    def broken(_):
+        raise RuntimeError("no numpy bridge")
+
+    monkeypatch.setattr(torch, "from_numpy", broken)
+    assert locked.locked_empty((16,), torch.float32, rt) is None
+    gc.collect()
+    locked.release()
+    assert list(rt.registered) == rt.unregistered and len(rt.unregistered) == 1
 
 
 def test_noting_keeps_only_the_copies_not_done(rt):
@@ -132,9 +210,30 @@ def test_locked_memory_on_cuda_is_pinned_and_copies_both_ways():
     ptr = host.data_ptr()
     del host
     gc.collect()
+    assert any(r.ptr == ptr for r in locked.REGISTRY.retired)
     torch.cuda.current_stream().synchronize()
-    locked.REGISTRY.drain(locked.runtime())
-    assert all(p != ptr for p, *_ in locked.REGISTRY.retired)
+    locked.release()
+    assert all(r.ptr != ptr for r in locked.REGISTRY.retired)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_copy_in_flight_keeps_its_block_mapped():
+    src = torch.randn(4 << 20, device="cuda")
+    host = locked.locked_empty(tuple(src.shape), src.dtype)
+    assert host is not None
+    host.copy_(src)
+    torch.cuda._sleep(200_000_000)  # the stream busy for a while: the copy below waits
+    out = host.to("cuda", non_blocking=True)
+    locked.note_copies([host], torch.device("cuda"))
+    ptr = host.data_ptr()
+    del host
+    gc.collect()
+    assert locked.release() >= 1 and any(r.ptr == ptr for r in locked.REGISTRY.retired)
+    torch.cuda.current_stream().synchronize()
+    assert torch.equal(out, src)
+    locked.release()
+    assert all(r.ptr != ptr for r in locked.REGISTRY.retired)
 
 
 @pytest.mark.cuda

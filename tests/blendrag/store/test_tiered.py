@@ -88,10 +88,26 @@ def test_gpu_tensors_are_stored_as_cpu_copies(make_store):
     assert held.keys.device.type == "cpu"  # the RAM tier is host memory, page-locked
     assert held.keys.is_pinned() and is_locked(held.keys) and is_locked(held.values)
     assert same_bits(held, kv)
-    live = len(REGISTRY.starts)
+    live = set(REGISTRY.starts)
     store.put("bulk", kv.to("cuda"), ram=False)  # for the disk only: nothing locked for it
-    assert len(REGISTRY.starts) == live and same_bits(make_store().get("bulk"), kv)
+    assert set(REGISTRY.starts) <= live and same_bits(make_store().get("bulk"), kv)
     assert same_bits(make_store().get("k"), kv)  # and the disk copy is exact
+
+
+def test_only_rows_for_the_ram_tier_are_asked_to_be_locked(make_store, monkeypatch):
+    import blendrag.store.tiered as tiered
+
+    asked = []
+    real = tiered._on_cpu
+    monkeypatch.setattr(tiered, "_on_cpu", lambda kv, locked: asked.append(locked) or real(
+        kv, locked))
+    store = make_store()
+    store.put("a", make_kv(1))
+    store.put("b", make_kv(2), ram=False)
+    assert asked == [True, False]
+    ram_only = TieredKVStore(StoreConfig(ram_bytes=1 << 20, disk_dir=None))
+    ram_only.put("c", make_kv(3), ram=False)  # RAM is the only tier: it holds the rows
+    assert asked == [True, False, True]
 
 
 def test_clear_empties_every_tier_and_reset_stats_zeroes_counters(make_store):
