@@ -25,6 +25,7 @@ from blendrag.engine.engine import BlendEngine
 from blendrag.engine.request.prefill import Prefill
 from blendrag.ingest.ingestion import kv_bytes_per_token
 from blendrag.prompt import PromptLayout
+from blendrag.store import StoreConfig, TieredKVStore
 from blendrag_bench.flops import FlopModel
 from blendrag_bench.memory import memory_mode, peak_bytes, timing_mode
 
@@ -33,7 +34,10 @@ RAM_REUSE = "reuse, RAM tier"
 RAM_TIER = "RAM tier"
 """With a device tier (on a GPU by default), reuse is timed twice: its rows from the device
 tier (the ``reuse`` row), and from the store's host RAM tier, copied to the device (the row
-whose selector column says ``RAM tier``)."""
+whose selector column says ``RAM tier``). On a GPU the engine's store is then a RAM tier in
+host memory (``ram_store``): the default in-memory store would hold the rows where they were
+computed, on the device, and the row would copy nothing."""
+RAM_STORE_BYTES = 32 << 30  # host memory for the RAM tier of a GPU run (a 16k prompt: 2 GiB)
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
     "timing", "memory")."""
     step = on_step or (lambda phase, done, total: None)
     engine = build_engine(w)
+    if engine.cache.device_tier is not None:  # the RAM tier's rows in host memory
+        engine.store = ram_store()
     layout = random_layout(w, engine.model.config.vocab_size)
     # ingestion, not timed
     step("precompute", 0, 1)
@@ -180,6 +186,11 @@ def run(w: TTFTWorkload, on_step: Callable[[str, int, int], None] | None = None)
                           "replayed": replayed[label], "device_hits": st.cache.device_hits,
                           "reused_bytes": st.cache.tokens_reused * kv_bytes_per_token(engine)})
     return records
+
+
+def ram_store() -> TieredKVStore:
+    """A store of one RAM tier in host memory (rows from a GPU page-locked: kv/locked.py)."""
+    return TieredKVStore(StoreConfig(ram_bytes=RAM_STORE_BYTES, disk_dir=None))
 
 
 def _off_device_tier(engine: BlendEngine, call: Callable[[], Prefill]) -> Prefill:

@@ -210,6 +210,37 @@ def test_rows_from_the_ram_tier_are_sent_in_blocks_of_layers(model_dir):
         ram.loading = before
 
 
+def test_rows_locked_in_the_ram_tier_are_replayed_from_cuda_graphs(model_dir, flex_calls):
+    """Rows in the RAM tier's locked memory are read already and sent by DMA: a captured pass
+    waits for them and replays (the layer loop's logits), pipelined or sequential."""
+    from blendrag.store import StoreConfig, TieredKVStore
+
+    def make(compute: ComputeConfig) -> BlendEngine:
+        return BlendEngine.from_pretrained(
+            model_dir("llama"), device="cuda", chat=False, compute=compute,
+            store=TieredKVStore(StoreConfig(ram_bytes=256 << 20, disk_dir=None)),
+            loading=dataclasses.replace(AS_ASKED, device_tier_bytes=0))
+
+    graphs, loop = make(ComputeConfig()), make(ComputeConfig(passes="eager"))
+    layout = graphs.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    for e in (graphs, loop):
+        e.precompute(layout.prefix_ids, layout.chunk_ids)
+    reuse = BlendConfig(mode="reuse")
+    want = loop.prefill(layout, reuse)
+    passes = graphs.runner.static_passes
+    before = graphs.loading
+    try:
+        for depth in (0, 3):
+            graphs.loading = dataclasses.replace(before, prefetch_layers=depth)
+            replays = passes.replays
+            for _ in range(3):  # seen, captured, replayed
+                got = graphs.prefill(layout, reuse)
+                assert (got.logits - want.logits).abs().max() < TOL, depth
+            assert passes.replays > replays, depth
+    finally:
+        graphs.loading = before
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_slab_step_replayed_from_cuda_graphs_equals_each_request_alone(model_dir, dtype):
     gpu = engine(model_dir, ComputeConfig(), dtype)  # decode "auto": the slab step captured

@@ -134,6 +134,16 @@ class LayerFeed:
                    for seg in self.segments)
 
     @property
+    def loaded(self) -> bool:
+        """Whether every segment's rows were read already and lie either where the request's
+        KV is or, for a GPU, in page-locked host memory (the RAM tier's locked entries, the
+        disk tier's reads): nothing is left to read, and what is left to copy is DMA, no work
+        of the host's. A captured pass (engine/compute/static_pass.py) waits for all of them
+        and replays."""
+        return all(seg.kv.complete and _placeable(seg.kv.materialize(), self.device)
+                   for seg in self.segments)
+
+    @property
     def pipelined(self) -> bool:
         """Whether a background reader reads ahead (depth > 0 and something to read)."""
         return self.depth > 0
@@ -340,3 +350,9 @@ def tensor_on(values: Sequence[int], device: torch.device) -> torch.Tensor:
 
 def _on(kv: ChunkKV, device: torch.device) -> bool:
     return kv.keys.device == device and kv.values.device == device
+
+
+def _placeable(kv: ChunkKV, device: torch.device) -> bool:
+    """On ``device``, or page-locked host rows for a CUDA ``device`` (sent by DMA)."""
+    return _on(kv, device) or (device.type == "cuda" and kv.keys.is_pinned()
+                               and kv.values.is_pinned())

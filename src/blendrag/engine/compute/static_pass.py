@@ -47,7 +47,10 @@ side each hold one of their own), a selector that checks at layers (CacheBlend's
 timed request (``PhaseClock``), an observer other than the counts and the preview pass's
 attention per key (which the pass computes explicitly, as the loop does, a padded token
 seeing only its own row), cached rows still to be read
-from a host tier (the pipelined feed overlaps their reads with the loop), more tokens than the
+from a host tier (the pipelined feed overlaps their reads with the loop) or read into pageable
+host memory (the host's staging copy is the bound: the pipelined feed overlaps it with the
+loop; rows in page-locked memory, the RAM tier's on a GPU, are sent by DMA before the replay),
+more tokens than the
 largest bucket, a prompt that leaves no row past it, a model whose RoPE changes with the length.
 """
 
@@ -133,7 +136,7 @@ class StaticPasses:
         return (not self.failed and 2 * a < n and plan.ape is None
                 and (selector is None or not selector.check_layers)
                 and all(type(o) in _WATCHERS for o in observers)
-                and (plan.feed is None or plan.feed.resident)
+                and (plan.feed is None or plan.feed.loaded)
                 and token_bucket(a) is not None and row_bucket(n, fused.capacity) is not None)
 
     @torch.inference_mode()  # its inputs, made at a shape's first pass, whatever the caller
@@ -152,7 +155,7 @@ class StaticPasses:
         capture = self.graphs and st.k.device.type == "cuda"
         if capture and st.graph is None and st.seen < st.retry_at:
             return None
-        if plan.feed is not None and plan.feed.segments:  # every layer's rows, on the device
+        if plan.feed is not None and plan.feed.segments:  # every layer's rows in place
             for i in range(self.adapter.num_layers):
                 plan.feed.wait(i)
         # the pass's inputs: no value read back (a != tokens: the padding's)
