@@ -57,6 +57,8 @@ class CountedLayeredEntry(LayeredEntryWrapper):
         return rows
 
     def materialize(self) -> ChunkKV:
+        if isinstance(self.inner, MemoryLayeredEntry):  # views: nothing to read or count
+            return self.inner.materialize()
         for i in range(self.inner.num_layers):
             self.layer(i)  # counted, failures handled
         return self.inner.materialize()
