@@ -1,8 +1,8 @@
 """Print what a layer-feed reader thread costs a request whose cached rows are all in place
 already (RAM on a CPU: docs/benchmarks.md, "A request whose rows are in place starts no
 reader"): the same engine and prompt, alternated in one process between the feed as it is
-(no reader for such rows) and the feed as it was (a reader started whatever the rows), medians
-per mode.
+(no reader for such rows) and the feed as it was (a reader started whatever the rows), call
+by call, medians per mode.
 
     .venv/bin/python scripts/resident_feed.py
     .venv/bin/python scripts/resident_feed.py --layers 2 --calls 15
@@ -56,11 +56,11 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {}
     try:
         for _ in range(args.rounds):
-            for variant, init in (("reader", before), ("no reader", now)):
-                layer_feed.LayerFeed.__init__ = init
-                for name, config in MODES.items():
-                    engine.prefill(layout, config)
-                    for _ in range(args.calls):
+            for name, config in MODES.items():
+                engine.prefill(layout, config)
+                for _ in range(args.calls):  # the two feeds call by call: paired in time
+                    for variant, init in (("reader", before), ("no reader", now)):
+                        layer_feed.LayerFeed.__init__ = init
                         t0 = time.perf_counter()
                         engine.prefill(layout, config)
                         times.setdefault((name, variant), []).append(time.perf_counter() - t0)
