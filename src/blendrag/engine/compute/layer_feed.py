@@ -96,8 +96,8 @@ class LayerFeed:
         self.fused, self.rope = fused, rope
         self.device = fused.k.device
         # rows on the request KV's device already are placed at the first wait, on the loop's
-        # thread: a reader would only add its start and hand-off (on a CPU a quarter of a
-        # reuse request from RAM), and its GIL turns on a GPU
+        # thread: a reader would overlap nothing (the first layer waits for every row) and add
+        # its start and hand-off, and on a GPU its launches' turns at the GIL
         self.depth = depth if self.segments and not self.resident else 0
         self.place_ahead = place_ahead and self.depth > 0
         self.wait_s = 0.0
