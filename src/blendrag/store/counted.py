@@ -4,6 +4,7 @@ through."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
@@ -30,6 +31,7 @@ class CountedLayeredEntry(LayeredEntryWrapper):
         super().__init__(entry)
         self.slot, self.faster = slot, faster
         self._counted: set[int] = set()
+        self._lock = threading.Lock()  # the loop's thread and the feed's reader may both read
         if key is not None:
             self.key = key
 
@@ -50,8 +52,10 @@ class CountedLayeredEntry(LayeredEntryWrapper):
             slot.failed(f"read layer {i} of entry {key[:16]}", exc)
             raise LayerReadError(self.key, i, exc) from exc
         slot.health.succeeded()
-        if i not in self._counted and not isinstance(self.inner, MemoryLayeredEntry):
+        with self._lock:
+            first = i not in self._counted
             self._counted.add(i)
+        if first and not isinstance(self.inner, MemoryLayeredEntry):
             slot.counters.add(bytes_read=self.inner.stored_layer_nbytes,
                               load_seconds=time.perf_counter() - t0)
         return rows

@@ -232,11 +232,12 @@ def test_rows_locked_in_the_ram_tier_are_replayed_from_cuda_graphs(model_dir, fl
     try:
         for depth in (0, 3):
             graphs.loading = dataclasses.replace(before, prefetch_layers=depth)
-            replays = passes.replays
-            for _ in range(3):  # seen, captured, replayed
+            for _ in range(3):  # seen, captured, replayed (at depth 3: replayed each time)
+                replays = passes.replays
                 got = graphs.prefill(layout, reuse)
                 assert (got.logits - want.logits).abs().max() < TOL, depth
-            assert passes.replays > replays, depth
+                assert got.stats.loading.pipelined == (depth > 0)  # a reader sent them
+            assert passes.replays > replays, depth  # the last call replayed
     finally:
         graphs.loading = before
 

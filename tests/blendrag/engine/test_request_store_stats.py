@@ -68,3 +68,28 @@ def test_since_subtracts_counters_and_keeps_usage(make_store):
     ram, disk = delta.tier("ram"), delta.tier("disk")
     assert (ram.hits, ram.misses, ram.bytes_written, ram.entries) == (1, 1, 0, 1)
     assert (disk.hits, disk.misses, disk.bytes_written, disk.entries) == (0, 1, 0, 1)
+
+
+def test_a_layer_read_twice_or_materialized_is_counted_once(tmp_path):
+    """A request's own bytes read count each layer of an opened entry once, whether it came
+    through ``layer`` (the feed), ``materialize`` (an entry not read yet: layer by layer; one
+    read already: in one step), or both, and equal the disk tier's own count."""
+    from blendrag.engine.request.request_store import RequestStore
+
+    kv = make_kv(2, layers=4)
+    config = StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv", disk_bytes=4 << 20)
+    TieredKVStore(config).put("k", kv)
+    for reads in ([], [0, 2], [0, 1, 2, 3]):
+        store = TieredKVStore(config)
+        request = RequestStore(store)
+        entry = request.open_layers("k")
+        for i in reads:
+            entry.layer(i)
+        entry.materialize()
+        entry.layer(1)
+        entry.materialize()
+        entry.close()
+        own = request.stats().tier("disk").bytes_read
+        assert own == 4 * entry.stored_layer_nbytes, reads
+        assert store.stats().tier("disk").bytes_read == own, reads
+        store.close()

@@ -6,6 +6,7 @@ hits would otherwise show in it, the store's counters being shared by every name
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -149,23 +150,32 @@ class _OwnLayers(LayeredEntryWrapper):
     def __init__(self, inner: LayeredEntry, store: RequestStore) -> None:
         super().__init__(inner)
         self._store, self._read = store, set[int]()
+        # the loop's thread and the feed's reader may read (and count) layers at once
+        self._lock = threading.Lock()
         self._own = store._own.get(inner.tier, TierCounters())
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
         rows = self.inner.layer(i)  # each [Hkv, T, D]
-        if i not in self._read:
+        with self._lock:
+            first = i not in self._read
             self._read.add(i)
+        if first:
             self._own.add(bytes_read=self.inner.stored_layer_nbytes,
                           load_seconds=time.perf_counter() - t0)
         return rows
 
     def materialize(self) -> ChunkKV:
+        if not self.inner.complete:  # layers still to read: each counted as it comes
+            for i in range(self.inner.num_layers):
+                self.layer(i)
+            return self.inner.materialize()
         t0 = time.perf_counter()
-        kv = self.inner.materialize()  # every layer read (and verified)
-        unread = self.inner.num_layers - len(self._read)
-        if unread:  # each layer's first read counted, as ``layer`` counts it
+        kv = self.inner.materialize()  # read already: nothing to read, only to count
+        with self._lock:
+            unread = self.inner.num_layers - len(self._read)
             self._read.update(range(self.inner.num_layers))
+        if unread:  # each layer's first read counted once, as ``layer`` counts it
             self._own.add(bytes_read=unread * self.inner.stored_layer_nbytes,
                           load_seconds=time.perf_counter() - t0)
         return kv

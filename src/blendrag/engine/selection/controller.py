@@ -239,14 +239,17 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
     """The ratio of an auto-ratio request, and its record (``stats.controller.ratio``).
 
     Only a pipelined request whose blend pass reads the layers can hide recompute under
-    loading: with sequential loading nothing overlaps, and the ``preview`` selector's preview
+    loading: with sequential loading nothing overlaps, rows read already into page-locked
+    memory are all sent before a captured pass runs, and the ``preview`` selector's preview
     pass reads every layer before the blend pass starts (it needs all of them to choose), so
-    both keep the floor."""
+    these keep the floor."""
     floor = float(config.ratio)
-    if not feed.pipelined or config.selector == "preview":
+    if not feed.pipelined or feed.loaded or config.selector == "preview":
         why = ("every cached row on the device already: nothing to hide recompute under"
                if feed.resident else
                "sequential loading: nothing to hide recompute under" if not feed.pipelined
+               else "every cached row read already (page-locked: a captured pass sends them "
+               "all before it runs): nothing to hide recompute under" if feed.loaded
                else "preview: its preview pass reads every layer before the blend pass")
         return floor, RatioDecision(floor, why, floor)
     per_tier: dict[str, int] = {}
