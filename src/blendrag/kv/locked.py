@@ -276,8 +276,9 @@ def note_copies(tensors: Iterable[torch.Tensor], device: torch.device) -> None:
     any of them is locked, ``note_reads`` with an event recorded there now."""
     if device.type != "cuda" or not REGISTRY.starts:
         return
-    tensors = [t for t in tensors if REGISTRY.block_of(t) is not None]
-    if tensors:
+    blocks = [b for b in map(REGISTRY.block_of, tensors) if b is not None]
+    if blocks:
         event = torch.cuda.Event()
         event.record(torch.cuda.current_stream(device))
-        note_reads(tensors, event)
+        for block in blocks:
+            REGISTRY.note(block, event)

@@ -109,6 +109,20 @@ def _layer_start(store, key: str, layer: int) -> int:
         return min(reader.span(f"{kind}.{layer}")[0] for kind in ("k", "v"))
 
 
+def _fail_reads_of(store, key: str, layer: int, monkeypatch) -> None:
+    """Every file read that covers the start of ``layer`` of ``key`` fails (EIO)."""
+    bad = _layer_start(store, key, layer)
+    real = readers.os.preadv
+
+    def preadv(fd, buffers, offset):
+        end = offset + sum(len(b) for b in buffers)
+        if offset <= bad < end:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(readers.os, "preadv", preadv)
+
+
 @pytest.mark.parametrize("workers,tasks", [(0, 8), (2, 8), (2, 1)])
 def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monkeypatch,
                                                                workers, tasks):
@@ -121,16 +135,7 @@ def test_a_layer_that_cannot_be_read_fails_when_it_is_asked_for(make_store, monk
     kv = make_kv(5, layers=4, tokens=64)
     store = make_store(ram_bytes=0)
     store.put("k", kv)
-    bad = _layer_start(store, "k", 2)
-    real = readers.os.preadv
-
-    def preadv(fd, buffers, offset):
-        end = offset + sum(len(b) for b in buffers)
-        if offset <= bad < end:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, buffers, offset)
-
-    monkeypatch.setattr(readers.os, "preadv", preadv)
+    _fail_reads_of(store, "k", 2, monkeypatch)
     entry = store.open_layers("k")
     for i in range(2):
         k, v = entry.layer(i)
@@ -265,16 +270,7 @@ def test_a_layer_failing_inside_a_task_fails_alone(make_store, monkeypatch):
     kv = make_kv(9, layers=4, tokens=64)
     store = make_store(ram_bytes=0)
     store.put("k", kv)
-    bad = _layer_start(store, "k", 2)
-    real = readers.os.preadv
-
-    def preadv(fd, buffers, offset):
-        end = offset + sum(len(b) for b in buffers)
-        if offset <= bad < end:
-            raise OSError(errno.EIO, "Input/output error")
-        return real(fd, buffers, offset)
-
-    monkeypatch.setattr(readers.os, "preadv", preadv)
+    _fail_reads_of(store, "k", 2, monkeypatch)
     entry = store.open_layers("k")
     for i in (0, 1, 3):
         k, v = entry.layer(i)

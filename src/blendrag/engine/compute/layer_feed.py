@@ -130,8 +130,7 @@ class LayerFeed:
         """Whether every segment's rows were read already and lie where the request's KV is
         (the device tier, chunks computed now, the RAM tier on a CPU): nothing is left to read,
         and every layer is placed at once."""
-        return all(seg.kv.complete and _on(seg.kv.materialize(), self.device)
-                   for seg in self.segments)
+        return self._all_read(_on)
 
     @property
     def loaded(self) -> bool:
@@ -140,7 +139,11 @@ class LayerFeed:
         disk tier's reads): nothing is left to read, and what is left to copy is DMA, no work
         of the host's. A captured pass (engine/compute/static_pass.py) waits for all of them
         and replays."""
-        return all(seg.kv.complete and _placeable(seg.kv.materialize(), self.device)
+        return self._all_read(_placeable)
+
+    def _all_read(self, lies_right) -> bool:
+        """Every segment read already, its rows where ``lies_right(kv, device)`` says."""
+        return all(seg.kv.complete and lies_right(seg.kv.materialize(), self.device)
                    for seg in self.segments)
 
     @property

@@ -244,13 +244,8 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
     pass reads every layer before the blend pass starts (it needs all of them to choose), so
     these keep the floor."""
     floor = float(config.ratio)
-    if not feed.pipelined or feed.loaded or config.selector == "preview":
-        why = ("every cached row on the device already: nothing to hide recompute under"
-               if feed.resident else
-               "sequential loading: nothing to hide recompute under" if not feed.pipelined
-               else "every cached row read already (page-locked: a captured pass sends them "
-               "all before it runs): nothing to hide recompute under" if feed.loaded
-               else "preview: its preview pass reads every layer before the blend pass")
+    why = _kept_floor(feed, config)
+    if why is not None:
         return floor, RatioDecision(floor, why, floor)
     per_tier: dict[str, int] = {}
     for seg in cached:
@@ -259,6 +254,20 @@ def decide(controller: LoadingController, config: BlendConfig, cached: list[Cach
             per_tier[tier] = per_tier.get(tier, 0) + seg.kv.layer_nbytes
     return controller.decide(per_tier, stats.prompt.chunk_tokens, stats.prompt.suffix_tokens,
                              sum(s.kv.num_tokens for s in cached), floor)
+
+
+def _kept_floor(feed: LayerFeed, config: BlendConfig) -> str | None:
+    """Why an auto-ratio request keeps its floor (``decide``'s docstring), or None."""
+    if feed.resident:
+        return "every cached row on the device already: nothing to hide recompute under"
+    if not feed.pipelined:
+        return "sequential loading: nothing to hide recompute under"
+    if feed.loaded:
+        return ("every cached row read already (page-locked: a captured pass sends them all "
+                "before it runs): nothing to hide recompute under")
+    if config.selector == "preview":
+        return "preview: its preview pass reads every layer before the blend pass"
+    return None
 
 
 def observe(controller: LoadingController, feed: LayerFeed, stats: RequestStats) -> None:
