@@ -31,6 +31,9 @@ class ChunkKV:
     context_shift: [layers, T] float32 or None: per layer, the squared L2 distance (summed over
       heads) between each token's values computed in that context and after the prefix alone;
       how far context moves the token (the ``preview`` selector's prior)
+    rounded: the rows were read back from a smaller format than the model's (a store's
+      ``kv_format``: bfloat16, int8), so they are within its rounding of the computed ones, not
+      equal: rows a request counts as exact (a prefix, prefix mode's chunk) are computed again
     """
 
     keys: torch.Tensor
@@ -40,6 +43,7 @@ class ChunkKV:
     profile: torch.Tensor | None = None
     context_tag: str = ""
     context_shift: torch.Tensor | None = None
+    rounded: bool = False
 
     def __post_init__(self) -> None:
         if self.keys.shape != self.values.shape:

@@ -37,6 +37,7 @@ from blendrag.store.header import Refusals, loads
 
 SHA256 = "sha256:"  # the prefix of a signed entry's tensor digests
 _ID_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+HEX_DIGITS = frozenset("0123456789abcdef")  # a hexdigest's
 MIN_SECRET = 16  # bytes: HMAC-SHA256 keys shorter than this are guessable
 
 
@@ -145,7 +146,8 @@ class StoreKeys:
         """None when ``tag`` is a valid tag of ``message`` under an accepted key; else why not
         (no key id in it, a retired key, a key this store does not have, a mismatch)."""
         key_id, sep, digest = tag.partition(":")
-        if not sep:
+        # a SHA-256 hex digest, checked before compare_digest, which raises on non-ASCII text
+        if not sep or len(digest) != 64 or not set(digest) <= HEX_DIGITS:
             return "malformed tag"
         if key_id in self.retired:
             return f"signed with retired key {key_id!r}"

@@ -171,7 +171,12 @@ class BytesOnlyDisk(diskcache.Disk):
             log.warning("KV cache index row with mode %s refused (only raw bytes are read)", mode)
             raise OSError("refused non-bytes cache row")  # diskcache turns OSError into a miss
         if mode == MODE_RAW:
-            return super().fetch(mode, filename, value, read)
+            value = super().fetch(mode, filename, value, read)
+            if type(value) is not bytes:  # an int or a float planted by plain diskcache calls
+                log.warning("KV cache index row holding %s refused (only bytes are read)",
+                            type(value).__name__)
+                raise OSError("refused non-bytes cache row")
+            return value
         # EntryError passes through diskcache: the store drops the row as an unusable entry.
         handle = open_regular(self.inside(filename))
         if read:

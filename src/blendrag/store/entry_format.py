@@ -54,6 +54,8 @@ PROFILE = "profile"
 V2_NAMES = {"sensitivity": PROFILE}
 V2_CONTEXT = "context"
 CONTEXT_SHIFT = "context_shift"
+# The most values one token has in one layer's keys (heads x head size): 1,024 in a 7B model.
+MAX_ROW_VALUES = 1 << 20
 
 
 def dtype_name(dtype: torch.dtype) -> str:

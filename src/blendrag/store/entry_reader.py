@@ -15,6 +15,7 @@ from blendrag.store.entry_format import (
     CONTEXT_SHIFT,
     DTYPES,
     FORMAT_NAME,
+    MAX_ROW_VALUES,
     PROFILE,
     READ_VERSIONS,
     SIGNED_VERSIONS,
@@ -58,7 +59,8 @@ class EntryReader:
         if version not in READ_VERSIONS:
             version = str(version)[:8]
             newest = max(int(v) for v in READ_VERSIONS)
-            kind = (NewerFormatError if version.isdigit() and int(version) > newest
+            # isdecimal: "²" is a digit to isdigit, and int() refuses it
+            kind = (NewerFormatError if version.isdecimal() and int(version) > newest
                     else EntryError)
             raise kind(f"format version {version!r}, this build reads "
                        f"{', '.join(READ_VERSIONS)}")
@@ -72,7 +74,12 @@ class EntryReader:
         except Exception as exc:  # noqa: BLE001 - untrusted values: anything else is a defect
             raise EntryError(f"malformed metadata: {type(exc).__name__}") from None
         if self._keys is not None:
-            self._authenticate(meta, self._keys)
+            try:
+                self._authenticate(meta, self._keys)
+            except AuthError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - untrusted values: not authenticated
+                raise AuthError(f"unverifiable signature: {type(exc).__name__}") from None
         if meta["key"] != key:  # signed: copied from another name, so not this one's
             error = AuthError if self._keys is not None else EntryError
             raise error(f"entry was written for key …{str(meta['key'])[-16:]}, not …{key[-16:]}")
@@ -111,6 +118,11 @@ class EntryReader:
                 or self.shape[2] != len(self.token_ids)):
             raise EntryError(f"shape {self.shape} is not [L, H, T, D] (T >= 0, others > 0) for "
                              f"{len(self.token_ids)} token ids")
+        # With T = 0 the tensors hold no bytes, so the byte ranges bound nothing: H x D is
+        # bounded here, or a [L, H, 0, D] buffer's strides overflow when it is allocated.
+        if self.shape[1] * self.shape[3] > MAX_ROW_VALUES:
+            raise EntryError(f"{self.shape[1]} x {self.shape[3]} values a row, more than any "
+                             f"model's ({MAX_ROW_VALUES})")
         if 2 * self.shape[0] > len(self._tensors.names()):  # before a set of 2L+ names is built
             raise EntryError(f"{len(self._tensors.names())} tensors for {self.shape[0]} layers")
         names = {name for i in range(self.shape[0]) for name in self._layer_names(i)}
@@ -212,7 +224,8 @@ class EntryReader:
             if priors:
                 self._read_verified(list(priors.items()))
         return ChunkKV(keys, values, self.token_ids, self.prefix_hash, priors.get(PROFILE),
-                       self.context_tag, priors.get(CONTEXT_SHIFT))
+                       self.context_tag, priors.get(CONTEXT_SHIFT),
+                       rounded=self.stored != self.dtype)
 
     def _read_verified(self, parts: list[tuple[str, torch.Tensor]]) -> None:
         """Read each (name, out) of ``parts`` (our names; an older version's stored names are

@@ -187,6 +187,7 @@ class MemoryLayeredEntry(_Shape):
         self.profile, self.context_shift = kv.profile, kv.context_shift
         self.shape = _four(tuple(kv.keys.shape))
         self.dtype = kv.keys.dtype
+        self.exact = not kv.rounded  # (a rounded entry promoted from a slower tier: not)
 
     complete = True  # nothing to read
 
@@ -269,7 +270,8 @@ class EncodedLayeredEntry(_Shape):
         for i in range(self.num_layers):
             self.layer(i)
         return ChunkKV(self._keys, self._values, self.token_ids, self.prefix_hash,
-                       self.profile, self.context_tag, self.context_shift)
+                       self.profile, self.context_tag, self.context_shift,
+                       rounded=not self.exact)
 
     def close(self) -> None:
         # reads not started are dropped; those under way finish before the file is closed

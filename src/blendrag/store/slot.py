@@ -134,6 +134,8 @@ class TierSlot:
         except AuthError as again:  # what the first read saw damaged is a forgery as stored
             self._not_authenticated(key, again, count=False)
             return
+        except NewerFormatError:  # rewritten since by a newer build: valid for it, left alone
+            return
         except EntryError as again:
             log.warning("KV store: %s entry %s is unusable (%s); treated as a miss and deleted",
                         self.tier.name, key[:16], again)

@@ -292,3 +292,27 @@ def test_entries_signed_by_version_5_are_still_read_and_checked():
         decode(old, "b", KEYS)  # another name
     with pytest.raises(AuthError):
         decode(_version_5("a", kv, ATTACKER), "a", KEYS)
+
+
+def _retagged(data: bytes, tag: str) -> bytes:
+    """A version-5 entry ``data`` with its ``auth`` tag replaced by ``tag``."""
+    import json
+
+    import safetensors.torch
+
+    n = int.from_bytes(data[:8], "little")
+    meta = json.loads(data[8:8 + n])["__metadata__"]
+    meta["auth"] = tag
+    return safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
+
+
+@pytest.mark.parametrize("tag", ["k1:\u00e9", "k1:" + "\u00e9" * 64, "k1:" + "A" * 64,
+                                 "k1:" + "0" * 63])
+def test_a_tag_that_is_no_hex_digest_is_refused_as_unauthenticated(tag):
+    """compare_digest raises TypeError on non-ASCII text: a planted tag of any characters must
+    be an AuthError (a counted miss), in every reader of tags."""
+    planted = _retagged(_version_5("a", make_kv(12), KEYS), tag)
+    with pytest.raises(AuthError):
+        decode(planted, "a", KEYS)
+    assert KEYS.verify(tag, b"message") == "malformed tag"
+    assert KEYS.verify(tag + "\udc80", b"message") == "malformed tag"  # a lone surrogate

@@ -105,3 +105,18 @@ def test_disk_tier_rejects_non_bytes_values(tmp_path):
     with pytest.raises(TypeError):
         tier.open().set("k", {"not": "bytes"})
     tier.close()
+
+
+@pytest.mark.parametrize("value", [12345, 1.5, "text"])
+def test_a_planted_index_row_of_another_type_is_a_miss(make_store, tmp_path, value, caplog):
+    """diskcache keeps ints, floats and strings in its index as they are: a row planted with
+    plain diskcache calls is refused like a pickled one, never handed to the reader."""
+    store = _disk_only(make_store, 4 << 20)
+    planted = diskcache.Cache(str(tmp_path / "kv"))
+    planted.set("planted", value)
+    planted.close()
+    with caplog.at_level(logging.WARNING, logger="blendrag.store"):
+        assert store.get("planted") is None and store.open_layers("planted") is None
+    assert any("refused" in r.getMessage() for r in caplog.records)
+    store.put("planted", make_kv(3))
+    assert same_bits(store.get("planted"), make_kv(3))

@@ -17,6 +17,7 @@ from blendrag.cli import cache as store_cli
 from blendrag.store import codec, entry_reader
 from blendrag.store.auth import StoreKeys
 from blendrag.store.disk import DiskTier
+from blendrag.store.errors import EntryError
 from helpers.kvgen import make_kv, same_bits
 from helpers.mutations import hostile_header
 from helpers.tiny import PREFIX, SUFFIX
@@ -132,7 +133,6 @@ def test_a_refused_header_is_not_parsed_again(make_store, monkeypatch):
 
 
 def test_a_header_larger_than_its_data_can_need_is_refused_unread():
-    from blendrag.store.errors import EntryError
     from blendrag.store.readers import BufferReader
 
     data = codec.encode("k", make_kv(1))
@@ -159,7 +159,6 @@ def test_an_accepted_header_is_parsed_again_without_its_checks_to_the_same_value
     checks; a text one byte apart is checked (and refused) as any other; the memory is
     bounded."""
     from blendrag.store import header as headers
-    from blendrag.store.errors import EntryError
 
     memo = headers.Accepted(max_bytes=4000)
     monkeypatch.setattr(headers, "ACCEPTED", memo)
@@ -192,3 +191,43 @@ def test_an_accepted_header_is_parsed_again_without_its_checks_to_the_same_value
     assert headers.held(wide) > 1000
     headers.loads(wide)
     assert not memo.holds(wide)
+
+
+def _entry_of(key: str, shape: list[int], version: str = "4") -> bytes:
+    """An entry whose metadata and checksums are consistent, of ``shape`` [L, H, T, D] with
+    no token (T = 0: every tensor holds no bytes), at format ``version``."""
+    from blendrag.store.entry_format import digest, meta_digest
+
+    layers, heads, _, dim = shape
+    meta = {"format": "blendrag-chunk-kv", "version": version, "key": key, "prefix_hash": "",
+            "context_tag": "", "dtype": "float32", "stored": "float32",
+            "shape": json.dumps(shape), "token_ids": "[]",
+            "checksums": json.dumps({f"{k}.{i}": digest(torch.empty(0))
+                                     for i in range(layers) for k in "kv"})}
+    meta["meta_checksum"] = meta_digest(meta)
+    header: dict = {f"{k}.{i}": {"dtype": "F32", "shape": [heads, 0, dim],
+                                 "data_offsets": [0, 0]}
+                    for i in range(layers) for k in "kv"}
+    header["__metadata__"] = meta
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+@pytest.mark.parametrize(("shape", "version"), [
+    ([2, 1 << 40, 0, 1 << 40], "4"),  # no bytes, so no byte range bounds H x D
+    ([2, 1 << 61, 0, 8], "4"),
+    ([2, 2, 0, 4], "\u00b2"),  # a digit to str.isdigit that int() refuses
+], ids=["huge-rows", "huge-heads", "superscript-version"])
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["plain", "keyed"])
+def test_a_planted_entry_of_no_bytes_or_an_odd_version_is_a_miss(make_store, keys, shape,
+                                                                 version):
+    store = make_store(ram_bytes=0, auth_key=keys)
+    name = store.stored_name("k")
+    planted = _entry_of(name, shape, json.loads(f'"{version}"'))
+    with pytest.raises(EntryError):
+        codec.decode(planted, name)
+    store.tiers[0].tier.put(name, planted)
+    assert store.get("k") is None and store.open_layers("k") is None  # no exception
+    store.put("k", make_kv(1))
+    assert same_bits(store.get("k"), make_kv(1))

@@ -146,6 +146,30 @@ def test_an_entry_a_fresh_read_finds_valid_is_kept(make_store, tmp_path, caplog)
     assert store.contains("k1") and same_bits(store.get("k1"), make_kv(1))
 
 
+class _RewrittenByANewerBuild(TierWrapper):
+    """A tier whose first read of each key fails a check, and whose entry a newer build
+    rewrites before the next read (a rolling upgrade over a damaged entry)."""
+
+    def __init__(self, tier) -> None:
+        super().__init__(tier)
+        self.seen: set[str] = set()
+
+    def read(self, key):
+        if key not in self.seen:
+            self.seen.add(key)
+            raise EntryError("checksum mismatch in v.1")
+        self.inner.put(key, _newer(key, make_kv(7)))
+        return self.inner.read(key)
+
+
+def test_an_entry_a_newer_build_rewrote_before_the_fresh_read_is_kept(make_store, tmp_path):
+    _disk_store(make_store)
+    store = make_store(ram_bytes=0, wrap=_RewrittenByANewerBuild)
+    assert store.get("k1") is None  # a miss here
+    assert store.contains("k1")  # valid for the build that wrote it: not deleted
+    assert store.tiers[0].tier.inner.fetch("k1") is not None
+
+
 def test_a_layer_of_an_entry_opened_before_its_tier_was_benched_fails_at_once(make_store):
     """Opened entries do not read through a benched tier: a request holding many of them (a
     frozen server, say) pays no timeout per entry; the layer is a miss the engine recomputes."""
@@ -161,21 +185,26 @@ def test_a_layer_of_an_entry_opened_before_its_tier_was_benched_fails_at_once(ma
     assert same_bits(store.open_layers("k2").materialize(), make_kv(2))
 
 
-def test_an_entry_of_a_newer_format_version_is_a_miss_and_is_kept(make_store, tmp_path):
-    """Written by a newer build sharing the folder: unreadable here, valid there."""
+def _newer(key: str, kv) -> bytes:
+    """``kv`` as a newer build writes it: a format version past every one this build reads."""
     import json
 
     import safetensors.torch
 
     from blendrag.store.codec import SIGNED_VERSION, encode, meta_digest
 
-    data = encode("k9", make_kv(9))
+    data = encode(key, kv)
     header = int.from_bytes(data[:8], "little")
     meta = json.loads(data[8: 8 + header])["__metadata__"]
-    meta["version"] = str(SIGNED_VERSION + 1)  # past every version this build reads
+    meta["version"] = str(SIGNED_VERSION + 1)
     del meta["meta_checksum"]
     meta["meta_checksum"] = meta_digest(meta)
-    newer = safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
+    return safetensors.torch.save(safetensors.torch.load(data), metadata=meta)
+
+
+def test_an_entry_of_a_newer_format_version_is_a_miss_and_is_kept(make_store, tmp_path):
+    """Written by a newer build sharing the folder: unreadable here, valid there."""
+    newer = _newer("k9", make_kv(9))
     store = make_store(ram_bytes=0)
     store.tiers[0].tier.put("k9", newer)
     files = entry_digests(tmp_path / "kv")
