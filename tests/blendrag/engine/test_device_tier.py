@@ -198,3 +198,35 @@ def test_an_empty_device_tier_is_filled_from_the_ram_tier(model_dir):
     hot = engine.prefill(layout, reuse)
     assert hot.stats.cache.device_hits == len(PASSAGES) + 1
     assert torch.equal(hot.logits, cold.logits)
+
+
+def test_a_profile_measured_in_a_request_replaces_the_copies_without_one(model_dir, tmp_path):
+    """Chunks stored without a profile, met by the ``profile`` selector: the first request
+    measures and stores their profiles once; the rows it opened without one go neither over
+    the RAM tier's profiled copy nor to the device tier, so later requests hit the profiled
+    rows there and measure nothing again."""
+    from blendrag import BlendConfig, BlendEngine
+    from blendrag.engine.caches.context import NO_CONTEXT
+    from blendrag.engine.selection.controller import LoadingConfig
+    from blendrag.store import StoreConfig, TieredKVStore
+    from helpers.tiny import PASSAGES, PREFIX, SUFFIX
+
+    for budget in (0, 64 << 20):
+        store = TieredKVStore(StoreConfig(ram_bytes=64 << 20, disk_dir=tmp_path / f"kv{budget}",
+                                          kv_format="model"))
+        engine = BlendEngine.from_pretrained(
+            model_dir("llama"), device="cpu", chat=False, context=NO_CONTEXT, store=store,
+            loading=LoadingConfig(full_when_missing=None, device_tier_bytes=budget))
+        layout = engine.build_prompt(PREFIX, PASSAGES[:3], SUFFIX)
+        engine.precompute(layout.chunk_prefix_ids, layout.chunk_ids)  # without profiles
+        store.tiers[0].tier.clear()  # read through from disk, as after a restart
+        config = BlendConfig(selector="profile", ratio=0.3)
+        runs = [engine.prefill(config=config, layout=layout) for _ in range(3)]
+        assert [r.stats.cache.profiles_computed for r in runs] == [3, 0, 0], budget
+        if budget:
+            assert [r.stats.cache.device_hits for r in runs[1:]] == [4, 4]
+        assert all(torch.equal(r.logits, runs[0].logits) for r in runs)
+        for ids in layout.chunk_ids:
+            held = store.tiers[0].tier.open_layers(
+                store.stored_name(engine.key(layout.chunk_prefix_ids, ids)))
+            assert held is not None and held.profile is not None  # the RAM tier's copy

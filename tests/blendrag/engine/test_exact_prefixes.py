@@ -50,3 +50,32 @@ def test_prefixes_are_stored_exactly_and_chunks_in_the_format(engine_for, tmp_pa
     chunk = store.get(engine.key(prefix_ids, engine.prompts.encode(TEXTS[0])))
     assert chunk is not None
     assert torch.equal(chunk.keys, chunk.keys.to(torch.bfloat16).float())  # bfloat16 values
+
+
+def test_rows_a_request_counts_as_exact_are_never_rounded(engine_for, tmp_path, one_thread):
+    """In a store of the default format: a prefix first met by a request is stored exactly, as
+    ingestion stores it; prefix mode's chunk (the mode counts every row as a full prefill's)
+    is stored exactly, and one stored rounded before (a chunk's entry computed after this very
+    prefix by ingestion) is computed again rather than read rounded: every prefix request
+    equals a full prefill."""
+    from blendrag import BlendConfig
+    from helpers.tiny import SUFFIX
+
+    engine = engine_for("llama")
+    engine.store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "kv"))
+    layout = engine.build_prompt(PREFIX, PASSAGES[:3], SUFFIX)
+    engine.precompute(layout.prefix_ids, layout.chunk_ids[:1])  # chunk 1 stored rounded
+    full = engine.prefill(layout, BlendConfig(mode="full")).logits
+    for _ in range(2):
+        pre = engine.prefill(layout, BlendConfig(mode="prefix"))
+        assert (pre.logits - full).abs().max() < 1e-5
+    for ids, after in ((layout.prefix_ids, ()), (layout.chunk_ids[0], layout.prefix_ids)):
+        entry = engine.store.open_layers(engine.key(after, ids, NO_CONTEXT))
+        assert entry is not None and entry.exact  # stored in the model's dtype
+        entry.close()
+    other = engine_for("llama")  # a prefix first met by a request, in a store of its own
+    other.store = TieredKVStore(StoreConfig(ram_bytes=0, disk_dir=tmp_path / "other"))
+    other.prefill(layout, BlendConfig(mode="reuse"))
+    entry = other.store.open_layers(other.key((), layout.prefix_ids, NO_CONTEXT))
+    assert entry is not None and entry.exact
+    entry.close()

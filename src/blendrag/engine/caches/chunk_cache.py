@@ -156,10 +156,14 @@ class ChunkCache:
            context: ChunkContext | None = None, exact: bool = False) -> ChunkKV:
         """The chunk's whole KV in ``context`` (default: the one it is stored in): read from
         the store, or computed and stored now (also when the stored entry fails to load: the
-        store has counted it and dropped it when its bytes are bad)."""
+        store has counted it and dropped it when its bytes are bad). ``exact`` (a prefix):
+        stored in the model's dtype, and an entry stored rounded is computed again."""
         if context is None:
             context = self.context_for(chunk_prefix_ids, chunk_ids)
         entry = self.open(chunk_prefix_ids, chunk_ids, context)
+        if entry is not None and exact and not entry.exact:
+            entry.close()
+            entry = None
         if entry is not None:
             try:
                 return entry.materialize()
@@ -197,8 +201,22 @@ class ChunkCache:
         self.store.put(key, kv, ram=ram, exact=exact)
         if alone is not None:
             self.store.put(self.key(chunk_prefix_ids, chunk_ids, NO_CONTEXT), alone, ram=ram)
-        if ram and self.device_tier is not None:  # a request's miss: hot, on the device now
-            self.device_tier.put(self._device_name(key), kv)
+        if ram:  # a request's miss: hot, on the device now
+            self._on_device_now(key, kv)
+
+    def replace(self, key: str, kv: ChunkKV) -> None:
+        """Store ``kv`` over the entry ``key`` (its rows with a profile measured now), in the
+        store's tiers and on the device."""
+        self.store.put(key, kv)
+        self._on_device_now(key, kv)
+
+    def _on_device_now(self, key: str, kv: ChunkKV) -> None:
+        """``kv`` in the device tier as ``key``, over a copy it may hold (rows the store has
+        just replaced: a profile added, exact rows over rounded ones); none without a tier."""
+        tier = self.device_tier
+        if tier is not None:
+            tier.discard(self._device_name(key))
+            tier.put(self._device_name(key), kv)
 
     def compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids, chunk_ids: Ids,
                      context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
@@ -301,7 +319,8 @@ class ChunkCache:
         pieces = [Piece((), tuple(layout.prefix_ids), NO_CONTEXT,
                         self.key((), layout.prefix_ids, NO_CONTEXT), exact=True)
                   ] if layout.prefix_ids else []
-        pieces += [Piece(tuple(p), tuple(ids), context, self.key(p, ids, context))
+        pieces += [Piece(tuple(p), tuple(ids), context, self.key(p, ids, context),
+                         exact=config.mode == "prefix")  # as ``request_rows.fill`` stores it
                    for _, span, p, ids, context, _ in request_chunks(self, layout, config)
                    if history is None or span[0] != history.start]
         missing = set(self.store.missing([piece.key for piece in pieces]))

@@ -44,6 +44,8 @@ class ChunkLookup(Protocol):
 
     def prefix(self, prefix_ids: Ids) -> ChunkKV | None: ...
 
+    def replace(self, key: str, kv: ChunkKV) -> None: ...
+
     def compute_and_put(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids,
                         chunk_ids: Ids, context: ChunkContext, ram: bool = True,
                         exact: bool = False) -> ChunkKV: ...
@@ -119,7 +121,7 @@ def fill(cache: ChunkLookup, rows: RequestRows, layout: PromptLayout, config: Bl
     prefix: LayeredEntry | None = None  # exact whatever follows it
     if layout.prefix_ids and not head:
         prefix, rows.prefix_hit = _open_or_compute(
-            cache, rows, failed, (), layout.prefix_ids, NO_CONTEXT, lambda: None)
+            cache, rows, failed, (), layout.prefix_ids, NO_CONTEXT, lambda: None, exact=True)
         rows.segments.append(CachedSegment(0, prefix))
     whole: list[ChunkKV | None] = []  # the chunk prefix's KV, once a missing chunk needs it
     after = _computed_after(layout, config)
@@ -140,33 +142,40 @@ def fill(cache: ChunkLookup, rows: RequestRows, layout: PromptLayout, config: Bl
                                                                          tier=HISTORY_TAG)))
             continue
         rows.chunks_without_context += context is NO_CONTEXT and not exact
+        # prefix mode's chunk: rows it counts as exact, so stored exactly and never rounded
         entry, hit = _open_or_compute(cache, rows, failed, chunk_prefix_ids, ids, context,
-                                      chunk_prefix)
+                                      chunk_prefix, exact=config.mode == "prefix")
         rows.chunk_hits += hit
         if hit:
             rows.hit_chunks.append(i)
         rows.chunk_misses += not hit
         rows.exact_first |= exact and config.mode != "prefix"
         if profile and entry.profile is None and not exact:  # exact rows need no profile
-            kv = _profile_now(cache, entry.materialize(), chunk_prefix_ids, chunk_prefix(),
-                              chunks, i, rows)
+            kv = entry.materialize()
+            _close_early(rows, entry)  # promoted now: never over the profiled rows stored next
+            kv = _profile_now(cache, kv, chunk_prefix_ids, chunk_prefix(), chunks, i, rows)
             entry = MemoryLayeredEntry(kv, tier="computed")
         rows.segments.append(CachedSegment(start, entry))
 
 
 def _open_or_compute(cache: ChunkLookup, rows: RequestRows, failed: dict[str, ChunkKV | None],
                      chunk_prefix_ids: Ids, ids: Ids, context: ChunkContext,
-                     chunk_prefix: Callable[[], ChunkKV | None]) -> tuple[LayeredEntry, bool]:
+                     chunk_prefix: Callable[[], ChunkKV | None],
+                     exact: bool = False) -> tuple[LayeredEntry, bool]:
     """(the stored entry, True) or (the KV computed and stored now, False); a key that
-    failed in an earlier attempt is computed once and its KV kept in ``failed``."""
+    failed in an earlier attempt is computed once and its KV kept in ``failed``. ``exact``:
+    rows the request counts as a full prefill's (a prefix, prefix mode's chunk): an entry
+    stored rounded (``LayeredEntry.exact``) is computed again, and what is computed is stored
+    in the model's dtype over it."""
     key = cache.key(chunk_prefix_ids, ids, context)
     kv = failed.get(key)
     if kv is None:
         entry = cache.open(chunk_prefix_ids, ids, context, failed.keys(), rows.opened)
-        if entry is not None:
+        if entry is not None and (entry.exact or not exact):
             rows.device_hits += entry.tier == DEVICE
             return entry, True
-        kv = cache.compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context)
+        kv = cache.compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context,
+                                   exact=exact)
         if key in failed:
             failed[key] = kv
     return MemoryLayeredEntry(kv, tier="computed"), False
@@ -181,9 +190,18 @@ def _profile_now(cache: ChunkLookup, kv: ChunkKV, chunk_prefix_ids: Ids,
     if not probes:  # a lone chunk: nothing to blend with, the selector has no use for it
         return kv.with_profile(torch.zeros(kv.num_tokens))
     kv = profiled(cache.runner, kv, chunk_prefix_ids, probes, chunk_prefix)
-    cache.store.put(cache.key(chunk_prefix_ids, kv.token_ids), kv)
+    cache.replace(cache.key(chunk_prefix_ids, kv.token_ids), kv)
     rows.profiles_computed += 1
     return kv
+
+
+def _close_early(rows: RequestRows, entry: LayeredEntry) -> None:
+    """Close an opened ``entry`` that the request replaces before it ends (its rows, read
+    through, promoted to the faster tiers now), so that ``RequestRows.close`` does not promote
+    it over what replaced it."""
+    if any(e is entry for e in rows.opened):
+        rows.opened = [e for e in rows.opened if e is not entry]
+        entry.close()
 
 
 def _computed_after(layout: PromptLayout, config: BlendConfig) -> tuple[int, ...]:
