@@ -50,9 +50,13 @@ def admissible(waiting: deque[Job], busy: int, config: ServingConfig, pool: Bloc
         blocks = pool.reserve(rows_for(tokens + job.generation.max_new_tokens))
         if blocks is None:
             break  # room once a running request is done
+        try:
+            slot = slots.claim(tokens + job.generation.max_new_tokens)
+        except BaseException:  # still waiting, its blocks given back
+            pool.free(blocks)
+            raise
         waiting.popleft()
-        job.blocks = blocks
-        job.slot = slots.claim(tokens + job.generation.max_new_tokens)
+        job.blocks, job.slot = blocks, slot
         jobs.append(job)
         budget -= tokens
     return jobs

@@ -85,15 +85,20 @@ class ServedRequest:
             self.fail(RequestCancelled("the request was cancelled"))
 
     def __iter__(self) -> Iterator[str]:
-        while True:
-            with self._cond:
-                while not self._items:
-                    self._cond.wait()
-                item = self._items.popleft()
-            if item is _DONE:
-                self._raise()
-                return
-            yield item  # type: ignore[misc]
+        try:
+            while True:
+                with self._cond:
+                    while not self._items:
+                        self._cond.wait()
+                    item = self._items.popleft()
+                if item is _DONE:
+                    self._raise()
+                    return
+                yield item  # type: ignore[misc]
+        except GeneratorExit:  # closed or dropped before its end: free what the request holds
+            if not self._closed:
+                self.cancel()
+            raise
 
     async def __aiter__(self) -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()

@@ -150,6 +150,7 @@ class Scheduler:
         with self._cond:
             self._closed = True
             jobs = [*self._waiting, *self._running.jobs, *self._ready]
+            self._waiting.clear()
             # no worker took them yet: none will
             admitted = self._workers.drop() if self._workers is not None else []
             self._prefilling -= len(admitted)
@@ -189,25 +190,47 @@ class Scheduler:
                 if not self._closed and not self._work():
                     self._cond.wait(self.config.idle_s)
                 if self._closed or not self._work():
+                    # decided and left under one hold of the lock: a request submitted after
+                    # it finds no thread and starts one
+                    self._thread = None
+                    self._join_ready()
+                    jobs, self._running.jobs = self._running.jobs, []
                     break
-            self._drop_gone()
-            with torch_threads(self._threads()):
-                admitted = self._admit()
-                took = self._prefill_idle()
-            with torch_threads(self._step_threads()):
-                stepped = self._step()
-            if not (admitted or took or stepped):
-                with self._cond:
-                    if not self._ready and not self._closed:
-                        self._cond.wait(WAIT_S)
-        with self._cond:
-            self._thread = None
-            self._join_ready()
-            jobs, self._running.jobs = self._running.jobs, []
+            try:
+                self._turn()
+            except Exception as exc:  # a defect, not a request's failure: the loop goes on
+                log.exception("the scheduler's loop failed; failing the requests it held")
+                self._fail_held(exc)
         self._running.free(jobs)
         if self._closed:  # those close() did not see (prefilling then): failed, not left waiting
             for job in jobs:
                 job.handle.fail(RuntimeError("the scheduler was closed"))
+
+    def _turn(self) -> None:
+        """One turn of the loop: drop the requests gone, admit, decode a step."""
+        self._drop_gone()
+        with torch_threads(self._threads()):
+            admitted = self._admit()
+            took = self._prefill_idle()
+        with torch_threads(self._step_threads()):
+            stepped = self._step()
+        if not (admitted or took or stepped):
+            with self._cond:
+                if not self._ready and not self._closed:
+                    self._cond.wait(WAIT_S)
+
+    def _fail_held(self, exc: Exception) -> None:
+        """After an error the loop did not expect: every request it holds (waiting, prefilled,
+        decoding) fails with it and frees its slot and blocks, rather than wait for a step that
+        may fail again; requests still prefilling on a worker join the next turn."""
+        with self._cond:
+            self._join_ready()
+            jobs = [*self._waiting, *self._running.jobs]
+            self._waiting.clear()
+            self._running.jobs = []
+        self._running.free(jobs)
+        for job in jobs:
+            job.handle.fail(RuntimeError(f"the scheduler's loop failed: {exc!r}"))
 
     def _work(self) -> bool:
         return bool(self._waiting or self._running.jobs or self._ready or self._prefilling)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-import torch
-
 from blendrag.engine.compute.fused_kv import FusedKV
 from blendrag.engine.compute.runner import ModelRunner
 from blendrag.engine.compute.slab import KVSlab
@@ -46,7 +44,9 @@ class SlabSlots:
             if self.slab is None or not self.slab.lent:
                 try:
                     self.slab = runner.slab(self._seqs, self._rows)
-                except torch.OutOfMemoryError as exc:  # serve without one rather than fail
+                # serve without one rather than fail (a CPU's failed allocation is a plain
+                # RuntimeError, a GPU's torch.OutOfMemoryError, a subclass of it)
+                except RuntimeError as exc:
                     log.warning("no KV slab of %d x %d rows (%s): every request decodes over "
                                 "its own buffer; lower ServingConfig.slot_tokens or max_seqs",
                                 self._seqs, self._rows, exc)

@@ -279,13 +279,19 @@ class ModelRunner:
         if len(together) < 2:
             together = []
         rows: dict[int, torch.Tensor] = {}
-        if together:
-            out = decode_batch(self.adapter, self.kernel, [tokens[j] for j in together],
-                               [kvs[j] for j in together])
-            rows.update(zip(together, out))
-        for j, kv in enumerate(kvs):
-            if j not in rows:
-                rows[j] = self.decode(tokens[j], kv)
+        lengths = [kv.length for kv in kvs]
+        try:
+            if together:
+                out = decode_batch(self.adapter, self.kernel, [tokens[j] for j in together],
+                                   [kvs[j] for j in together])
+                rows.update(zip(together, out))
+            for j, kv in enumerate(kvs):
+                if j not in rows:
+                    rows[j] = self.decode(tokens[j], kv)
+        except BaseException:  # none appended: a caller that retries appends each token once
+            for kv, n in zip(kvs, lengths):
+                kv.length = n
+            raise
         return torch.stack([rows[j] for j in range(len(kvs))])
 
     def compute_chunk(self, prefix: ChunkKV | None, prefix_ids: Sequence[int],
