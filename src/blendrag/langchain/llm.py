@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from langchain_core.outputs import (
     LLMResult,
 )
 from langchain_core.prompts import PromptTemplate, format_document
+from langchain_core.runnables import Runnable
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from typing_extensions import Self
 
@@ -146,13 +148,25 @@ class BlendParams(ClientViews, BlendSettings):
     def batch(self, inputs: list[Any], config: Any = None, *, return_exceptions: bool = False,
               **kwargs: Any) -> list[Any]:
         """LangChain's ``batch``, every request served by the engine's scheduler: the requests
-        share its batched decoding steps (blendrag.serving) instead of each running alone."""
+        share its batched decoding steps (blendrag.serving) instead of each running alone. Each
+        input is its own ``invoke`` (Runnable's ``batch``, not BaseLLM's one ``generate`` for
+        all), so that an input's error (a timeout, a full queue) is its own and every other
+        input keeps its answer."""
         token = _SERVED.set(True)
         try:
-            return super().batch(  # type: ignore[misc]  # the Runnable this is mixed into
-                inputs, config, return_exceptions=return_exceptions, **kwargs)
+            return Runnable.batch(self,  # type: ignore[arg-type]  # mixed into a Runnable
+                                  inputs, config, return_exceptions=return_exceptions, **kwargs)
         finally:
             _SERVED.reset(token)
+
+    async def abatch(self, inputs: list[Any], config: Any = None, *,
+                     return_exceptions: bool = False, **kwargs: Any) -> list[Any]:
+        """LangChain's ``abatch``: each input its own ``ainvoke`` (served by the scheduler,
+        awaited on this event loop), so that its error is its own and cancelling the batch
+        cancels every request in it."""
+        return await Runnable.abatch(self,  # type: ignore[arg-type]  # mixed into a Runnable
+                                     inputs, config, return_exceptions=return_exceptions,
+                                     **kwargs)
 
     def _start(self, prompt: str, templated: bool, stop: Sequence[str] | None,
                kwargs: dict[str, Any], served: bool = False) -> BlendRequest:
@@ -216,7 +230,8 @@ class BlendLLM(BlendParams, BaseLLM):
         callbacks = run_manager if self.streaming else None
         if len(prompts) > 1 or _SERVED.get():  # LangChain's batch: served together
             requests = self._start_all(prompts, stop, kwargs)
-            generations = [[self._collect(r, callbacks)] for r in requests]
+            with _cancelled_on_error(requests):
+                generations = [[self._collect(r, callbacks)] for r in requests]
         else:
             chunks = list(self._stream(prompts[0], stop, callbacks, **kwargs))
             text = "".join(c.text for c in chunks)
@@ -231,14 +246,15 @@ class BlendLLM(BlendParams, BaseLLM):
         callbacks = run_manager if self.streaming else None
         requests = self._start_all(prompts, stop, kwargs)
         generations = []
-        for request in requests:
-            text = ""
-            async for delta in request.served:
-                text += delta
-                if callbacks is not None:
-                    await callbacks.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
-            info = self._client.finish(request)
-            generations.append([Generation(text=text, generation_info=info)])
+        with _cancelled_on_error(requests):
+            for request in requests:
+                text = ""
+                async for delta in request.served:
+                    text += delta
+                    if callbacks is not None:
+                        await callbacks.on_llm_new_token(delta, chunk=GenerationChunk(text=delta))
+                info = self._client.finish(request)
+                generations.append([Generation(text=text, generation_info=info)])
         return LLMResult(generations=generations, llm_output={"model_name": self.engine.name})
 
     def _start_all(self, prompts: list[str], stop: list[str] | None,
@@ -288,3 +304,15 @@ class BlendLLM(BlendParams, BaseLLM):
                 await run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
         yield GenerationChunk(text="", generation_info=self._client.finish(request))
+
+
+@contextmanager
+def _cancelled_on_error(requests: list[BlendRequest]) -> Iterator[None]:
+    """Read ``requests`` one after another: when one fails or the caller goes away (a
+    cancelled task), those not read yet are cancelled too, freeing their slots and blocks."""
+    try:
+        yield
+    except BaseException:
+        for request in requests:
+            request.served.cancel()  # a no-op for those done
+        raise

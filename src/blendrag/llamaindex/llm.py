@@ -11,6 +11,7 @@ messages to turns, the stream to ``CompletionResponse`` objects.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -288,8 +289,16 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         return astream_completion_response_to_chat_response(
             self._aresponses(self._start(prompt, formatted, kwargs, served=True)))
 
-    async def _aresponses(self, request: BlendRequest) -> CompletionResponseAsyncGen:
-        """:meth:`_responses` of a served request, on the event loop."""
+    def _aresponses(self, request: BlendRequest) -> CompletionResponseAsyncGen:
+        """:meth:`_responses` of a served request, on the event loop. The request is
+        submitted already (a bad one raised at the call): if its responses are dropped before
+        they are read, it is cancelled, so that it frees its slot and blocks (one dropped while
+        it is read is cancelled by its handle)."""
+        responses = self._served_responses(request)
+        weakref.finalize(responses, request.served.cancel)  # a no-op once it is done
+        return responses
+
+    async def _served_responses(self, request: BlendRequest) -> CompletionResponseAsyncGen:
         text = ""
         async for delta in request.served:
             text += delta

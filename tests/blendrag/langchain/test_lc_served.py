@@ -83,3 +83,38 @@ def test_chat_batch_and_async_are_served_and_equal_invoke(engine):
     after = _served(engine)
     assert after[0] - before[0] == 2 * len(QUESTIONS)
     assert (after[1] - before[1]) > (after[2] - before[2])
+
+
+def test_a_batch_input_that_fails_fails_alone(llm, engine):
+    """Each input of ``batch``/``abatch`` is its own request: one too long for the model's
+    context gets its error, every other input its answer (BaseLLM's one ``generate`` for all
+    gave every input the error)."""
+    alone = [llm.invoke(_prompt(q), documents=DOCS) for q in QUESTIONS[:2]]
+    too_long = _prompt(QUESTIONS[0]) + " word" * 2000
+    inputs = [_prompt(QUESTIONS[0]), too_long, _prompt(QUESTIONS[1])]
+    got = llm.batch(inputs, documents=DOCS, return_exceptions=True)
+    assert [got[0], got[2]] == alone and isinstance(got[1], ValueError)
+    got = asyncio.run(llm.abatch(inputs, documents=DOCS, return_exceptions=True))
+    assert [got[0], got[2]] == alone and isinstance(got[1], ValueError)
+
+
+def test_cancelling_an_abatch_cancels_every_request_in_it(llm, engine):
+    scheduler = scheduler_for(engine, ServingConfig(prefill_workers=0))
+    before = scheduler.stats.cancelled
+
+    async def leave_early():
+        task = asyncio.create_task(llm.abatch([_prompt(q) for q in QUESTIONS], documents=DOCS,
+                                              max_tokens=400, stop=[]))
+        while scheduler.stats.decoded == 0 or scheduler.running < len(QUESTIONS):
+            await asyncio.sleep(0.01)  # every request decoding
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(leave_early())
+    deadline = 100
+    while (scheduler.running or scheduler.waiting) and deadline:
+        asyncio.run(asyncio.sleep(0.05))
+        deadline -= 1
+    assert scheduler.stats.cancelled - before == len(QUESTIONS)
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks

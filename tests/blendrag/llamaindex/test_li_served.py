@@ -46,3 +46,31 @@ def test_async_requests_are_served_together_and_equal_sync(make_llm):
 
 async def _join(stream) -> str:
     return "".join([r.delta async for r in stream])
+
+
+def test_a_stream_dropped_before_it_is_read_cancels_its_request(make_llm):
+    """``astream_complete`` and ``astream_chat`` queue the request when awaited (a bad one
+    raises there): if the caller drops the responses unread, the request is cancelled and
+    frees its slot and blocks rather than decode to its last token."""
+    import gc
+
+    llm = make_llm(chat=True)
+    scheduler = scheduler_for(llm.engine, ServingConfig(prefill_workers=0))
+    before = scheduler.stats.cancelled
+    prompt = f"{PREFIX}{PASSAGES[0]}Question: {QUESTIONS[0]}\nAnswer:"
+
+    async def drop():
+        stream = await llm.astream_complete(prompt, max_tokens=400)
+        chat = await llm.astream_chat([ChatMessage(role="user", content=prompt)],
+                                      max_tokens=400)
+        del stream, chat
+        gc.collect()
+
+    asyncio.run(drop())
+    assert scheduler.stats.requests >= 2
+    for _ in range(200):
+        if not (scheduler.running or scheduler.waiting):
+            break
+        asyncio.run(asyncio.sleep(0.05))
+    assert scheduler.stats.cancelled - before == 2
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks
