@@ -91,6 +91,8 @@ class Served:
     tokens: list[int] = field(default_factory=list)
     gaps: list[float] = field(default_factory=list)  # seconds between two text deltas
     opening: bool = False  # a closed-loop user's first request (all users start at once)
+    queued: float = 0.0  # seconds until the scheduler admitted it (ServedRequest.queued_s)
+    work: float = 0.0  # seconds of its prefill's own work (TimingStats.work_s)
 
     @property
     def ttft(self) -> float:
@@ -119,6 +121,7 @@ def one_at_a_time(engine: BlendEngine, layouts: list[PromptLayout], blend: Blend
         stream = engine.stream(layout, blend, gen, started=served.arrived)
         _read(served, stream)
         served.tokens = stream.result.token_ids if stream.result else []
+        served.work = stream.result.stats.timing.work_s if stream.result else 0.0
         out.append(served)
     return out, time.perf_counter() - t0
 
@@ -172,7 +175,10 @@ def _serve(scheduler: Scheduler, engine: BlendEngine, layout: PromptLayout,
     served = Served(time.perf_counter())
     handle = scheduler.submit(engine, layout, blend, gen, started=served.arrived)
     _read(served, handle)
-    served.tokens = handle.wait().token_ids
+    result = handle.wait()
+    served.tokens = result.token_ids
+    served.queued = handle.queued_s or 0.0
+    served.work = result.stats.timing.work_s
     return served
 
 
@@ -213,11 +219,18 @@ def summary(name: str, served: list[Served], wall: float, base: list[Served] | N
            "ttft_p95_s": _pct([s.ttft for s in served], 95),
            "tpot_p50_s": _pct([s.tpot for s in served], 50),
            "tpot_p95_s": _pct([s.tpot for s in served], 95)}
-    later = [s.ttft for s in served if not s.opening]
+    later = [s for s in served if not s.opening]
     if later and len(later) < len(served):  # past the opening burst: users in their own rhythm
-        row["ttft_p95_later_s"] = _pct(later, 95)
+        row["ttft_p95_later_s"] = _pct([s.ttft for s in later], 95)
         if base is not None:
             row["ttft_p95_later_x"] = row["ttft_p95_later_s"] / _pct([s.ttft for s in base], 95)
+    # where the time to first token goes (past the burst where there is one): waiting to be
+    # admitted, the prefill's own work, and the rest (waiting for the device beside the others'
+    # work, handing the first token out)
+    parts = later or served
+    row["queued_p95_s"] = _pct([s.queued for s in parts], 95)
+    row["work_p95_s"] = _pct([s.work for s in parts], 95)
+    row["rest_p95_s"] = _pct([s.ttft - s.queued - s.work for s in parts], 95)
     gaps = [g for s in served for g in s.gaps]
     if gaps:  # the longest waits a reader saw between two pieces of text
         row["gap_p99_s"], row["gap_max_s"] = _pct(gaps, 99), max(gaps)
@@ -338,6 +351,9 @@ def format_row(row: dict) -> str:
                      f"{row['agreeing_p50']:g} leading tokens the same at the median)")
     if "ttft_p95_later_x" in row:
         line += f", after each user's first: p95 TTFT {row['ttft_p95_later_x']:.2f}x"
+    if "queued_p95_s" in row:
+        line += (f"  | TTFT parts p95: queued {row['queued_p95_s'] * 1e3:.0f} ms, prefill work "
+                 f"{row['work_p95_s'] * 1e3:.0f} ms, the rest {row['rest_p95_s'] * 1e3:.0f} ms")
     if "gap_max_s" in row:
         line += (f"  | gap between deltas p99 {row['gap_p99_s'] * 1e3:.0f} ms, max "
                  f"{row['gap_max_s'] * 1e3:.0f} ms")

@@ -24,6 +24,11 @@ def test_runs_side_by_side_with_the_baseline():
         assert row["requests"] == 3 and row["tokens_per_s"] > 0
         assert row["ttft_p95_s"] >= row["ttft_p50_s"] > 0
         assert 0 < row["cores_busy"] <= 1.05  # CPU seconds over wall x cores (clock rounding)
+        # where the time to first token went: queued, the prefill's own work, the rest
+        assert row["work_p95_s"] > 0 and row["queued_p95_s"] >= 0
+        assert row["queued_p95_s"] + row["work_p95_s"] <= row["ttft_p95_s"] * 1.5
+        if row["run"] == "one at a time":
+            assert row["queued_p95_s"] == 0  # never queued
         if row["run"] != "one at a time":
             assert row["same_answer"] == 3  # served together, answered as alone
             assert row["same_first"] == 3 and row["agreeing_p50"] == SMALL["answer_tokens"]

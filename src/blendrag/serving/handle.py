@@ -29,6 +29,9 @@ class ServedRequest:
     def __init__(self) -> None:
         self.result: GenerationResult | None = None
         self.prefill: Prefill | None = None  # set once the scheduler has prefilled it
+        # seconds from its arrival until the scheduler admitted it (a slot and pool blocks
+        # free): the queueing part of its time to first token; None while it waits
+        self.queued_s: float | None = None
         self.error: BaseException | None = None
         self._items: deque[object] = deque()
         self._cond = threading.Condition()

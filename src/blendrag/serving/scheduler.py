@@ -304,6 +304,9 @@ class Scheduler:
             jobs = admission.admissible(self._waiting, busy, self.config, self.pool,
                                         self._slots, self.runner.rows_for, inline)
             self._prefilling += len(jobs)  # neither waiting nor running: counted until it is
+        now = time.perf_counter()
+        for job in jobs:
+            job.handle.queued_s = now - job.started
         return jobs
 
     def _start_decoding(self, job: Job, live: bool) -> None:
