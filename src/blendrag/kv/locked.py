@@ -92,7 +92,9 @@ class _Registry:
         self.retired: list[_Retired] = []
         self.kept: list[mmap.mmap] = []  # unregistering failed: never unmapped
         self.released = 0
-        self.refused: dict[int, int] = {}  # id(runtime) -> ``released`` at its refusal
+        # runtime -> ``released`` at its refusal; weak: a dead runtime's entry goes with it (by
+        # id, a new runtime at a dead one's address was taken for it and never asked)
+        self.refused: weakref.WeakKeyDictionary[Runtime, int] = weakref.WeakKeyDictionary()
 
     def add(self, block: _Block) -> None:
         with self.lock:
@@ -144,11 +146,11 @@ class _Registry:
     def refuses(self, runtime: Runtime) -> bool:
         """Whether ``runtime`` refused a registration and nothing was released since."""
         with self.lock:
-            return self.refused.get(id(runtime)) == self.released
+            return self.refused.get(runtime) == self.released
 
     def refusal(self, runtime: Runtime) -> None:
         with self.lock:
-            self.refused[id(runtime)] = self.released
+            self.refused[runtime] = self.released
 
 
 REGISTRY = _Registry()

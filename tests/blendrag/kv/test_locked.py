@@ -171,6 +171,11 @@ def test_a_refused_registration_gives_none_and_registers_nothing():
     live = list(locked.REGISTRY.starts)
     assert locked.locked_empty((16, 16), torch.float16, refusing) is None
     assert refusing.registered == {} and locked.REGISTRY.starts == live
+    assert locked.REGISTRY.refuses(refusing)
+    del refusing
+    gc.collect()
+    # the refusal went with its runtime: a new one, even at the same address, is asked
+    assert len(locked.REGISTRY.refused) == 0
 
 
 def test_nothing_to_lock_or_no_runtime_gives_none(rt, monkeypatch):
