@@ -115,9 +115,12 @@ class Rotation:
         out = f.clone()
         o1, o2 = f[..., :h], f[..., h:r]
         c1, c2, s1, s2 = (t.float() for t in (self.c1, self.c2, self.s1, self.s2))
-        # o1 = x1*c - x2*s, o2 = x2*c + x1*s (c1 == c2, s1 == s2: HF repeats the frequencies)
-        out[..., :h] = o1 * c1 + o2 * s2
-        out[..., h:r] = o2 * c2 - o1 * s1
+        # o1 = x1*c - x2*s, o2 = x2*c + x1*s (c1 == c2, s1 == s2: HF repeats the frequencies);
+        # c^2 + s^2 is 1 only for plain RoPE: yarn and longrope scale cos and sin by an
+        # attention factor, which the inverse divides out twice
+        norm = c1 * c1 + s1 * s1  # [A, R/2]
+        out[..., :h] = (o1 * c1 + o2 * s2) / norm
+        out[..., h:r] = (o2 * c2 - o1 * s1) / norm
         return out.to(x.dtype)
 
     def rotate_in_place(self, x: torch.Tensor) -> None:

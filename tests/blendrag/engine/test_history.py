@@ -56,6 +56,41 @@ def test_unrotate_inverts_rope_at_any_position(chat_engine):
     assert torch.allclose(again, rope.layer(0).at(slice(7, 47)).rotate(x), atol=1e-5)
 
 
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 256}
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
+            "short_factor": [1.0] * 6, "long_factor": [4.0] * 6, "factor": 16.0}
+
+
+@pytest.mark.parametrize(("family", "config"), [
+    ("llama", {"rope": YARN}),
+    ("phi3", {"rope": LONGROPE, "partial_rotary_factor": 0.75, "positions": 4096}),
+], ids=["yarn", "longrope"])
+def test_history_rows_are_exact_under_ropes_that_scale_cos_and_sin(model_dir, family, config):
+    """yarn and longrope multiply cos and sin by an attention factor (cos^2 + sin^2 is its
+    square, not 1): un-rotation divides it out, so a later turn that takes an exact earlier
+    turn's rows at their own positions equals a full prefill."""
+    from blendrag.engine.caches.context import NO_CONTEXT
+    from helpers.tiny import COMPUTED_FIRST
+
+    path = model_dir(family, **config)
+    engine = BlendEngine.from_pretrained(path, device="cpu", chat=False, context=NO_CONTEXT,
+                                         loading=COMPUTED_FIRST, history_bytes=64 * MIB)
+    plain = BlendEngine.from_pretrained(path, device="cpu", chat=False)
+    table = engine.runner.rope(64).layer(0)
+    x = torch.randn(2, 64, engine.adapter.head_dim)
+    assert torch.allclose(table.at(slice(0, 64)).unrotate(table.at(torch.arange(64)).rotate(x)),
+                          x, atol=1e-5)
+    g = torch.Generator().manual_seed(5)
+    prefix, chunk, said, question = (torch.randint(4, 400, (n,), generator=g).tolist()
+                                     for n in (6, 30, 24, 6))
+    engine.prefill(PromptLayout(prefix, [chunk], said), FULL)  # keeps the rows of ``said``
+    later = PromptLayout(prefix, [chunk], [*said, *question])
+    reused = engine.prefill(later, BlendConfig(mode="reuse"))
+    assert reused.stats.cache.history_tokens == len(said)
+    assert (reused.logits - plain.prefill(later, FULL).logits).abs().max() < 1e-4
+
+
 def test_a_kept_segment_is_found_by_its_ids_and_the_newest_of_a_chat_replaces_the_older(
         chat_engine):
     engine = chat_engine()
