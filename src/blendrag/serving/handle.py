@@ -24,7 +24,9 @@ _DONE = object()
 class ServedRequest:
     """One request's side of the scheduler. Iterate it (or ``async for``) for its text deltas;
     ``result`` is the ``GenerationResult`` once they are all out (``wait``/``wait_async``
-    block until then); an error the request met is raised where its deltas are read."""
+    block until then); an error the request met is raised where its deltas are read. An
+    iterator closed or dropped before the request is done (a ``break``, a client gone) cancels
+    it: keep the iterator to read on, or ``wait`` for the rest."""
 
     def __init__(self) -> None:
         self.result: GenerationResult | None = None

@@ -96,3 +96,28 @@ def test_rows_placed_ahead_of_an_early_pass_are_not_dropped():
         second.length = 80  # the main pass
         second.drop_earlier_rows()
         assert second.k[:, :, 46:80].eq(7.0).all() and _rows_past(second.base[0], 80) == 0
+
+
+def test_no_pass_reads_the_rows_an_earlier_request_left(engine_for):
+    """Rows past the prompt that an earlier request left (here inf, as an fp16 overflow leaves)
+    are zeroed before the first pass: the fixed-shape pass attends over its whole row bucket,
+    where a masked inf key or value is still NaN."""
+    from blendrag import ComputeConfig, PromptLayout
+
+    g = torch.Generator().manual_seed(17)
+    layout = PromptLayout(*(torch.randint(4, 400, (n,), generator=g).tolist() for n in (6,)),
+                          [torch.randint(4, 400, (n,), generator=g).tolist() for n in (30, 25)],
+                          torch.randint(4, 400, (6,), generator=g).tolist())
+    n, reuse = layout.num_tokens, BlendConfig(mode="reuse")
+    for passes in ("graph", "eager"):
+        engine = engine_for("llama", compute=ComputeConfig(passes=passes))
+        clean = engine.prefill(layout, reuse, 40).logits
+        dirty = engine.prefill(layout, reuse, 40)
+        k, v = dirty.fused.base
+        k[:, :, n:], v[:, :, n:] = float("inf"), float("inf")
+        del dirty, k, v
+        again = engine.prefill(layout, reuse, 40)
+        assert torch.equal(again.logits, clean), passes
+        # past the prompt: zeros, but for the fixed-shape pass's padding row (its own, finite)
+        assert _rows_past(again.fused.k, n) <= 1 and _rows_past(again.fused.v, n) <= 1
+        assert torch.isfinite(again.fused.k).all() and torch.isfinite(again.fused.v).all()

@@ -92,7 +92,8 @@ def test_a_served_prefill_in_pieces_decodes_the_others_between_them(engine_for):
 
     scheduler._between = watched  # noqa: SLF001
     first = scheduler.submit(engine, short, BlendConfig(mode="full"), gen)
-    next(iter(first))  # decoding now
+    reading = iter(first)  # kept: an iterator dropped before the end cancels its request
+    next(reading)  # decoding now
     second = scheduler.submit(engine, long, BlendConfig(mode="full"), gen)
     assert [first.wait(60).token_ids, second.wait(60).token_ids] == want
     # the long prompt's ~10 pieces: the first request decoded a token between two of them

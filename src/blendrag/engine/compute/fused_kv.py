@@ -47,9 +47,10 @@ class FusedKV:
     0 x NaN).
 
     A pooled buffer lent again still holds the last request's rows, perhaps another tenant's:
-    once this request's main pass is done (``drop_earlier_rows``) the rows past its length up to
-    the end of what earlier requests wrote are zeroed, so what the caller gets back (``k``,
-    ``v``, ``base``) holds no row of another request."""
+    before this request's first pass (``drop_earlier_rows``) the rows past its prompt up to the
+    end of what earlier requests wrote are zeroed, so that no pass reads them (a masked row
+    that an earlier request filled with inf, an fp16 overflow, would still be NaN) and what the
+    caller gets back (``k``, ``v``, ``base``) holds no row of another request."""
 
     def __init__(self, layers: int, kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device) -> None:
@@ -86,25 +87,23 @@ class FusedKV:
     def length(self, n: int) -> None:
         self._length = n
 
-    def drop_earlier_rows(self) -> None:
-        """Zero the rows from ``length`` to the end of what earlier requests wrote into the
-        pooled buffer (once). Called when the request's main pass is done, every row before
-        ``length`` its own and no reader placing rows any more: not when ``length`` is first
-        set, which a pass before the main one (the bridge after prefix-cache rows, the preview
-        pass) does while the layer feed may be placing later rows ahead."""
+    def drop_earlier_rows(self, start: int | None = None) -> None:
+        """Zero the rows from ``start`` (default ``length``) to the end of what earlier
+        requests wrote into the pooled buffer (once). A request calls it with its prompt's
+        length before its first pass: the layer feed places rows before that, never past it."""
         written = self._written
         if written is None:
             return
         self._written = None
         k, v = self.base  # [layers, kv_heads, rows, head_dim]
-        n = self._length
+        n = self._length if start is None else start
         if written.rows > n:
             k[:, :, n:written.rows] = 0
             v[:, :, n:written.rows] = 0
         written.rows = self.capacity  # what this request may write from now on (decoding)
 
     def track(self, written: Extent) -> None:
-        """Zero, once the main pass is done, the rows earlier requests wrote up to
+        """Zero, before the request's first pass, the rows earlier requests wrote up to
         ``written.rows`` in the storage this request KV is lent (a pooled buffer, a slab's
         slot: ``drop_earlier_rows``)."""
         self._written = written

@@ -27,8 +27,8 @@ its keys and values are written to the request KV's last row, past the whole pro
 bridge's pass ends inside it), where no real token looks: a real token at p sees keys <= p.
 A padded token's own attention, MLP and hidden state are computed and dropped; they are finite
 (its id is 0, a real token), so no NaN reaches a masked key. The rows past the prompt are the
-request's own (``FusedKV``'s capacity), zeroed as before once the pass is done if an earlier
-request wrote there (``FusedKV.drop_earlier_rows``); the decoding step masks them. A real
+request's own (``FusedKV``'s capacity), zeroed before its first pass if an earlier request
+wrote there (``FusedKV.drop_earlier_rows``); the decoding step masks them. A real
 token runs the arithmetic of the layer loop, with its projections as rows of a larger matmul
 (the tests bound the logits' difference).
 

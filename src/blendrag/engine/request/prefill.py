@@ -225,6 +225,7 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
     clock.lap("fetch")
     t_run = time.perf_counter()
     fused, rope = runner.buffer(req.capacity), runner.rope(req.layout.num_tokens)
+    fused.drop_earlier_rows(req.layout.num_tokens)  # no pass reads an earlier request's rows
     # a timed request places the rows on the loop's thread, where its clock sees them
     feed = runner.feed(opened.rows.segments, fused, rope,
                        parts.controller.config.prefetch_layers, place_ahead=clock is OFF)
@@ -239,7 +240,6 @@ def _run(parts: Parts, req: Request, opened: Opened, t_open: float) -> Steps[Pre
         main = CachedPass(plan, fused, rope, (counts, *_watchers(req)), clock, req.pieces)
         out = yield from stop_at(main, stats)  # 3. run: alone, or packed with others
         stats.compute.packed_requests = main.packed
-        fused.drop_earlier_rows()  # the feed is done: every row up to the length is ours
         logits = runner.logits(out.hidden)  # 4. logits
         clock.lap("logits")
         _sync(runner.device)
