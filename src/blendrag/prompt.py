@@ -12,10 +12,18 @@ suffix, so a chunk's tokens are the same whatever surrounds it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+log = logging.getLogger(__name__)
+
 _SENTINEL = "\u2063BLENDRAG_USER_CONTENT\u2063"
+TEMPLATE_DATE = "26 Jul 2024"
+"""The ``date_string`` chat templates are rendered with: Llama 3.x's templates print today's
+date (``strftime_now``) unless given one, and the template's head is part of every stored
+chunk's key (the ids a chunk is computed after), which must not change at midnight. (Their own
+fallback date.) A model that must know the date is told in the system message."""
 
 
 @dataclass(frozen=True, init=False)
@@ -98,15 +106,27 @@ class PromptBuilder:
         self._head, self._tail = self._template_parts() if self.chat else ("", "")
 
     def _template_parts(self) -> tuple[str, str]:
+        template = str(getattr(self.tokenizer, "chat_template", "") or "")
+        if "strftime_now" in template and "date_string" not in template:
+            log.warning("this chat template prints today's date (strftime_now) and takes no "
+                        "date_string: the chunk KVs stored today (keyed by the ids they follow, "
+                        "the template's head among them) will miss from tomorrow; give the "
+                        "tokenizer a template without the date")
         messages = [{"role": "user", "content": _SENTINEL}]
         if self.system is not None:
             messages.insert(0, {"role": "system", "content": self.system})
-        rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=True)
+        rendered = self.render_chat(messages)
         if rendered.count(_SENTINEL) != 1:
             raise ValueError("the chat template does not render the user content exactly once")
         head, tail = rendered.split(_SENTINEL)
         return head, tail
+
+    def render_chat(self, turns: list[dict[str, str]]) -> str:
+        """``turns`` (``{"role", "content"}``) through the chat template, the assistant header
+        last, a date it prints being ``TEMPLATE_DATE``."""
+        return self.tokenizer.apply_chat_template(turns, tokenize=False,
+                                                  add_generation_prompt=True,
+                                                  date_string=TEMPLATE_DATE)
 
     def encode(self, text: str, first: bool = False) -> list[int]:
         """Ids of one piece. ``first``: the piece that starts the prompt, which gets the

@@ -82,3 +82,40 @@ def test_chat_requested_without_template_raises(tokenizer_dir):
     tok.chat_template = None
     with pytest.raises(ValueError, match="no chat_template"):
         PromptBuilder(tok, chat=True)
+
+
+# Llama 3.2's way: today's date unless the caller gives date_string
+DATED = ("{{ bos_token }}{%- if not date_string is defined %}{%- set date_string = "
+         "strftime_now('%d %b %Y') %}{%- endif %}<|system|>Today Date: {{ date_string }}\n"
+         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_a_template_that_prints_the_date_renders_the_same_every_day(tokenizer_dir, monkeypatch,
+                                                                   caplog):
+    """The template's head is part of every stored chunk's key: rendered with a fixed
+    ``date_string``, a chunk stored today is found tomorrow; a template that prints the date
+    and takes no date_string is warned about."""
+    import datetime
+
+    import transformers.utils.chat_template_utils as templates
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok.chat_template = DATED
+    heads = []
+    for day in (datetime.datetime(2025, 3, 1, 23), datetime.datetime(2025, 3, 2, 0, 5)):
+        class Today(datetime.datetime):
+            @classmethod
+            def now(cls, tz=None, day=day):
+                return day
+
+        monkeypatch.setattr(templates, "datetime", Today)
+        builder = PromptBuilder(tok, chat=True, chunk_prefix="")
+        heads.append(builder.chunk_prefix_ids())
+        assert "Today Date: 26 Jul 2024" in builder.render_chat([{"role": "user", "content": "q"}])
+    assert heads[0] == heads[1]
+    tok.chat_template = DATED.replace("date_string", "today")  # prints it, takes no date_string
+    with caplog.at_level("WARNING", logger="blendrag.prompt"):
+        PromptBuilder(tok, chat=True)
+    assert any("prints today's date" in r.getMessage() for r in caplog.records)

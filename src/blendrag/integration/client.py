@@ -269,12 +269,10 @@ class BlendClient:
         """A conversation (``{"role", "content"}`` turns) as the model reads it: the tokenizer's
         chat template with the assistant header last, the engine's ``system`` message first
         when the turns have none."""
-        engine = self.engine
         system = self.prompts.system
         if system is not None and not any(t["role"] == "system" for t in turns):
             turns = [{"role": "system", "content": system}, *turns]
-        return engine.tokenizer.apply_chat_template(turns, tokenize=False,
-                                                    add_generation_prompt=True)
+        return self.prompts.render_chat(turns)
 
 
 def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
