@@ -4,7 +4,7 @@ the tokenizer's chat template and hands the text to the same path."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -50,6 +50,12 @@ class ChatBlend(BlendParams, BaseChatModel):
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         return self._ls_params("chat", stop, kwargs)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage],
+                                     tools: Sequence[Any] | None = None) -> int:
+        """The tokens of the conversation as the model reads it (:meth:`render`, the chat
+        template's own tokens included); ``tools`` are not rendered and not counted."""
+        return len(self.get_token_ids(self.render(messages)))
 
     def render(self, messages: list[BaseMessage]) -> str:
         """The conversation as the model reads it (chat template, assistant header last)."""

@@ -141,6 +141,14 @@ class BlendParams(ClientViews, BlendSettings):
         copy._new_client()
         return copy
 
+    def get_token_ids(self, text: str) -> list[int]:
+        """``text``'s ids in the engine's own tokenizer: what LangChain counts tokens with
+        (map_reduce chains, ``trim_messages``, token-buffer memories), where its default loads
+        GPT-2's tokenizer from the hub."""
+        if self.engine.prompts is None:
+            raise ValueError("this engine has no tokenizer to count tokens with")
+        return self.engine.prompts.encode(text)
+
     def _params(self) -> dict[str, Any]:
         return {"model": self.engine.name, **self.settings(),
                 "document_prompt": self.document_prompt}

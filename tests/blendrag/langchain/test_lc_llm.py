@@ -288,3 +288,24 @@ def test_async_requests_leave_the_event_loop_free_and_run_concurrently(llm):
 
     answers, ticks = asyncio.run(run())
     assert answers == expected * 2 and ticks > 5
+
+
+def test_tokens_are_counted_with_the_engines_tokenizer(llm, engine, monkeypatch):
+    """LangChain counts tokens (map_reduce, trim_messages, token-buffer memories) with
+    ``get_token_ids``, whose default loads GPT-2's tokenizer from the hub: offline, minutes of
+    retries and a count of 0. The engine's own tokenizer counts them, the chat's as rendered."""
+    import langchain_core.language_models.base as lc_base
+
+    from blendrag.langchain import ChatBlend
+
+    def no_hub(*_a, **_kw):
+        raise AssertionError("GPT-2's tokenizer was asked for")
+
+    monkeypatch.setattr(lc_base, "get_tokenizer", no_hub)
+    text = PASSAGES[0]
+    assert llm.get_token_ids(text) == engine.prompts.encode(text)
+    assert llm.get_num_tokens(text) == len(engine.prompts.encode(text))
+    chat = ChatBlend(engine=engine)
+    messages = [SystemMessage("Answer briefly."), HumanMessage(QUESTION)]
+    assert chat.get_num_tokens_from_messages(messages) == len(
+        engine.prompts.encode(chat.render(messages)))
