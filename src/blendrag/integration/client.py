@@ -20,7 +20,6 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
@@ -30,18 +29,17 @@ from blendrag.engine import BlendEngine, GenerationResult, GenerationStream, Req
 from blendrag.engine.request.prefill import Prefill
 from blendrag.ingest import IngestCounts, Ingestion
 from blendrag.integration.chunks import ChunkFormat
+from blendrag.integration.default_index import default_text_index, namespaced_index
 from blendrag.integration.fallback import FallbackFixes, FallbackMonitor, IngestionMonitor
 from blendrag.integration.flat_prompt import FlatLayout, find_layout
 from blendrag.integration.ingestion_key import (
-    TEXT_INDEX_DIR,
     KVIdentity,
     engine_persistence,
     require_chunk_prefix,
 )
-from blendrag.integration.text_index import ChunkTextIndex, index_for_store
+from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.prompt import PromptBuilder
 from blendrag.serving import ServedRequest, scheduler_for
-from blendrag.store.config import StoreConfig
 
 PROGRESS_MIN = 32
 """Batches of at least this many chunks get a progress bar unless told otherwise."""
@@ -273,39 +271,6 @@ class BlendClient:
         if system is not None and not any(t["role"] == "system" for t in turns):
             turns = [{"role": "system", "content": system}, *turns]
         return self.prompts.render_chat(turns)
-
-
-def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
-    """The text index a framework LLM uses unless given one: persisted with the KV store when it
-    has a disk tier (``<disk_dir>/text_index``, ``text_index.<ns_id>`` for a namespace other
-    than the default: a new process that opens the store finds the chunk texts too), else in
-    memory."""
-    folder = engine.store.disk_dir
-    if folder is None:
-        return ChunkTextIndex()
-    ns_id = engine.store.namespace_id
-    return _persisted(folder / (f"{TEXT_INDEX_DIR}.{ns_id}" if ns_id else TEXT_INDEX_DIR),
-                      engine, ns_id)
-
-
-def namespaced_index(index: ChunkTextIndex, engine: BlendEngine,
-                     namespace: str) -> ChunkTextIndex:
-    """The text index ``namespace`` records its chunk texts in, beside ``index`` (the one of
-    ``engine``'s namespace): a folder of its own next to a persisted one (named by the
-    namespace id, never the tenant's name), else a new one in memory."""
-    ns_id = engine.store.namespaced(namespace).namespace_id
-    if index.path is None:
-        return ChunkTextIndex()
-    return _persisted(index.path.with_name(f"{index.path.name}.{ns_id}"), engine, ns_id)
-
-
-def _persisted(folder: Path, engine: BlendEngine, ns_id: str) -> ChunkTextIndex:
-    """A text index in ``folder`` under the store's keys (rows signed, texts encrypted when the
-    store encrypts), bound to the namespace id ``ns_id``."""
-    config = getattr(engine.store, "config", None)  # a TieredKVStore's StoreConfig
-    if not isinstance(config, StoreConfig):  # a store with no keys to sign with (RAM)
-        return ChunkTextIndex(folder, namespace=ns_id)
-    return index_for_store(folder, config, ns_id)
 
 
 class ClientViews:

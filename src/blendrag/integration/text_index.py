@@ -68,7 +68,7 @@ class ChunkTextIndex:
     (one planted in the file is never used), their digests keyed, and with ``encrypt`` their
     texts encrypted at rest; ``namespace``: the store namespace id the rows are bound to (a row
     copied from another tenant's index does not verify). The KV store's ``StoreConfig`` gives
-    all three: ``integration.client.default_text_index`` passes them.
+    all three: ``integration.default_index.default_text_index`` passes them.
     """
 
     def __init__(self, path: str | Path | None = None, min_chars: int = 16,

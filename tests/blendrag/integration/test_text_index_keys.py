@@ -13,7 +13,7 @@ import pytest
 
 from blendrag import EngineSpec
 from blendrag.engine.caches.context import NO_CONTEXT
-from blendrag.integration.client import default_text_index
+from blendrag.integration.default_index import default_text_index
 from blendrag.integration.text_index import ChunkTextIndex
 from blendrag.store import StoreConfig
 from blendrag.store.auth import StoreKeys

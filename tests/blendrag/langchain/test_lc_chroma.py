@@ -262,7 +262,9 @@ def test_reopened_collection_records_its_texts_and_the_stock_chain_blends(
     chain.invoke({"input": "Who created Python?"})
     assert fresh.last_prompt.source == "index" and fresh.last_prompt.matched == 3
     assert fresh.fallbacks == 0 and fresh.last_stats.mode == "blend"
+    another = BlendEngine(engine.model, engine.tokenizer, store=engine.store, chat=True,
+                          chunk_prefix="", context=NO_CONTEXT)  # its own index: empty
     opened = BlendChroma(client=chroma_client, collection_name=collection_name,
-                         embedding_function=embedder, llm=BlendLLM(engine=engine),
+                         embedding_function=embedder, llm=BlendLLM(engine=another),
                          record_existing=False)
     assert len(opened.llm.text_index) == 0

@@ -309,3 +309,20 @@ def test_tokens_are_counted_with_the_engines_tokenizer(llm, engine, monkeypatch)
     messages = [SystemMessage("Answer briefly."), HumanMessage(QUESTION)]
     assert chat.get_num_tokens_from_messages(messages) == len(
         engine.prompts.encode(chat.render(messages)))
+
+
+def test_llms_over_one_engine_share_its_text_index(llm, engine):
+    """Chunks ingested through one LLM (the vector store's) are found in the flat prompts of
+    another over the same engine (the chain's ChatBlend, a second BlendLLM): one in-memory
+    index per engine and namespace, as a persisted one is per store folder."""
+    from blendrag.langchain import BlendLLM, ChatBlend
+
+    llm.client.ingest(PASSAGES[:3])
+    other = BlendLLM(engine=engine, max_tokens=2)
+    other.invoke(PROMPT)
+    assert other.last_prompt.source == "index" and other.last_prompt.matched == 3
+    assert other.fallbacks == 0
+    chat = ChatBlend(engine=engine, max_tokens=2)
+    assert chat.text_index is llm.text_index
+    tenant = BlendLLM(engine=engine, namespace="acme")  # another namespace: its own
+    assert tenant.text_index is not llm.text_index
