@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_prompt(p)
     p.add_argument("--text-index", type=Path, metavar="DIR",
                    help="also record the texts in this ChunkTextIndex directory, for flat "
-                        "prompts to find them (default: none)")
+                        "prompts to find them (default: with --chunk-prefix, the store's own "
+                        "<store-dir>/text_index, where the framework LLMs look; else none)")
     p.add_argument("--batch-size", type=int, default=32,
                    help="texts looked up in the store at once (default: 32)")
     add_profile_neighbours_option(
@@ -171,13 +172,25 @@ def _run(args: argparse.Namespace, source, config):
     with TieredKVStore(config) as store:
         engine = engine_spec(args, chat=args.chat, system=args.system,
                              chunk_prefix=args.chunk_prefix).build(store)
-        index = index_for_store(args.text_index, config) if args.text_index else None
+        index = (index_for_store(args.text_index, config) if args.text_index
+                 else _framework_index(args, engine))
         summary = ingest_source(engine, source, prefix=args.prefix,
                                 progress=not args.no_progress, text_index=index,
                                 batch_size=args.batch_size, profile=args.profile_neighbours)
         if args.calibrate and summary.nothing is None:
             _calibrate(args, engine, list(source))
         return summary
+
+
+def _framework_index(args: argparse.Namespace, engine):
+    """Without --text-index: chunks for the framework LLMs (--chunk-prefix) have their texts
+    recorded where those LLMs look over this store (``default_text_index``: the disk tier's
+    folder, per namespace); None without a disk tier or for the engine's own prompts."""
+    from blendrag.integration.default_index import default_text_index
+
+    if args.chunk_prefix is None or engine.store.disk_dir is None:
+        return None
+    return default_text_index(engine)
 
 
 def _calibrate(args: argparse.Namespace, engine, texts: list[str]) -> None:

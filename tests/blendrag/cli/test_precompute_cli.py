@@ -239,3 +239,25 @@ def test_a_keyed_precompute_signs_the_text_index_it_records(model_dir, tmp_path,
     assert len(signed) == len(PASSAGES)  # every row verifies under the store's keys
     other = ChunkTextIndex(tmp_path / "index", keys=keys, namespace="another-tenant-id")
     assert len(other) == 0  # bound to acme's namespace id
+
+
+def test_cli_for_the_frameworks_records_texts_where_their_llms_look(model_dir, tmp_path,
+                                                                     capsys):
+    """``--chunk-prefix`` (chunks for the framework LLMs) without ``--text-index``: the texts
+    go to the store's own text index, so an LLM opened over the store finds them in a flat
+    prompt and blends, where it ran a full prefill and said to ingest through BlendKVTransform."""
+    from blendrag.llamaindex import BlendLLM
+
+    f = tmp_path / "chunks.jsonl"
+    f.write_text("".join(json.dumps({"text": t}) + "\n" for t in PASSAGES))
+    argv = ["precompute", "--model", str(model_dir("llama")), "--device", "cpu", "--store-dir",
+            str(tmp_path / "kv"), "--no-chat", "--chunk-prefix", "", "--no-progress", "--json",
+            "--jsonl", str(f)]
+    assert main(argv) == 0 and _summary(capsys)["computed"] == len(PASSAGES)
+    store = TieredKVStore(exact_config(ram_bytes=1 << 20, disk_dir=tmp_path / "kv"))
+    llm = BlendLLM.from_pretrained(str(model_dir("llama")), store=store, chat=False,
+                                   chunk_prefix="", max_tokens=2)
+    assert len(llm.text_index) == len(PASSAGES)
+    response = llm.complete("Context:\n" + "\n\n".join(PASSAGES[:3]) + "\nQuery: who?\nAnswer:")
+    assert response.raw["blended"] and response.raw["prompt"]["source"] == "index"
+    store.close()
