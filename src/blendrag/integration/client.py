@@ -70,8 +70,10 @@ class BlendRequest:
 
     @property
     def blended(self) -> bool:
-        """Whether cached chunk KVs were used (False: a plain full prefill)."""
-        return self.result.stats.mode != "full" and self.prompt.matched > 0
+        """Whether the chunks' cached KVs were used (``reuse`` or ``blend``); False for a full
+        prefill and for ``prefix`` mode, which takes the prompt's own prefix and first chunk
+        instead (the stats count its rows)."""
+        return self.result.stats.mode in ("reuse", "blend") and self.prompt.matched > 0
 
     def info(self) -> dict[str, Any]:
         """What the request did: finish reason, whether it blended, ``RequestStats`` (mode,
@@ -255,12 +257,15 @@ class BlendClient:
 
     def finish(self, request: BlendRequest) -> dict[str, Any]:
         """Record a finished request as the last one; its info (finish reason, stats, layout)."""
-        cache = request.result.stats.cache
-        request.prompt = request.prompt.after(cache.hit_chunks, cache.prefix_cache_tokens)
-        backfilled = request.result.stats.cache.backfilled > 0  # ran full: passages in no store
-        if request.blended or (backfilled and request.prompt.matched > 0):
+        stats = request.result.stats
+        request.prompt = request.prompt.after(stats.cache.hit_chunks,
+                                              stats.cache.prefix_cache_tokens)
+        backfilled = stats.cache.backfilled > 0  # ran full: passages in no store
+        # prefix mode computes its chunk after the prompt's own prefix: ingestion stores none
+        asked = stats.controller.mode.asked if stats.controller.mode is not None else stats.mode
+        if asked != "prefix" and (request.blended or (backfilled and request.prompt.matched > 0)):
             self._ingestion.check(request.prompt, self.name, self.fixes, backfilled)
-        self.last_stats, self.last_prompt = request.result.stats, request.prompt
+        self.last_stats, self.last_prompt = stats, request.prompt
         return request.info()
 
     def render_chat(self, turns: list[dict[str, str]]) -> str:

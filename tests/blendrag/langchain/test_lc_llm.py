@@ -326,3 +326,15 @@ def test_llms_over_one_engine_share_its_text_index(llm, engine):
     assert chat.text_index is llm.text_index
     tenant = BlendLLM(engine=engine, namespace="acme")  # another namespace: its own
     assert tenant.text_index is not llm.text_index
+
+
+def test_prefix_mode_is_not_reported_as_blended_nor_warned_about(llm, caplog):
+    """Prefix mode takes the prompt's own prefix and first chunk, never the ingested chunks:
+    not 'blended', and no warning to ingest what it would not use."""
+    llm.client.ingest(PASSAGES[:3])
+    with caplog.at_level(logging.WARNING, logger="blendrag"):
+        info = llm.generate([PROMPT], mode="prefix").generations[0][0].generation_info
+    assert info["blended"] is False and info["blendrag"]["mode"] == "prefix"
+    assert not any("had a stored KV" in r.getMessage() for r in caplog.records)
+    info = llm.generate([PROMPT], mode="reuse").generations[0][0].generation_info
+    assert info["blended"] is True
