@@ -16,7 +16,11 @@ NORMALIZE = True
 def load_local_sentence_transformer(model_dir: str | Path, device: str | None = "cpu"):
     """``SentenceTransformer`` from local files only; a path that is not a directory (a hub id
     would be fetched from the network) raises FileNotFoundError."""
-    from sentence_transformers import SentenceTransformer
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:
+        raise ImportError("the local embedder needs sentence-transformers: "
+                          "pip install blendrag[chroma]") from exc
 
     from blendrag.model.loader import quiet_loading
 

@@ -33,6 +33,10 @@ def create_blend_retrieval_chain(
     chain does; the Documents themselves also go to ``llm`` (``documents=``), so the chunks are
     located without the text index. ``llm`` is a :class:`BlendLLM` or :class:`ChatBlend`.
     """
+    if not isinstance(llm, (BlendLLM, ChatBlend)):
+        raise TypeError(f"llm must be blendrag's LangChain BlendLLM or ChatBlend, got "
+                        f"{type(llm).__module__}.{type(llm).__name__} (a plain LLM: "
+                        f"langchain's create_retrieval_chain)")
     if document_variable_name not in prompt.input_variables:
         raise ValueError(f"prompt must have a {document_variable_name!r} variable, has "
                          f"{prompt.input_variables}")

@@ -55,6 +55,10 @@ class BlendChroma(Chroma):
                  separators: Sequence[str] = (DEFAULT_SEPARATOR,),
                  show_progress: bool | None = None, profile: bool | int = False,
                  record_existing: bool = True, **kwargs: Any) -> None:
+        if not isinstance(llm, BlendParams):
+            raise TypeError(f"BlendChroma(llm=...) takes blendrag's LangChain BlendLLM or "
+                            f"ChatBlend (blendrag.langchain), got {type(llm).__module__}."
+                            f"{type(llm).__name__}")
         llm.client.require_chunk_prefix()
         super().__init__(*args, **kwargs)
         self.llm = llm
@@ -82,8 +86,9 @@ class BlendChroma(Chroma):
                   ids: list[str] | None = None, **kwargs: Any) -> list[str]:
         """Add texts (Chroma) and precompute their KVs; returns the ids."""
         texts = list(texts)
+        chunks = self._chunks(texts, metadatas)  # first: a text the prompt cannot hold adds none
         added = super().add_texts(texts, metadatas=metadatas, ids=ids, **kwargs)
-        self._ingest(texts, metadatas)
+        self._ingest_chunks(chunks)
         return added
 
     def update_documents(self, ids: list[str], documents: list[Document]) -> None:
@@ -116,9 +121,16 @@ class BlendChroma(Chroma):
         return new
 
     def _ingest(self, texts: list[str], metadatas: list[dict] | None) -> IngestCounts:
+        return self._ingest_chunks(self._chunks(texts, metadatas))
+
+    def _chunks(self, texts: list[str], metadatas: list[dict] | None) -> list[str]:
+        """The texts as the LLM's document prompt writes them into prompts (LangChain's
+        ValueError names a variable a document's metadata lacks)."""
         metas = list(metadatas or []) + [{}] * (len(texts) - len(metadatas or []))
         docs = [Document(page_content=t, metadata=m or {}) for t, m in zip(texts, metas)]
-        chunks = format_documents(docs, self.llm.document_prompt)
+        return format_documents(docs, self.llm.document_prompt)
+
+    def _ingest_chunks(self, chunks: list[str]) -> IngestCounts:
         counts = self.llm.client.ingest(chunks, profile=self.profile, separators=self.separators,
                                         progress=self.show_progress,
                                         progress_min=self.PROGRESS_MIN)

@@ -75,6 +75,10 @@ class BlendKVTransform(TransformComponent):
         profile_depth(profile)  # refuse a bad value at construction
         if llm is not None and settings is not None:
             raise ValueError("BlendKVTransform takes an llm or settings, not both")
+        if llm is not None and not isinstance(llm, BlendLLM):
+            raise TypeError(f"BlendKVTransform takes blendrag's LlamaIndex BlendLLM "
+                            f"(blendrag.llamaindex), got {type(llm).__module__}."
+                            f"{type(llm).__name__}")
         if llm is not None:
             super().__init__(kv_identity=llm.client.kv_identity, profile=profile,
                              persistence=llm.client.persistence,

@@ -183,6 +183,9 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
             return node
         if isinstance(node, NodeWithScore):
             node = node.node
+        if not isinstance(node, BaseNode):
+            raise TypeError(f"nodes= takes LlamaIndex nodes (TextNode, NodeWithScore) or chunk "
+                            f"texts (str), got a {type(node).__name__}")
         return self._client.chunk_format.format(node.get_content(metadata_mode=MetadataMode.LLM))
 
     # ---- requests ----------------------------------------------------------------------------
@@ -194,6 +197,9 @@ class BlendLLM(ClientViews, BlendSettings, CustomLLM):
         the prompt already has the chat template."""
         warn_unknown(type(self).__name__, kwargs, {"nodes"})
         nodes = kwargs.get("nodes")
+        if nodes is not None and not isinstance(nodes, (list, tuple)):
+            raise TypeError(f"nodes= takes a list of the retrieved nodes (or chunk texts), got a "
+                            f"{type(nodes).__name__}")
         texts = [self.chunk_text(n) for n in nodes] if nodes is not None else None
         overrides, stop = overrides_from(kwargs)
         client = self._client.serving(namespace_from(kwargs, self.namespace))

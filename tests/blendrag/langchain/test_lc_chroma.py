@@ -268,3 +268,38 @@ def test_reopened_collection_records_its_texts_and_the_stock_chain_blends(
                          embedding_function=embedder, llm=BlendLLM(engine=another),
                          record_existing=False)
     assert len(opened.llm.text_index) == 0
+
+
+def test_a_wrong_kind_of_llm_is_refused_by_name_before_anything_is_stored(
+        engine, embedder, chroma_client, collection_name, documents, prompt):
+    """An engine, another framework's LLM or a plain LangChain LLM where blendrag's is needed:
+    a TypeError naming what was given, before Chroma holds a document."""
+    from langchain_core.language_models.fake import FakeListLLM
+
+    from blendrag.langchain import BlendChroma, create_blend_retrieval_chain
+    from blendrag.llamaindex import BlendLLM as LlamaIndexLLM
+
+    for wrong in (engine, LlamaIndexLLM(engine), FakeListLLM(responses=["x"])):
+        with pytest.raises(TypeError, match="BlendLLM or ChatBlend"):
+            BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                                       collection_name=collection_name, llm=wrong)
+    assert collection_name not in [c.name for c in chroma_client.list_collections()] or (
+        chroma_client.get_collection(collection_name).count() == 0)
+    with pytest.raises(TypeError, match="BlendLLM or ChatBlend"):
+        create_blend_retrieval_chain(lambda x: [], FakeListLLM(responses=["x"]), prompt)
+
+
+def test_a_document_the_document_prompt_cannot_format_adds_nothing(
+        engine, embedder, chroma_client, collection_name):
+    """The texts are formatted before Chroma stores the vectors: a document whose metadata
+    lacks a variable of the document prompt is refused, leaving no vector without its KV."""
+    from langchain_core.documents import Document
+
+    from blendrag.langchain import BlendChroma, BlendLLM
+
+    llm = BlendLLM(engine=engine, document_prompt="{source}: {page_content}")
+    store = BlendChroma(client=chroma_client, collection_name=collection_name,
+                        embedding_function=embedder, llm=llm)
+    with pytest.raises(ValueError, match="source"):
+        store.add_documents([Document(page_content="a passage", metadata={"title": "t"})])
+    assert store._collection.count() == 0

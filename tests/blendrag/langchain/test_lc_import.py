@@ -36,3 +36,11 @@ def test_missing_chroma_names_its_extra(monkeypatch):
     with pytest.raises(ImportError, match=r"pip install blendrag\[chroma\]"):
         module.BlendChroma  # noqa: B018  (the attribute access imports it)
 
+
+
+def test_missing_sentence_transformers_names_its_extra(monkeypatch, tmp_path):
+    from blendrag.integration.embedding import load_local_sentence_transformer
+
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    with pytest.raises(ImportError, match=r"pip install blendrag\[chroma\]"):
+        load_local_sentence_transformer(tmp_path)

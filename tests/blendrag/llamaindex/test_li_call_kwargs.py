@@ -36,3 +36,12 @@ def test_an_unknown_keyword_is_said(make_llm, caplog):
         llm.complete("Hello.", max_new_token=3)
     assert any("ignores unknown keyword arguments ['max_new_token']" in r.getMessage()
                for r in caplog.records)
+
+
+@pytest.mark.parametrize("nodes", ["a passage", 123, [123]], ids=["str", "int", "list-of-int"])
+def test_nodes_that_are_not_a_list_of_nodes_or_texts_are_refused_by_name(make_llm, nodes):
+    """A single string would be split into characters (every one a 'chunk'); anything that is
+    no node raised AttributeError deep inside."""
+    llm = make_llm()
+    with pytest.raises(TypeError, match="nodes= takes"):
+        llm.complete("Context: a passage\nQuestion: ?\nAnswer:", nodes=nodes)

@@ -177,3 +177,12 @@ def test_ingest_with_profile_measures_each_node_after_the_previous_non_empty_one
                            profile_after(two, node, nodes[i - 1], nodes[i - 2]))
     with pytest.raises(ValueError, match="profile must be"):
         ingest(make_llm(), nodes, profile=-1)
+
+
+def test_the_transform_refuses_a_langchain_llm_by_name(make_llm):
+    pytest.importorskip("langchain_core")
+    from blendrag.langchain import BlendLLM as LangChainLLM
+    from blendrag.llamaindex import BlendKVTransform
+
+    with pytest.raises(TypeError, match="LlamaIndex BlendLLM"):
+        BlendKVTransform(LangChainLLM(engine=make_llm().engine))
