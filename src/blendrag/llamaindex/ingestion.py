@@ -119,9 +119,14 @@ class BlendKVTransform(TransformComponent):
         is measured after the node before it; the first after the last) and record their
         texts; return the nodes as they are."""
         if not nodes:  # an index over no documents: say so now, not at every query
-            log.warning("BlendKVTransform got no nodes: nothing to ingest. An index built over "
-                        "no documents retrieves no passage, and every query runs as a plain "
-                        "full prefill; check that your reader loaded your documents")
+            log.warning("BlendKVTransform got no nodes: nothing to ingest. Either the reader "
+                        "loaded no document (an index over none retrieves no passage: every "
+                        "query is a plain full prefill), or an IngestionPipeline's docstore "
+                        "skipped documents an earlier run ingested: their KVs and texts are "
+                        "where that run kept them, which a new process finds only in a "
+                        "persistent store (a TieredKVStore with a disk tier keeps the text "
+                        "index beside the KVs); with the in-memory default, build the index "
+                        "again without the docstore")
             return nodes
         llm = self.llm
         texts = [llm.chunk_text(n) for n in nodes]

@@ -57,10 +57,12 @@ log = logging.getLogger(__name__)
 FIXES = FallbackFixes(
     empty_index="pass BlendKVTransform(llm) among the transformations that build the index, "
                 "after the splitter (VectorStoreIndex.from_documents(docs, transformations=[...]) "
-                "or an IngestionPipeline's), or run BlendKVTransform(llm)(nodes) on its nodes; "
-                "a prompt without retrieved passages is a full prefill by design "
-                "({llm}(..., mode='full') or complete(..., mode='full') says so and is not "
-                "warned about)",
+                "or an IngestionPipeline's), or run BlendKVTransform(llm)(nodes) on its nodes "
+                "(an IngestionPipeline whose docstore skipped documents an earlier process "
+                "ingested: keep the KVs and texts in a persistent store, a TieredKVStore with "
+                "a disk tier, which a new process finds); a prompt without retrieved "
+                "passages is a full prefill by design ({llm}(..., mode='full') or "
+                "complete(..., mode='full') says so and is not warned about)",
     not_in_prompt="a prompt without retrieved passages is a full prefill by design ({llm}(..., "
                   "mode='full') or complete(..., mode='full') says so and is not warned about); "
                   "if the prompt does hold retrieved nodes, the synthesizer writes them "

@@ -74,8 +74,10 @@ def test_an_index_over_no_documents_says_so_when_it_is_built(make_llm, embed, ca
                                         embed_model=embed)
     said = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(said) == 1
-    assert said[0].startswith("BlendKVTransform got no nodes: nothing to ingest. An index built "
-                              "over no documents retrieves no passage")
+    assert said[0].startswith("BlendKVTransform got no nodes: nothing to ingest. Either the "
+                              "reader loaded no document")
+    # the other way to get none: a pipeline's docstore skipping what an earlier run ingested
+    assert "docstore" in said[0] and "persistent store" in said[0]
 
 
 def test_a_prompt_without_passages_is_a_full_prefill_by_design(make_llm, nodes, caplog):
