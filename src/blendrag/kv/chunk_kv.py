@@ -101,11 +101,14 @@ class ChunkKV:
 
     def to(self, device: torch.device | str) -> ChunkKV:
         """K and V on ``device`` (the priors stay on the host, where selectors read them)."""
-        if self.keys.device == torch.device(device):
+        target = torch.device(device)
+        if self.keys.device == target:
             return self
-        out = replace(self, keys=self.keys.to(device, non_blocking=True),
-                      values=self.values.to(device, non_blocking=True))
-        note_copies([self.keys, self.values], torch.device(device))  # locked: kept till done
+        # asynchronous only to a GPU: a copy to the host returns with its rows there
+        ahead = target.type == "cuda"
+        out = replace(self, keys=self.keys.to(target, non_blocking=ahead),
+                      values=self.values.to(target, non_blocking=ahead))
+        note_copies([self.keys, self.values], target)  # locked: kept till done
         return out
 
     def with_profile(self, profile: torch.Tensor) -> ChunkKV:

@@ -134,7 +134,9 @@ class _Registry:
                 (done if all(e.query() for e in r.reads) else left).append(r)
             self.retired = left
         for r in done:
-            if r.runtime.unregister(r.ptr):
+            with CONTEXT_CALLS:
+                unregistered = r.runtime.unregister(r.ptr)
+            if unregistered:
                 r.mapping.close()
                 with self.lock:
                     self.released += 1
@@ -154,6 +156,10 @@ class _Registry:
 
 
 REGISTRY = _Registry()
+CONTEXT_CALLS = threading.Lock()
+"""Held around calls that act on the whole CUDA context (registering and unregistering host
+memory) and by CUDA graph captures (engine/compute/graphs.py): such a call on one thread while
+another captures may invalidate the capture, and a failed capture turns graphs off."""
 HUGE_MIN_BYTES = 4 << 20  # blocks at least this large are advised for huge pages
 
 
@@ -222,7 +228,9 @@ def locked_empty(shape: tuple[int, ...], dtype: torch.dtype,
     if mapping is None:
         return None
     ptr = ctypes.addressof(ctypes.c_char.from_buffer(mapping))  # (the export ends here)
-    if not rt.register(ptr, len(mapping)):
+    with CONTEXT_CALLS:
+        registered = rt.register(ptr, len(mapping))
+    if not registered:
         REGISTRY.refusal(rt)
         mapping.close()
         return None

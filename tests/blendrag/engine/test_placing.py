@@ -254,3 +254,40 @@ def test_layers_at_one_stride_in_a_larger_buffer_are_one_view_too():
     alias = k[2].view(torch.int32)[:, 2:6]  # the same bytes as another dtype
     mixed = joined([rows[1], alias])
     assert mixed.dtype == torch.float32 and mixed.data_ptr() != rows[1].data_ptr()
+
+
+class ReadThrough(LayeredEntryWrapper):
+    """An entry read layer by layer that is complete once every layer was read (a disk or
+    Redis entry)."""
+
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.read: set[int] = set()
+
+    def layer(self, i: int):
+        self.read.add(i)
+        return self.inner.layer(i)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.read) == self.num_layers
+
+
+def test_where_rows_lie_is_decided_before_the_reader_runs(engine_for):
+    """A captured pass takes a feed whose rows were all read when the request started
+    (``loaded``); the reader marks entries read as it goes, so a look after it ran would
+    depend on its timing (the same request a replay one time, the layer loop another)."""
+    engine = engine_for("llama", layers=4)
+    segments = [CachedSegment(s.start, ReadThrough(s.kv))
+                for s in segments_of(engine, LAYOUTS["gaps"], torch.float32)]
+    n = max(s.end for s in segments)
+    runner = engine.runner
+    fused, rope = runner.buffer(n), runner.rope(n)
+    feed = runner.feed(segments, fused, rope, depth=3)
+    assert feed.pipelined and not feed.loaded and not feed.resident
+    with torch.inference_mode():
+        for i in range(engine.adapter.num_layers):
+            feed.wait(i)
+    assert all(s.kv.complete for s in segments)  # every entry read through by now
+    assert not feed.loaded and not feed.resident  # as when it started
+    feed.close()

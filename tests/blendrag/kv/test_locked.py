@@ -252,3 +252,17 @@ def test_a_refused_registration_leaves_no_error_for_the_next_kernel():
     x = torch.ones(4, device="cuda") + 1  # torch checks the last error after each launch
     torch.cuda.current_stream().synchronize()
     assert x.sum().item() == 8.0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_chunk_sent_to_the_host_holds_its_rows_when_to_returns():
+    """A copy to the host is not asynchronous: the rows are there when ``to`` returns (with
+    non_blocking, torch returns pinned memory the copy has not reached yet)."""
+    from blendrag.kv.chunk_kv import ChunkKV
+
+    k = torch.randn(4, 2, 4096, 128, device="cuda")
+    torch.cuda._sleep(50_000_000)  # the copy queues behind this on the stream
+    host = ChunkKV(k, k * 2, tuple(range(4096))).to("cpu")
+    seen = host.keys.clone(), host.values.clone()  # read now, before anything syncs
+    assert torch.equal(seen[0], k.cpu()) and torch.equal(seen[1], (k * 2).cpu())

@@ -22,6 +22,7 @@ model whose frequencies change with the length (dynamic NTK, longrope) decodes e
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
@@ -87,6 +88,8 @@ class StaticDecoder:
         self.adapter = adapter
         self.graphs = graphs
         self._steps: OrderedDict[tuple, _Step] = OrderedDict()
+        # requests decoding on several threads (users' generate, the scheduler's loop) meet here
+        self._lock = threading.Lock()
 
     def decode(self, token: int, fused: FusedKV) -> torch.Tensor:
         """Append ``token`` at ``fused.length``; its next-token logits [vocab] float32."""
@@ -110,9 +113,16 @@ class StaticDecoder:
 
     def clear(self) -> None:
         """Drop every step (and its graph and buffer reference)."""
-        self._steps.clear()
+        with self._lock:
+            self._steps.clear()
 
     def _state(self, fused: FusedKV) -> _Step:
+        with self._lock:
+            return self._kept(fused)
+
+    def _kept(self, fused: FusedKV) -> _Step:
+        """The step over ``fused``'s buffer, made at its first use (the caller holds the
+        lock)."""
         k, v = fused.base
         key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype)
         if key not in self._steps:

@@ -24,10 +24,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from blendrag.kv.locked import CONTEXT_CALLS
+
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
 
-_CAPTURING = threading.Lock()
+_CAPTURING = CONTEXT_CALLS  # one capture at a time, and none beside host registrations
 _STREAMS: dict[int, torch.cuda.Stream] = {}  # the capture stream of each device (by index)
 
 

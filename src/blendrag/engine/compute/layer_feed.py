@@ -95,6 +95,17 @@ class LayerFeed:
         self.num_layers = num_layers
         self.fused, self.rope = fused, rope
         self.device = fused.k.device
+        # Where the rows lie as the request starts, before a reader runs (it marks layers read
+        # as it goes, so a later look would depend on its timing: the same request would take
+        # a captured pass one time and the layer loop another).
+        # resident: every segment read already and on the request KV's device (the device
+        # tier, chunks computed now, the RAM tier on a CPU): nothing is left to read, and every
+        # layer is placed at once.
+        # loaded: every segment read already and on that device or, for a GPU, in page-locked
+        # host memory (the RAM tier's locked entries): what is left to copy is DMA, no work of
+        # the host's; a captured pass (engine/compute/static_pass.py) waits for all and replays.
+        self.resident = self._all_read(_on)
+        self.loaded = self.resident or self._all_read(_placeable)
         # rows on the request KV's device already are placed at the first wait, on the loop's
         # thread: a reader would overlap nothing (the first layer waits for every row) and add
         # its start and hand-off, and on a GPU its launches' turns at the GIL
@@ -124,22 +135,6 @@ class LayerFeed:
             self._thread = threading.Thread(target=self._run, name="blendrag-layer-feed",
                                             daemon=True)
             self._thread.start()
-
-    @property
-    def resident(self) -> bool:
-        """Whether every segment's rows were read already and lie where the request's KV is
-        (the device tier, chunks computed now, the RAM tier on a CPU): nothing is left to read,
-        and every layer is placed at once."""
-        return self._all_read(_on)
-
-    @property
-    def loaded(self) -> bool:
-        """Whether every segment's rows were read already and lie either where the request's
-        KV is or, for a GPU, in page-locked host memory (the RAM tier's locked entries, the
-        disk tier's reads): nothing is left to read, and what is left to copy is DMA, no work
-        of the host's. A captured pass (engine/compute/static_pass.py) waits for all of them
-        and replays."""
-        return self._all_read(_placeable)
 
     def _all_read(self, lies_right) -> bool:
         """Every segment read already, its rows where ``lies_right(kv, device)`` says."""
