@@ -108,3 +108,21 @@ def test_compare_answers_against_the_first_config(engine, layout) -> None:
     assert reuse.stats.mode == "reuse"
     with pytest.raises(ValueError, match="reference"):
         compare_answers(engine, layout, [], 5)
+
+
+def test_compared_configs_run_as_asked_whatever_the_loading_config(engine_for):
+    """An engine that may run a request as a full prefill instead (a GPU's cost profile,
+    ``full_when_faster``; chunks in no store, ``full_when_missing``) would have each blend row
+    of a comparison measure a full prefill's answer, and a calibration choose a ratio from it:
+    compare_answers runs every config in its own mode, and leaves the loading config as it
+    was."""
+    from blendrag.engine.selection.controller import LoadingConfig
+
+    loading = LoadingConfig(full_when_faster=True, full_when_missing=0.5)
+    engine = engine_for("llama", context=ChunkContext(), loading=loading)
+    layout = engine.build_prompt("Read: ", ["alpha beta gamma. ", "delta epsilon zeta. "],
+                                 "Question: what? Answer:")  # its chunks in no store
+    configs = [FULL, BlendConfig(selector="epic", ratio=0.3), BlendConfig(mode="reuse")]
+    out = compare_answers(engine, layout, configs, 4)
+    assert [c.stats.mode for c in out] == ["full", "blend", "reuse"]
+    assert engine.loading == loading
