@@ -241,11 +241,14 @@ class CalibrationBook:
         """Every record of this namespace that is whole, authentic and valid; the others are
         listed in ``refused`` and said once each in a warning."""
         self.refused = []
-        if self.folder is None or not self.folder.is_dir():
+        if self.folder is None:
             return list(self._memory.values())
         out = []
-        try:
-            paths = sorted(self.folder.glob("*.json"))
+        try:  # (is_dir too: a folder this process may not read raises, and a request reads it)
+            if not self.folder.is_dir():
+                return list(self._memory.values())
+            # ".tmp-*.json": a record being written (or a killed writer's), not one to read
+            paths = sorted(p for p in self.folder.glob("*.json") if not p.name.startswith("."))
         except OSError as exc:
             self._refuse(self.folder, b"", f"cannot list it: {exc.strerror}")
             return []

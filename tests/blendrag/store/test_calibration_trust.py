@@ -138,6 +138,33 @@ def test_files_that_are_not_records_are_refused_without_blocking_or_raising(tmp_
     assert [name for name, _ in book.refused] == ["x.json"]
 
 
+def test_a_folder_this_process_cannot_search_is_refused_not_raised(tmp_path, monkeypatch):
+    """Path.is_dir raises on EACCES (a folder made by another user): a request reads the
+    records, so the folder is refused like an unreadable file, never raised."""
+    from pathlib import Path
+
+    folder = CalibrationBook.beside(tmp_path).put(record()).parent
+    is_dir = Path.is_dir
+
+    def denied(path, *args, **kw):
+        if path == folder:
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_dir(path, *args, **kw)
+
+    monkeypatch.setattr(Path, "is_dir", denied)
+    book = CalibrationBook.beside(tmp_path)
+    assert book.records() == [] and len(book.refused) == 1
+
+
+def test_a_record_being_written_is_not_read(tmp_path):
+    """'.tmp-*.json' is a record another process is writing (or a killed writer left): not a
+    damaged record."""
+    folder = CalibrationBook.beside(tmp_path).put(record()).parent
+    (folder / ".tmp-abc.json").write_text("{")  # half written
+    book = CalibrationBook.beside(tmp_path)
+    assert len(book.records()) == 1 and book.refused == []
+
+
 # ---- signed records ------------------------------------------------------------------
 
 def test_with_keys_a_record_is_signed_and_a_forged_or_unsigned_one_refused(tmp_path):
