@@ -49,11 +49,28 @@ def opened(args: argparse.Namespace, engine=None) -> Iterator:
     from blendrag.store import StoreConfig, TieredKVStore
 
     store = TieredKVStore(StoreConfig(disk_dir=args.store_dir, namespace=args.namespace,
-                                      auth_key=store_keys(args)))
+                                      auth_key=store_keys(args),
+                                      disk_bytes=_stored_budget(args.store_dir)))
     try:
         yield engine_spec(args, chat=args.chat, chunk_prefix=args.chunk_prefix).build(store)
     finally:
         store.close()
+
+
+def _stored_budget(store_dir: Path) -> int:
+    """The disk budget a store already has (the one a precompute gave it), else the default:
+    calibrating must not change it, and a smaller default would evict valid entries when the
+    store opens."""
+    from blendrag.store import DiskTier, StoreConfig
+    from blendrag.store.disk_files import INDEX
+
+    if not (Path(store_dir) / INDEX).is_file():
+        return StoreConfig(disk_dir=None).disk_bytes
+    tier = DiskTier(store_dir, budget_bytes=None, tidy=False)
+    try:
+        return tier.budget_bytes
+    finally:
+        tier.close()
 
 
 def record_dict(record) -> dict:

@@ -100,6 +100,24 @@ def test_precompute_then_calibrate(model_dir, tmp_path, capsys):
     assert len(list((store / "calibrations").glob("*.json"))) == 1
 
 
+def test_calibrating_keeps_the_stores_disk_budget(model_dir, tmp_path, capsys):
+    """calibrate has no --disk-bytes: it opens the store with the budget the store has, where
+    the default (64 GiB) replaced it, and evicted a store larger than that down to it."""
+    from blendrag.store import DiskTier
+
+    store = tmp_path / "kv"
+    precompute = ["precompute", "--model", str(model_dir("llama")), "--device", "cpu",
+                  "--store-dir", str(store), "--jsonl", str(_corpus(tmp_path)),
+                  "--chunk-prefix", "", "--no-progress", "--disk-bytes", "3M"]
+    assert main(precompute) == 0
+    argv = [*_args(model_dir("llama"), store, _corpus(tmp_path)), "--budget", "0.001"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    tier = DiskTier(store, budget_bytes=None, tidy=False)
+    assert tier.budget_bytes == 3 << 20
+    tier.close()
+
+
 def test_the_budget_says_what_it_allowed_and_progress_is_removed_once_kept(model_dir, tmp_path,
                                                                          capsys):
     store = tmp_path / "kv"
