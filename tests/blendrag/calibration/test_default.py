@@ -87,6 +87,23 @@ def test_another_models_calibration_is_never_used(on_store, caplog):
     assert len(said) == 1 and "blendrag calibrate" in said[0]
 
 
+def test_a_calibration_stops_running_once_the_weights_change(on_store):
+    """A calibration holds for the weights it was measured on: changed in place (a fine-tune
+    loaded into the same model), the default no longer runs the old record's ratio."""
+    import torch
+
+    engine = on_store()
+    CalibrationBook.beside(engine.store.disk_dir).put(record(engine))
+    engine = on_store()
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    assert engine.prefill(layout, BlendConfig()).stats.ratio == 0.5
+    with torch.no_grad():
+        next(engine.model.parameters()).add_(0.01)
+    stats = engine.prefill(layout, BlendConfig()).stats  # (its chunks' keys changed too)
+    assert stats.calibration is None and stats.ratio != 0.5
+    assert engine.calibration is None
+
+
 def test_framework_settings_leave_the_ratio_to_the_calibration():
     assert BlendSettings().blend_config().calibrated
     assert not BlendSettings(ratio=0.2).blend_config().calibrated

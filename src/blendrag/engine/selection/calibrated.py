@@ -44,9 +44,11 @@ class CalibratedDefault:
             raise ValueError("CalibratedDefault reads the book of a store() or of a "
                              "disk_dir(): give one of them")
         self._identity, self._disk_dir, self._store = identity, disk_dir, store
-        # (the record in use, the config it runs), replaced whole: a request reading it while
-        # another request reads the book never pairs one record with another's config
-        self._chosen: tuple[CalibrationRecord | None, BlendConfig] | None = None
+        # (the identity it was chosen for, the record in use, the config it runs), replaced
+        # whole: a request reading it while another request reads the book never pairs one
+        # record with another's config
+        self._chosen: tuple[tuple[str, str], CalibrationRecord | None,
+                            BlendConfig] | None = None
         self._warned = False
 
     def for_store(self, store: Callable[[], object]) -> CalibratedDefault:
@@ -68,17 +70,18 @@ class CalibratedDefault:
         return self._current()[0]
 
     def _current(self) -> tuple[CalibrationRecord | None, BlendConfig]:
-        """(the record in use, the config it runs), the book read at the first call."""
+        """(the record in use, the config it runs), the book read at the first call and again
+        once the model's weights (or tokenizer) are not those it was chosen for."""
+        identity = self._identity()
         chosen = self._chosen
-        if chosen is None:
-            model, tokenizer = self._identity()
-            found = self.book().latest(model, tokenizer)
+        if chosen is None or chosen[0] != identity:
+            found = self.book().latest(*identity)
             try:
-                chosen = self._set(found)
+                return self._set(found, identity)
             except ValueError as exc:  # the book checked it: a config that cannot run it
                 log.warning("the store's calibration cannot run (%s): not used", exc)
-                chosen = self._set(None)
-        return chosen
+                return self._set(None, identity)
+        return chosen[1], chosen[2]
 
     def use(self, record: CalibrationRecord | None) -> None:
         """Run the default config with ``record`` (None: without a calibration; a ValueError
@@ -86,25 +89,26 @@ class CalibratedDefault:
         if record is not None and not isinstance(record, CalibrationRecord):
             raise ValueError(f"use_calibration takes a CalibrationRecord or None, got "
                              f"{type(record).__name__}")
-        if record is not None and (record.model, record.tokenizer) != self._identity():
+        identity = self._identity()
+        if record is not None and (record.model, record.tokenizer) != identity:
             raise ValueError("this calibration was made on another model or tokenizer (their "
                              "fingerprints differ); calibrate this engine's")
         if record is not None and record.selector not in SELECTORS:
             raise ValueError(f"this calibration chose selector {record.selector!r}, which is "
                              f"not one of {tuple(SELECTORS)}")
-        self._set(record)
+        self._set(record, identity)
 
-    def _set(self, record: CalibrationRecord | None,
+    def _set(self, record: CalibrationRecord | None, identity: tuple[str, str],
              ) -> tuple[CalibrationRecord | None, BlendConfig]:
         """Keep ``record`` and the config it runs (a full prefill where no ratio kept full
-        prefill's answers), made once here, not at each request."""
+        prefill's answers) for the model ``identity``, made once here, not at each request."""
         config = FULL
         # a ratio of 1.0 recomputes every token: a full prefill's rows, reached more slowly
         # than by the full prefill itself, which is exact: that is what runs
         if record is not None and record.ratio is not None and record.ratio < 1.0:
             config = BlendConfig(selector=record.selector, ratio=record.ratio)
-        self._chosen = (record, config)
-        return self._chosen
+        self._chosen = (identity, record, config)
+        return record, config
 
     def forget(self) -> None:
         """Read the store's book again at the next request (the store was replaced)."""
