@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from blendrag.cli.options import engine_spec
@@ -78,12 +79,23 @@ def run_ray(args: argparse.Namespace, source: ChunkSource, config: StoreConfig) 
         spec = replace(engine_spec(args, chat=args.chat, system=args.system),
                        threads=args.threads or None)
         settings = IngestSettings.of(spec, chunk_prefix=args.chunk_prefix, prefix=args.prefix,
-                                     store=store, text_index=args.text_index,
+                                     store=store, text_index=_text_index(args, store),
                                      batch_size=args.batch_size)
         return precompute_texts(texts, settings, job, progress=not args.no_progress)
     finally:
         if connected:
             ray.shutdown()
+
+
+def _text_index(args: argparse.Namespace, store: StoreConfig) -> Path | None:
+    """--text-index, else for chunks made for the framework LLMs (--chunk-prefix) the store's
+    own text index, where those LLMs look (as the local job records them); none on several
+    nodes (a store folder there is one per node)."""
+    from blendrag.integration.default_index import index_folder
+
+    if args.text_index is not None or args.chunk_prefix is None:
+        return args.text_index
+    return index_folder(store)
 
 
 def shared_store(config: StoreConfig, nodes: int) -> StoreConfig:

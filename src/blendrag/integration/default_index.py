@@ -31,6 +31,16 @@ def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
                       engine, ns_id)
 
 
+def index_folder(config: StoreConfig) -> Path | None:
+    """The folder of the text index kept with the store ``config`` describes:
+    ``<disk_dir>/text_index`` (``text_index.<ns_id>`` in a namespace other than the default);
+    None without a disk tier. What a job writing into the store records its texts in."""
+    if config.disk_dir is None:
+        return None
+    ns_id = config.names.ns_id
+    return Path(config.disk_dir) / (f"{TEXT_INDEX_DIR}.{ns_id}" if ns_id else TEXT_INDEX_DIR)
+
+
 def namespaced_index(index: ChunkTextIndex, engine: BlendEngine,
                      namespace: str) -> ChunkTextIndex:
     """The text index ``namespace`` records its chunk texts in, beside ``index`` (one the

@@ -119,3 +119,23 @@ def test_without_ray_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install blendrag\[ray\]"):
         require_ray()
+
+
+def test_a_ray_job_for_the_frameworks_records_texts_where_their_llms_look(tmp_path):
+    """--chunk-prefix without --text-index: the store's own text index (per namespace), as the
+    local job records them; none where the store has no folder (several nodes)."""
+    import argparse
+
+    from blendrag.cli.precompute_ray import _text_index
+    from blendrag.store import StoreConfig
+
+    def args(**kw):
+        return argparse.Namespace(**{"text_index": None, "chunk_prefix": "", **kw})
+
+    store = StoreConfig(disk_dir=tmp_path / "kv")
+    assert _text_index(args(), store) == tmp_path / "kv" / "text_index"
+    acme = StoreConfig(disk_dir=tmp_path / "kv", namespace="acme")
+    assert _text_index(args(), acme) == tmp_path / "kv" / f"text_index.{acme.names.ns_id}"
+    assert _text_index(args(text_index=tmp_path / "mine"), store) == tmp_path / "mine"
+    assert _text_index(args(chunk_prefix=None), store) is None  # the engine's own prompts
+    assert _text_index(args(), StoreConfig(disk_dir=None)) is None
