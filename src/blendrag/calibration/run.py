@@ -94,9 +94,13 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
 
 
 def check_grid(ratios: Sequence[float], selectors: Sequence[str]) -> None:
-    """ValueError unless there is a ratio and a selector, every ratio in (0, 1]."""
+    """ValueError unless there is a ratio and a selector, every ratio in (0, 1], none of
+    either twice (a point measured twice would count its prompts twice in its bound)."""
     if not ratios or not selectors:
         raise ValueError("calibration needs at least one ratio and one selector")
+    for name, values in (("ratios", ratios), ("selectors", selectors)):
+        if len(set(values)) != len(values):
+            raise ValueError(f"calibration {name} must differ, got {tuple(values)!r}")
     if not all(is_finite_number(r) and 0 < r <= 1 for r in ratios):
         raise ValueError(f"calibration ratios must be in (0, 1] (0 recomputes nothing), got "
                          f"{tuple(ratios)!r}")

@@ -88,3 +88,13 @@ def test_a_calibration_never_chooses_nor_tries_a_ratio_of_zero():
     for ratios in ((0.0, 0.5), (float("nan"),), (1.5,)):
         with pytest.raises(ValueError, match=r"ratios must be in \(0, 1\]"):
             calibrate(None, ["a", "b"], ratios=ratios)  # type: ignore[arg-type]
+
+
+def test_a_ratio_or_selector_given_twice_is_refused():
+    """Measured twice, a point would count each prompt twice: its bound on double the sample."""
+    from blendrag.calibration.run import calibrate
+
+    with pytest.raises(ValueError, match="selectors must differ"):
+        calibrate(None, ["a", "b"], selectors=("preview", "preview"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ratios must differ"):
+        calibrate(None, ["a", "b"], ratios=(0.3, 0.3))  # type: ignore[arg-type]
