@@ -145,6 +145,15 @@ class IntegrationFlow:
                 f"{prefix_words(self.engine)}; {context_words(self.engine)}")
 
 
+def flow_settings(runs: Flow, engine: BlendEngine) -> dict:
+    """What a calibration's saved progress must share with the run that takes it up, of how
+    its prompts are made: the flow in words (its chunk prefix, ingestion context and
+    separators), the chat template's use and the engine's system message."""
+    prompts = engine.prompts
+    return {"flow": runs.describe(), "chat": prompts.chat if prompts is not None else None,
+            "system": prompts.system if prompts is not None else None}
+
+
 def make_flow(name: str, engine: BlendEngine, profile: bool = False) -> Flow:
     """The flow called ``name`` (one of ``FLOWS``) on ``engine``."""
     if name == "integration":

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blendrag.calibration.flows import Flow, make_flow
+from blendrag.calibration.flows import Flow, flow_settings, make_flow
 from blendrag.calibration.plan import EXACT, fitting
 from blendrag.calibration.prompts import CalibrationPrompt
 from blendrag.calibration.qa_file import QAItem, qa_texts
@@ -84,12 +84,12 @@ def calibrate_qa(engine: BlendEngine, items: Sequence[QAItem], target: QualityTa
     if not items:
         raise ValueError("a calibration on answer quality needs at least one question")
     t0 = time.perf_counter()
+    runs = make_flow(flow, engine, profile="profile" in selectors)
     progress = None if saved is None else saved(
         {"kind": "answer_quality", "model": engine.model_fp, "tokenizer": engine.tokenizer_fp,
-         "questions": corpus_id(qa_texts(items)), "instruction": instruction, "flow": flow,
-         "selectors": list(selectors), "ratios": list(ratios), "metric": target.metric,
-         "answer_tokens": target.answer_tokens})
-    runs = make_flow(flow, engine, profile="profile" in selectors)
+         "questions": corpus_id(qa_texts(items)), "instruction": instruction,
+         **flow_settings(runs, engine), "selectors": list(selectors), "ratios": list(ratios),
+         "metric": target.metric, "answer_tokens": target.answer_tokens})
     configs = [FULL] + [BlendConfig(selector=s, ratio=r) for s in selectors for r in ratios
                         if r < EXACT]
     rows = score_questions(engine, runs, items, configs, target, instruction, budget_s,

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blendrag.calibration.flows import Flow, make_flow
+from blendrag.calibration.flows import Flow, flow_settings, make_flow
 from blendrag.calibration.plan import EXACT, PromptPlan
 from blendrag.calibration.prompts import CalibrationPrompt, make_prompts
 from blendrag.calibration.saved import Result, SavedProgress
@@ -74,12 +74,13 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
     t0 = time.perf_counter()
     plan = PromptPlan(target, prompts, ratios, selectors, budget_s)
     corpus = corpus_id(list(passages))
+    runs = make_flow(flow, engine, profile="profile" in selectors)
     progress = None if saved is None else saved(
         {"model": engine.model_fp, "tokenizer": engine.tokenizer_fp, "corpus": corpus,
          "per_prompt": per_prompt, "seed": seed, "questions": questions,
-         "instruction": instruction, "flow": flow, "selectors": list(selectors),
-         "ratios": list(ratios), "answer_tokens": target.answer_tokens})
-    runs = make_flow(flow, engine, profile="profile" in selectors)
+         "instruction": instruction, **flow_settings(runs, engine),
+         "selectors": list(selectors), "ratios": list(ratios),
+         "answer_tokens": target.answer_tokens})
     rows = measure_planned(engine, runs, passages, plan, per_prompt, seed, questions,
                            instruction, on_prompt, progress)
     points = frontier(rows, target.first_sentence) + exact_points(plan, len(rows))

@@ -157,11 +157,15 @@ class SavedRows(Generic[R]):
 
 
     def _row_doc(self, index: int, row: list[R]) -> dict:
-        return {"prompt": index, "results": [self.dump(r) for r in row]}
+        # the settings' digest in each line: a signed line copied from another calibration's
+        # file (another answer length, corpus, flow) is not this one's
+        return {"settings": settings_id(self.settings), "prompt": index,
+                "results": [self.dump(r) for r in row]}
 
     def _results(self, doc: object, index: int) -> list[R] | None:
         """A saved line's results, checked field by field; None for anything else."""
-        if not isinstance(doc, dict) or doc.get("prompt") != index:
+        if (not isinstance(doc, dict) or doc.get("prompt") != index
+                or doc.get("settings") != settings_id(self.settings)):
             return None
         items = doc.get("results")
         if not isinstance(items, list) or not items:

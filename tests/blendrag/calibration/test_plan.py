@@ -99,6 +99,21 @@ def test_with_store_keys_a_line_not_signed_by_them_is_refused(tmp_path):
     assert line["tag"].startswith("k9:")
 
 
+def test_signed_lines_of_another_calibration_are_not_taken(tmp_path):
+    """Each line is signed with its settings' digest: lines copied from another calibration's
+    file (another answer length) after this one's signed settings line are refused, though
+    the store's keys signed them."""
+    keys = StoreKeys({"k1": b"deployment-secret-0123456789"}, "k1")
+    mine = SavedProgress(tmp_path, SETTINGS, keys)
+    mine.start([])
+    other = SavedProgress(tmp_path, {**SETTINGS, "answer_tokens": 1}, keys)
+    other.start([ROW, ROW])
+    spliced = other.path.read_text().splitlines()[1:]
+    with mine.path.open("a") as f:
+        f.write("\n".join(spliced) + "\n")
+    assert SavedProgress(tmp_path, SETTINGS, keys).load() == []
+
+
 @pytest.fixture(scope="module")
 def engine(model_dir) -> BlendEngine:
     return BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chunk_prefix="")
@@ -127,3 +142,20 @@ def test_a_stopped_calibration_goes_on_from_its_saved_prompts(engine, tmp_path):
     for a, b in zip(again.frontier, whole.frontier):  # the same answers as an unbroken run
         assert (a.ratio, a.same_answer, a.prompts) == (b.ratio, b.same_answer, b.prompts)
         assert a.answer_kl == pytest.approx(b.answer_kl, abs=1e-6)
+
+
+def test_a_calibration_resumes_only_prompts_made_the_same_way(engine, model_dir):
+    """The saved progress is named by how its prompts are made too (the flow in words: chunk
+    prefix, context, separators; the chat template's use; the system message), not the flow's
+    name alone: a resume under another chunk prefix or chat setting measures afresh."""
+    from blendrag.calibration.flows import flow_settings, make_flow
+
+    def settings(e: BlendEngine) -> dict:
+        return flow_settings(make_flow("integration", e), e)
+
+    other = BlendEngine.from_pretrained(model_dir("llama"), device="cpu",
+                                        chunk_prefix="Context:\n")
+    chat = BlendEngine.from_pretrained(model_dir("llama"), device="cpu", chunk_prefix="",
+                                       chat=True, system="Be brief.")
+    assert settings(engine) == settings(engine)
+    assert len({str(settings(e)) for e in (engine, other, chat)}) == 3
