@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -115,18 +116,26 @@ class SavedRows(Generic[R]):
                 raise ValueError(f"calibration progress: {folder} is a symbolic link; it is "
                                  "written only inside the store (remove the link)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        with tmp.open("w") as f:
-            f.write(self._line({"settings": self.settings}))
-            for i, row in enumerate(rows):
-                f.write(self._line(self._row_doc(i, row)))
-        os.replace(tmp, self.path)
+        # a file of its own (mkstemp: created, never a planted link followed, nor another
+        # run's of the same settings), then renamed over the progress
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(self._line({"settings": self.settings}))
+                for i, row in enumerate(rows):
+                    f.write(self._line(self._row_doc(i, row)))
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     def add(self, index: int, row: list[R]) -> None:
-        """Append prompt ``index``'s results (flushed: a kill after this keeps them)."""
+        """Append prompt ``index``'s results (flushed: a kill after this keeps them); a
+        progress file replaced by a link is not followed (OSError)."""
         if self.path is None:
             return
-        with self.path.open("a") as f:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "a") as f:
             f.write(self._line(self._row_doc(index, row)))
             f.flush()
             os.fsync(f.fileno())

@@ -5,6 +5,8 @@ in, the engine opened on it, the record kept and the report's last lines."""
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,9 +22,10 @@ def check_store(args: argparse.Namespace) -> None:
     folder = Path(args.store_dir) / "calibrations"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".write-probe"
-        probe.write_text("")
-        probe.unlink()
+        # a file of its own (never a name planted there: a link would be followed), removed
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise ValueError(f"the store folder {args.store_dir} cannot be written ({exc})") from None
 

@@ -159,3 +159,21 @@ def test_a_calibration_resumes_only_prompts_made_the_same_way(engine, model_dir)
                                        chat=True, system="Be brief.")
     assert settings(engine) == settings(engine)
     assert len({str(settings(e)) for e in (engine, other, chat)}) == 3
+
+
+def test_progress_is_never_written_through_a_planted_link(tmp_path):
+    """Names planted in the progress folder as links (the temporary file, the progress file
+    itself) are not followed: nothing is written outside the store."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("kept")
+    saved = SavedProgress(tmp_path / "kv", SETTINGS)
+    saved.path.parent.mkdir(parents=True)
+    saved.path.with_suffix(".tmp").symlink_to(outside)  # the old fixed temporary name
+    saved.start([ROW])
+    assert outside.read_text() == "kept"
+    assert SavedProgress(tmp_path / "kv", SETTINGS).load() == [ROW]
+    saved.path.unlink()
+    saved.path.symlink_to(outside)
+    with pytest.raises(OSError):
+        saved.add(1, ROW)
+    assert outside.read_text() == "kept"
