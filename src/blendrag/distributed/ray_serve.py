@@ -129,8 +129,10 @@ class BlendServer:
             return JSONResponse({"error": str(exc)}, status_code=503)
         except TimeoutError as exc:  # the request's timeout (ServingConfig.timeout_s)
             return JSONResponse({"error": str(exc)}, status_code=504)
-        except (ValueError, TypeError) as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+        # a bad body: a value no setting takes (1e400 as max_tokens: OverflowError), nesting
+        # past what the parser recurses into
+        except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"[:500]}, status_code=400)
 
 
 def _replica() -> str:

@@ -82,6 +82,9 @@ def test_http_route_answers_and_refuses_bad_bodies(served):
         assert r.json()["choices"][0]["finish_reason"] in ("length", "eos", "stop")
         assert http.post("/v1/completions", json={"prompt": 3}).status_code == 400
         assert http.post("/v1/ingest", json={"texts": "not a list"}).status_code == 400
+        for body in (b'{"prompt": "hi", "max_tokens": 1e400}',  # no int: OverflowError
+                     b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):  # too deep
+            assert http.post("/v1/completions", content=body).status_code == 400
         assert http.post("/v1/nowhere", json={}).status_code == 404
 
 
