@@ -11,6 +11,7 @@ pipelined TTFT estimate, and names the cheapest tier that stays at the compute b
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from blendrag.cli.options import add_json_option, emit
@@ -69,8 +70,11 @@ def _plan(args: argparse.Namespace) -> int:
         for name in ("chunks", "chunk_tokens", "layers", "kv_heads", "head_dim", "dtype_bytes"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if not 0 <= args.ratio <= 1 or args.token_layer_us <= 0:
-            raise ValueError("--ratio must be in [0, 1] and --token-layer-us > 0")
+        if args.suffix_tokens < 0:
+            raise ValueError("--suffix-tokens must be >= 0")
+        # (NaN fails every comparison; inf is no measurement)
+        if not (0 <= args.ratio <= 1 and 0 < args.token_layer_us < math.inf):
+            raise ValueError("--ratio must be in [0, 1] and --token-layer-us a finite number > 0")
     except ValueError as exc:
         print(f"blendrag cache plan: error: {exc}", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from blendrag.cli import cache as store_cli
 
 
@@ -37,3 +39,10 @@ def test_plan_says_when_no_tier_is_fast_enough(capsys):
     assert "no tier keeps TTFT at the compute bound" in capsys.readouterr().out
     assert _run(["cache", "plan", "--token-layer-us", "1", "--tier", "disk=fast"]) == 2
     assert "NAME=GBPS" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [["--token-layer-us", "nan"], ["--token-layer-us", "inf"],
+                                 ["--token-layer-us", "1", "--suffix-tokens", "-100000"]])
+def test_a_figure_no_prompt_has_is_refused(bad, capsys):
+    assert _run(["cache", "plan", *bad]) == 2
+    assert "error" in capsys.readouterr().err
