@@ -110,10 +110,12 @@ class PromptPlan:
         best_kl = t.answer_kl / n  # ... and adding no answer KL
         return self.target.met(best_share, best_kl, n)
 
-    def fits(self, done: int) -> int:
-        """The prompts the budget allows, ``done`` measured so far at their pace (never fewer
-        than ``done``, never more than ``planned``); ``planned`` shrinks to it."""
-        self.planned = fitting(self.planned, done, self.started, self.budget_s)
+    def fits(self, done: int, saved: int = 0) -> int:
+        """The prompts the budget allows, ``done`` measured so far, of them ``saved`` taken
+        from an earlier run (no time now: the pace is this run's prompts'; never fewer than
+        ``done``, never more than ``planned``); ``planned`` shrinks to it."""
+        self.planned = saved + fitting(self.planned - saved, done - saved, self.started,
+                                       self.budget_s)
         return self.planned
 
     def words(self) -> str:

@@ -125,7 +125,8 @@ def measure_planned(engine: BlendEngine, runs: Flow, passages: Sequence[str], pl
         progress.start(rows)
     made = make_prompts(passages, plan.planned, per_prompt, seed,
                         ask=model_questions(engine) if questions == "model" else None)
-    while len(rows) < plan.fits(len(rows)):
+    saved = len(rows)
+    while len(rows) < plan.fits(len(rows), saved):
         i = len(rows)
         configs = [FULL] + [BlendConfig(selector=s, ratio=r) for s, r in plan.alive()]
         row = answer_one(engine, runs, parts_of(made[i], instruction), configs,

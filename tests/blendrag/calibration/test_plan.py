@@ -177,3 +177,15 @@ def test_progress_is_never_written_through_a_planted_link(tmp_path):
     with pytest.raises(OSError):
         saved.add(1, ROW)
     assert outside.read_text() == "kept"
+
+
+def test_the_pace_of_a_resumed_run_is_its_own_prompts(monkeypatch):
+    """Prompts taken from an earlier run cost nothing now: counted in the pace, they made one
+    new prompt in 2 s look like six in 2 s, and the run went past its budget."""
+    import time
+
+    plan = PromptPlan(TARGET, 24, (0.2,), ("preview",), budget_s=3.0)
+    monkeypatch.setattr(time, "perf_counter", lambda: plan.started + 2.0)
+    assert plan.fits(6, saved=5) == 6  # 1 s left, a prompt takes 2 s: none more
+    assert PromptPlan(TARGET, 24, (0.2,), ("preview",), budget_s=3.0,
+                      started=plan.started).fits(6) == 9  # without the saved ones set apart
