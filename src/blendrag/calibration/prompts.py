@@ -36,17 +36,26 @@ class CalibrationPrompt:
     question: str
 
 
+def check_corpus(passages: Sequence[str], per_prompt: int = 4) -> list[str]:
+    """The passages with text; ValueError when they are too few for prompts of ``per_prompt``
+    (what a job that calibrates after ingesting checks before it starts)."""
+    if per_prompt < 1:
+        raise ValueError(f"per_prompt must be >= 1, got {per_prompt}")
+    texts = [p for p in passages if p.strip()]
+    if len(texts) < max(2, per_prompt):
+        raise ValueError(f"calibration needs at least {max(2, per_prompt)} passages with text "
+                         f"(prompts of {per_prompt} passages); the corpus has {len(texts)}")
+    return texts
+
+
 def make_prompts(passages: Sequence[str], count: int, per_prompt: int = 4, seed: int = 0,
                  ask: Callable[[str], str] | None = None) -> list[CalibrationPrompt]:
     """``count`` prompts of ``per_prompt`` passages each, drawn without replacement within a
     prompt and in a random order; a generic question each, in turn, or ``ask(passage)``'s
     question about one of them. ValueError when there are too few passages."""
-    texts = [p for p in passages if p.strip()]
-    if count < 1 or per_prompt < 1:
-        raise ValueError(f"count and per_prompt must be >= 1, got {count} and {per_prompt}")
-    if len(texts) < max(2, per_prompt):
-        raise ValueError(f"calibration needs at least {max(2, per_prompt)} passages with text "
-                         f"(prompts of {per_prompt} passages); the corpus has {len(texts)}")
+    if count < 1:
+        raise ValueError(f"count must be >= 1, got {count}")
+    texts = check_corpus(passages, per_prompt)
     rng = random.Random(seed)
     out = []
     for i in range(count):

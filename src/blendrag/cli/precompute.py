@@ -155,13 +155,18 @@ def _check(args: argparse.Namespace):
     if args.calibrate and args.ray is not None:
         raise ValueError("--calibrate runs in this process: leave out --ray, or calibrate "
                          "afterwards with `blendrag calibrate`")
+    source = _source(args)
+    if args.calibrate:  # before the job: too few passages would stop it after every chunk
+        from blendrag.calibration.prompts import check_corpus
+
+        check_corpus(list(source))
     config = StoreConfig(ram_bytes=args.ram_bytes, disk_dir=args.store_dir,
                          disk_bytes=args.disk_bytes,
                          redis_url=args.redis_url, redis_prefix=args.redis_prefix,
                          s3_url=args.s3_url, s3_endpoint_url=args.s3_endpoint,
                          kv_format=args.kv_format, namespace=args.namespace,
                          auth_key=store_keys(args))
-    return _source(args), config
+    return source, config
 
 
 def _run(args: argparse.Namespace, source, config):

@@ -148,3 +148,17 @@ def test_a_budget_that_is_not_a_time_is_refused(text):
 
     with pytest.raises(argparse.ArgumentTypeError, match="time"):
         duration(text)
+
+
+def test_precompute_calibrate_refuses_too_few_passages_before_the_job(model_dir, tmp_path,
+                                                                       capsys):
+    """Three passages cannot make prompts of four: said before any chunk is computed, where it
+    stopped the job after storing every chunk, without its summary."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("one", "two", "three")))
+    argv = ["precompute", "--model", str(model_dir("llama")), "--device", "cpu", "--store-dir",
+            str(tmp_path / "kv"), "--jsonl", str(corpus), "--chunk-prefix", "",
+            "--no-progress", "--calibrate"]
+    assert main(argv) == 2
+    assert "at least 4 passages" in capsys.readouterr().err
+    assert not (tmp_path / "kv").exists()
