@@ -41,6 +41,22 @@ def admissible(waiting: deque[Job], busy: int, config: ServingConfig, pool: Bloc
     ``config.max_prefill_tokens`` prompt tokens are left this turn). ``rows_for``: the rows of
     a request KV of that many tokens. The caller holds the lock that guards ``waiting``."""
     jobs: list[Job] = []
+    try:
+        _take(waiting, busy, config, pool, slots, rows_for, inline, jobs)
+    except BaseException:  # none of them started: waiting again, first in line, holding nothing
+        for job in reversed(jobs):
+            pool.free(job.blocks)
+            job.blocks = 0
+            slots.release(job)
+            waiting.appendleft(job)
+        raise
+    return jobs
+
+
+def _take(waiting: deque[Job], busy: int, config: ServingConfig, pool: BlockPool,
+          slots: SlabSlots, rows_for: Callable[[int], int], inline: bool,
+          jobs: list[Job]) -> None:
+    """``admissible``'s loop: the requests that may start, into ``jobs`` as each is taken."""
     budget = config.max_prefill_tokens
     while waiting and busy + len(jobs) < config.max_seqs:
         job = waiting[0]
@@ -59,4 +75,3 @@ def admissible(waiting: deque[Job], busy: int, config: ServingConfig, pool: Bloc
         job.blocks, job.slot = blocks, slot
         jobs.append(job)
         budget -= tokens
-    return jobs

@@ -201,6 +201,9 @@ class Scheduler:
             except Exception as exc:  # a defect, not a request's failure: the loop goes on
                 log.exception("the scheduler's loop failed; failing the requests it held")
                 self._fail_held(exc)
+                with self._cond:  # not at full speed should it fail again at once
+                    if not self._closed:
+                        self._cond.wait(WAIT_S)
         self._running.free(jobs)
         if self._closed:  # those close() did not see (prefilling then): failed, not left waiting
             for job in jobs:
@@ -288,10 +291,18 @@ class Scheduler:
         if self._workers_count() == 0:
             self._prefill_group(jobs, self._start_decoding)
             return True
-        if self._workers is None:
-            self._workers = PrefillWorkers(self._workers_count(), self._cond,
-                                           self._prefill_taken, lambda: self._pack_tokens() > 0)
-        self._workers.hand(jobs)
+        try:
+            if self._workers is None:
+                self._workers = PrefillWorkers(self._workers_count(), self._cond,
+                                               self._prefill_taken,
+                                               lambda: self._pack_tokens() > 0)
+            self._workers.hand(jobs)
+        except BaseException:  # not handed over: counted as prefilling by nobody's work
+            with self._cond:
+                self._prefilling -= len(jobs)
+                self._waiting.extendleft(reversed(jobs))
+            self._running.free(jobs)
+            raise
         return True
 
     def _admissible(self, inline: bool) -> list[Job]:

@@ -142,3 +142,28 @@ def test_a_failed_batched_step_appends_no_row(engine, monkeypatch):
     logits = runner.decode_many([5, 6, 7], kvs)
     assert [kv.length for kv in kvs] == [n + 1 for n in lengths]
     assert torch.isfinite(logits).all()
+
+
+def test_a_fault_admitting_the_second_of_two_leaves_neither_waiting_forever(engine,
+                                                                            monkeypatch):
+    """The first request was taken off the queue with its blocks when the second's slot
+    failed: it goes back to the queue holding nothing, and the loop's fault path fails both."""
+    scheduler = Scheduler(engine.runner, ServingConfig(prefill_workers=0))
+    claim, calls = scheduler._slots.claim, []
+
+    def second_fails(rows):
+        calls.append(rows)
+        if len(calls) == 2:
+            raise RuntimeError("planted in the second claim")
+        return claim(rows)
+
+    monkeypatch.setattr(scheduler._slots, "claim", second_fails)
+    with scheduler._cond:  # both queued before the loop's first turn
+        first = scheduler.submit(engine, _layout(engine), FULL, GREEDY)
+        second = scheduler.submit(engine, _layout(engine, 3), FULL, GREEDY)
+    for handle in (first, second):
+        with pytest.raises(RuntimeError, match="planted in the second claim"):
+            handle.wait(30)
+    _settle(scheduler)
+    assert scheduler.pool.free_blocks == scheduler.pool.blocks and scheduler.running == 0
+    scheduler.close()
