@@ -342,9 +342,12 @@ class BlendEngine:
 
     def prefill(self, layout: PromptLayout, config: BlendConfig = DEFAULT_BLEND,
                 extra_capacity: int = 0, *, observers: Sequence[LayerObserver] = (),
-                started: float | None = None) -> Prefill:
+                started: float | None = None, as_asked: bool = False) -> Prefill:
         """Prefill ``layout`` in ``config.mode``: first-token logits, the request's KV (room for
         ``extra_capacity`` more tokens) and its stats (``engine/request/prefill.py``).
+        ``as_asked``: in that mode whatever the loading config would choose instead (a full
+        prefill when chunks are missing or the cost profile predicts it faster): what a
+        comparison of modes measures.
 
         ``observers``: watch the main pass layer by layer (``engine/compute/observers.py``: a
         ``Trace``;
@@ -355,20 +358,21 @@ class BlendEngine:
         A cached entry whose layer fails to load midway (a tier error, a checksum) is never
         used: the request is done again with that chunk recomputed (``load_retries``). With a
         prefix cache, the prompt's rows are kept for later requests."""
-        pre = self._prefill(layout, config, extra_capacity, observers, started)
+        pre = self._prefill(layout, config, extra_capacity, observers, started, as_asked)
         self.keep_rows(layout.ids, pre)
         return pre
 
     def _prefill(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
-                 observers: Sequence[LayerObserver] = (),
-                 started: float | None = None) -> Prefill:
+                 observers: Sequence[LayerObserver] = (), started: float | None = None,
+                 as_asked: bool = False) -> Prefill:
         with torch_threads(self.threads):
             return run_alone(self.runner, self._prefill_steps(
-                layout, config, extra_capacity, observers, started))
+                layout, config, extra_capacity, observers, started, as_asked=as_asked))
 
     def _prefill_steps(self, layout: PromptLayout, config: BlendConfig, extra_capacity: int,
                        observers: Sequence[LayerObserver] = (), started: float | None = None,
-                       pieces: PrefillPieces | None = None) -> Steps[Prefill]:
+                       pieces: PrefillPieces | None = None,
+                       as_asked: bool = False) -> Steps[Prefill]:
         started = time.perf_counter() if started is None else started
         self.check_length(layout, extra_capacity)
         config, calibration = self.calibrated.resolve(config)
@@ -377,7 +381,8 @@ class BlendEngine:
         cache = self.cache.with_store(RequestStore(self.cache.store))
         parts = Parts(cache, self.runner, self.controller, self.prefix_cache, self.history)
         pre = yield from request.prefill_steps(parts, Request(
-            layout, config, layout.num_tokens + extra_capacity, started, observers, pieces))
+            layout, config, layout.num_tokens + extra_capacity, started, observers, pieces,
+            as_asked))
         pre.stats.calibration = calibration
         return pre
 

@@ -17,9 +17,8 @@ the demo and the real-model test use it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -131,29 +130,12 @@ def compare_answers(engine: BlendEngine, layout: PromptLayout, configs: Sequence
     config (full prefill, normally) is the reference every other one is compared with."""
     if not configs:
         raise ValueError("compare_answers needs at least the reference config")
-    with _as_asked(engine):
-        return _compared(engine, layout, configs, max_new_tokens, first_line)
-
-
-@contextmanager
-def _as_asked(engine: BlendEngine) -> Iterator[None]:
-    """The engine running each config in the mode it asks for: its loading config's shortcuts
-    to a full prefill (``full_when_faster``, on a GPU's cost profile; ``full_when_missing``)
-    are off while comparing, or a blend's row would measure a full prefill's answer."""
-    before = engine.loading
-    engine.loading = replace(before, full_when_faster=False, full_when_missing=None)
-    try:
-        yield
-    finally:
-        engine.loading = before
-
-
-def _compared(engine: BlendEngine, layout: PromptLayout, configs: Sequence[BlendConfig],
-              max_new_tokens: int, first_line: bool) -> list[Comparison]:
     out: list[Comparison] = []
     reference: Answer | None = None
     for config in configs:
-        pre = engine.prefill(layout, config, extra_capacity=max_new_tokens)
+        # in its own mode (``as_asked``): a full prefill the loading config would choose
+        # instead (a GPU's cost profile, chunks missing) would make a blend's row measure it
+        pre = engine.prefill(layout, config, extra_capacity=max_new_tokens, as_asked=True)
         if pre.stats.mode != config.mode:  # a comparison of what was not asked: refused
             raise RuntimeError(f"asked for {config.label}, the engine ran {pre.stats.mode}")
         own = greedy_answer(engine, pre, max_new_tokens, first_line)

@@ -158,3 +158,19 @@ def test_the_worker_ends_when_idle_and_cancel_drops_the_queue():
     assert backfill.dropped == 2
     assert backfill.submit(cache, pieces[:1]) == 1  # still open: a dropped piece queued again
     assert backfill.wait(timeout=10)
+
+
+def test_prefix_mode_over_a_missing_chunk_runs_a_full_prefill_too(engine_for):
+    """Prefix mode's chunk is stored exactly, like the prompt's prefix, but it is a chunk: its
+    tokens count toward full_when_missing as they did."""
+    from blendrag.engine.selection.controller import LoadingConfig
+
+    engine = engine_for("llama", loading=LoadingConfig(full_when_missing=0.2,
+                                                        full_when_faster=False))
+    layout = engine.build_prompt(PREFIX, PASSAGES[:3], SUFFIX)
+    pre = engine.prefill(layout, BlendConfig(mode="prefix"))
+    assert pre.stats.mode == "full" and pre.stats.cache.backfilled == 2  # prefix, chunk 1
+    assert pre.stats.controller.mode.reason == "chunks missing"
+    # a comparison of modes runs it as asked whatever the loading config says
+    asked = engine.prefill(layout, BlendConfig(mode="prefix"), as_asked=True)
+    assert asked.stats.mode == "prefix"

@@ -50,7 +50,8 @@ class Piece:
     ids: tuple[int, ...]
     context: ChunkContext
     key: str  # its store key, for de-duplication
-    exact: bool = False  # a prefix: stored in the model's dtype
+    exact: bool = False  # stored in the model's dtype (a prefix, prefix mode's chunk)
+    prefix: bool = False  # the request's prefix (not one of its chunks)
 
 
 class Backfill:

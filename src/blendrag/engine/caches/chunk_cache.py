@@ -317,7 +317,8 @@ class ChunkCache:
         if config.mode == "full":
             return []
         pieces = [Piece((), tuple(layout.prefix_ids), NO_CONTEXT,
-                        self.key((), layout.prefix_ids, NO_CONTEXT), exact=True)
+                        self.key((), layout.prefix_ids, NO_CONTEXT), exact=True,
+                        prefix=True)
                   ] if layout.prefix_ids else []
         pieces += [Piece(tuple(p), tuple(ids), context, self.key(p, ids, context),
                          exact=config.mode == "prefix")  # as ``request_rows.fill`` stores it

@@ -174,6 +174,8 @@ def _open_or_compute(cache: ChunkLookup, rows: RequestRows, failed: dict[str, Ch
         if entry is not None and (entry.exact or not exact):
             rows.device_hits += entry.tier == DEVICE
             return entry, True
+        if entry is not None:  # rounded: closed now (its reads ahead dropped), replaced below
+            _close_early(rows, entry)
         kv = cache.compute_and_put(chunk_prefix(), chunk_prefix_ids, ids, context,
                                    exact=exact)
         if key in failed:

@@ -39,7 +39,7 @@ def mode_for(parts: Parts, req: Request) -> tuple[BlendConfig, ModeChoice | None
     choice's record (None: not asked). Not asked of a request that begins with prefix-cache
     rows (every mode then computes little) or that is a full prefill already."""
     layout, config = req.layout, req.config
-    if config.mode == "full":
+    if config.mode == "full" or req.as_asked:
         return config, None
     if parts.prefix_cache is not None:
         exact_tokens, cached, head = _cached_heads(parts.prefix_cache, layout, config)
@@ -73,7 +73,7 @@ def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
         return None
     absent = parts.cache.absent(req.layout, req.config, req.history)
     chunk_tokens = req.layout.suffix_start - len(req.layout.prefix_ids)
-    missing = sum(len(p.ids) for p in absent if not p.exact)  # chunks (the prefix is exact)
+    missing = sum(len(p.ids) for p in absent if not p.prefix)  # chunks
     if not absent or chunk_tokens <= 0 or missing < share * chunk_tokens:
         return None
     req.backfilled = parts.cache.backfill_later(absent)
@@ -82,7 +82,7 @@ def _missing_first(parts: Parts, req: Request) -> ModeChoice | None:
     # full), then at INFO (a service over new documents would say it on every first question)
     level = logging.INFO if backfill.warned else logging.WARNING
     backfill.warned = True
-    chunks = sum(not p.exact for p in absent)
+    chunks = sum(not p.prefix for p in absent)
     log.log(level, "%s request: %d of %d chunk tokens (%.0f %%, %d of %d chunks) are in no store "
             "yet, at least the %.0f %% of LoadingConfig.full_when_missing: ran an exact full "
             "prefill instead of computing them first; %d of %d missing pieces (chunks, prefix) "

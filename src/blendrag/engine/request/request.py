@@ -42,7 +42,9 @@ class Request:
     found), ``config`` (once chosen: the mode and ratio it runs), ``capacity`` rows of KV,
     ``started`` (``time.perf_counter()`` when it arrived: its TTFT starts there), ``observers``
     of the main pass (a ``PhaseClock`` among them times every phase), ``pieces`` (a long main
-    pass run in pieces, others' work between them: engine/compute/pieces.py). Across attempts:
+    pass run in pieces, others' work between them: engine/compute/pieces.py), ``as_asked``
+    (run ``config``'s own mode: no full prefill chosen instead, for a comparison of modes).
+    Across attempts:
     ``history`` (the earlier turn's rows of its history chunk), ``failed`` (keys whose entry
     failed to load, with the KV computed for each), ``choice`` (the cost profile's record, or
     the record of a full prefill run because its chunks were missing; None when not asked),
@@ -54,6 +56,7 @@ class Request:
     started: float
     observers: Sequence[LayerObserver] = ()
     pieces: PrefillPieces | None = None
+    as_asked: bool = False
     history: HistoryRows | None = None
     failed: dict[str, ChunkKV | None] = field(default_factory=dict)
     choice: ModeChoice | None = None
