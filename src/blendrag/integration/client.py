@@ -54,6 +54,7 @@ class BlendRequest:
 
     prompt: FlatLayout
     stream: GenerationStream | ServedRequest
+    asked: str = "blend"  # the mode the request asked for (it may have run a full prefill)
 
     @property
     def result(self) -> GenerationResult:
@@ -240,10 +241,10 @@ class BlendClient:
             handle = scheduler_for(self.engine).submit(self.engine, flat.layout, blend,
                                                        generation, started=started,
                                                        prepare=prepare)
-            return BlendRequest(flat, handle)
+            return BlendRequest(flat, handle, blend.mode)
         stream = self.engine.stream(flat.layout, blend, generation, started=started)
         stream.prefill.stats.timing.match_s = flat.match_s
-        return BlendRequest(flat, stream)
+        return BlendRequest(flat, stream, blend.mode)
 
     def layout(self, prompt: str, *, texts: Sequence[str] | None = None,
                templated: bool = False) -> FlatLayout:
@@ -262,8 +263,8 @@ class BlendClient:
                                               stats.cache.prefix_cache_tokens)
         backfilled = stats.cache.backfilled > 0  # ran full: passages in no store
         # prefix mode computes its chunk after the prompt's own prefix: ingestion stores none
-        asked = stats.controller.mode.asked if stats.controller.mode is not None else stats.mode
-        if asked != "prefix" and (request.blended or (backfilled and request.prompt.matched > 0)):
+        if request.asked != "prefix" and (request.blended
+                                          or (backfilled and request.prompt.matched > 0)):
             self._ingestion.check(request.prompt, self.name, self.fixes, backfilled)
         self.last_stats, self.last_prompt = stats, request.prompt
         return request.info()

@@ -12,7 +12,7 @@ from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrou
 
 from blendrag.integration.chunks import DEFAULT_SEPARATOR
 from blendrag.langchain.chat import ChatBlend
-from blendrag.langchain.llm import BlendLLM, format_documents
+from blendrag.langchain.llm import BlendLLM, format_documents, unbound
 
 
 def create_blend_retrieval_chain(
@@ -33,7 +33,7 @@ def create_blend_retrieval_chain(
     chain does; the Documents themselves also go to ``llm`` (``documents=``), so the chunks are
     located without the text index. ``llm`` is a :class:`BlendLLM` or :class:`ChatBlend`.
     """
-    if not isinstance(llm, (BlendLLM, ChatBlend)):
+    if not isinstance(unbound(llm), (BlendLLM, ChatBlend)):
         raise TypeError(f"llm must be blendrag's LangChain BlendLLM or ChatBlend, got "
                         f"{type(llm).__module__}.{type(llm).__name__} (a plain LLM: "
                         f"langchain's create_retrieval_chain)")

@@ -16,7 +16,7 @@ from blendrag.config import profile_depth
 from blendrag.ingest import IngestCounts
 from blendrag.integration.chunks import DEFAULT_SEPARATOR
 from blendrag.integration.client import PROGRESS_MIN
-from blendrag.langchain.llm import BlendParams, format_documents
+from blendrag.langchain.llm import BlendParams, format_documents, unbound
 
 
 class BlendChroma(Chroma):
@@ -55,6 +55,7 @@ class BlendChroma(Chroma):
                  separators: Sequence[str] = (DEFAULT_SEPARATOR,),
                  show_progress: bool | None = None, profile: bool | int = False,
                  record_existing: bool = True, **kwargs: Any) -> None:
+        llm = unbound(llm)  # llm.bind(...), with_config(...): the LLM they wrap
         if not isinstance(llm, BlendParams):
             raise TypeError(f"BlendChroma(llm=...) takes blendrag's LangChain BlendLLM or "
                             f"ChatBlend (blendrag.langchain), got {type(llm).__module__}."

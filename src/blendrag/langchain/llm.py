@@ -65,6 +65,26 @@ FIXES = FallbackFixes(
 _LANGCHAIN_KEYS = frozenset({"stream", "model", "ls_structured_output_format"})
 
 
+def _all_at_once(config: Any, n: int) -> Any:
+    """LangChain's batch ``config`` with ``max_concurrency`` ``n`` where it gives none: every
+    input one thread, all of them queued on the scheduler at once (its ``max_seqs`` and
+    ``max_queue`` bound them), not a thread pool's default of a few."""
+    if isinstance(config, list):
+        return [_all_at_once(c, n) for c in config]
+    config = dict(config or {})
+    if config.get("max_concurrency") is None:
+        config["max_concurrency"] = max(1, n)
+    return config
+
+
+def unbound(llm: Any) -> Any:
+    """The LLM a ``RunnableBinding`` (``.bind``, ``.with_config``, ``.with_retry``) wraps,
+    else ``llm``: what a type check looks at."""
+    while isinstance(getattr(llm, "bound", None), Runnable):
+        llm = llm.bound
+    return llm
+
+
 def format_documents(documents: Sequence[Document], document_prompt: str) -> list[str]:
     """Each Document as the prompt spells it (LangChain's ``format_document``)."""
     template = PromptTemplate.from_template(document_prompt)
@@ -163,7 +183,8 @@ class BlendParams(ClientViews, BlendSettings):
         token = _SERVED.set(True)
         try:
             return Runnable.batch(self,  # type: ignore[arg-type]  # mixed into a Runnable
-                                  inputs, config, return_exceptions=return_exceptions, **kwargs)
+                                  inputs, _all_at_once(config, len(inputs)),
+                                  return_exceptions=return_exceptions, **kwargs)
         finally:
             _SERVED.reset(token)
 

@@ -287,6 +287,15 @@ def test_a_wrong_kind_of_llm_is_refused_by_name_before_anything_is_stored(
         chroma_client.get_collection(collection_name).count() == 0)
     with pytest.raises(TypeError, match="BlendLLM or ChatBlend"):
         create_blend_retrieval_chain(lambda x: [], FakeListLLM(responses=["x"]), prompt)
+    # blendrag's LLM behind .bind / .with_config is what it is
+    from blendrag.langchain import BlendLLM
+
+    bound = BlendLLM(engine=engine).bind(ratio=0.3).with_config(tags=["t"])
+    from langchain_core.runnables import RunnableLambda
+
+    create_blend_retrieval_chain(RunnableLambda(lambda x: []), bound, prompt)
+    BlendChroma.from_documents(documents, embedding=embedder, client=chroma_client,
+                               collection_name=collection_name, llm=bound)
 
 
 def test_a_document_the_document_prompt_cannot_format_adds_nothing(
