@@ -162,9 +162,8 @@ def _text(cfg: ChatBenchConfig) -> tuple[BlendEngine, Conversation]:
 
 def _render(engine: BlendEngine, turns: list[dict[str, str]]) -> str:
     """The conversation in the model's chat template (a plain transcript without one)."""
-    tokenizer = engine.tokenizer
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+    if getattr(engine.tokenizer, "chat_template", None) and engine.prompts is not None:
+        return engine.prompts.render_chat(turns)  # the engine's own rendering (a fixed date)
     lines = [f"{t['role'].capitalize()}: {t['content']}" for t in turns]
     return "\n".join(lines) + "\nAssistant:"
 

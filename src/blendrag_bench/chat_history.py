@@ -176,9 +176,7 @@ def _layout(engine: BlendEngine, index: ChunkTextIndex, passages: list[str],
     """The prompt a ContextChatEngine turn sends, cut at the passages as a framework LLM cuts
     it."""
     system = CONTEXT_TEMPLATE.format(context_str=SEPARATOR.join(passages))
-    prompt = engine.tokenizer.apply_chat_template(
-        [{"role": "system", "content": system}, *messages], tokenize=False,
-        add_generation_prompt=True)
+    prompt = engine.prompts.render_chat([{"role": "system", "content": system}, *messages])
     flat = find_layout(engine.prompts, prompt, index, passages, templated=True)
     if flat.full_only:
         raise RuntimeError("the passages were not found in the chat prompt")
