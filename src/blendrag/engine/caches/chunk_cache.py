@@ -215,8 +215,9 @@ class ChunkCache:
         just replaced: a profile added, exact rows over rounded ones); none without a tier."""
         tier = self.device_tier
         if tier is not None:
-            tier.discard(self._device_name(key))
-            tier.put(self._device_name(key), kv)
+            name = self._device_name(key)
+            tier.discard(name)
+            tier.put(name, kv)
 
     def compute_pair(self, chunk_prefix: ChunkKV | None, chunk_prefix_ids: Ids, chunk_ids: Ids,
                      context: ChunkContext) -> tuple[ChunkKV, ChunkKV | None]:
