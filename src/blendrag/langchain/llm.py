@@ -36,6 +36,7 @@ from blendrag.integration.settings import (
     warn_unknown,
 )
 from blendrag.integration.text_index import ChunkTextIndex
+from blendrag.serving import scheduler_for
 from blendrag.spec import EngineSpec, spec_fields
 from blendrag.store.protocol import KVStore
 
@@ -65,15 +66,17 @@ FIXES = FallbackFixes(
 _LANGCHAIN_KEYS = frozenset({"stream", "model", "ls_structured_output_format"})
 
 
-def _all_at_once(config: Any, n: int) -> Any:
+def _all_at_once(config: Any, n: int, room: int) -> Any:
     """LangChain's batch ``config`` with ``max_concurrency`` ``n`` where it gives none: every
-    input one thread, all of them queued on the scheduler at once (its ``max_seqs`` and
-    ``max_queue`` bound them), not a thread pool's default of a few."""
+    input one thread, all of them queued on the scheduler at once (its ``max_seqs`` bounds
+    those that decode together), not a thread pool's default of a few; never more than
+    ``room``, the scheduler's queue (``ServingConfig.max_queue``), so that a batch larger than
+    the queue waits for it rather than failing its last inputs with ``QueueFull``."""
     if isinstance(config, list):
-        return [_all_at_once(c, n) for c in config]
+        return [_all_at_once(c, n, room) for c in config]
     config = dict(config or {})
-    if config.get("max_concurrency") is None:
-        config["max_concurrency"] = max(1, n)
+    asked = config.get("max_concurrency")
+    config["max_concurrency"] = max(1, min(n if asked is None else asked, room))
     return config
 
 
@@ -183,7 +186,7 @@ class BlendParams(ClientViews, BlendSettings):
         token = _SERVED.set(True)
         try:
             return Runnable.batch(self,  # type: ignore[arg-type]  # mixed into a Runnable
-                                  inputs, _all_at_once(config, len(inputs)),
+                                  inputs, _all_at_once(config, len(inputs), self._room()),
                                   return_exceptions=return_exceptions, **kwargs)
         finally:
             _SERVED.reset(token)
@@ -194,8 +197,12 @@ class BlendParams(ClientViews, BlendSettings):
         awaited on this event loop), so that its error is its own and cancelling the batch
         cancels every request in it."""
         return await Runnable.abatch(self,  # type: ignore[arg-type]  # mixed into a Runnable
-                                     inputs, config, return_exceptions=return_exceptions,
-                                     **kwargs)
+                                     inputs, _all_at_once(config, len(inputs), self._room()),
+                                     return_exceptions=return_exceptions, **kwargs)
+
+    def _room(self) -> int:
+        """How many requests the scheduler of this engine's model queues at most."""
+        return scheduler_for(self.engine).config.max_queue
 
     def _start(self, prompt: str, templated: bool, stop: Sequence[str] | None,
                kwargs: dict[str, Any], served: bool = False) -> BlendRequest:

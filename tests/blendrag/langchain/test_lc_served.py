@@ -118,3 +118,15 @@ def test_cancelling_an_abatch_cancels_every_request_in_it(llm, engine):
         deadline -= 1
     assert scheduler.stats.cancelled - before == len(QUESTIONS)
     assert scheduler.pool.free_blocks == scheduler.pool.blocks
+
+
+def test_a_batch_larger_than_the_queue_waits_for_it(llm, engine):
+    """More inputs than the scheduler queues: every input gets its answer (at most
+    ``max_queue`` of them wait at once), none a ``QueueFull``, for ``batch`` and ``abatch``."""
+    scheduler = scheduler_for(engine, ServingConfig(prefill_workers=0, max_queue=1, max_seqs=1))
+    prompts = [_prompt(q) for q in QUESTIONS]
+    alone = [llm.invoke(p, documents=DOCS) for p in prompts]
+    assert llm.batch(prompts, documents=DOCS) == alone
+    assert asyncio.run(llm.abatch(prompts, documents=DOCS)) == alone
+    assert llm.batch(prompts, {"max_concurrency": 8}, documents=DOCS) == alone
+    assert scheduler.stats.requests == 3 * len(QUESTIONS)
