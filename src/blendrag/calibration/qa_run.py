@@ -29,7 +29,7 @@ from blendrag.calibration.quality import (
     paired_bound,
 )
 from blendrag.calibration.run import FULL, INSTRUCTION, check_grid, fitted, parts_of
-from blendrag.calibration.saved import SavedRows, is_amount, is_config
+from blendrag.calibration.saved import SavedRows, held, is_amount, is_config
 from blendrag.config import BlendConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.eval.answer import compare_answers
@@ -92,8 +92,9 @@ def calibrate_qa(engine: BlendEngine, items: Sequence[QAItem], target: QualityTa
          "metric": target.metric, "answer_tokens": target.answer_tokens})
     configs = [FULL] + [BlendConfig(selector=s, ratio=r) for s in selectors for r in ratios
                         if r < EXACT]
-    rows = score_questions(engine, runs, items, configs, target, instruction, budget_s,
-                           on_question, progress)
+    with held(progress):
+        rows = score_questions(engine, runs, items, configs, target, instruction, budget_s,
+                               on_question, progress)
     points = quality_frontier(rows, target.confidence)
     full_quality = statistics.mean(row[0].quality for row in rows)
     if EXACT in ratios:  # a full prefill's rows: its answers, its quality, exact

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from blendrag.calibration.flows import Flow, flow_settings, make_flow
 from blendrag.calibration.plan import EXACT, PromptPlan
 from blendrag.calibration.prompts import CalibrationPrompt, make_prompts
-from blendrag.calibration.saved import Result, SavedProgress
+from blendrag.calibration.saved import Result, SavedProgress, held
 from blendrag.calibration.target import CalibrationTarget
 from blendrag.checks import is_finite_number
 from blendrag.config import BlendConfig
@@ -81,8 +81,9 @@ def calibrate(engine: BlendEngine, passages: Sequence[str],
          "instruction": instruction, **flow_settings(runs, engine),
          "selectors": list(selectors), "ratios": list(ratios),
          "answer_tokens": target.answer_tokens})
-    rows = measure_planned(engine, runs, passages, plan, per_prompt, seed, questions,
-                           instruction, on_prompt, progress)
+    with held(progress):
+        rows = measure_planned(engine, runs, passages, plan, per_prompt, seed, questions,
+                               instruction, on_prompt, progress)
     points = frontier(rows, target.first_sentence) + exact_points(plan, len(rows))
     selector, ratio = choose(points, target)
     return CalibrationRecord(

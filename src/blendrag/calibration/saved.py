@@ -2,14 +2,17 @@
 a stop (a kill, a closed laptop, a budget) goes on where it was instead of starting over.
 
 One JSON-lines file per calibration *settings* (model, tokenizer, corpus, prompts' draw, flow,
-instruction, selectors, ratios, answer length: ``settings_id``), named by their digest in the
-store's ``calibration-progress`` folder: a first line with the settings, then one line per
-prompt measured (its index and each config's result). Prompt i is the same prompt whatever
-the count asked for (``make_prompts`` draws them in order), so a run with another
-``--prompts`` or ``--budget`` takes the saved prompts too. The file is removed once the record
-is kept. A calibration on labelled questions (``qa_run.py``) keeps its rows the same way,
-question by question (``SavedRows``: the file format is shared, each result's fields are its
-own).
+instruction, selectors, ratios, answer length, and the store's namespace: ``settings_id``),
+named by their digest in the store's ``calibration-progress`` folder (a namespace other than
+the default one in ``calibration-progress/<namespace id>/``, as its records are): a first line
+with the settings, then one line per prompt measured (its index and each config's result).
+Prompt i is the same prompt whatever the count asked for (``make_prompts`` draws them in
+order), so a run with another ``--prompts`` or ``--budget`` takes the saved prompts too. The
+file is removed once the record is kept. Two runs of the same settings at once do not share the
+file: the first to load it holds it (an advisory lock beside it) and the second saves nothing,
+with a warning. A calibration on labelled questions (``qa_run.py``) keeps its rows the same
+way, question by question (``SavedRows``: the file format is shared, each result's fields are
+its own).
 
 The folder is part of the store: its bytes are untrusted. Every line is checked field by field
 (a line that is not a prompt's result ends the saved part there: the prompts after it are
@@ -25,9 +28,11 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Generic, Protocol, TypeVar
+from typing import IO, Generic, Protocol, TypeVar
 
 from blendrag.store.auth import StoreKeys
 
@@ -70,14 +75,24 @@ def settings_id(settings: dict) -> str:
 class SavedRows(Generic[R]):
     """The saved rows (one a prompt or question: full prefill's result, then each config's) of
     one calibration's ``settings`` under ``store_dir`` (None: nothing saved, a calibration in
-    memory), signed with ``keys`` where given. A subclass says how one result is written
-    (``dump``) and read back, checked field by field (``parse``)."""
+    memory), in the namespace ``ns_id`` (the store's ``Names.ns_id``; "" the default one),
+    signed with ``keys`` where given. A subclass says how one result is written (``dump``) and
+    read back, checked field by field (``parse``)."""
 
     def __init__(self, store_dir: Path | None, settings: dict,
-                 keys: StoreKeys | None = None) -> None:
-        self.settings, self.keys = settings, keys
-        self.path = (None if store_dir is None
-                     else Path(store_dir) / FOLDER / f"{settings_id(settings)}.jsonl")
+                 keys: StoreKeys | None = None, ns_id: str = "") -> None:
+        # the namespace in the settings too: a signed line copied from another tenant's file
+        # names other settings
+        self.settings = {**settings, "namespace": ns_id} if ns_id else settings
+        self.keys = keys
+        folder = None if store_dir is None else Path(store_dir) / FOLDER
+        if folder is not None and ns_id:
+            folder = folder / ns_id
+        self.path = (None if folder is None
+                     else folder / f"{settings_id(self.settings)}.jsonl")
+        # the folders this writes in: the store's own, never a planted link's target
+        self._inner = [] if folder is None else [folder] + ([folder.parent] if ns_id else [])
+        self._lock: IO[bytes] | None = None
 
     def dump(self, result: R) -> list:
         """One result as a JSON list."""
@@ -111,10 +126,7 @@ class SavedRows(Generic[R]):
         """Write the settings line and ``rows`` (what this run goes on from) afresh."""
         if self.path is None:
             return
-        for folder in (self.path.parent, self.path):
-            if folder.is_symlink():
-                raise ValueError(f"calibration progress: {folder} is a symbolic link; it is "
-                                 "written only inside the store (remove the link)")
+        self._check_inner()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # a file of its own (mkstemp: created, never a planted link followed, nor another
         # run's of the same settings), then renamed over the progress
@@ -141,9 +153,56 @@ class SavedRows(Generic[R]):
             os.fsync(f.fileno())
 
     def done(self) -> None:
-        """The record is kept: the progress is no longer needed."""
+        """The record is kept: the progress is no longer needed (its file removed, its hold
+        let go)."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
+        self.release()
+
+    def claim(self) -> None:
+        """Hold this settings' progress for a run (an advisory lock on a file beside it, let go
+        by :meth:`release` or when the process ends); while another run holds it, this one
+        saves nothing (warned)."""
+        if self.path is not None and not self._lock_file():
+            log.warning("calibration progress %s: another calibration of the same settings is "
+                        "running and saving it; this run saves no progress of its own",
+                        self.path)
+            self.path = None
+
+    def release(self) -> None:
+        """Let go of the hold :meth:`claim` took (the progress file stays)."""
+        if self._lock is not None:
+            self._lock.close()  # closing the file lets its lock go
+            self._lock = None
+
+    def _lock_file(self) -> bool:
+        """Lock the file beside the progress: False while another run holds it."""
+        if self._lock is not None or self.path is None:
+            return True
+        try:
+            import fcntl
+        except ImportError:  # no advisory locks on this system: the file is shared as before
+            return True
+        self._check_inner()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path.with_suffix(".lock"),
+                     os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        lock = os.fdopen(fd, "rb+")
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            return False
+        self._lock = lock
+        return True
+
+    def _check_inner(self) -> None:
+        """ValueError when a folder this writes in, or the progress file, is a link."""
+        for folder in [*self._inner, *([] if self.path is None else [self.path])]:
+            if folder.is_symlink():
+                raise ValueError(f"calibration progress: {folder} is a symbolic link; it is "
+                                 "written only inside the store (remove the link)")
+
 
     def _line(self, doc: dict) -> str:
         body = json.dumps(doc, sort_keys=True)
@@ -188,6 +247,19 @@ class SavedRows(Generic[R]):
         if out[0].selector is not None or out[0].ratio is not None:
             return None  # full prefill's row comes first
         return out
+
+
+@contextmanager
+def held(progress: SavedRows | None) -> Iterator[None]:
+    """``progress`` held for the run inside (None: nothing saved): another run of the same
+    settings at once saves nothing; let go however the run ends (an error, a Ctrl-C)."""
+    if progress is not None:
+        progress.claim()
+    try:
+        yield
+    finally:
+        if progress is not None:
+            progress.release()
 
 
 def is_amount(x: object) -> bool:

@@ -19,6 +19,7 @@ from blendrag.cli.calibration_io import (
     passages,
     record_dict,
     report_tail,
+    saving,
 )
 from blendrag.cli.options import (
     add_chat_option,
@@ -29,7 +30,6 @@ from blendrag.cli.options import (
     add_store_dir_option,
     apply_threads,
     emit,
-    store_keys,
 )
 from blendrag.eval.metrics import speedup_words
 
@@ -171,11 +171,7 @@ def run(args: argparse.Namespace, texts: list[str], target, engine=None):
             print(f"calibrate: {plan.words()}; {budget}", file=sys.stderr)
         bar = Progress("calibrating", unit="prompts", enabled=not args.no_progress)
         saved: list[SavedProgress] = []
-
-        def keep(settings: dict) -> SavedProgress:
-            saved.append(SavedProgress(engine.store.disk_dir, settings, store_keys(args)))
-            return saved[-1]
-
+        keep = saving(SavedProgress, engine, saved)
         record = calibrate(engine, texts, target, prompts=args.prompts,
                            per_prompt=args.per_prompt, ratios=args.ratios,
                            selectors=args.selectors, flow=args.flow, seed=args.seed,

@@ -61,8 +61,7 @@ def run(args: argparse.Namespace, items, corpus: list[str], target, engine=None)
     corpus is ``--corpus``'s, else the questions' passages'."""
     from blendrag.calibration.qa_run import SavedQuestions, calibrate_qa
     from blendrag.calibration.quality import MIN_QUESTIONS
-    from blendrag.cli.calibration_io import keep_record, opened
-    from blendrag.cli.options import store_keys
+    from blendrag.cli.calibration_io import keep_record, opened, saving
     from blendrag.cli.progress import Progress
     from blendrag.store.calibration import corpus_id
 
@@ -77,11 +76,7 @@ def run(args: argparse.Namespace, items, corpus: list[str], target, engine=None)
               f"{target.words}; {budget}", file=sys.stderr)
     with opened(args, engine) as engine:
         saved: list[SavedQuestions] = []
-
-        def keep(settings: dict) -> SavedQuestions:
-            saved.append(SavedQuestions(engine.store.disk_dir, settings, store_keys(args)))
-            return saved[-1]
-
+        keep = saving(SavedQuestions, engine, saved)
         record = calibrate_qa(engine, items, target, corpus=corpus_id(texts),
                               ratios=args.ratios, selectors=args.selectors, flow=args.flow,
                               on_question=Progress("calibrating", unit="questions",

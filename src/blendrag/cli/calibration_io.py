@@ -42,6 +42,21 @@ def keep_record(engine, record, saved: list) -> Path | None:
     return path
 
 
+def saving(kind, engine, saved: list):
+    """The ``saved=`` callback of a calibration on ``engine``: its progress of given settings
+    as a ``kind`` (``SavedProgress`` or ``SavedQuestions``) beside the store's disk tier, in the
+    store's namespace and signed with its keys, also appended to ``saved``."""
+    from blendrag.store.names import Named, Names
+
+    store = engine.store
+    names = store.names if isinstance(store, Named) else Names()
+
+    def keep(settings: dict):
+        saved.append(kind(getattr(store, "disk_dir", None), settings, names.keys, names.ns_id))
+        return saved[-1]
+    return keep
+
+
 @contextmanager
 def opened(args: argparse.Namespace, engine=None) -> Iterator:
     """``engine``, or one loaded from the arguments on a disk store at ``--store-dir`` in

@@ -10,7 +10,7 @@ import pytest
 from blendrag import BlendEngine
 from blendrag.calibration.plan import PromptPlan, min_prompts
 from blendrag.calibration.run import calibrate
-from blendrag.calibration.saved import Result, SavedProgress
+from blendrag.calibration.saved import Result, SavedProgress, held
 from blendrag.calibration.target import CalibrationTarget, lower_bound
 from blendrag.store.auth import StoreKeys
 from helpers.tiny import PASSAGES
@@ -189,3 +189,47 @@ def test_the_pace_of_a_resumed_run_is_its_own_prompts(monkeypatch):
     assert plan.fits(6, saved=5) == 6  # 1 s left, a prompt takes 2 s: none more
     assert PromptPlan(TARGET, 24, (0.2,), ("preview",), budget_s=3.0,
                       started=plan.started).fits(6) == 9  # without the saved ones set apart
+
+
+def test_a_second_run_of_the_same_settings_saves_nothing_while_the_first_holds_them(
+        tmp_path, caplog):
+    first = SavedProgress(tmp_path, SETTINGS)
+    with held(first):
+        first.start([])
+        first.add(0, ROW)
+        second = SavedProgress(tmp_path, SETTINGS)
+        with held(second):
+            assert second.path is None
+            assert "another calibration of the same settings" in caplog.text
+            second.start([ROW, ROW])  # nothing written: the first run's file is its own
+            second.add(1, ROW)
+        second.done()
+        first.add(1, ROW)
+        assert SavedProgress(tmp_path, SETTINGS).load() == [ROW, ROW]
+    third = SavedProgress(tmp_path, SETTINGS)  # the first let go: the next run holds them
+    with held(third):
+        assert third.path is not None and third.load() == [ROW, ROW]
+
+
+def test_a_run_stopped_by_an_error_lets_go_of_its_progress(tmp_path):
+    first = SavedProgress(tmp_path, SETTINGS)
+    with pytest.raises(KeyboardInterrupt), held(first):
+        first.start([ROW])
+        raise KeyboardInterrupt
+    again = SavedProgress(tmp_path, SETTINGS)
+    with held(again):
+        assert again.path is not None and again.load() == [ROW]
+
+
+def test_a_namespace_keeps_its_progress_apart(tmp_path):
+    default = SavedProgress(tmp_path, SETTINGS)
+    default.start([ROW, ROW])
+    tenant = SavedProgress(tmp_path, SETTINGS, ns_id="ab" * 8)
+    assert tenant.path.parent == tmp_path / "calibration-progress" / ("ab" * 8)
+    assert tenant.load() == []
+    tenant.path.parent.mkdir()
+    tenant.path.write_bytes(default.path.read_bytes())  # another namespace's lines, copied
+    assert tenant.load() == []
+    tenant.start([ROW])
+    assert SavedProgress(tmp_path, SETTINGS, ns_id="ab" * 8).load() == [ROW]
+    assert SavedProgress(tmp_path, SETTINGS).load() == [ROW, ROW]

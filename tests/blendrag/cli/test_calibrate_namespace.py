@@ -59,3 +59,18 @@ def test_a_ratio_of_zero_is_refused_before_any_model_work(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--ratios must be fractions in (0, 1]" in err[0]
+
+
+def test_a_namespaces_progress_is_kept_in_its_own_folder_signed_with_its_keys(tmp_path):
+    from types import SimpleNamespace
+
+    from blendrag.calibration.saved import SavedProgress
+    from blendrag.cli.calibration_io import saving
+
+    keys = StoreKeys({"k1": b"deployment-secret-0123456789"}, "k1")
+    config = StoreConfig(ram_bytes=0, disk_dir=tmp_path, namespace="acme", auth_key=keys)
+    with TieredKVStore(config) as kv:
+        saved: list = []
+        progress = saving(SavedProgress, SimpleNamespace(store=kv), saved)({"model": "m"})
+    assert saved == [progress] and progress.keys is keys
+    assert progress.path.parent == tmp_path / "calibration-progress" / Names("acme", keys).ns_id
