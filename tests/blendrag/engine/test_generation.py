@@ -146,3 +146,24 @@ def test_the_fixed_shape_step_equals_eager_decoding_and_reuses_its_buffer(engine
             token = int(la.argmax())
         del a, b
     assert static.runner.static_decoder.buffers == 1
+
+
+def test_the_fixed_shape_step_does_not_keep_a_requests_buffer(engine_for):
+    """A request that decodes in a buffer of its own (the pooled one lent to another) frees it
+    when it is dropped: the step made over it keeps its tables, not the request's rows."""
+    import gc
+    import weakref
+
+    static = engine_for("llama", compute=DECODES["graph"])
+    layout = static.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    held = static.prefill(layout, FULL, extra_capacity=8)  # holds the pooled buffer
+    own = static.prefill(layout, FULL, extra_capacity=8)
+    assert own.fused.base[0].data_ptr() != held.fused.base[0].data_ptr()
+    token = int(own.logits.argmax())
+    for _ in range(3):
+        token = int(static.runner.decode(token, own.fused).argmax())
+    gone = weakref.ref(own.fused.base[0])
+    del own
+    gc.collect()
+    assert gone() is None and static.runner.static_decoder.buffers == 1
+    del held

@@ -66,10 +66,10 @@ def static_rope(adapter: LlamaAdapter) -> bool:
 
 @dataclass
 class _Step:
-    """One buffer's step: its inputs, tables and (on CUDA) captured graph."""
+    """One buffer's step: its inputs, tables and (on CUDA) captured graph. It does not hold the
+    buffer (a request's rows stay its own, freed with it): each call gets the buffer, and a
+    graph is replayed only over a buffer of the same addresses, shape and layout, as captured."""
 
-    k: torch.Tensor  # [layers, Hkv, capacity, D]: the buffer's whole storage
-    v: torch.Tensor
     rope: RopeTables  # positions [0, capacity)
     token: torch.Tensor  # [1] long
     pos: torch.Tensor  # [1] long
@@ -82,7 +82,7 @@ class StaticDecoder:
     """Decodes tokens with fixed shapes over each request KV's whole buffer; ``graphs``: capture
     the step as a CUDA graph (CUDA only) and replay it."""
 
-    KEPT = 2  # buffers whose step (and graph) is kept: the pooled one, and one more
+    KEPT = 2  # steps (and graphs) kept: the pooled buffer's, and one more (never the buffer)
 
     def __init__(self, adapter: LlamaAdapter, graphs: bool) -> None:
         self.adapter = adapter
@@ -96,13 +96,14 @@ class StaticDecoder:
         p = fused.length
         if p >= fused.capacity:
             raise ValueError(f"the KV buffer is full ({fused.capacity} rows)")
-        st = self._state(fused)
+        k, v = fused.base  # [layers, Hkv, capacity, D]: the buffer's whole storage
+        st = self._state(k, v)
         st.token.fill_(token)
         st.pos.fill_(p)
-        if self.graphs and st.k.device.type == "cuda":
-            logits = self._replay(st)
+        if self.graphs and k.device.type == "cuda":
+            logits = self._replay(st, k, v)
         else:
-            logits = self._step(st)
+            logits = self._step(st, k, v)
         fused.length = p + 1
         return logits.clone()
 
@@ -116,19 +117,18 @@ class StaticDecoder:
         with self._lock:
             self._steps.clear()
 
-    def _state(self, fused: FusedKV) -> _Step:
+    def _state(self, k: torch.Tensor, v: torch.Tensor) -> _Step:
         with self._lock:
-            return self._kept(fused)
+            return self._kept(k, v)
 
-    def _kept(self, fused: FusedKV) -> _Step:
-        """The step over ``fused``'s buffer, made at its first use (the caller holds the
-        lock)."""
-        k, v = fused.base
-        key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.dtype)
+    def _kept(self, k: torch.Tensor, v: torch.Tensor) -> _Step:
+        """The step over the buffer ``k``, ``v``, made at its first use (the caller holds the
+        lock); keyed by what a captured graph reads: the addresses, shape, layout and dtype."""
+        key = (k.data_ptr(), v.data_ptr(), tuple(k.shape), k.stride(), v.stride(), k.dtype)
         if key not in self._steps:
             cap, dev = k.shape[2], k.device
             self._steps[key] = _Step(
-                k, v, self.adapter.rope(cap, k.dtype, dev),
+                self.adapter.rope(cap, k.dtype, dev),
                 torch.zeros(1, dtype=torch.long, device=dev),
                 torch.zeros(1, dtype=torch.long, device=dev), torch.arange(cap, device=dev))
             while len(self._steps) > self.KEPT:
@@ -137,7 +137,8 @@ class StaticDecoder:
         return self._steps[key]
 
     @torch.inference_mode()
-    def _step(self, st: _Step) -> torch.Tensor:
+    def _step(self, st: _Step, kk: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+        """The step over the buffer ``kk``, ``vv`` ([layers, Hkv, capacity, D])."""
         a, pos = self.adapter, st.pos
         h = a.embed(st.token)  # [1, hidden]
         rotations: dict[int, Rotation] = {}
@@ -147,12 +148,12 @@ class StaticDecoder:
             if id(table) not in rotations:  # gathered on the device: no sync
                 rotations[id(table)] = table.at(pos)
             q, k, _, v = project(a, layer, h, rotations[id(table)])  # q: [H, 1, D]
-            st.k[i].index_copy_(1, pos, k)
-            st.v[i].index_copy_(1, pos, v)
+            kk[i].index_copy_(1, pos, k)
+            vv[i].index_copy_(1, pos, v)
             window = a.sliding_window(i)
             if window not in masks:
                 masks[window] = self._mask(st, window, q.dtype)
-            h = finish(a, layer, h, self._attend(q, st.k[i], st.v[i], masks[window]))
+            h = finish(a, layer, h, self._attend(q, kk[i], vv[i], masks[window]))
         return a.logits(a.norm(h))[0].float()
 
     def _mask(self, st: _Step, window: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -176,18 +177,20 @@ class StaticDecoder:
         # CUDA's flash kernel returns [1, g, Hkv, D] memory order behind this shape: reshape
         return o[0].reshape(heads, 1, d)
 
-    def _replay(self, st: _Step) -> torch.Tensor:
+    def _replay(self, st: _Step, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if st.graph is None or st.out is None:
             try:
-                st.graph, st.out = self._capture(st)
+                st.graph, st.out = self._capture(st, k, v)
             except Exception as exc:  # a kernel that cannot be captured: eager, still exact
                 log.warning("decoding without a CUDA graph (%s: %s)", type(exc).__name__, exc)
                 # out of memory: this step only (captured again later); else for good
                 self.graphs = isinstance(exc, torch.OutOfMemoryError)
-                return self._step(st)
+                return self._step(st, k, v)
         st.graph.replay()
         return st.out
 
-    def _capture(self, st: _Step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """``st``'s step captured, and its logits tensor, which every replay refills."""
-        return capture(partial(self._step, st), st.k.device)
+    def _capture(self, st: _Step, k: torch.Tensor,
+                 v: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """``st``'s step over ``k``, ``v`` captured, and its logits tensor, which every replay
+        refills."""
+        return capture(partial(self._step, st, k, v), k.device)
