@@ -283,3 +283,48 @@ def test_a_cached_mode_runs_the_exact_path_when_it_computes_no_more(chat_engine,
     assert choice.reason.startswith("exact prefix cache")
     plain = chat_engine(prefix_cache_bytes=0)
     assert (pre.logits - plain.prefill(turn, FULL).logits).abs().max() < 1e-5
+
+
+def _hf(engine: BlendEngine, layout: PromptLayout) -> torch.Tensor:
+    with torch.no_grad():
+        return engine.model(torch.tensor([layout.ids])).logits[0, -1].float()
+
+
+def test_a_prefix_over_approximate_blocks_is_not_kept_as_exact(chat_engine, one_thread):
+    """A request whose prompt prefix lies under an earlier turn's approximate blocks claims
+    none of them exact: the blocks stay approximate, and a later full prefill computes them
+    (it was 0.14 off HF's logits when they were kept as exact)."""
+    from blendrag.engine.caches.context import NO_CONTEXT
+
+    engine = chat_engine(context=NO_CONTEXT, history_bytes=0)
+    first = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    engine.prefill(first, BlendConfig(mode="reuse"))  # approximate blocks past the prefix
+    # the same ids, cut so that the first passages are the prompt's prefix
+    p, chunks, s = first.prefix_ids, first.chunk_ids, first.suffix_ids
+    second = PromptLayout([*p, *chunks[0], *chunks[1]], [chunks[2]], [*chunks[3], *s])
+    assert second.ids == first.ids
+    pre = engine.prefill(second, BlendConfig(mode="reuse"))
+    assert pre.stats.cache.prefix_cache_exact is False
+    assert pre.exact_rows < len(p) + len(chunks[0])  # not the whole prefix
+    full = engine.prefill(first, FULL)
+    assert full.stats.cache.prefix_cache_tokens <= len(p)
+    assert (full.logits - _hf(engine, first)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("selector", ["preview", "cacheblend", "epic"])
+def test_blend_at_ratio_one_after_an_approximate_turn_is_a_full_prefill(chat_engine, selector,
+                                                                        one_thread):
+    """Ratio 1.0 recomputes every chunk token: it takes no earlier turn's approximate blocks
+    either, so its logits are a full prefill's (0.37 off them before)."""
+    from blendrag.engine.caches.context import NO_CONTEXT
+
+    engine = chat_engine(context=NO_CONTEXT, history_bytes=0)
+    first = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    answer = engine.generate(first, BlendConfig(ratio=0.2),
+                             GenerationConfig(max_new_tokens=8, eos_token_ids=()))
+    question = engine.prompts.encode("\nQuestion: where?\nAnswer:")
+    second = PromptLayout(first.prefix_ids, first.chunk_ids,
+                          [*first.suffix_ids, *answer.token_ids, *question])
+    pre = engine.prefill(second, BlendConfig(selector=selector, ratio=1.0), as_asked=True)
+    assert pre.stats.cache.prefix_cache_exact in (None, True)
+    assert (pre.logits - _hf(engine, second)).abs().max() < 1e-4

@@ -47,8 +47,15 @@ NO_HEAD = Head()
 
 
 def match(cache: PrefixCache, layout: PromptLayout, config: BlendConfig) -> PrefixMatch:
-    """The cached blocks the prompt begins with (its last token is always computed)."""
-    return cache.match(layout.ids[:-1], exact_only=config.mode in EXACT_MODES)
+    """The cached blocks the prompt begins with (its last token is always computed): exact
+    ones only for the exact modes and for a blend that recomputes every chunk token (ratio
+    1.0 is a full prefill's answer: no earlier turn's approximate rows under it)."""
+    return cache.match(layout.ids[:-1], exact_only=exact_only(config))
+
+
+def exact_only(config: BlendConfig) -> bool:
+    """Whether a request of ``config`` takes exact prefix-cache blocks only."""
+    return config.mode in EXACT_MODES or (config.mode == "blend" and config.ratio >= 1.0)
 
 
 def head_for(layout: PromptLayout, config: BlendConfig, found: PrefixMatch) -> Head:
@@ -84,12 +91,16 @@ def after(layout: PromptLayout, head: Head) -> PromptLayout:
 
 def exact_rows(layout: PromptLayout, config: BlendConfig, head: Head) -> int:
     """How many of the request's first rows are exact: all in the exact modes (they take exact
-    blocks only) and when the tail after exact head rows is computed; else the head's exact
-    rows, or the prompt's prefix (always exact)."""
+    blocks only) and when the tail after exact head rows is computed; else, after approximate
+    head rows, the head's exact ones only (the prompt's prefix may lie under approximate
+    blocks of an earlier turn); else the head's rows or the prompt's prefix (computed, or
+    stored from position 0: exact), whichever reaches further."""
     if config.mode in EXACT_MODES or (tail_only(layout, config, head)
                                       and head.exact == head.rows):
         return layout.num_tokens
-    return max(head.exact, len(layout.prefix_ids))
+    if head.exact < head.rows:
+        return head.exact
+    return max(head.rows, len(layout.prefix_ids))
 
 
 def _head(taken: int, rows: int, found: PrefixMatch) -> Head:
