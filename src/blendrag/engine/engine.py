@@ -111,7 +111,8 @@ class BlendEngine:
             shape=BlockShape(adapter.num_layers, adapter.num_kv_heads, adapter.head_dim,
                              self.runner.dtype, self.runner.device))
         history_bytes = prefix_cache_bytes if history_bytes is None else history_bytes
-        self.history = (HistoryCache(history_bytes, owner=self._namespace) if history_bytes
+        # segments belong to the model's weights too: none is taken after they change in place
+        self.history = (HistoryCache(history_bytes, owner=self._prefix_root) if history_bytes
                         else None)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         # the records of the store's namespace, verified with its keys (calibrated.py)
@@ -165,7 +166,7 @@ class BlendEngine:
                 view._prefix_root,
                 view.cache.store if self.prefix_cache.store is not None else None)
         if self.history is not None:
-            view.history = self.history.view(view._namespace)
+            view.history = self.history.view(view._prefix_root)
         return view
 
     def _device_tier(self) -> DeviceTier | None:
@@ -180,13 +181,10 @@ class BlendEngine:
             budget = default_budget(self.runner.device, buffer)
         return DeviceTier(budget, self.runner.device) if budget else None
 
-    def _namespace(self) -> str:
-        """The namespace this engine serves (its store's; the history cache's owner)."""
-        return self.store.namespace
-
     def _prefix_root(self) -> str:
         """What the prefix cache's first block hash starts from (every later block inherits
-        it): the model, and the namespace when it is not the default one."""
+        it), and the owner of the history cache's segments: the model (its weights' fingerprint),
+        and the namespace when it is not the default one."""
         fingerprint, namespace = self.cache.identity.fingerprint, self.store.namespace
         return f"{fingerprint}\0namespace\0{namespace}" if namespace else fingerprint
 

@@ -205,3 +205,19 @@ def test_a_history_chunk_gets_the_other_chunks_mean_prior():
     assert torch.equal(_history_filled(profiles, chunks)[2], torch.full((4,), 4.0))
     chunks[0] = entry(3, "")
     assert _history_filled([None, None, None], chunks) == [None, None, None]
+
+
+def test_no_history_row_is_taken_after_the_weights_change_in_place(chat_engine, one_thread):
+    """Rows an earlier turn computed with other weights are not the model's any more: like the
+    stored chunks and the prefix cache, the history cache takes none of them."""
+    engine = chat_engine()
+    layout, history = _conversation(engine, BLEND)
+    assert engine.prefill(layout, BLEND).stats.cache.history_tokens >= 0.8 * history
+    before = engine.model_fp
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            if p.dim() == 2:
+                p.mul_(1.2)
+    assert engine.model_fp != before
+    pre = engine.prefill(layout, BLEND)
+    assert pre.stats.cache.history_tokens == 0 and pre.stats.cache.prefix_cache_tokens == 0

@@ -21,8 +21,9 @@ first.
 
 An engine's namespace views (``BlendEngine.namespaced``) each have a cache of their own
 (``view``) over one pool of segments within the engine's one budget, evicted least recently
-used across them all: each segment records its namespace (``owner``), and a view finds, and
-replaces, only its own namespace's segments (its anchors are looked up under its namespace).
+used across them all: each segment records its owner (the engine's: its namespace and its
+model's fingerprint, so that rows of weights since changed in place are never taken), and a
+view finds, and replaces, only its own owner's segments (its anchors are looked up under it).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ class Segment:
     ids: tuple[int, ...]
     k: torch.Tensor
     v: torch.Tensor
-    owner: str = ""  # the namespace whose request made it
+    owner: str = ""  # the namespace (and model fingerprint) whose request made it
 
     @property
     def nbytes(self) -> int:
@@ -94,8 +95,9 @@ class _Pool:
 
 class HistoryCache:
     """History segments of finished requests, at most ``max_bytes`` on the model's device.
-    ``min_tokens``: the shortest run a request takes. ``owner()``: the namespace this cache
-    keeps and finds segments for (current when asked; default: the one namespace "")."""
+    ``min_tokens``: the shortest run a request takes. ``owner()``: whose segments this cache
+    keeps and finds (the engine's namespace and model fingerprint, current when asked;
+    default: one owner "")."""
 
     def __init__(self, max_bytes: int, min_tokens: int = MIN_TOKENS,
                  owner: Callable[[], str] | None = None) -> None:
