@@ -22,3 +22,15 @@ def check_at_least(label: str, value: object, low: float = 0.0, *, strict: bool 
     if not is_finite_number(value) or value < low or (strict and value == low):  # type: ignore[operator]
         raise ValueError(f"{label} must be a finite number {'>' if strict else '>='} {low:g}, "
                          f"got {value!r}")
+
+
+def is_count(value: object, low: int = 0) -> bool:
+    """An int (not a bool) >= ``low``."""
+    return not isinstance(value, bool) and isinstance(value, int) and value >= low
+
+
+def check_count(label: str, value: object, low: int = 0) -> None:
+    """ValueError naming ``label`` unless ``value`` is an integer >= ``low`` (a float such as
+    2.5 would reach a slice or a buffer size)."""
+    if not is_count(value, low):
+        raise ValueError(f"{label} must be an integer >= {low}, got {str(value)[:40]!r}")

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from blendrag.checks import check_at_least
+from blendrag.checks import check_at_least, check_count, is_count, is_finite_number
 
 MODES = ("full", "prefix", "reuse", "blend")
 DEVIATIONS = ("value", "key")
@@ -48,11 +48,8 @@ class PreviewOptions(SelectorOptions):
 
     def check(self, ratio: float) -> None:
         floor = self.attention_floor
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or math.isnan(floor) \
-                or floor < 0:
-            raise ValueError(f"attention_floor must be >= 0, got {floor!r}")
-        if isinstance(self.span, bool) or not isinstance(self.span, int) or self.span < 1:
-            raise ValueError(f"span must be an integer >= 1, got {self.span!r}")
+        check_at_least("attention_floor", floor)
+        check_count("span", self.span, 1)
 
 
 @dataclass(frozen=True)
@@ -66,13 +63,19 @@ class CheckLayerOptions(SelectorOptions):
     ratio_schedule: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        layers = tuple(int(x) for x in self.check_layers)
+        layers = tuple(self.check_layers)
+        if not all(is_count(x) for x in layers):
+            raise ValueError(f"check_layers must be layer indices (integers >= 0), got "
+                             f"{self.check_layers!r}")
         if not layers or any(b <= a for a, b in zip(layers, layers[1:])) or layers[0] < 0:
             raise ValueError("check_layers must be non-empty, strictly increasing and >= 0, got "
                              f"{self.check_layers!r}")
         object.__setattr__(self, "check_layers", layers)
         if self.ratio_schedule is not None:
-            schedule = tuple(float(x) for x in self.ratio_schedule)
+            schedule = tuple(self.ratio_schedule)
+            if not all(is_finite_number(r) for r in schedule):
+                raise ValueError(f"ratio_schedule must be numbers, got {self.ratio_schedule!r}")
+            schedule = tuple(float(r) for r in schedule)
             if len(schedule) != len(layers):
                 raise ValueError(f"ratio_schedule needs one ratio per check layer ({len(layers)}), "
                                  f"got {len(schedule)}")
@@ -136,6 +139,9 @@ class RandomOptions(SelectorOptions):
     """``seed`` of the uniform draw (an ablation)."""
 
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_count("RandomOptions.seed", self.seed)
 
 
 @dataclass(frozen=True)
@@ -320,21 +326,31 @@ class GenerationConfig:
     stream_holdback: bool = True  # hold back text that may be the start of a stop string
 
     def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        check_count("max_new_tokens", self.max_new_tokens, 1)
+        check_count("top_k", self.top_k)
+        if self.seed is not None:
+            check_count("seed", self.seed)
+        if not isinstance(self.stream_holdback, bool):
+            raise ValueError(f"stream_holdback must be a bool, got {self.stream_holdback!r}")
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= MAX_TEMPERATURE:
             # above a few units every token is about as likely as any other: noise, not text
             raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: "
                              f"greedy), got {t!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if any(not s for s in stop):
-            raise ValueError("stop strings must be non-empty")
+        if not is_finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        stop = (() if self.stop is None else (self.stop,) if isinstance(self.stop, str)
+                else tuple(self.stop))
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
         object.__setattr__(self, "stop", stop)
+        eos = self.eos_token_ids
+        if eos is not None:
+            eos = (eos,) if isinstance(eos, int) and not isinstance(eos, bool) else tuple(eos)
+            if not all(is_count(i) for i in eos):
+                raise ValueError(f"eos_token_ids must be token ids (integers >= 0), got "
+                                 f"{self.eos_token_ids!r}")
+            object.__setattr__(self, "eos_token_ids", eos)
 
     @property
     def greedy(self) -> bool:

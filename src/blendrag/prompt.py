@@ -41,12 +41,11 @@ class PromptLayout:
 
     def __init__(self, prefix_ids: Sequence[int], chunk_ids: Sequence[Sequence[int]],
                  suffix_ids: Sequence[int], chunk_prefix_ids: Sequence[int] | None = None) -> None:
-        prefix = tuple(int(t) for t in prefix_ids)
-        chunk_prefix = (prefix if chunk_prefix_ids is None
-                        else tuple(int(t) for t in chunk_prefix_ids))
+        prefix = _token_ids(prefix_ids)
+        chunk_prefix = prefix if chunk_prefix_ids is None else _token_ids(chunk_prefix_ids)
         object.__setattr__(self, "prefix_ids", prefix)
-        object.__setattr__(self, "chunk_ids", tuple(tuple(int(t) for t in c) for c in chunk_ids))
-        object.__setattr__(self, "suffix_ids", tuple(int(t) for t in suffix_ids))
+        object.__setattr__(self, "chunk_ids", tuple(_token_ids(c) for c in chunk_ids))
+        object.__setattr__(self, "suffix_ids", _token_ids(suffix_ids))
         object.__setattr__(self, "chunk_prefix_ids", chunk_prefix)
         if not self.chunk_ids:
             raise ValueError("a prompt needs at least one chunk (got none)")
@@ -186,3 +185,12 @@ class PromptBuilder:
     def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
         """The prompt as one string (for display and for plain-text baselines)."""
         return self._head + prefix + "".join(chunks) + suffix + self._tail
+
+
+def _token_ids(ids: Sequence[int]) -> tuple[int, ...]:
+    """``ids`` as ints; ValueError for a negative id or a bool (``True`` is not token 1).
+    The engine checks them against its model's vocabulary (``BlendEngine.check_length``)."""
+    out = tuple(int(t) for t in ids)
+    if (out and min(out) < 0) or any(isinstance(t, bool) for t in ids):
+        raise ValueError(f"token ids must be integers >= 0, got {[t for t in ids][:8]!r}...")
+    return out

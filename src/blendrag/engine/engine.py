@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from blendrag.checks import check_count
 from blendrag.config import AUTO, DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
 from blendrag.engine.caches.chunk_cache import ChunkCache
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
@@ -255,6 +256,11 @@ class BlendEngine:
         self.controller.config = config
 
     @property
+    def vocab_size(self) -> int:
+        """The ids the model's embedding holds (a prompt's ids are below it)."""
+        return self.runner.model.get_input_embeddings().num_embeddings  # type: ignore[operator]
+
+    @property
     def model_fp(self) -> str:
         """The model's fingerprint (part of every key), hashed again when a weight has changed
         in place since (``blendrag.kv.keys.ModelIdentity``)."""
@@ -281,10 +287,16 @@ class BlendEngine:
         return self.prompts
 
     def check_length(self, layout: PromptLayout, new_tokens: int = 0) -> None:
-        """ValueError unless ``layout`` plus ``new_tokens`` fits the model's context."""
+        """ValueError unless ``layout`` plus ``new_tokens`` rows fits the model's context
+        (an answer of n tokens adds n - 1 rows: its last token is never fed back)."""
         if not isinstance(layout, PromptLayout):  # the first check of prefill and stream
             raise ValueError(f"expected a PromptLayout, got {type(layout).__name__}: build one "
                              "with engine.build_prompt(prefix, chunks, suffix)")
+        check_count("extra_capacity", new_tokens)
+        top = max(layout.ids)  # an id past the embedding: on CUDA a device assert, fatal
+        if top >= self.vocab_size:
+            raise ValueError(f"token id {top} is outside the model's vocabulary of "
+                             f"{self.vocab_size} ids")
         limit = self.runner.max_positions
         if layout.num_tokens + new_tokens > limit:
             note = self.adapter.context_note
@@ -422,7 +434,8 @@ class BlendEngine:
         if self.tokenizer is None:
             raise ValueError("generating text needs a tokenizer; use prefill() on token ids "
                              "without one")
-        pre = yield from self._prefill_steps(layout, config, generation.max_new_tokens,
+        # rows for the answer's tokens but its last, which is never fed back
+        pre = yield from self._prefill_steps(layout, config, generation.max_new_tokens - 1,
                                              started=started, pieces=pieces)
         # the prompt's and the answer's rows go to the prefix cache once the answer is done
         return GenerationStream(self.runner, self.tokenizer, self.eos_token_ids, pre, generation,
@@ -455,7 +468,7 @@ class BlendEngine:
         sandbox.cache = self.cache.with_store(MemoryKVStore(), home=True)
         sandbox.cache.device_tier = None  # the synthetic chunks take no device memory
         sandbox.prefix_cache = sandbox.history = None
-        vocab = self.runner.model.get_input_embeddings().num_embeddings  # type: ignore[operator]
+        vocab = self.vocab_size
         with torch_threads(self.threads):
             self.warmup_report = warm_up(self.runner, lambda layout, blend, extra: (
                 sandbox.prefill(layout, blend, extra)), vocab, config,

@@ -115,7 +115,7 @@ class Scheduler(PrefillSide):
         if engine.tokenizer is None:
             raise ValueError("serving text needs a tokenizer; use prefill() on token ids without "
                              "one")
-        engine.check_length(layout, generation.max_new_tokens)
+        engine.check_length(layout, generation.max_new_tokens - 1)  # the last is not fed
         refused = admission.too_large(
             self.pool, self.runner.rows_for(layout.num_tokens + generation.max_new_tokens),
             layout, generation)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from blendrag import BlendConfig, CacheBlendOptions, GenerationConfig, PromptLayout
+from blendrag.config import PreviewOptions, RandomOptions
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 
@@ -29,6 +30,14 @@ def _cacheblend(ratio: float = 0.2, **options) -> BlendConfig:
     (lambda: BlendConfig(selector="epic", options=CacheBlendOptions()), "takes EpicOptions"),
     (lambda: BlendConfig(ratio="automatic"), "ratio must be"),
     (lambda: BlendConfig(ratio="auto>=x"), "ratio must be"),
+    (lambda: _cacheblend(check_layers=(1.7,)), "check_layers must be layer indices"),
+    (lambda: _cacheblend(check_layers=(True,)), "check_layers must be layer indices"),
+    (lambda: _cacheblend(0.5, ratio_schedule=("0.5",)), "ratio_schedule must be numbers"),
+    (lambda: BlendConfig(options=PreviewOptions(attention_floor=float("inf"))),
+     "attention_floor must be a finite number"),
+    (lambda: BlendConfig(options=PreviewOptions(span=2.0)), "span must be an integer"),
+    (lambda: BlendConfig(selector="random", options=RandomOptions(seed="a")),
+     "seed must be an integer"),
 ])
 def test_bad_blend_config(make, message):
     with pytest.raises(ValueError, match=message):
@@ -43,11 +52,66 @@ def test_bad_blend_config(make, message):
     ({"temperature": float("nan")}, "temperature"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_k": -2}, "top_k"),
-    ({"stop": ("",)}, "stop strings"),
+    ({"stop": ("",)}, "stop must be non-empty strings"),
+    ({"stop": (5,)}, "stop must be non-empty strings"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be an integer"),
+    ({"max_new_tokens": True}, "max_new_tokens must be an integer"),
+    ({"top_k": 2.5}, "top_k must be an integer"),
+    ({"top_k": float("nan")}, "top_k must be an integer"),
+    ({"top_p": float("nan")}, "top_p"),
+    ({"top_p": "0.5"}, "top_p"),
+    ({"seed": "x"}, "seed must be an integer"),
+    ({"seed": 1.5}, "seed must be an integer"),
+    ({"eos_token_ids": (2.5,)}, "eos_token_ids must be token ids"),
+    ({"eos_token_ids": (-1,)}, "eos_token_ids must be token ids"),
+    ({"stream_holdback": "no"}, "stream_holdback must be a bool"),
 ])
 def test_bad_generation_config(kw, message):
     with pytest.raises(ValueError, match=message):
         GenerationConfig(**kw)
+
+
+def test_plausible_generation_settings_are_taken_as_meant():
+    assert GenerationConfig(stop=None).stop == () and GenerationConfig(stop="x").stop == ("x",)
+    assert GenerationConfig(eos_token_ids=2).eos_token_ids == (2,)
+    assert GenerationConfig(eos_token_ids=[2, 3]).eos_token_ids == (2, 3)
+
+
+def test_a_bad_request_leaves_the_engine_serving_the_next(engine_for):
+    """A float answer length once reached the pooled buffer's bookkeeping and failed every
+    request after it; an id outside the vocabulary or a negative extra capacity failed deep in
+    the model (on CUDA a device assert, fatal to the process). Each is refused up front."""
+    engine = engine_for("llama")
+    layout = engine.build_prompt(PREFIX, PASSAGES, SUFFIX)
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer"):
+        engine.generate(layout, BlendConfig(mode="full"), GenerationConfig(max_new_tokens=2.5))
+    with pytest.raises(ValueError, match="extra_capacity must be an integer >= 0"):
+        engine.prefill(layout, BlendConfig(mode="full"), extra_capacity=-3)
+    vocab = engine.vocab_size
+    outside = PromptLayout(layout.prefix_ids, layout.chunk_ids, (*layout.suffix_ids, vocab))
+    for mode in ("full", "blend"):
+        with pytest.raises(ValueError, match=f"token id {vocab} is outside the model's "
+                                             f"vocabulary of {vocab} ids"):
+            engine.prefill(outside, BlendConfig(mode=mode))
+    with pytest.raises(ValueError, match="token ids must be integers >= 0"):
+        PromptLayout((1,), ((2, -5),), (7,))
+    with pytest.raises(ValueError, match="token ids must be integers >= 0"):
+        PromptLayout((1,), ((2, True),), (7,))
+    engine.generate(layout, BlendConfig(mode="full"), GenerationConfig(max_new_tokens=2))
+
+
+def test_an_answer_may_fill_the_context_to_its_last_position(engine_for):
+    """n new tokens add n - 1 rows (the last is never fed back): a prompt one short of the
+    context still gets two tokens, as HF's generate gives them."""
+    engine = engine_for("llama")
+    limit = engine.runner.max_positions
+    layout = PromptLayout((1,), (tuple(5 + i % 200 for i in range(limit - 3)),), (7,))
+    assert layout.num_tokens == limit - 1
+    got = engine.generate(layout, BlendConfig(mode="full"),
+                          GenerationConfig(max_new_tokens=2, eos_token_ids=()))
+    assert len(got.token_ids) == 2
+    with pytest.raises(ValueError, match="new tokens exceeds"):
+        engine.generate(layout, BlendConfig(mode="full"), GenerationConfig(max_new_tokens=3))
 
 
 def test_prompt_longer_than_context(engine_for):
