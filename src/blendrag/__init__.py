@@ -30,6 +30,8 @@ if TYPE_CHECKING:  # the same names, for type checkers and editors
         RequestStats,
     )
     from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
+    from blendrag.engine.request.warmup import WarmupConfig
+    from blendrag.engine.selection.controller import LoadingConfig
     from blendrag.kv.chunk_kv import ChunkKV
     from blendrag.prompt import PromptBuilder, PromptLayout
     from blendrag.spec import EngineSpec
@@ -47,6 +49,8 @@ _EXPORTS = {
     "Prefill": "blendrag.engine", "RequestStats": "blendrag.engine",
     "NO_CONTEXT": "blendrag.engine.caches.context",
     "ChunkContext": "blendrag.engine.caches.context",
+    "LoadingConfig": "blendrag.engine.selection.controller",
+    "WarmupConfig": "blendrag.engine.request.warmup",
     "ChunkKV": "blendrag.kv.chunk_kv",
     "PromptBuilder": "blendrag.prompt", "PromptLayout": "blendrag.prompt",
     "EngineSpec": "blendrag.spec",
@@ -56,9 +60,9 @@ _EXPORTS = {
 __all__ = [
     "NO_CONTEXT", "Ape", "BlendConfig", "BlendEngine", "CacheBlendOptions", "ChunkContext",
     "ChunkKV", "ComputeConfig", "EngineSpec",
-    "EpicOptions", "GenerationConfig", "GenerationResult", "KVStore", "MemoryKVStore", "Prefill",
-    "PreviewOptions", "ProfileOptions", "PromptBuilder", "PromptLayout", "QueryOptions",
-    "RandomOptions", "RequestStats",
+    "EpicOptions", "GenerationConfig", "GenerationResult", "KVStore", "LoadingConfig",
+    "MemoryKVStore", "Prefill", "PreviewOptions", "ProfileOptions", "PromptBuilder",
+    "PromptLayout", "QueryOptions", "RandomOptions", "RequestStats", "WarmupConfig",
 ]
 __version__ = "0.1.0"
 

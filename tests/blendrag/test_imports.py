@@ -249,3 +249,12 @@ def test_core_tests_never_import_the_demo_or_the_benchmarks():
                                                   if unit(n) in ("blendrag_bench", "blendrag_demo"))
            for p in core_tests.rglob("*.py")}
     assert not {k: v for k, v in bad.items() if v}
+
+
+def test_the_configs_the_docs_show_are_exported():
+    import blendrag
+    from blendrag.engine.request.warmup import WarmupConfig
+    from blendrag.engine.selection.controller import LoadingConfig
+
+    assert blendrag.LoadingConfig is LoadingConfig and blendrag.WarmupConfig is WarmupConfig
+    assert {"LoadingConfig", "WarmupConfig"} <= set(blendrag.__all__)
