@@ -71,8 +71,9 @@ def _add_store(p: argparse.ArgumentParser) -> None:
     add_redis_options(p)
     add_namespace_options(p)
     p.add_argument("--kv-format", choices=KV_FORMATS, default=StoreConfig.kv_format,
-                   help="how the disk and Redis tiers store K and V: the model's dtype (exact), "
-                        "bfloat16, float16 or int8, decoded as read (default: model)")
+                   help="how the disk and Redis tiers store K and V: the model's dtype (model, "
+                        "exact), bfloat16, float16 or int8, decoded as read (default: "
+                        f"{StoreConfig.kv_format})")
 
 
 def _add_source(p: argparse.ArgumentParser) -> None:
@@ -109,8 +110,9 @@ def _add_prompt(p: argparse.ArgumentParser) -> None:
 
 
 def _precompute(args: argparse.Namespace) -> int:
-    """Exit status 0: every chunk stored; 1: the job ran but some chunks were not stored (the
-    summary names them); 2: an error stopped it, or the source had nothing at all to ingest
+    """Exit status 0: every chunk stored; 1: the job ran but some chunks were not stored, or
+    some files or lines of the source could not be read (the summary names them, ``--json``
+    under ``unreadable``); 2: an error stopped it, or the source had nothing at all to ingest
     (one ``error:`` line)."""
     try:
         source, config = _check(args)
@@ -126,9 +128,12 @@ def _precompute(args: argparse.Namespace) -> int:
         # cannot run the job: no traceback
         print(f"blendrag precompute: error: {exc}", file=sys.stderr)
         return 2
+    what = "files" if args.folder is not None else "lines"
+    if source.bad_lines:  # in the results too: a script reading them must not miss them
+        payload = {**payload, "unreadable": [str(bad) for bad in source.bad_lines]}
+        text += f"\nunreadable {what} left out: {len(source.bad_lines)}"
     emit(args, payload, f"{source.name}\n{text}")
     if source.bad_lines:
-        what = "files" if args.folder is not None else "lines"
         print(f"blendrag precompute: warning: skipped {len(source.bad_lines)} unreadable "
               f"{what} of {source.name} (--strict stops at the first):", file=sys.stderr)
         for bad in source.bad_lines:
@@ -141,7 +146,7 @@ def _precompute(args: argparse.Namespace) -> int:
               + (" and the text index failed" if summary.text_index_error else ""),
               file=sys.stderr)
         return 1
-    return 0
+    return 1 if source.bad_lines else 0
 
 
 def _check(args: argparse.Namespace):

@@ -52,10 +52,11 @@ def test_bad_lines_are_skipped_with_a_count_and_the_rest_ingested(model_dir, tmp
     f.write_text("\n".join([json.dumps({"text": PASSAGES[0]}), *(v[0] for v in BAD_LINES.values()),
                             json.dumps({"text": PASSAGES[1]})]) + "\n")
     argv = _args(model_dir("llama"), tmp_path / "kv", "--jsonl", str(f), *flag, "--json")
-    assert main(argv) == 0
+    assert main(argv) == 1  # the job ran, but not every line was stored
     out, err = capsys.readouterr()
     summary = json.loads(out)
     assert (summary["chunks"], summary["computed"], summary["failures"]) == (2, 2, [])
+    assert len(summary["unreadable"]) == 4 and "c.jsonl:2: not JSON" in summary["unreadable"][0]
     assert "skipped 4 unreadable lines" in err and err.count("  skipped ") == 4
 
 
@@ -72,10 +73,14 @@ def test_a_non_utf8_file_in_a_folder_is_skipped_and_named(model_dir, tmp_path, c
     (tmp_path / "docs" / "b.txt").write_bytes(b"caf\xe9 in latin-1")
     (tmp_path / "docs" / "c.txt").write_text(PASSAGES[1])
     argv = _args(model_dir("llama"), tmp_path / "kv", "--folder", str(tmp_path / "docs"))
-    assert main([*argv, "--json"]) == 0
+    assert main([*argv, "--json"]) == 1  # one file not stored: said in the exit status
     out, err = capsys.readouterr()
-    assert json.loads(out)["computed"] == 2  # a.txt and c.txt: one bad file stops nothing
+    summary = json.loads(out)
+    assert summary["computed"] == 2  # a.txt and c.txt: one bad file stops nothing
+    assert ["b.txt: not utf-8 text" in u for u in summary["unreadable"]] == [True]
     assert "skipped 1 unreadable files" in err and "b.txt: not utf-8 text" in err
+    assert main(argv) == 1
+    assert "unreadable files left out: 1" in capsys.readouterr().out
     assert main([*argv, "--strict"]) == 2  # --strict: stops at the first, naming it
     _one_error(capsys, "b.txt", "not utf-8 text")
 
