@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from importlib.metadata import entry_points, version
 
 # Core modules that expose ``register(subparsers)``; each adds its own sub-commands.
@@ -40,7 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status (2: bad arguments or inputs, said on stderr)."""
+    """Run one command; its exit status (2: bad arguments or inputs, said on stderr). A reader
+    that stops early (``blendrag cache stats | head -2``) ends it quietly, status 1."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 1
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout at /dev/null: the interpreter's last flush would fail on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a file descriptor (a test's capture)
+        pass
 

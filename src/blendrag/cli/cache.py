@@ -70,6 +70,8 @@ def _guarded(command):
                             redis_prefix=args.redis_prefix, s3_url=args.s3_url,
                             s3_endpoint_url=args.s3_endpoint)
             return command(args)
+        except BrokenPipeError:  # the reader left: not the store's failure (cli.main)
+            raise
         except _store_errors() as exc:
             print(f"blendrag cache {args.cache_command}: error: {type(exc).__name__}: {exc}",
                   file=sys.stderr)

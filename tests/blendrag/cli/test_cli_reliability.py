@@ -153,3 +153,16 @@ def test_cache_commands_with_a_bad_redis_url(tmp_path, capsys, command, url, nee
     assert main(["cache", command, "--store-dir", str(tmp_path / "kv"), "--redis-url", url]) == 2
     line = _one_error(capsys, f"blendrag cache {command}: error:", needle)
     assert "Traceback" not in line
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path, capsys, monkeypatch):
+    """``blendrag cache stats | head -2``: the closed pipe is not the store's failure, and no
+    error line (twice, with the interpreter's own) follows."""
+    from blendrag.cli import cache
+
+    def closed_pipe(args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cache, "_stats", closed_pipe)
+    assert main(["cache", "stats", "--store-dir", str(tmp_path)]) == 1
+    assert "error" not in capsys.readouterr().err
