@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "sizes, the budget, and the disk tier's lifetime look-up counts.")
     add_store_dir_option(stats)
     add_redis_options(stats)
-    add_namespace_options(stats)
+    add_namespace_options(stats, "every namespace of the disk tier, each one's entries "
+                                 "counted; the default one alone on Redis and S3")
     add_json_option(stats, "the figures")
     stats.set_defaults(func=_guarded(_stats))
     clear = sub.add_parser(
@@ -109,7 +110,10 @@ def _stats(args: argparse.Namespace) -> int:
     names = _names(args)
     ns_id = names.ns_id
     calibrations = _calibrations(directory, names)
-    report: dict[str, object] = {"disk": disk_stats(directory, ns_id, names.keys),
+    disk = disk_stats(directory, ns_id, names.keys)
+    if ns_id:  # its name beside its id: a stored name holds the id only
+        disk["name"] = names.namespace or "the default one, with keys"
+    report: dict[str, object] = {"disk": disk,
                                  "calibrations": calibrations["records"],
                                  "calibrations_refused": calibrations["refused"]}
     if args.redis_url:
@@ -223,13 +227,14 @@ def _disk_lines(disk: dict) -> list[str]:
     share = f" ({used / budget:.1%})" if budget else ""
     if "namespace" in disk:  # one namespace's entries; the budget is the whole tier's
         whole = disk["store_used_bytes"] or 0
-        lines = [f"  namespace {disk['namespace']}: {disk['entries']} entries, "
+        lines = [f"  namespace {disk['name']} (id {disk['namespace']}): {disk['entries']} entries, "
                  f"{human_bytes(used)} (the whole store: {disk['store_entries']} entries, "
                  f"{human_bytes(whole)} of a {human_bytes(budget)} budget, index included; "
                  "Redis and S3 below: this namespace's only)"]
     else:
         lines = [f"  {disk['entries']} entries, {human_bytes(used)} of a "
                  f"{human_bytes(budget)} budget{share}, index included"]
+        lines += _namespace_lines(disk["namespaces"])
     for kind, text in EXPLAIN.items():
         k = disk[kind]
         if k["entries"] or kind != "other":
@@ -245,6 +250,17 @@ def _disk_lines(disk: dict) -> list[str]:
                  "served from RAM, and precompute's checks that skip chunks already stored, are "
                  "not counted)")
     return lines
+
+
+def _namespace_lines(namespaces: dict[str, int]) -> list[str]:
+    """Each namespace's entries, where there is more than the default one (its id: a stored
+    name holds no tenant's name)."""
+    if set(namespaces) <= {""}:
+        return []
+    counts = ", ".join(f"{'the default one' if ns == '' else ns} {n}"
+                       for ns, n in sorted(namespaces.items()))
+    return [f"  in every namespace (entries): {counts}; --namespace NS counts one (with "
+            "--store-keys where its entries were written with keys: they name it)"]
 
 
 def _chosen(c: dict) -> str:

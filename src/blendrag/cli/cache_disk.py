@@ -22,7 +22,8 @@ KINDS = ("chunks", "prefixes", "other")
 def disk_stats(directory: Path, ns_id: str = "", keys: StoreKeys | None = None,
                ) -> dict[str, object]:
     """The disk tier at ``directory``: entries, bytes, budget, lifetime look-ups, chunk and
-    prefix entries and unreadable ones (``other``), entry files no row references. With
+    prefix entries and unreadable ones (``other``), entry files no row references, the
+    entries of each namespace id (``namespaces``). With
     ``ns_id`` (a namespace's id), the entries, bytes and kinds are that namespace's alone and
     ``store_entries``/``store_used_bytes`` the whole tier's. With ``keys``, an entry is read
     only once its tag verifies (a forged one is ``other``)."""
@@ -45,12 +46,21 @@ def disk_stats(directory: Path, ns_id: str = "", keys: StoreKeys | None = None,
         "dir": str(directory), "exists": True, "entries": usage.entries,
         "used_bytes": usage.used_bytes, "budget_bytes": usage.budget_bytes,
         "lifetime_hits": hits, "lifetime_misses": misses, **kinds,
-        "unreferenced": _unreferenced(directory, rows)}
+        "unreferenced": _unreferenced(directory, rows), "namespaces": _per_namespace(rows)}
     if ns_id:
         out.update(namespace=ns_id, store_entries=usage.entries,
                    store_used_bytes=usage.used_bytes, entries=len(mine),
                    used_bytes=sum(k["bytes"] for k in kinds.values()))
     return out
+
+
+def _per_namespace(rows: list[tuple]) -> dict[str, int]:
+    """The entries of each namespace id among ``rows`` ("" the default namespace)."""
+    counts: dict[str, int] = {}
+    for key, _, _ in rows:
+        ns = namespace_of(key)
+        counts[ns] = counts.get(ns, 0) + 1
+    return counts
 
 
 def namespace_count(directory: Path, ns_id: str) -> int:

@@ -102,12 +102,14 @@ def add_redis_options(p: argparse.ArgumentParser) -> None:
                         "http://127.0.0.1:7480 (Ceph RGW, MinIO)")
 
 
-def add_namespace_options(p: argparse.ArgumentParser) -> None:
+def add_namespace_options(p: argparse.ArgumentParser,
+                          default: str = "the default namespace") -> None:
     """``--namespace`` and ``--store-keys``: whose entries, and the keys that sign and name
-    them (``StoreConfig.namespace``, ``StoreConfig.auth_key``)."""
+    them (``StoreConfig.namespace``, ``StoreConfig.auth_key``); ``default``: what the command
+    acts on without ``--namespace``, in words."""
     p.add_argument("--namespace", default="", metavar="NS",
                    help="the tenant (or tenant/user) whose entries to act on, apart from every "
-                        "other namespace's (default: the default namespace)")
+                        f"other namespace's (default: {default})")
     p.add_argument("--store-keys", default=None, metavar="FILE|env",
                    help="the deployment's store keys, which sign, verify and name entries: a "
                         "file of id=secret lines, or 'env' for $BLENDRAG_STORE_KEYS (default: "

@@ -59,12 +59,16 @@ def test_stats_of_a_namespace_count_its_entries_and_bytes_only(tmp_path, capsys,
     assert disk["used_bytes"] < disk["store_used_bytes"] / 2
     assert acme["namespace"]["disk_entries"] == 2
     whole = _stats(capsys, tmp_path / "kv")["disk"]
-    if not keyed:  # no namespace asked: every namespace's entries
+    if not keyed:  # no namespace asked: every namespace's entries, each counted
         assert (whole["entries"], whole["chunks"]["entries"]) == (6, 6)
+        assert sorted(whole["namespaces"].values()) == [1, 2, 3]
+        assert whole["namespaces"][""] == 3 and whole["namespaces"][disk["namespace"]] == 2
+        assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv")]) == 0
+        assert "in every namespace (entries): the default one 3, " in capsys.readouterr().out
     assert _run(["cache", "stats", "--store-dir", str(tmp_path / "kv"), "--namespace", "acme",
                  *with_keys]) == 0
     text = capsys.readouterr().out
-    assert f"namespace {disk['namespace']}: 2 entries, " in text
+    assert f"namespace acme (id {disk['namespace']}): 2 entries, " in text
     assert "(the whole store: 6 entries, " in text
     assert "chunks        2 entries         8 tokens" in text
 
