@@ -232,7 +232,7 @@ class BlendClient:
                 flat = dataclasses.replace(flat, fallback=None)
             else:
                 self._fallback.check(flat, self.name, len(self.text_index), self.fixes, strict,
-                                     len(texts or ()))
+                                     len(texts or ()), self.namespace or "")
             blend = dataclasses.replace(blend, mode="full")  # nothing cached to blend
         started = time.perf_counter() - flat.match_s
         if served:
@@ -265,7 +265,8 @@ class BlendClient:
         # prefix mode computes its chunk after the prompt's own prefix: ingestion stores none
         if request.asked != "prefix" and (request.blended
                                           or (backfilled and request.prompt.matched > 0)):
-            self._ingestion.check(request.prompt, self.name, self.fixes, backfilled)
+            self._ingestion.check(request.prompt, self.name, self.fixes, backfilled,
+                                  self.namespace or "")
         self.last_stats, self.last_prompt = stats, request.prompt
         return request.info()
 

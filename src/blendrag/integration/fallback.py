@@ -54,11 +54,12 @@ class FallbackMonitor:
         self._warned = False
 
     def check(self, flat: FlatLayout, llm: str, index_size: int, fixes: FallbackFixes,
-              strict: bool, documents: int = 0) -> None:
-        """Act on ``flat`` if it falls back (``flat.fallback`` set)."""
+              strict: bool, documents: int = 0, namespace: str = "") -> None:
+        """Act on ``flat`` if it falls back (``flat.fallback`` set); ``namespace``: the
+        request's (a namespace's text index and KVs are its own)."""
         if flat.fallback is None:
             return
-        why = _CAUSES[flat.fallback].format(n=index_size, docs=documents)
+        why = _CAUSES[flat.fallback].format(n=index_size, docs=documents) + _in(namespace)
         fix = getattr(fixes, flat.fallback).format(llm=llm)
         if strict:
             raise NoChunkFoundError(f"{llm}(strict=True) refuses a prompt without a known chunk "
@@ -84,9 +85,10 @@ class IngestionMonitor:
         self._warned = False
 
     def check(self, flat: FlatLayout, llm: str, fixes: FallbackFixes,
-              backfilled: bool = False) -> None:
+              backfilled: bool = False, namespace: str = "") -> None:
         """``backfilled``: the request ran an exact full prefill because its passages were in
-        no store, and they are being computed off its path (the engine's backfill)."""
+        no store, and they are being computed off its path (the engine's backfill);
+        ``namespace``: the request's."""
         # passages an earlier turn left in the prefix cache were not computed: not a miss
         computed = flat.matched - (flat.passage_head or 0)
         if flat.full_only or computed <= 0 or flat.passage_hits != 0 or self._warned:
@@ -95,6 +97,18 @@ class IngestionMonitor:
         happened = ("this request ran a full prefill and they are being computed in the "
                     "background" if backfilled else
                     "each was computed at query time, as slow as a full prefill of it")
-        log.warning("%s: none of the %d passages in this request had a stored KV; %s (stored "
-                    "then, so later requests reuse them). Fix: %s (said once per LLM)", llm,
-                    computed, happened, fixes.not_ingested.format(llm=llm))
+        log.warning("%s: none of the %d passages in this request had a stored KV%s; %s "
+                    "(stored then, so later requests reuse them). Fix: %s; or, if they were "
+                    "ingested, they were ingested as other text (a stored KV is found by the "
+                    "exact text: whitespace and document formatting count) (said once per "
+                    "LLM)", llm, computed, _in(namespace), happened,
+                    fixes.not_ingested.format(llm=llm))
+
+
+def _in(namespace: str) -> str:
+    """Where the request looked, when not in the default namespace: each namespace has its
+    own text index and stored KVs, so what was ingested into another is not found."""
+    if not namespace:
+        return ""
+    return (f" in namespace {namespace!r} (each namespace has its own ingested texts and KVs: "
+            "ingest through an LLM or store of that namespace)")

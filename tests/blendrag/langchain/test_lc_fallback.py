@@ -110,3 +110,13 @@ def test_the_answers_metadata_carries_the_calibration_the_default_ran_with(engin
     assert (info["selector"], info["ratio"]) == ("epic", 0.4)
     assert info["calibration"]["same_answer"] == 0.93
     assert info["calibration"]["answer_kl"] == 0.008
+
+
+def test_a_request_in_another_namespace_is_told_where_it_looked(llm, caplog):
+    """Texts ingested in the default namespace are not another namespace's: the warning says
+    which namespace the request looked in, not only that its index is empty."""
+    llm.text_index.record(PASSAGES)
+    with caplog.at_level(logging.WARNING):
+        llm.invoke(PROMPT, namespace="acme")
+    (message,) = _warnings(caplog)
+    assert "its text index is empty" in message and "in namespace 'acme'" in message
