@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from blendrag.cli.options import add_json_option, add_model_options, csv_of, emit
+from blendrag.cli.options import (
+    add_json_option,
+    add_model_options,
+    csv_of,
+    emit,
+    engine_threads,
+)
 
 
 def register(bench: argparse._SubParsersAction) -> None:
@@ -75,7 +81,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"blendrag bench serve: error: {e}", file=sys.stderr)
         return 2
     engine = BlendEngine.from_pretrained(args.model, dtype=args.dtype, device=args.device,
-                                         gguf_file=args.gguf_file, threads=args.threads or None)
+                                         gguf_file=args.gguf_file, threads=engine_threads(args))
     quiet = args.json == "-"
     if not quiet:
         print(f"bench serve: {engine.name} on {engine.device}, {cfg.requests} requests of "

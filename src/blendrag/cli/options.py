@@ -45,9 +45,11 @@ def add_model_options(p: argparse.ArgumentParser, default: str = DEFAULT_MODEL,
 
 
 def add_threads_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--threads", type=_threads, default=DEFAULT_THREADS, metavar="N",
+    p.add_argument("--threads", type=_threads, default=None, metavar="N",
                    help="torch CPU threads; 0: torch's own choice, one per core (default: "
-                        f"{DEFAULT_THREADS}, the fastest on a small, busy CPU)")
+                        f"as BlendEngine's threads='auto': {DEFAULT_THREADS} on a CPU, the "
+                        "fastest on a small, busy one; torch's own on a GPU, whose copies "
+                        "from pageable memory use them)")
 
 
 def _threads(text: str) -> int:
@@ -57,12 +59,33 @@ def _threads(text: str) -> int:
 
 
 def apply_threads(args: argparse.Namespace) -> int:
-    """Set torch's CPU threads from ``--threads``; returns the count in effect."""
+    """Set torch's CPU threads from ``--threads`` (not given: ``DEFAULT_THREADS`` unless the
+    model runs on a GPU); returns the count in effect."""
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = args.threads
+    if threads is None and not _on_gpu(getattr(args, "device", None)):
+        threads = DEFAULT_THREADS
+    if threads:
+        torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def engine_threads(args: argparse.Namespace) -> int | str | None:
+    """``--threads`` as an engine's ``threads`` setting: the count, None for 0 (torch's own),
+    "auto" when not given (decided by the device the engine runs on)."""
+    if args.threads is None:
+        return "auto"
+    return args.threads or None
+
+
+def _on_gpu(device: str | None) -> bool:
+    """Whether ``--device`` (None: cuda when available) is a GPU."""
+    import torch
+
+    if device is None:
+        return torch.cuda.is_available()
+    return not str(device).startswith("cpu")
 
 
 def engine_spec(args: argparse.Namespace, **settings: Any) -> EngineSpec:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from blendrag.cli.options import engine_spec
+from blendrag.cli.options import engine_spec, engine_threads
 
 if TYPE_CHECKING:
     from blendrag.distributed.ray import RayResult
@@ -77,7 +77,7 @@ def run_ray(args: argparse.Namespace, source: ChunkSource, config: StoreConfig) 
         store = shared_store(config, alive_nodes())
         # each worker sets its own threads: the driver's ``apply_threads`` does not reach it
         spec = replace(engine_spec(args, chat=args.chat, system=args.system),
-                       threads=args.threads or None)
+                       threads=engine_threads(args))
         settings = IngestSettings.of(spec, chunk_prefix=args.chunk_prefix, prefix=args.prefix,
                                      store=store, text_index=_text_index(args, store),
                                      batch_size=args.batch_size)

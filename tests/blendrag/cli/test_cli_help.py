@@ -107,3 +107,24 @@ def test_top_level_help_names_every_command(capsys) -> None:
     text = capsys.readouterr().out
     assert all(c in text for c in ("precompute", "cache", "bench", "demo"))
     assert "blendrag demo" in text  # where to start
+
+
+def test_threads_follow_the_engines_auto_unless_given(monkeypatch) -> None:
+    """Not given, --threads is BlendEngine's threads='auto': 1 on a CPU, torch's own count on a
+    GPU (page-locked staging copies on them); given, the count (0: torch's own)."""
+    import argparse
+
+    import torch
+
+    from blendrag.cli.options import apply_threads, engine_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert apply_threads(argparse.Namespace(threads=None, device="cuda:0")) == 2
+        assert apply_threads(argparse.Namespace(threads=None, device="cpu")) == 1
+        assert apply_threads(argparse.Namespace(threads=2, device="cpu")) == 2
+    finally:
+        torch.set_num_threads(before)
+    assert [engine_threads(argparse.Namespace(threads=t)) for t in (None, 0, 3)] == \
+        ["auto", None, 3]
