@@ -94,32 +94,90 @@ def _check(args: argparse.Namespace) -> int:
     status: dict[str, str] = {}
     for name in args.only or PHASES:  # phases append to their files: start them empty
         (args.out / PHASES[name][0]).unlink(missing_ok=True)
-    for name in args.only or PHASES:
-        file, cap = PHASES[name]
-        left = args.budget - (time.perf_counter() - start)
-        if left < MIN_PHASE_S:
-            status[name] = "not run: out of time"
-            continue
-        command = [sys.executable, "-m", "blendrag_bench.gpu.check", "--phase", name,
-                   "--out", str(args.out), "--scratch", str(scratch)] + (
-            ["--small"] if args.small else [])
-        t0 = time.perf_counter()
-        print(f"[gpu-check] {name} (at most {min(cap, left):.0f} s)", flush=True)
-        # a session of its own: a phase out of time is stopped with whatever it started
-        proc = subprocess.Popen(command, start_new_session=True)
-        try:
-            code = proc.wait(timeout=min(cap, left))
-            status[name] = "ok" if code == 0 else f"failed (exit {code})"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            status[name] = f"stopped after {min(cap, left):.0f} s (partial output kept)"
-        status[name] += f", {time.perf_counter() - t0:.0f} s"
-        print(f"[gpu-check] {name}: {status[name]}", flush=True)
+    proc: subprocess.Popen | None = None
+    code = 0
+    # the check stopped from outside (a device call's time limit, `timeout`, Ctrl-C): the
+    # running phase, in a session of its own, is stopped with it (it would hold the GPU on)
+    handlers = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for name in args.only or PHASES:
+            file, cap = PHASES[name]
+            left = args.budget - (time.perf_counter() - start)
+            if left < MIN_PHASE_S:
+                status[name] = "not run: out of time"
+                continue
+            t0 = time.perf_counter()
+            # a session of its own: a phase out of time is stopped with whatever it started
+            proc = subprocess.Popen(phase_command(name, args, scratch), start_new_session=True,
+                                    preexec_fn=die_with_parent(os.getpid()))
+            print(f"[gpu-check] {name} (at most {min(cap, left):.0f} s, pid {proc.pid})",
+                  flush=True)
+            try:
+                status[name] = "ok" if proc.wait(timeout=min(cap, left)) == 0 else (
+                    f"failed (exit {proc.returncode})")
+            except subprocess.TimeoutExpired:
+                _kill(proc)
+                status[name] = f"stopped after {min(cap, left):.0f} s (partial output kept)"
+            status[name] += f", {time.perf_counter() - t0:.0f} s"
+            print(f"[gpu-check] {name}: {status[name]}", flush=True)
+    except _Stopped as stop:
+        code = 128 + stop.signum
+        if proc is not None and proc.returncode is None:
+            _kill(proc)
+            status[name] = (f"stopped: the check got {signal.Signals(stop.signum).name} "
+                            f"after {time.perf_counter() - t0:.0f} s (partial output kept)")
+    finally:
+        if proc is not None and proc.returncode is None:
+            _kill(proc)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     summary = _summary(args, status, scratch, time.perf_counter() - start)
     (args.out / "summary.md").write_text(summary)
     print(summary)
-    return 0
+    return code
+
+
+def phase_command(name: str, args: argparse.Namespace, scratch: Path) -> list[str]:
+    """The command line of one phase, run in a process of its own."""
+    return [sys.executable, "-m", "blendrag_bench.gpu.check", "--phase", name,
+            "--out", str(args.out), "--scratch", str(scratch)] + (
+        ["--small"] if args.small else [])
+
+
+class _Stopped(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stop ``proc`` and everything it started (its process group), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """For ``preexec_fn``: the child is killed when its parent dies, however it dies (SIGKILL
+    too, which no handler sees): Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
+
+    def arm() -> None:
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return arm
 
 
 def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
@@ -194,7 +252,8 @@ def streamed(command: list[str], f, path: Path) -> str:
     pytest's last line of counts, or the exit code."""
     f.flush()
     start = path.stat().st_size
-    done = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False)
+    done = subprocess.run(command, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, check=False,
+                          preexec_fn=die_with_parent(os.getpid()))
     out = path.read_bytes()[start:].decode(errors="replace")
     lines = [x for x in out.splitlines() if " passed" in x or " failed" in x]
     return lines[-1].strip(" =") if lines else f"exit {done.returncode}"
