@@ -40,6 +40,7 @@ from blendrag.engine.compute import flex
 from blendrag.engine.compute.buckets import row_bucket
 from blendrag.engine.compute.layer import attention_probs
 from blendrag_bench.gpu.shapes import SEVEN_B, TINY, sync
+from blendrag_bench.gpu.summary import Headlines
 from blendrag_bench.timing import median_time
 
 SUFFIX = 64
@@ -49,7 +50,8 @@ SMALL_CASES = (("reuse", 448, 0.0), ("blend@15%", 448, 0.15))
 CALLS = 20
 
 
-def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str, None]]:
+def run(emit: Callable[[str], None], small: bool, out: Headlines | None = None) -> Headlines:
+    """Each case's rows; ``out`` takes each variant's time as it is measured."""
     shape = TINY if small else SEVEN_B
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
@@ -58,7 +60,7 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
     d = shape["hidden"] // h
     emit(f"attention per call (us, median of {CALLS}), {h}/{hkv} heads of {d}, {dtype}; "
          "diff: largest |difference| from flex 2x128 (sdpa mask on a CPU)")
-    out: dict[str, tuple[float, str, None]] = {}
+    out = {} if out is None else out
     for label, n, ratio in SMALL_CASES if small else CASES:
         pos = _positions(n, ratio, dev)  # [A]
         keys = att.pad_rows(row_bucket(n, n + 128) or n + 1)  # the pooled buffer's rows

@@ -4,13 +4,16 @@
     python -m blendrag_bench.gpu.check --out DIR [--small] [--budget SECONDS] [--only PHASE ...]
 
 Each phase runs in a process of its own under a time budget (the whole check ends within
-``--budget``, default 350 s: under 6 minutes; ``--budget 590``, the most one 10-minute
-device call allows, reaches more; on a cold machine 350 s reach about four), so that a phase
-that fails, hangs or runs out of time is reported and the next one still runs; partial
-output is kept. ``--small``: tiny shapes, to check the script on a CPU. Files in DIR (eight
-at most: what a GPU machine sends back):
+``--budget``, default 350 s, counted from the process's start: under 6 minutes; ``--budget
+590``, the most one 10-minute device call allows, reaches more; on a cold machine 350 s reach
+about four; the last 20 s are kept for the summary), so that a phase that fails, hangs or runs
+out of time is reported and the next one still runs; partial output is kept. A check stopped
+from outside (SIGTERM, SIGINT; SIGKILL too) stops its running phase. ``--small``: tiny shapes,
+to check the script on a CPU. Files in DIR (eight at most: what a GPU machine sends back):
 
-- ``summary.md``: the device, the date, the command, every headline figure against its target;
+- ``summary.md``: the device, the date, the command, every headline figure against its target,
+  written anew after every phase (a check stopped midway leaves one); each phase's figures are
+  also in its own file, a ``[figure]`` line each, written as they are measured;
 - ``exactness.txt``: tiny random models of eight families on the device against HF (every
   compute path), a disk tier to the device, then the CUDA-marked tests;
 - ``ttft-3k.txt``, ``ttft-16k.txt``: ``bench ttft`` at 6 x 512 and 8 x 2,048 chunk tokens;
@@ -28,21 +31,20 @@ at most: what a GPU machine sends back):
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import logging
-import os
-import platform
-import signal
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable
-from pathlib import Path
 
-import torch
+STARTED = time.perf_counter()  # the budget counts from here: the process's start, imports after
+
+import argparse  # noqa: E402 (the clock first)
+import logging  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from blendrag_bench.gpu.summary import Figures, device_line, read_figures, render  # noqa: E402
 
 # phase -> (its file, the most seconds it may take); in the order they run
 PHASES = {
@@ -66,7 +68,10 @@ PHASES = {
 }
 # the engine's loggers whose warnings say it took a slower path than the device's fastest
 SLOWER_PATH_LOGGERS = ("blendrag.engine.compute", "blendrag.serving")
-MIN_PHASE_S = 15  # a phase is started only with at least this much of the budget left
+# a phase is started only with at least this much of the budget left (less would not even
+# build the 7B-shaped model), and the last seconds are kept for the summary
+MIN_PHASE_S = 30
+RESERVE_S = 20
 ROOT = Path(__file__).resolve().parents[3]  # the project's tree (src/blendrag_bench/gpu/..)
 
 
@@ -80,19 +85,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=list(PHASES), default=None,
                         help="run only these phases (default: all)")
     parser.add_argument("--phase", choices=list(PHASES), help=argparse.SUPPRESS)
-    parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.phase:  # one phase, in this process
-        return _phase(args.phase, args.out, args.scratch, args.small)
+        return _phase(args.phase, args.out, args.small)
     return _check(args)
 
 
 def _check(args: argparse.Namespace) -> int:
-    start = time.perf_counter()
-    scratch = Path(tempfile.mkdtemp(prefix="blendrag-gpu-check-"))
-    status: dict[str, str] = {}
-    for name in args.only or PHASES:  # phases append to their files: start them empty
+    device = device_line()  # no CUDA, no torch in this process: nvidia-smi, package metadata
+    names = list(args.only or PHASES)
+    status = {name: "not run yet" for name in names}
+    for name in names:  # phases append to their files: start them empty
         (args.out / PHASES[name][0]).unlink(missing_ok=True)
     proc: subprocess.Popen | None = None
     code = 0
@@ -100,15 +104,17 @@ def _check(args: argparse.Namespace) -> int:
     # running phase, in a session of its own, is stopped with it (it would hold the GPU on)
     handlers = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for name in args.only or PHASES:
+        for name in names:
             file, cap = PHASES[name]
-            left = args.budget - (time.perf_counter() - start)
+            left = args.budget - RESERVE_S - (time.perf_counter() - STARTED)
             if left < MIN_PHASE_S:
                 status[name] = "not run: out of time"
                 continue
             t0 = time.perf_counter()
+            status[name] = "running (the check was stopped)"
+            _write_summary(args, device, status)  # a check killed outright leaves this one
             # a session of its own: a phase out of time is stopped with whatever it started
-            proc = subprocess.Popen(phase_command(name, args, scratch), start_new_session=True,
+            proc = subprocess.Popen(phase_command(name, args), start_new_session=True,
                                     preexec_fn=die_with_parent(os.getpid()))
             print(f"[gpu-check] {name} (at most {min(cap, left):.0f} s, pid {proc.pid})",
                   flush=True)
@@ -120,6 +126,7 @@ def _check(args: argparse.Namespace) -> int:
                 status[name] = f"stopped after {min(cap, left):.0f} s (partial output kept)"
             status[name] += f", {time.perf_counter() - t0:.0f} s"
             print(f"[gpu-check] {name}: {status[name]}", flush=True)
+            _write_summary(args, device, status)
     except _Stopped as stop:
         code = 128 + stop.signum
         if proc is not None and proc.returncode is None:
@@ -131,16 +138,24 @@ def _check(args: argparse.Namespace) -> int:
             _kill(proc)
         for s, handler in handlers.items():
             signal.signal(s, handler)
-    summary = _summary(args, status, scratch, time.perf_counter() - start)
-    (args.out / "summary.md").write_text(summary)
-    print(summary)
+    print(_write_summary(args, device, status))
     return code
 
 
-def phase_command(name: str, args: argparse.Namespace, scratch: Path) -> list[str]:
+def _write_summary(args: argparse.Namespace, device: str, status: dict[str, str]) -> str:
+    """``summary.md`` as things stand: each phase's status, every figure its file holds."""
+    figures = read_figures(args.out / PHASES[name][0] for name in status)
+    text = render(f"blendrag GPU check{' (--small)' if args.small else ''}", device,
+                  f"python -m blendrag_bench.gpu.check {' '.join(sys.argv[1:])}",
+                  time.perf_counter() - STARTED, status, figures)
+    (args.out / "summary.md").write_text(text)
+    return text
+
+
+def phase_command(name: str, args: argparse.Namespace) -> list[str]:
     """The command line of one phase, run in a process of its own."""
     return [sys.executable, "-m", "blendrag_bench.gpu.check", "--phase", name,
-            "--out", str(args.out), "--scratch", str(scratch)] + (
+            "--out", str(args.out)] + (
         ["--small"] if args.small else [])
 
 
@@ -180,7 +195,7 @@ def die_with_parent(parent: int) -> Callable[[], None]:
     return arm
 
 
-def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
+def _phase(name: str, out: Path, small: bool) -> int:
     from blendrag_bench.gpu import attention, cold, exactness, profile, serving, shapes, speed
 
     path = out / PHASES[name][0]
@@ -190,31 +205,29 @@ def _phase(name: str, out: Path, scratch: Path | None, small: bool) -> int:
             f.flush()  # what a stopped phase wrote stays
 
         emit(f"# {name}: {_device()}")
+        # each figure written into the file as it is measured: a phase stopped at its time
+        # limit keeps those it had
+        heads = Figures(name, emit)
         slower = _SlowerPaths(emit)
         for logger in SLOWER_PATH_LOGGERS:
             logging.getLogger(logger).addHandler(slower)
         if name == "exactness":
-            counts = exactness.run(emit, shapes.device())
-            tests = _cuda_tests(emit, f, path)
-            heads = {"exactness checks failed": (counts["failed"], "0", counts["failed"] == 0),
-                     "exactness checks passed": (counts["passed"], "", None),
-                     "CUDA-marked tests": (tests, "", None)}
+            exactness.run(emit, shapes.device(), heads)
+            heads["CUDA-marked tests"] = (_cuda_tests(emit, f, path), "", None)
         elif name.startswith("ttft-"):
-            heads = speed.ttft(emit, small, name.split("-")[1])
+            heads.update(speed.ttft(emit, small, name.split("-")[1]))
         elif name == "profile":
-            heads = profile.run(emit, small)
+            profile.run(emit, small, heads)
         elif name == "attention":
-            heads = attention.run(emit, small)
+            attention.run(emit, small, heads)
         elif name == "cold":
-            heads = cold.run(emit, small)
+            cold.run(emit, small, heads)
         elif name == "serve":
-            heads = serving.serve(emit, small)
+            serving.serve(emit, small, heads)
         else:
-            heads = {"chat": speed.chat, "loading": speed.loading,
-                     "decode": speed.decode}[name](emit, small)
+            {"chat": speed.chat, "loading": speed.loading,
+             "decode": speed.decode}[name](emit, small, heads)
         heads[f"{name}: slower paths taken (warnings)"] = (slower.count, "0", slower.count == 0)
-    if scratch is not None:
-        (scratch / f"{name}.json").write_text(json.dumps(heads))
     return 0
 
 
@@ -237,6 +250,8 @@ def _cuda_tests(emit, f, path: Path) -> str:
     """Run the tests marked ``cuda`` (their files found by the mark), each test's name and
     result streamed into the phase's file as it ends: a phase stopped at its time limit keeps
     what ran, and names the test that was running."""
+    import torch
+
     if not torch.cuda.is_available():
         emit("\nCUDA-marked tests: not run (no CUDA device)")
         return "not run (no CUDA device)"
@@ -260,45 +275,14 @@ def streamed(command: list[str], f, path: Path) -> str:
 
 
 def _device() -> str:
-    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
+    import platform
+
+    import torch
     import transformers
 
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor()
     return (f"{'cuda' if torch.cuda.is_available() else 'cpu'} {name}, torch {torch.__version__},"
             f" transformers {transformers.__version__}, Python {platform.python_version()}")
-
-
-def _summary(args: argparse.Namespace, status: dict[str, str], scratch: Path,
-             took: float) -> str:
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines = [f"# blendrag GPU check{' (--small)' if args.small else ''}", "",
-             f"- device: {_device()}", f"- date: {when}; {took:.0f} s in all",
-             f"- command: `python -m blendrag_bench.gpu.check {' '.join(sys.argv[1:])}`", "",
-             "| phase | status |", "|---|---|"]
-    lines += [f"| {name} | {s} |" for name, s in status.items()]
-    lines += ["", "| figure | value | target | met |", "|---|---|---|---|"]
-    for name in status:
-        path = scratch / f"{name}.json"
-        if not path.exists():
-            continue
-        for figure, (value, target, met) in json.loads(path.read_text()).items():
-            shown = value if isinstance(value, str) else _value(figure, value)
-            verdict = "" if met is None else ("PASS" if met else "MISS")
-            lines.append(f"| {figure} | {shown} | {target} | {verdict} |")
-    return "\n".join(lines) + "\n"
-
-
-def _value(figure: str, value: float) -> str:
-    if "vs HF forward" in figure:
-        return f"{value:+.1%}"
-    if "GB/s" in figure or "->" in figure:
-        return f"{value:.2f} GB/s"
-    if figure.endswith("(us)"):
-        return f"{value:.1f} us"
-    if figure.endswith(" s"):
-        return f"{value:.1f} s"
-    if any(word in figure for word in ("launches", "syncs", "checks", "bytes", "warnings")):
-        return f"{value:.0f}"
-    return f"{value:.2f}x" if "/ max" not in figure else f"{value:.2f}"
 
 
 if __name__ == "__main__":

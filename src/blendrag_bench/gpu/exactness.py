@@ -25,6 +25,7 @@ from blendrag.engine.compute.runner import ComputeConfig
 from blendrag.engine.engine import BlendEngine
 from blendrag.engine.selection.controller import LoadingConfig
 from blendrag.prompt import PromptLayout
+from blendrag_bench.gpu.summary import Headlines
 
 TOL = 1e-4
 # every mode runs as asked: on CUDA the cost profile would run these tiny models' cached modes
@@ -209,8 +210,9 @@ def disk_tier(report: Report, device: str) -> None:
         store.close()
 
 
-def run(emit: Callable[[str], None], device: str) -> dict:
-    """Every check; ``emit`` takes each line. Returns {"passed", "failed"}."""
+def run(emit: Callable[[str], None], device: str, out: Headlines | None = None) -> Headlines:
+    """Every check; ``emit`` takes each line; ``out`` the counts, after each family."""
+    out = {} if out is None else out
     report = Report(emit)
     for name in FAMILIES:
         try:
@@ -218,9 +220,16 @@ def run(emit: Callable[[str], None], device: str) -> dict:
         except Exception as exc:  # one family's failure must not hide the others
             emit(traceback.format_exc())
             report.row(name, False, f"raised {type(exc).__name__}: {str(exc)[:200]}")
+        _counts(out, report)
     try:
         disk_tier(report, device)
     except Exception as exc:
         emit(traceback.format_exc())
         report.row("disk tier", False, f"raised {type(exc).__name__}: {str(exc)[:200]}")
-    return {"passed": report.passed, "failed": report.failed}
+    _counts(out, report)
+    return out
+
+
+def _counts(out: Headlines, report: Report) -> None:
+    out["exactness checks failed"] = (report.failed, "0", report.failed == 0)
+    out["exactness checks passed"] = (report.passed, "", None)

@@ -28,6 +28,7 @@ from torch.profiler import ProfilerActivity, profile
 import blendrag
 from blendrag.config import BlendConfig
 from blendrag_bench.gpu.shapes import sync, workload
+from blendrag_bench.gpu.summary import Headlines
 from blendrag_bench.ttft import build_engine, random_layout
 
 MODES = (BlendConfig(), BlendConfig(mode="reuse"), BlendConfig(selector="epic", ratio=0.15),
@@ -39,7 +40,8 @@ SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize
          "aten::_local_scalar_dense")
 
 
-def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str, None]]:
+def run(emit: Callable[[str], None], small: bool, out: Headlines | None = None) -> Headlines:
+    """Each mode's profile; ``out`` takes its launches and syncs as they are counted."""
     w = workload(small, "3k")
     engine = build_engine(w)
     layout = random_layout(w, engine.model.config.vocab_size)
@@ -47,7 +49,7 @@ def run(emit: Callable[[str], None], small: bool) -> dict[str, tuple[float, str,
     cuda = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    out = {}
+    out = {} if out is None else out
     for config in MODES:
         for _ in range(2):
             engine.prefill(layout, config)

@@ -17,6 +17,7 @@ from blendrag.serving import ServingConfig
 from blendrag.serving.config import DEFAULT_PACK_TOKENS, DEFAULT_SLOT_TOKENS
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.gpu.speed import Emit
+from blendrag_bench.gpu.summary import Headlines
 from blendrag_bench.serve import ServeBenchConfig, format_row, run
 from blendrag_bench.timing import median_time
 from blendrag_bench.ttft import build_engine, random_layout
@@ -33,9 +34,11 @@ class IdsText:
         return "".join(f" {i}" for i in ids)
 
 
-def serve(emit: Emit, small: bool) -> dict[str, tuple[float | str, str, bool | None]]:
+def serve(emit: Emit, small: bool, out: Headlines | None = None) -> Headlines:
     """Throughput and latency of 4 and 16 users (2 and 4 with ``small``) against one request at
-    a time, full prefill and the default blend; the batched step's tokens per second."""
+    a time, full prefill and the default blend; the batched step's tokens per second. ``out``
+    takes each figure as it is measured."""
+    out = {} if out is None else out
     w = workload(small, "3k", suffix_tokens=32)
     engine = build_engine(w)
     engine.tokenizer = IdsText()
@@ -51,7 +54,6 @@ def serve(emit: Emit, small: bool) -> dict[str, tuple[float | str, str, bool | N
          "request at a time")
     rows = run(engine, cfg, on_row=lambda r: emit(format_row(r)), layouts=layouts)
     top = f"{cfg.users[-1]} users"
-    out: dict[str, tuple[float | str, str, bool | None]] = {}
     for row in rows:
         if row["run"] != top:
             continue

@@ -15,11 +15,11 @@ from blendrag.engine.compute.fused_kv import CachedSegment
 from blendrag.store import StoreConfig, TieredKVStore
 from blendrag_bench.gpu import link
 from blendrag_bench.gpu.shapes import sync, workload
+from blendrag_bench.gpu.summary import Headlines
 from blendrag_bench.timing import median_time
 from blendrag_bench.ttft import build_engine, random_layout
 
 Emit = Callable[[str], None]
-Headlines = dict[str, tuple[float | str, str, bool | None]]
 
 # minimum speed-up over a full prefill, per prompt (the GPU targets); reuse from the device
 # tier (hot chunks in GPU memory) and from the host's RAM tier, copied to the device
@@ -65,41 +65,45 @@ def ttft(emit: Emit, small: bool, prompt: str) -> Headlines:
     return out
 
 
-def chat(emit: Emit, small: bool) -> Headlines:
+def chat(emit: Emit, small: bool, out: Headlines | None = None) -> Headlines:
     """``bench chat`` on the random workloads at the check's shape, 4 turns: the same passages
     every turn (the prefix cache), new ones every turn ahead of the history (the history
-    cache)."""
+    cache). ``out`` takes each workload's figures as its table is done."""
     from blendrag_bench.chat_bench import ChatBenchConfig, format_table, run
 
+    out = {} if out is None else out
     w = workload(small, "3k", suffix_tokens=32)
-    records: list[dict] = []
     for name in ("random", "random-history"):  # each table as it is done: a stop keeps it
         cfg = ChatBenchConfig(workloads=(name,), dtype=w.dtype, device=w.device, random=w,
                               turns=4, answer_tokens=32)
-        done = run(cfg)
-        emit(format_table(done, cfg))
-        records += done
+        records = run(cfg)
+        emit(format_table(records, cfg))
+        out.update(_chat_figures(name, records))
+    return out
+
+
+def _chat_figures(workload: str, records: list[dict]) -> Headlines:
     later = [r for r in records if r["turn"] >= 2]
-    same = [r for r in later if r["workload"] == "random"]
-    exact = min(r["speedup_vs_full"] for r in same if r["config"] == "full+prefix-cache")
-    blend = min(r["speedup_vs_full"] for r in records
-                if r.get("config", "").startswith("blend"))
-    new = [r for r in later if r["workload"] == "random-history"]
-    vs_without = min(r["without_ttft_s"] / r["ttft_s"] for r in new)
-    vs_full = min(r["full_ttft_s"] / r["ttft_s"] for r in new)
-    return {"chat turns >= 2, full+prefix-cache": (exact, ">= 10x", exact >= 10),
-            "chat, blend turns": (blend, ">= 1x", blend >= 1),
-            "chat, new passages, turns >= 2 vs no history reuse": (vs_without, ">= 2x",
+    if workload == "random":
+        exact = min(r["speedup_vs_full"] for r in later if r["config"] == "full+prefix-cache")
+        blend = min(r["speedup_vs_full"] for r in records
+                    if r.get("config", "").startswith("blend"))
+        return {"chat turns >= 2, full+prefix-cache": (exact, ">= 10x", exact >= 10),
+                "chat, blend turns": (blend, ">= 1x", blend >= 1)}
+    vs_without = min(r["without_ttft_s"] / r["ttft_s"] for r in later)
+    vs_full = min(r["full_ttft_s"] / r["ttft_s"] for r in later)
+    return {"chat, new passages, turns >= 2 vs no history reuse": (vs_without, ">= 2x",
                                                                    vs_without >= 2),
             "chat, new passages, turns >= 2 vs full": (vs_full, ">= 3x", vs_full >= 3)}
 
 
-def loading(emit: Emit, small: bool) -> Headlines:
+def loading(emit: Emit, small: bool, out: Headlines | None = None) -> Headlines:
     """Cached rows from the disk tier (page cache) and from the RAM tier to the device through
     the layer feed (read, copied, placed), alone; then ``bench ttft --tier disk`` (pipelined
-    against max(load, compute))."""
+    against max(load, compute)). ``out`` takes each figure as it is measured."""
     from blendrag_bench.ttft_tiers import TierBenchConfig, format_table, run
 
+    out = {} if out is None else out
     w = workload(small, "3k")
     engine = build_engine(w)
     layout = random_layout(w, engine.model.config.vocab_size)
@@ -117,10 +121,14 @@ def loading(emit: Emit, small: bool) -> Headlines:
              f"{rates[tier]:.2f} GB/s")
         if tier == "RAM tier":  # an entry the RAM tier holds: page-locked on CUDA?
             held = store.get(engine.key(layout.prefix_ids, layout.chunk_ids[0]))
+            out["RAM tier -> device"] = (rates[tier], f">= {RAM_TO_DEVICE_GBPS:g} GB/s",
+                                         rates[tier] >= RAM_TO_DEVICE_GBPS)
+        else:
+            out["disk -> device"] = (rates[tier], ">= 10 GB/s", rates[tier] >= 10)
         store.close()
     del engine
-    link_figures = link.run(emit, nbytes, held.nbytes if held else 64 << 20,
-                            held.keys if held else None)
+    out.update(link.run(emit, nbytes, held.nbytes if held else 64 << 20,
+                        held.keys if held else None))
     del held
     cfg = TierBenchConfig(workload=w, tier="disk", pipeline_target=PIPELINE_TARGET)
     records = run(cfg)
@@ -131,13 +139,10 @@ def loading(emit: Emit, small: bool) -> Headlines:
     pipe = r["pipelined"]["ttft_s"] / max(load, compute)
     # the target applies where load and compute are within 3x of each other
     near = max(load, compute) <= 3 * min(load, compute)
-    disk, ram = rates["disk tier (page cache)"], rates["RAM tier"]
-    return {**link_figures, "disk -> device": (disk, ">= 10 GB/s", disk >= 10),
-            "RAM tier -> device": (ram, f">= {RAM_TO_DEVICE_GBPS:g} GB/s",
-                                   ram >= RAM_TO_DEVICE_GBPS),
-            "pipelined TTFT / max(load, compute), disk": (
-                pipe, f"<= {PIPELINE_TARGET:g} (load and compute within 3x)",
-                pipe <= PIPELINE_TARGET if near else None)}
+    out["pipelined TTFT / max(load, compute), disk"] = (
+        pipe, f"<= {PIPELINE_TARGET:g} (load and compute within 3x)",
+        pipe <= PIPELINE_TARGET if near else None)
+    return out
 
 
 def _feed_rate(engine, store: TieredKVStore, layout) -> tuple[float, float, int]:
@@ -169,9 +174,11 @@ def _feed_rate(engine, store: TieredKVStore, layout) -> tuple[float, float, int]
     return nbytes / load_s / 1e9, load_s, nbytes
 
 
-def decode(emit: Emit, small: bool) -> Headlines:
+def decode(emit: Emit, small: bool, out: Headlines | None = None) -> Headlines:
     """Tokens per second after a 3k-token full prefill: the engine eager, the engine's
-    fixed-shape step (a CUDA graph on CUDA), HF ``generate``; the greedy tokens compared."""
+    fixed-shape step (a CUDA graph on CUDA), HF ``generate``; the greedy tokens compared.
+    ``out`` takes each rate as it is measured, then the ratios."""
+    out = {} if out is None else out
     from blendrag.engine.compute.runner import ComputeConfig
     from blendrag.engine.engine import BlendEngine
 
@@ -186,19 +193,22 @@ def decode(emit: Emit, small: bool) -> Headlines:
         rates[label], tokens[label], logits[label] = _engine_decode(engine, layout, steps)
         engine.runner.release_buffers()
         _emit_rate(emit, label, rates, tokens)  # each as measured: a stopped phase keeps it
+        out[f"decode {label} (tokens/s)"] = (rates[label], "", None)
     ids = torch.tensor([layout.ids], device=model.device)
     rates["HF generate"], tokens["HF generate"], logits["HF generate"] = _hf_decode(
         model, ids, steps + 1)
     _emit_rate(emit, "HF generate", rates, tokens)
+    out["decode HF generate (tokens/s)"] = (rates["HF generate"], "", None)
     for label in ("engine graph", "engine eager"):
         emit(f"greedy tokens ({steps + 1}), {label} vs HF generate: "
              + divergence(tokens[label], logits[label], tokens["HF generate"],
                           logits["HF generate"]))
     hf = rates["HF generate"]
-    return {"decode eager vs HF generate": (rates["engine eager"] / hf, ">= 1x",
-                                            rates["engine eager"] >= hf),
-            "decode graph vs HF generate": (rates["engine graph"] / hf, ">= 2x",
-                                            rates["engine graph"] >= 2 * hf)}
+    out["decode eager vs HF generate"] = (rates["engine eager"] / hf, ">= 1x",
+                                          rates["engine eager"] >= hf)
+    out["decode graph vs HF generate"] = (rates["engine graph"] / hf, ">= 2x",
+                                          rates["engine graph"] >= 2 * hf)
+    return out
 
 
 def _emit_rate(emit: Emit, label: str, rates: dict[str, float],
