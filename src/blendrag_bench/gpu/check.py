@@ -44,6 +44,7 @@ import sys  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from blendrag_bench.gpu.processes import Stopped, die_with_parent, kill, stop  # noqa: E402
 from blendrag_bench.gpu.summary import Figures, device_line, read_figures, render  # noqa: E402
 
 # phase -> (its file, the most seconds it may take); in the order they run
@@ -102,7 +103,7 @@ def _check(args: argparse.Namespace) -> int:
     code = 0
     # the check stopped from outside (a device call's time limit, `timeout`, Ctrl-C): the
     # running phase, in a session of its own, is stopped with it (it would hold the GPU on)
-    handlers = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    handlers = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         for name in names:
             file, cap = PHASES[name]
@@ -122,20 +123,20 @@ def _check(args: argparse.Namespace) -> int:
                 status[name] = "ok" if proc.wait(timeout=min(cap, left)) == 0 else (
                     f"failed (exit {proc.returncode})")
             except subprocess.TimeoutExpired:
-                _kill(proc)
+                kill(proc)
                 status[name] = f"stopped after {min(cap, left):.0f} s (partial output kept)"
             status[name] += f", {time.perf_counter() - t0:.0f} s"
             print(f"[gpu-check] {name}: {status[name]}", flush=True)
             _write_summary(args, device, status)
-    except _Stopped as stop:
-        code = 128 + stop.signum
+    except Stopped as stopped:
+        code = 128 + stopped.signum
         if proc is not None and proc.returncode is None:
-            _kill(proc)
-            status[name] = (f"stopped: the check got {signal.Signals(stop.signum).name} "
+            kill(proc)
+            status[name] = (f"stopped: the check got {signal.Signals(stopped.signum).name} "
                             f"after {time.perf_counter() - t0:.0f} s (partial output kept)")
     finally:
         if proc is not None and proc.returncode is None:
-            _kill(proc)
+            kill(proc)
         for s, handler in handlers.items():
             signal.signal(s, handler)
     print(_write_summary(args, device, status))
@@ -157,42 +158,6 @@ def phase_command(name: str, args: argparse.Namespace) -> list[str]:
     return [sys.executable, "-m", "blendrag_bench.gpu.check", "--phase", name,
             "--out", str(args.out)] + (
         ["--small"] if args.small else [])
-
-
-class _Stopped(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise _Stopped(signum)
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Stop ``proc`` and everything it started (its process group), and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def die_with_parent(parent: int) -> Callable[[], None]:
-    """For ``preexec_fn``: the child is killed when its parent dies, however it dies (SIGKILL
-    too, which no handler sees): Linux's PR_SET_PDEATHSIG; elsewhere nothing."""
-
-    def arm() -> None:
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the parent died before the signal was armed
-            os._exit(1)
-
-    return arm
 
 
 def _phase(name: str, out: Path, small: bool) -> int:
