@@ -181,3 +181,23 @@ def test_figures_are_read_back_per_phase_from_their_files(tmp_path):
     assert read_figures([path, path]) == {"decode": {"a": (2.0, ">= 1x", True),
                                                      "b": (3.0, "", None)},
                                           "serve": {"a": ("8/8", "all", True)}}
+
+
+def test_a_phase_that_raises_writes_its_traceback_into_its_file(tmp_path, monkeypatch):
+    """A GPU run keeps a phase's file whole but its stderr cut to the tail: the traceback goes
+    into the file, after what the phase wrote and the figures it had; the phase exits 1."""
+    from blendrag_bench.gpu import check, cold
+
+    def boom(emit, small, out):
+        emit("model built ...")
+        out["cold start: warm-up s"] = (1.5, "", None)
+        raise AttributeError("'KVSlab' object has no attribute 'claimx'")
+
+    monkeypatch.setattr(cold, "run", boom)
+    assert check._phase("cold", tmp_path, True) == 1
+    text = (tmp_path / "ttft-3k.txt").read_text()
+    assert text.startswith("# cold: ")
+    assert "model built ...\n[figure] " in text
+    assert "[error] phase cold raised:\nTraceback (most recent call last):" in text
+    assert "in boom\n" in text
+    assert text.rstrip().endswith("AttributeError: 'KVSlab' object has no attribute 'claimx'")

@@ -41,6 +41,7 @@ import os  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -161,21 +162,32 @@ def phase_command(name: str, args: argparse.Namespace) -> list[str]:
 
 
 def _phase(name: str, out: Path, small: bool) -> int:
-    from blendrag_bench.gpu import attention, cold, exactness, profile, serving, shapes, speed
-
     path = out / PHASES[name][0]
     with path.open("a") as f:  # two phases may share a file (cold start, ttft-3k; serve)
         def emit(line: str) -> None:
             f.write(line + "\n")
             f.flush()  # what a stopped phase wrote stays
 
-        emit(f"# {name}: {_device()}")
-        # each figure written into the file as it is measured: a phase stopped at its time
-        # limit keeps those it had
-        heads = Figures(name, emit)
-        slower = _SlowerPaths(emit)
-        for logger in SLOWER_PATH_LOGGERS:
-            logging.getLogger(logger).addHandler(slower)
+        try:
+            _run_phase(name, small, emit, f, path)
+        except Exception:  # into the file: a GPU run's stderr comes back cut to its tail
+            emit(f"[error] phase {name} raised:\n{traceback.format_exc()}")
+            return 1
+    return 0
+
+
+def _run_phase(name: str, small: bool, emit: Callable[[str], None], f, path: Path) -> None:
+    from blendrag_bench.gpu import attention, cold, exactness, profile, serving, shapes, speed
+
+    emit(f"# {name}: {_device()}")
+    # each figure written into the file as it is measured: a phase stopped at its time
+    # limit keeps those it had
+    heads = Figures(name, emit)
+    slower = _SlowerPaths(emit)
+    loggers = [logging.getLogger(logger) for logger in SLOWER_PATH_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(slower)
+    try:
         if name == "exactness":
             exactness.run(emit, shapes.device(), heads)
             heads["CUDA-marked tests"] = (_cuda_tests(emit, f, path), "", None)
@@ -192,8 +204,10 @@ def _phase(name: str, out: Path, small: bool) -> int:
         else:
             {"chat": speed.chat, "loading": speed.loading,
              "decode": speed.decode}[name](emit, small, heads)
-        heads[f"{name}: slower paths taken (warnings)"] = (slower.count, "0", slower.count == 0)
-    return 0
+    finally:  # its file closes with the phase
+        for logger in loggers:
+            logger.removeHandler(slower)
+    heads[f"{name}: slower paths taken (warnings)"] = (slower.count, "0", slower.count == 0)
 
 
 class _SlowerPaths(logging.Handler):
