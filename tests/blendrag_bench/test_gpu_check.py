@@ -177,3 +177,38 @@ def test_the_reuse_targets_are_reported_whether_or_not_the_device_tier_hit(monke
         assert out["3k reuse, device tier"] == ("no device-tier hits", ">= 10x", False)
         assert out["3k reuse, RAM tier"] == (12.0, ">= 5x", True)
     assert out["3k fastest blend@15%"] == (4.0, ">= 3.5x", True)
+
+
+def test_flex_rows_never_time_the_fallback_and_a_flex_failure_stops_no_case(monkeypatch):
+    """FlexAttention that cannot run (a compile error, stood in for on the CPU): the
+    ``flex 2x128`` row is reported failed, not the fallback's time under flex's name; the
+    other flex rows of that case and of the next are skipped, made inside the per-row
+    handler; the other rows are timed."""
+    import torch
+
+    from blendrag.engine.compute import flex
+    from blendrag_bench.gpu import attention
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("triton: no compiler")
+
+    monkeypatch.setattr(flex, "_FLEX", [broken])
+    monkeypatch.setattr(attention, "CALLS", 1)
+    n, keys = 448, 512
+    pos = attention._positions(n, 0.15, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(4, pos.shape[0], 32, generator=g).bfloat16()  # the CUDA rows' dtype
+    k, v = (torch.randn(2, keys, 32, generator=g).bfloat16() for _ in range(2))
+    k[:, n:], v[:, n:] = 0, 0
+    lines: list[str] = []
+    out: dict = {}
+    for case in ("one", "two"):
+        variants = attention._variants(pos, n, keys, 32 ** -0.5, True, 2)
+        attention.rows(lines.append, case, variants, q, k, v, out)
+    assert lines[0].split()[:3] == ["flex", "2x128", "failed:"], lines
+    assert "fell back" in lines[0] or "row blocks instead" in lines[0]
+    skipped = [x.split()[:2] for x in lines if "skipped: FlexAttention is not usable" in x]
+    assert skipped == [["flex", "unpadded"], ["flex", "64x64"], ["flex", "2x128"],
+                       ["flex", "unpadded"], ["flex", "64x64"]]
+    assert sorted(out) == ["attention one, explicit fp32 (us)", "attention one, sdpa mask (us)",
+                           "attention two, explicit fp32 (us)", "attention two, sdpa mask (us)"]

@@ -59,7 +59,8 @@ def run(emit: Callable[[str], None], small: bool, out: Headlines | None = None) 
     h, hkv = shape["heads"], shape["kv_heads"]
     d = shape["hidden"] // h
     emit(f"attention per call (us, median of {CALLS}), {h}/{hkv} heads of {d}, {dtype}; "
-         "diff: largest |difference| from flex 2x128 (sdpa mask on a CPU)")
+         "diff: largest |difference| from the case's first row that ran (flex 2x128; sdpa "
+         "mask on a CPU)")
     out = {} if out is None else out
     for label, n, ratio in SMALL_CASES if small else CASES:
         pos = _positions(n, ratio, dev)  # [A]
@@ -69,20 +70,33 @@ def run(emit: Callable[[str], None], small: bool, out: Headlines | None = None) 
         k, v = (torch.randn(hkv, keys, d, generator=g, device=dev, dtype=dtype)
                 for _ in range(2))
         k[:, n:], v[:, n:] = 0, 0  # rows past the prompt: zeros, as in a request KV
-        ref = None
         emit(f"\n{label}: {pos.shape[0]} queries over {n} keys ({keys} rows)")
-        for name, call in _variants(pos, n, keys, d ** -0.5, cuda, h // hkv).items():
-            try:
-                o = call(q, k, v)
-                us = _time(partial(call, q, k, v))
-            except Exception as exc:  # a variant this torch or device cannot run
-                emit(f"  {name:<18} failed: {type(exc).__name__}: {str(exc)[:160]}")
-                continue
-            ref = o if ref is None else ref
-            diff = (o.float() - ref.float()).abs().max().item()
-            emit(f"  {name:<18} {us:9.1f} us   diff {diff:.2e}")
-            out[f"attention {label}, {name} (us)"] = (us, "", None)
+        rows(emit, label, _variants(pos, n, keys, d ** -0.5, cuda, h // hkv), q, k, v, out)
     return out
+
+
+def rows(emit: Callable[[str], None], label: str, variants: dict[str, Callable[[], Callable]],
+         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: Headlines) -> None:
+    """Each variant built, run and timed, its row written and its time put in ``out``; one that
+    cannot be built or run here is reported, and the next one runs. Once FlexAttention is off
+    for the process (``flex.disable_flex``: it failed to compile or run), the flex rows are
+    skipped: they would time the sdpa fallback, or fail again."""
+    ref = None
+    for name, build in variants.items():
+        if name.startswith("flex") and flex.flex_kernel() is None:
+            emit(f"  {name:<18} skipped: FlexAttention is not usable here")
+            continue
+        try:
+            call = build()
+            o = call(q, k, v)
+            us = _time(partial(call, q, k, v))
+        except Exception as exc:  # a variant this torch or device cannot run
+            emit(f"  {name:<18} failed: {type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        ref = o if ref is None else ref
+        diff = (o.float() - ref.float()).abs().max().item()
+        emit(f"  {name:<18} {us:9.1f} us   diff {diff:.2e}")
+        out[f"attention {label}, {name} (us)"] = (us, "", None)
 
 
 def _positions(n: int, ratio: float, dev: torch.device) -> torch.Tensor:
@@ -95,7 +109,8 @@ def _positions(n: int, ratio: float, dev: torch.device) -> torch.Tensor:
 
 
 def _variants(pos: torch.Tensor, n: int, keys: int, scale: float, cuda: bool,
-              groups: int) -> dict[str, Callable]:
+              groups: int) -> dict[str, Callable[[], Callable]]:
+    """Each variant's maker: a variant is made where its failure is caught (``rows``)."""
     a = pos.shape[0]
     bias = att.score_bias(pos, keys if cuda else n, None).to(  # [A, keys]
         torch.bfloat16 if cuda else torch.float32)
@@ -106,19 +121,37 @@ def _variants(pos: torch.Tensor, n: int, keys: int, scale: float, cuda: bool,
                                               attn_mask=bias, scale=scale,
                                               enable_gqa=True)[0]
 
-    variants: dict[str, Callable] = {}
-    if cuda:
-        plan = att.FlexPlan(pos, n, None, attended_keys=0)
-        variants["flex 2x128"] = lambda q, k, v: plan.attend(q, k, v, scale)
-        variants["flex unpadded"] = _flex_rows(pos, n, keys, scale, -(-a // 16) * 16, {})
-        variants["flex 64x64"] = _flex_rows(pos, n, keys, scale, att.pad_rows(a),
-                                            {"BLOCK_M": 64, "BLOCK_N": 64})
-    variants["sdpa mask"] = sdpa_mask
-    if cuda and bool((pos[1:] - pos[:-1] == 1).all()):  # contiguous to the end: reuse's
+    def lower_right() -> Callable:
         right = att.LowerRightPlan(a, n)
-        variants["sdpa lower-right"] = lambda q, k, v: right.attend(q, k, v, scale)
-    variants["explicit fp32"] = _explicit(pos, keys if cuda else n, scale, groups)
+        return lambda q, k, v: right.attend(q, k, v, scale)
+
+    variants: dict[str, Callable[[], Callable]] = {}
+    if cuda:
+        variants["flex 2x128"] = partial(_flex_plan, pos, n, scale)
+        variants["flex unpadded"] = partial(_flex_rows, pos, n, keys, scale, -(-a // 16) * 16,
+                                            {})
+        variants["flex 64x64"] = partial(_flex_rows, pos, n, keys, scale, att.pad_rows(a),
+                                         {"BLOCK_M": 64, "BLOCK_N": 64})
+    variants["sdpa mask"] = lambda: sdpa_mask
+    if cuda and bool((pos[1:] - pos[:-1] == 1).all()):  # contiguous to the end: reuse's
+        variants["sdpa lower-right"] = lower_right
+    variants["explicit fp32"] = partial(_explicit, pos, keys if cuda else n, scale, groups)
     return variants
+
+
+def _flex_plan(pos: torch.Tensor, n: int, scale: float) -> Callable:
+    """What the passes run (``FlexPlan``), raising where it gave FlexAttention up for its
+    fallback (the sdpa row blocks): that is not FlexAttention's time."""
+    plan = att.FlexPlan(pos, n, None, attended_keys=0)
+
+    def call(q, k, v):
+        o = plan.attend(q, k, v, scale)
+        if plan._fallback is not None:  # set only when it ran the row blocks instead
+            raise RuntimeError("FlexAttention failed; FlexPlan ran its sdpa row blocks instead "
+                               "(see the warning above)")
+        return o
+
+    return call
 
 
 def _explicit(pos: torch.Tensor, rows: int, scale: float, groups: int) -> Callable:
