@@ -212,3 +212,32 @@ def test_flex_rows_never_time_the_fallback_and_a_flex_failure_stops_no_case(monk
                        ["flex", "unpadded"], ["flex", "64x64"]]
     assert sorted(out) == ["attention one, explicit fp32 (us)", "attention one, sdpa mask (us)",
                            "attention two, explicit fp32 (us)", "attention two, sdpa mask (us)"]
+
+
+def test_the_pipelined_exactness_check_pipelines(monkeypatch):
+    """'pipelined == sequential' compares rows read ahead by a reader thread with rows read in
+    the loop: its rows come from a tier off the request's device (an in-memory store's rows
+    are resident, and a feed of resident rows never pipelines)."""
+    import torch
+
+    from blendrag.engine.compute import layer_feed
+    from blendrag.engine.compute.runner import ComputeConfig
+    from blendrag_bench.gpu import exactness
+
+    feeds: list[tuple[int, bool]] = []
+    made = layer_feed.LayerFeed.__init__
+
+    def seen(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        feeds.append((self.depth, self.pipelined))
+
+    monkeypatch.setattr(layer_feed.LayerFeed, "__init__", seen)
+    torch.manual_seed(0)
+    lines: list[str] = []
+    report = exactness.Report(lines.append)
+    exactness._pipelined(report, "llama", exactness._model("llama", torch.float32, "cpu"),
+                         ComputeConfig())
+    assert report.failed == 0 and report.passed == 1, lines
+    assert lines[0].endswith("3/3 pipelined"), lines
+    assert sum(pipelined for _, pipelined in feeds) == 3  # the three read ahead
+    assert (0, False) in feeds  # and the sequential ones in the loop
