@@ -30,6 +30,7 @@ def test_the_small_gpu_check_writes_its_files_and_summary(tmp_path):
         assert f"| {name} | ok," in summary, summary
     for figure in ("3k default (preview@20%)", "16k reuse, RAM tier",
                    "RAM tier -> device", "chat turns >= 2, full+prefix-cache",
+                   "chat turns >= 2, blend+prefix-cache vs its exact twin",
                    "chat, new passages, turns >= 2 vs full",
                    "decode graph vs HF generate", "disk -> device", "exactness checks failed",
                    "cold start: first request / warm, worst mode", "cold start: warm-up s",
@@ -241,3 +242,32 @@ def test_the_pipelined_exactness_check_pipelines(monkeypatch):
     assert lines[0].endswith("3/3 pipelined"), lines
     assert sum(pipelined for _, pipelined in feeds) == 3  # the three read ahead
     assert (0, False) in feeds  # and the sequential ones in the loop
+
+
+def test_the_chat_blend_figure_is_the_chat_benchs_verdict(monkeypatch):
+    """Blend with the prefix cache against its exact twin at turns >= 2 (chat_bench's
+    verdict): not turn 1 (nothing cached yet), not any speed-up over a full prefill."""
+    from blendrag_bench import chat_bench
+    from blendrag_bench.gpu import speed
+
+    def turn(config, n, speedup, vs_exact=None):
+        r = {"workload": "random", "config": config, "turn": n, "speedup_vs_full": speedup,
+             "ttft_s": 0.01, "full_ttft_s": 0.01 * speedup}
+        return r if vs_exact is None else {**r, "vs_exact": vs_exact}
+
+    random = ([turn("full+prefix-cache", n, 12.0 + n) for n in range(1, 5)]
+              + [turn("blend+prefix-cache", 1, 0.5, 0.4)]
+              + [turn("blend+prefix-cache", n, 3.0, 0.97 + n / 100) for n in range(2, 5)])
+    history = [{"workload": "random-history", "turn": n, "ttft_s": 0.01,
+                "without_ttft_s": 0.03, "full_ttft_s": 0.04} for n in range(1, 5)]
+
+    def run(cfg):
+        return random if cfg.workloads == ("random",) else history
+
+    monkeypatch.setattr(chat_bench, "run", run)
+    monkeypatch.setattr(chat_bench, "format_table", lambda records, cfg: "")
+    out = speed.chat(lambda line: None, small=True)
+    assert out["chat turns >= 2, blend+prefix-cache vs its exact twin"] == (0.99, ">= 0.95x",
+                                                                           True)
+    assert out["chat turns >= 2, full+prefix-cache"] == (14.0, ">= 10x", True)
+    assert "chat, blend turns" not in out

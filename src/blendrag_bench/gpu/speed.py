@@ -85,11 +85,18 @@ def chat(emit: Emit, small: bool, out: Headlines | None = None) -> Headlines:
 def _chat_figures(workload: str, records: list[dict]) -> Headlines:
     later = [r for r in records if r["turn"] >= 2]
     if workload == "random":
+        from blendrag_bench.chat_bench import EXACT_TARGET
+
         exact = min(r["speedup_vs_full"] for r in later if r["config"] == "full+prefix-cache")
-        blend = min(r["speedup_vs_full"] for r in records
-                    if r.get("config", "").startswith("blend"))
+        # the chat bench's own verdict: blend with the prefix cache against its exact twin
+        # (a full prefill with a prefix cache of its own) on the same prompts, past turn 1
+        twins = [r["vs_exact"] for r in later if r["config"] == "blend+prefix-cache"
+                 and "vs_exact" in r]
+        blend = min(twins) if twins else "not measured"
         return {"chat turns >= 2, full+prefix-cache": (exact, ">= 10x", exact >= 10),
-                "chat, blend turns": (blend, ">= 1x", blend >= 1)}
+                "chat turns >= 2, blend+prefix-cache vs its exact twin": (
+                    blend, f">= {EXACT_TARGET:g}x",
+                    isinstance(blend, float) and blend >= EXACT_TARGET)}
     vs_without = min(r["without_ttft_s"] / r["ttft_s"] for r in later)
     vs_full = min(r["full_ttft_s"] / r["ttft_s"] for r in later)
     return {"chat, new passages, turns >= 2 vs no history reuse": (vs_without, ">= 2x",
