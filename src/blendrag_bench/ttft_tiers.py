@@ -178,8 +178,11 @@ def run(cfg: TierBenchConfig) -> list[dict]:
                 engine.loading = dataclasses.replace(engine.loading, prefetch_layers=prefetch,
                                                      full_when_faster=False)
                 pre = engine.prefill(layout, config)
-                if rep:
-                    samples[name].append(pre)
+                if rep:  # what is reported; the request itself is let go before the next:
+                    # held, it keeps the runner's pooled KV buffer, and every later request
+                    # would take a buffer of its own (no captured passes, a new allocation)
+                    samples[name].append((pre.stats, pre.logits.clone()))
+                del pre
             load = load_only(store, keys)
             if rep:
                 samples["load-only"].append(load)
@@ -187,21 +190,23 @@ def run(cfg: TierBenchConfig) -> list[dict]:
 
 
 def _records(cfg: TierBenchConfig, samples: dict[str, list], keys: list[str]) -> list[dict]:
-    full_logits = samples["full"][-1].logits
+    """``samples``: per row, (stats, first-token logits) of each timed request (seconds for
+    load-only)."""
+    full_logits = samples["full"][-1][1]
     out = []
     for name, pres in samples.items():
         if name == "load-only":
             t = statistics.median(pres)
             out.append(_record(cfg, name, None, None, True, t, t, 0.0))
             continue
-        st = [p.stats for p in pres]
+        st = [stats for stats, _ in pres]
         mid = sorted(range(len(st)), key=lambda i: st[i].timing.ttft_s)[len(st) // 2]
         s = st[mid]
         rec = _record(cfg, name, s.selector, s.ratio, s.loading.pipelined, s.timing.ttft_s,
                       s.loading.load_s, s.loading.compute_s)
         rec.update(recompute_fraction=s.recompute_fraction,
                    controller=dataclasses.asdict(s.controller),
-                   kl_vs_full=_kl(pres[mid].logits, full_logits),
+                   kl_vs_full=_kl(pres[mid][1], full_logits),
                    ratios=[x.ratio for x in st])
         if name in ("full", "compute-only"):
             rec["tier"] = "memory"

@@ -271,3 +271,28 @@ def test_the_chat_blend_figure_is_the_chat_benchs_verdict(monkeypatch):
                                                                            True)
     assert out["chat turns >= 2, full+prefix-cache"] == (14.0, ">= 10x", True)
     assert "chat, blend turns" not in out
+
+
+def test_the_history_check_lets_each_turn_go_before_the_next(monkeypatch):
+    """Each request of the history check runs over its engine's pooled KV buffer: a turn held
+    while the next ran kept it, and the next took a buffer of its own."""
+    import torch
+
+    from blendrag.engine.compute.runner import ComputeConfig
+    from blendrag.engine.engine import BlendEngine
+    from blendrag_bench.gpu import exactness
+
+    pooled: list[bool] = []
+    prefill = BlendEngine.prefill
+
+    def seen(self, *args, **kwargs):
+        pre = prefill(self, *args, **kwargs)
+        pooled.append(self.runner._pool.lent(pre.fused))
+        return pre
+
+    monkeypatch.setattr(BlendEngine, "prefill", seen)
+    report = exactness.Report(lambda line: None)
+    exactness._history(report, "llama", exactness._model("llama", torch.float32, "cpu"),
+                       ComputeConfig())
+    assert report.failed == 0 and report.passed == 2
+    assert pooled == [True] * 4

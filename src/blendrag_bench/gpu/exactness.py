@@ -175,13 +175,15 @@ def _history(report: Report, case: str, model: T.PreTrainedModel,
     for token in answer[:-1]:
         engine.runner.decode(token, pre.fused)
     engine.keep_rows([*LAYOUT.ids, *answer], pre)
+    del pre  # held, it keeps the pooled KV buffer: the next turn would run in another
     chunks = [_ids(len(c), seed=20 + i) for i, c in enumerate(LAYOUT.chunk_ids)]
     turn = PromptLayout(LAYOUT.prefix_ids, chunks, [*LAYOUT.suffix_ids, *answer, *_ids(6, 9)])
     full = plain.prefill(turn, BlendConfig(mode="full")).logits
     got = _prefill(engine, turn, BlendConfig(selector="cacheblend", ratio=1.0))
-    reused = got.stats.cache.history_tokens
-    report.row(f"{case} history @1.0 vs full", _diff(got.logits, full) <= TOL and reused > 0,
-               f"{_diff(got.logits, full):.1e}, {reused} history rows")
+    logits, reused = got.logits, got.stats.cache.history_tokens
+    del got
+    report.row(f"{case} history @1.0 vs full", _diff(logits, full) <= TOL and reused > 0,
+               f"{_diff(logits, full):.1e}, {reused} history rows")
     as_full = engine.prefill(turn, BlendConfig(mode="full"))
     report.row(f"{case} full turn takes no history row",
                _diff(as_full.logits, full) <= TOL and as_full.stats.cache.history_tokens == 0,

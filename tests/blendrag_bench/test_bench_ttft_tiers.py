@@ -1,0 +1,37 @@
+"""bench ttft --tier on a tiny random model: the six rows, and every timed request run over
+the runner's pooled KV buffer (a request the bench held on to kept it from the next one,
+which then took a buffer of its own: a new allocation, and no captured passes on a GPU)."""
+
+from __future__ import annotations
+
+import math
+
+from blendrag.engine.engine import BlendEngine
+from blendrag_bench import ttft_tiers
+from blendrag_bench.ttft import TTFTWorkload
+
+TINY = TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=300,
+                    chunks=3, chunk_tokens=24, prefix_tokens=4, suffix_tokens=6, ratios=(0.2,),
+                    selectors=("cacheblend",), repeats=2)
+
+
+def test_every_timed_request_gets_the_pooled_buffer(monkeypatch, tmp_path):
+    pooled: list[tuple[str, bool]] = []
+    prefill = BlendEngine.prefill
+
+    def seen(self, layout, config=None, *args, **kwargs):
+        pre = prefill(self, layout, config, *args, **kwargs)
+        pooled.append((config.label, self.runner._pool.lent(pre.fused)))
+        return pre
+
+    monkeypatch.setattr(BlendEngine, "prefill", seen)
+    cfg = ttft_tiers.TierBenchConfig(workload=TINY, tier="disk", directory=tmp_path)
+    records = ttft_tiers.run(cfg)
+    assert len(pooled) == 5 * (TINY.repeats + 1)
+    assert all(lent for _, lent in pooled), pooled
+    by = {r["mode"]: r for r in records}
+    assert list(by) == ["full", "sequential", "pipelined", "auto", "compute-only", "load-only"]
+    assert by["full"]["kl_vs_full"] == 0.0 and by["pipelined"]["pipelined"]
+    assert all(math.isfinite(r["kl_vs_full"]) and len(r["ratios"]) == TINY.repeats
+               for r in records if r["mode"] != "load-only")
+    assert "pipelined" in ttft_tiers.format_table(records, cfg)
