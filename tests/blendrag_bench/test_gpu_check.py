@@ -296,3 +296,18 @@ def test_the_history_check_lets_each_turn_go_before_the_next(monkeypatch):
                        ComputeConfig())
     assert report.failed == 0 and report.passed == 2
     assert pooled == [True] * 4
+
+
+@pytest.mark.parametrize("figure, value, shown", [
+    ("RAM tier put, page-locked (map, register, copy) (ms)", 12.3, "12.3 ms"),
+    ("serve 16 users, full: leading tokens the same as alone, median", 8.0, "8 tokens"),
+    ("attention 3k reuse, sdpa mask (us)", 72.04, "72.0 us"),
+    ("decode engine graph (tokens/s)", 61.25, "61.2 tokens/s"),
+    ("host -> device, page-locked, one copy (GB/s)", 51.234, "51.23 GB/s"),
+    ("3k full vs HF forward", -0.012, "-1.2%"),
+    ("pipelined TTFT / max(load, compute), disk", 1.104, "1.10"),
+    ("3k reuse, RAM tier", 6.5, "6.50x")])
+def test_each_figure_is_shown_in_its_unit(figure, value, shown):
+    from blendrag_bench.gpu.summary import format_value
+
+    assert format_value(figure, value) == shown

@@ -110,6 +110,10 @@ def format_value(figure: str, value: float) -> str:
         return f"{value:.1f} tokens/s"
     if figure.endswith("(us)"):
         return f"{value:.1f} us"
+    if figure.endswith("(ms)"):
+        return f"{value:.1f} ms"
+    if "leading tokens" in figure:  # a count of tokens (serve: the same as alone)
+        return f"{value:.0f} tokens"
     if figure.endswith(" s"):
         return f"{value:.1f} s"
     if any(word in figure for word in ("launches", "syncs", "checks", "bytes", "warnings")):
