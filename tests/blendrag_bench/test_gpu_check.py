@@ -311,3 +311,20 @@ def test_each_figure_is_shown_in_its_unit(figure, value, shown):
     from blendrag_bench.gpu.summary import format_value
 
     assert format_value(figure, value) == shown
+
+
+def test_a_ttft_figure_of_a_mode_that_ran_full_says_so(monkeypatch):
+    """A request the engine ran as a full prefill (``ran_full``) is no figure of its mode."""
+    from blendrag_bench import ttft as bench
+    from blendrag_bench.gpu import speed
+
+    records = [_ttft_record("hf", speedup=1.0), _ttft_record("full", speedup=1.0),
+               _ttft_record("prefix", speedup=1.1), _ttft_record("reuse", speedup=12.0),
+               {**_ttft_record("blend", "preview", 0.2, 1.02), "ran_full": True},
+               _ttft_record("blend", "epic", 0.15, 4.0)]
+    monkeypatch.setattr(bench, "run", lambda w: records)
+    monkeypatch.setattr(bench, "format_table", lambda records, w: "")
+    out = speed.ttft(lambda line: None, small=True, prompt="3k")
+    assert out["3k default (preview@20%)"] == ("1.02x (ran full)", ">= 2.5x", False)
+    assert out["3k slowest mode vs full"] == ("1.02x (ran full)", ">= 0.95x", True)
+    assert out["3k fastest blend@15%"] == (4.0, ">= 3.5x", True)
