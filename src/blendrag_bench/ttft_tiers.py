@@ -220,8 +220,8 @@ def _record(cfg, mode, selector, ratio, pipelined, ttft, load, compute) -> dict:
 
 
 def verdicts(records: list[dict], target: float = 1.1) -> list[str]:
-    """The issue's targets against this run: PASS, MISS, or n/a (load and compute too far apart
-    for the pipelining target to apply)."""
+    """The pipelining targets (pipelined TTFT <= ``target`` x max(load, compute)) against this
+    run: PASS, MISS, or n/a (load and compute too far apart for the target to apply)."""
     r = {x["mode"]: x for x in records}
     load, compute = r["load-only"]["ttft_s"], r["compute-only"]["ttft_s"]
     bound = max(load, compute)

@@ -116,7 +116,7 @@ def add_redis_options(p: argparse.ArgumentParser) -> None:
                    help="also the Redis tier at this URL, e.g. redis://127.0.0.1:6379/0 "
                         "(default: none)")
     p.add_argument("--redis-prefix", default="blendrag:kv:",
-                   help="namespace of the store's Redis keys (default: blendrag:kv:)")
+                   help="the prefix of the store's Redis keys (default: blendrag:kv:)")
     p.add_argument("--s3-url", default=None, metavar="s3://BUCKET/PREFIX",
                    help="also the S3 tier: objects under this prefix (credentials from boto3's "
                         "chain: AWS_* variables, ~/.aws; default: none)")
