@@ -146,7 +146,7 @@ def _flex_plan(pos: torch.Tensor, n: int, scale: float) -> Callable:
 
     def call(q, k, v):
         o = plan.attend(q, k, v, scale)
-        if plan._fallback is not None:  # set only when it ran the row blocks instead
+        if plan.fell_back:  # it ran the row blocks instead
             raise RuntimeError("FlexAttention failed; FlexPlan ran its sdpa row blocks instead "
                                "(see the warning above)")
         return o

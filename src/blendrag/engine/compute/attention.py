@@ -194,6 +194,12 @@ class FlexPlan(AttentionPlan):
         self._fallback: BlockPlan | None = None
         self._short = False  # out of device memory once: this plan's layers take the row blocks
 
+    @property
+    def fell_back(self) -> bool:
+        """Whether a layer ran the sdpa row blocks instead of FlexAttention (a benchmark must
+        not time them under FlexAttention's name)."""
+        return self._fallback is not None
+
     def block_mask(self, keys: int):
         """The ``BlockMask`` over ``keys`` key rows (built once)."""
         if self._mask is None or self._mask[0] != keys:
