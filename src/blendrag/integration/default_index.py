@@ -5,6 +5,7 @@ made over the engine (chunks ingested through one LLM are found by another)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from pathlib import Path
@@ -18,6 +19,7 @@ from blendrag.store.config import StoreConfig
 _IN_MEMORY: weakref.WeakKeyDictionary[object, dict[str, ChunkTextIndex]] = (
     weakref.WeakKeyDictionary())
 _LOCK = threading.Lock()
+log = logging.getLogger(__name__)
 
 
 def default_text_index(engine: BlendEngine) -> ChunkTextIndex:
@@ -61,8 +63,15 @@ def _in_memory(engine: BlendEngine, ns_id: str) -> ChunkTextIndex:
 
 def _persisted(folder: Path, engine: BlendEngine, ns_id: str) -> ChunkTextIndex:
     """A text index in ``folder`` under the store's keys (rows signed, texts encrypted when the
-    store encrypts), bound to the namespace id ``ns_id``."""
+    store encrypts), bound to the namespace id ``ns_id``; the namespace's in memory, with a
+    warning, when the folder holds one that cannot be used (its bytes are untrusted: a request
+    never fails on them)."""
     config = getattr(engine.store, "config", None)  # a TieredKVStore's StoreConfig
-    if not isinstance(config, StoreConfig):  # a store with no keys to sign with (RAM)
-        return ChunkTextIndex(folder, namespace=ns_id)
-    return index_for_store(folder, config, ns_id)
+    try:
+        if not isinstance(config, StoreConfig):  # a store with no keys to sign with (RAM)
+            return ChunkTextIndex(folder, namespace=ns_id)
+        return index_for_store(folder, config, ns_id)
+    except ValueError as exc:
+        log.warning("%s; chunk texts of this namespace are recorded in memory only, for this "
+                    "process", exc)
+        return _in_memory(engine, ns_id)

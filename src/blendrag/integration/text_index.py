@@ -21,6 +21,7 @@ Matches are leftmost, longest first at a position, never overlapping: the same r
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from tqdm.auto import tqdm
 from blendrag.integration.span_hash import SpanHasher, text_hash, with_length, with_lengths
 from blendrag.store.auth import StoreKeys
 from blendrag.store.config import StoreConfig
+
+log = logging.getLogger(__name__)
 
 ANCHOR = 64
 """Anchor length of texts at least this long (long anchors: texts sharing a head stay apart)."""
@@ -99,15 +102,23 @@ class ChunkTextIndex:
     def record(self, texts: Iterable[str]) -> int:
         """Record texts (persisted when the index has a path; those recorded already are
         skipped); returns how many were long enough to be matched reliably (already recorded
-        ones included)."""
+        ones included). Persisted first, then found in memory: a write that fails (a store
+        locked by another process, a full disk) records nothing, so the same call again
+        records them. A text that is not valid Unicode (a lone surrogate: no prompt holds it,
+        since no tokenizer reads it) is left out, with a warning."""
         if isinstance(texts, str):
             raise ValueError("record takes a sequence of texts, not one str (wrap it in a list)")
         long_enough = [t for t in texts if isinstance(t, str) and len(t) >= self.min_chars]
-        for start in range(0, len(long_enough), _BATCH):
-            new = self._index(long_enough[start:start + _BATCH])
-            if new and self._rows is not None:
-                self._rows.insert(new)
-        return len(long_enough)
+        valid = [t for t in long_enough if _unicode(t)]
+        if len(valid) < len(long_enough):
+            log.warning("text index: left out %d text(s) that are not valid Unicode (a lone "
+                        "surrogate)", len(long_enough) - len(valid))
+        for start in range(0, len(valid), _BATCH):
+            batch = valid[start:start + _BATCH]
+            if self._rows is not None:
+                self._rows.insert(batch)  # those already there are skipped
+            self._index(batch)
+        return len(valid)
 
     def refresh(self) -> None:
         """Pick up texts another process added to the persisted index."""
@@ -285,3 +296,12 @@ def split_spans(prompt: str, spans: Sequence[tuple[int, int]]) -> PromptSplit:
         cached.append(True)
     return PromptSplit(prompt[:spans[0][0]], tuple(chunks), prompt[spans[-1][1]:],
                        tuple(cached))
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (encodes as UTF-8: no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -127,12 +127,18 @@ class TextRows:
         # one connection, used under the lock: requests run in worker threads
         self._db = sqlite3.connect(str(self.folder / FILE), timeout=timeout_s,
                                    check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
-        if self._seal is None:
-            self._migrate_legacy()
-        else:
-            self._warn_unsigned()
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+            if self._seal is None:
+                self._migrate_legacy()
+            else:
+                self._warn_unsigned()
+        except sqlite3.DatabaseError as exc:  # the file's bytes are untrusted
+            self._db.close()
+            raise ValueError(f"text index {self.folder / FILE} cannot be used ({exc}): not a "
+                             "text index this version reads (damaged, planted or locked); move "
+                             "it away and ingest the texts again") from None
 
     def insert(self, texts: Iterable[str]) -> None:
         """Insert texts (those already there are skipped), in one transaction."""

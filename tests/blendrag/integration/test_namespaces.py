@@ -95,3 +95,21 @@ def test_a_store_config_namespace_is_the_llms_default(spec, tmp_path):
     assert default.last_prompt.matched == 0
     acme.invoke(PROMPT)
     assert acme.last_prompt.matched == len(CHUNKS) and acme.last_stats.cache.chunk_hits
+
+
+def test_a_namespace_whose_index_file_is_hostile_still_serves_its_requests(spec, caplog):
+    """A file that is not a text index in a namespace's index folder (damaged, planted) is
+    refused by name with a warning; the namespace's texts are recorded in memory and its
+    requests run (they failed with sqlite3's DatabaseError)."""
+    import logging
+
+    engine = spec.build()
+    ns_id = engine.store.namespaced("tenant-b").namespace_id
+    folder = spec.store.disk_dir / f"text_index.{ns_id}"
+    folder.mkdir(parents=True)
+    (folder / "texts.sqlite3").write_bytes(b"hostile bytes, not a database" * 200)
+    llm = lc.BlendLLM(engine=engine, max_tokens=1)
+    with caplog.at_level(logging.WARNING):
+        llm.invoke(PROMPT, namespace="tenant-b", documents=[lc_doc(c) for c in CHUNKS])
+    assert "texts.sqlite3 cannot be used" in caplog.text and "in memory only" in caplog.text
+    assert llm.last_prompt.matched == len(CHUNKS)

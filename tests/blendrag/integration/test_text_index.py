@@ -91,11 +91,13 @@ def test_index_and_given_texts_agree_on_random_prompts():
 
 
 def test_unicode_and_lone_surrogates():
-    text = "Zürich 🏔 — naïve café \ud800 text with a lone surrogate in it"
+    text = "Zürich 🏔 — naïve café, text with characters of every width in it"
     index = ChunkTextIndex()
     index.record([text])
     prompt = "« " + text + " »"
     assert text in index and [prompt[s:e] for s, e in index.find(prompt)] == [text]
+    lone = "Zürich \ud800 text with a lone surrogate in it, which no tokenizer reads"
+    assert index.record([lone]) == 0 and lone not in index  # left out, in memory too
 
 
 def test_many_texts_keep_working_as_the_bitmap_grows():
@@ -150,3 +152,38 @@ def test_old_diskcache_folder_is_read_without_unpickling(tmp_path, monkeypatch, 
     assert not boom.exists() and len(index) == 2 and DOCS[1] in index
     assert "never unpickled" in caplog.text
     assert len(ChunkTextIndex(folder)) == 2  # migrated once, still there
+
+
+def test_a_failed_write_records_nothing_so_the_same_call_records_them(tmp_path, monkeypatch):
+    """The texts go to the file first, then to memory: a write refused (a store locked by
+    another process, a full disk) leaves them unrecorded everywhere, and the next call
+    records them, for this process and for a new one."""
+    index = ChunkTextIndex(tmp_path / "idx")
+
+    def locked(texts):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(index._rows, "insert", locked)
+    with pytest.raises(sqlite3.OperationalError):
+        index.record(DOCS[:2])
+    assert DOCS[0] not in index and len(index) == 0
+    monkeypatch.undo()
+    assert index.record(DOCS[:2]) == 2 and DOCS[0] in index
+    assert DOCS[0] in ChunkTextIndex(tmp_path / "idx")  # a new process finds them too
+
+
+def test_a_text_that_is_not_valid_unicode_is_left_out_and_the_rest_recorded(tmp_path, caplog):
+    index = ChunkTextIndex(tmp_path / "idx")
+    bad = "A lone surrogate \ud800 in a text long enough to record."
+    with caplog.at_level(logging.WARNING):
+        assert index.record([bad, DOCS[0]]) == 1
+    assert "not valid Unicode" in caplog.text
+    assert DOCS[0] in index and DOCS[0] in ChunkTextIndex(tmp_path / "idx")
+
+
+def test_an_index_file_that_is_not_one_is_refused_by_name(tmp_path):
+    folder = tmp_path / "idx"
+    folder.mkdir()
+    (folder / "texts.sqlite3").write_bytes(b"hostile bytes, not a database" * 200)
+    with pytest.raises(ValueError, match="texts.sqlite3 cannot be used .*move it away"):
+        ChunkTextIndex(folder)
