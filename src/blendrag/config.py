@@ -48,8 +48,12 @@ class PreviewOptions(SelectorOptions):
 
     def check(self, ratio: float) -> None:
         floor = self.attention_floor
-        check_at_least("attention_floor", floor)
-        check_count("span", self.span, 1)
+        # inline, not blendrag.checks: the default selector's options, checked every request
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) \
+                or not 0 <= floor < math.inf:  # NaN too
+            raise ValueError(f"attention_floor must be a finite number >= 0, got {floor!r}")
+        if isinstance(self.span, bool) or not isinstance(self.span, int) or self.span < 1:
+            raise ValueError(f"span must be an integer >= 1, got {self.span!r}")
 
 
 @dataclass(frozen=True)
@@ -326,10 +330,12 @@ class GenerationConfig:
     stream_holdback: bool = True  # hold back text that may be the start of a stop string
 
     def __post_init__(self) -> None:
-        check_count("max_new_tokens", self.max_new_tokens, 1)
-        check_count("top_k", self.top_k)
-        if self.seed is not None:
-            check_count("seed", self.seed)
+        # checked inline, not with blendrag.checks: every request makes one (the walk test)
+        for name, low in (("max_new_tokens", 1), ("top_k", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if (name != "seed" or value is not None) and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not isinstance(self.stream_holdback, bool):
             raise ValueError(f"stream_holdback must be a bool, got {self.stream_holdback!r}")
         t = self.temperature
@@ -337,7 +343,8 @@ class GenerationConfig:
             # above a few units every token is about as likely as any other: noise, not text
             raise ValueError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}] (0: "
                              f"greedy), got {t!r}")
-        if not is_finite_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) \
+                or not 0.0 < self.top_p <= 1.0:  # NaN too
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         stop = (() if self.stop is None else (self.stop,) if isinstance(self.stop, str)
                 else tuple(self.stop))
@@ -347,7 +354,7 @@ class GenerationConfig:
         eos = self.eos_token_ids
         if eos is not None:
             eos = (eos,) if isinstance(eos, int) and not isinstance(eos, bool) else tuple(eos)
-            if not all(is_count(i) for i in eos):
+            if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
                 raise ValueError(f"eos_token_ids must be token ids (integers >= 0), got "
                                  f"{self.eos_token_ids!r}")
             object.__setattr__(self, "eos_token_ids", eos)

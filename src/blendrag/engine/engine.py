@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from blendrag.checks import check_count
 from blendrag.config import AUTO, DEFAULT_BLEND, DEFAULT_GENERATION, BlendConfig, GenerationConfig
 from blendrag.engine.caches.chunk_cache import ChunkCache
 from blendrag.engine.caches.context import NO_CONTEXT, ChunkContext
@@ -292,7 +291,8 @@ class BlendEngine:
         if not isinstance(layout, PromptLayout):  # the first check of prefill and stream
             raise ValueError(f"expected a PromptLayout, got {type(layout).__name__}: build one "
                              "with engine.build_prompt(prefix, chunks, suffix)")
-        check_count("extra_capacity", new_tokens)
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 0:
+            raise ValueError(f"extra_capacity must be an integer >= 0, got {new_tokens!r}")
         top = max(layout.ids)  # an id past the embedding: on CUDA a device assert, fatal
         if top >= self.vocab_size:
             raise ValueError(f"token id {top} is outside the model's vocabulary of "
