@@ -22,16 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tqdm.auto import tqdm
-
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationResult, GenerationStream, RequestStats
 from blendrag.engine.request.prefill import Prefill
-from blendrag.ingest import IngestCounts, Ingestion
+from blendrag.ingest import IngestCounts
 from blendrag.integration.chunks import ChunkFormat
 from blendrag.integration.default_index import default_text_index, namespaced_index
 from blendrag.integration.fallback import FallbackFixes, FallbackMonitor, IngestionMonitor
 from blendrag.integration.flat_prompt import FlatLayout, find_layout
+from blendrag.integration.ingest_texts import checked, ingest_texts
 from blendrag.integration.ingestion_key import (
     KVIdentity,
     engine_persistence,
@@ -155,31 +154,24 @@ class BlendClient:
     def ingest(self, texts: Sequence[str], *, profile: bool | int = False,
                separators: Sequence[str] | None = None, progress: bool | None = None,
                progress_min: int = PROGRESS_MIN) -> IngestCounts:
-        """Record chunk texts (as prompts spell them) for flat-prompt matching, then precompute
-        their KVs (in document order: each is a profile neighbour of the next; the first one's
-        is the last) and those of the ``separators`` (default: the chunk format's) that sit
-        behind them in a prompt. Returns the counts of the chunks (separators not counted).
-        ``progress``: a tqdm bar (None: for at least ``progress_min`` chunks with tokens)."""
+        """Precompute the KVs of chunk texts (as prompts spell them; in document order: each is
+        a profile neighbour of the next) and those of the ``separators`` (default: the chunk
+        format's) that sit behind them in a prompt, then record the texts for flat-prompt
+        matching; every text is checked first (ValueError naming one the model cannot hold:
+        nothing is then computed or recorded). Returns the counts of the chunks (separators not
+        counted). ``progress``: a tqdm bar (None: for at least ``progress_min`` chunks with
+        tokens)."""
         self.require_chunk_prefix()
-        self.record(texts)
-        engine = self.engine
-        run = Ingestion(engine, profile=profile)
-        ids = [self.prompts.encode(c) for c in texts]
-        todo = sum(1 for i in ids if i)  # a text without tokens has no KV
-        if not todo:
-            return IngestCounts(chunks=len(ids), empty=len(ids))
-        show = todo >= progress_min if progress is None else progress
-        with tqdm(total=todo, desc="precomputing chunk KVs", unit="chunk",
-                  disable=not show) as bar:
-            run.on_chunk = lambda i, computed: bar.update(1)
-            run.ingest_ids(ids)
-        counts = IngestCounts(**run.counts.to_dict())
-        run.on_chunk = None
         seps = [s for s in (self.chunk_format.separator,) if s] if separators is None else [
             s for s in separators if s]
-        if seps:
-            run.ingest(seps)
-        return counts
+        return ingest_texts(self.engine, self.prompts, texts, self.record, profile, seps,
+                            progress, progress_min, self.name)
+
+    def check(self, texts: Sequence[str]) -> None:
+        """ValueError naming the first of ``texts`` that :meth:`ingest` would refuse (what a
+        hook checks before it stores the texts elsewhere, e.g. in a vector store)."""
+        self.require_chunk_prefix()
+        checked(self.engine, self.prompts, texts)
 
     def record(self, texts: Sequence[str]) -> None:
         """Record chunk texts in the text index, formatted and bare: the last chunk of a stock

@@ -85,17 +85,23 @@ class BlendChroma(Chroma):
 
     def add_texts(self, texts: Iterable[str], metadatas: list[dict] | None = None,
                   ids: list[str] | None = None, **kwargs: Any) -> list[str]:
-        """Add texts (Chroma) and precompute their KVs; returns the ids."""
+        """Add texts (Chroma) and precompute their KVs; returns the ids. Every text is checked
+        first: one the model cannot hold (ValueError naming it) adds no document, vector or
+        recorded text, so the same call, fixed, adds each once."""
         texts = list(texts)
-        chunks = self._chunks(texts, metadatas)  # first: a text the prompt cannot hold adds none
+        chunks = self._chunks(texts, metadatas)
+        self.llm.client.check(chunks)
         added = super().add_texts(texts, metadatas=metadatas, ids=ids, **kwargs)
         self._ingest_chunks(chunks)
         return added
 
     def update_documents(self, ids: list[str], documents: list[Document]) -> None:
-        """Update documents (Chroma) and precompute the KVs of their new texts."""
+        """Update documents (Chroma) and precompute the KVs of their new texts (checked first,
+        as in :meth:`add_texts`)."""
+        chunks = self._chunks([d.page_content for d in documents], [d.metadata for d in documents])
+        self.llm.client.check(chunks)
         super().update_documents(ids, documents)
-        self._ingest([d.page_content for d in documents], [d.metadata for d in documents])
+        self._ingest_chunks(chunks)
 
     def ingest_existing(self) -> IngestCounts:
         """Precompute KVs and record texts of everything already in the collection (a store

@@ -312,3 +312,36 @@ def test_a_document_the_document_prompt_cannot_format_adds_nothing(
     with pytest.raises(ValueError, match="source"):
         store.add_documents([Document(page_content="a passage", metadata={"title": "t"})])
     assert store._collection.count() == 0
+
+
+def test_a_text_the_model_cannot_hold_adds_nothing_and_the_fixed_call_adds_each_once(
+        llm, engine, embedder, chroma_client, collection_name):
+    """One text longer than the model's context: ValueError naming it before Chroma stores any
+    vector or the index records any text (a retry duplicated every document); without it,
+    the same call adds each document once, with its KV."""
+    from blendrag.langchain import BlendChroma
+
+    store = BlendChroma(client=chroma_client, collection_name=collection_name,
+                        embedding_function=embedder, llm=llm)
+    long = "the quick brown fox jumps over the lazy dog " * (engine.adapter.max_positions // 4)
+    with pytest.raises(ValueError, match="text 1 cannot be ingested: .* tokens, longer than"):
+        store.add_texts([PASSAGES[0], long, PASSAGES[1]])
+    assert store._collection.count() == 0
+    assert PASSAGES[0] not in llm.text_index and not any(llm.client.cached(PASSAGES[:2]))
+    store.add_texts([PASSAGES[0], PASSAGES[1]])
+    assert store._collection.count() == 2 and all(llm.client.cached(PASSAGES[:2]))
+    assert PASSAGES[0] in llm.text_index
+
+
+def test_chunks_no_tier_kept_are_said_in_a_warning(llm, engine, monkeypatch, caplog):
+    """A full disk: the KVs were computed but no persistent tier kept them. The hook's counts
+    say so and a warning names how many (the pipeline otherwise reported success)."""
+    import logging
+
+    monkeypatch.setattr(engine.store, "unpersisted", lambda keys: list(keys))
+    monkeypatch.setattr(engine.store, "problems", lambda: ["disk tier: disk full"])
+    with caplog.at_level(logging.WARNING):
+        counts = llm.client.ingest(PASSAGES[:2])
+    assert counts.not_stored == 2 and counts.computed == 0
+    assert "2 of 2 chunks were computed but no persistent tier kept their KV" in caplog.text
+    assert "disk full" in caplog.text
