@@ -72,21 +72,23 @@ def ingest_rows(engine: IngestEngine, texts: Sequence[str], *, prefix: str | Non
         status = _status(done, failed.get(i))
         rows.append({"index": positions[i],
                      "key": engine.key(run.chunk_prefix_ids, chunk_ids) if tokens else "",
-                     "tokens": tokens, "bytes": per_token * tokens if done else 0,
+                     "tokens": tokens, "bytes": per_token * tokens if status == "computed" else 0,
                      "status": status,
                      "reason": failed[i].reason if i in failed else "",
                      "preview": failed[i].preview if i in failed else ""})
     if text_index is not None:
-        text_index.record([t for t, done in zip(texts, result) if done is not None])
+        text_index.record([t for t, row in zip(texts, rows)  # the texts with a stored KV
+                           if row["status"] in ("computed", "skipped")])
     return rows
 
 
 def _status(done: bool | None, failure: ChunkFailure | None) -> str:
-    if done is not None:
-        return "computed" if done else "skipped"
-    if failure is None:  # no tokens: nothing to store
+    # a failure first: a chunk computed but kept by no persistent tier has no stored KV
+    if failure is not None:
+        return "refused" if failure.reason.startswith("refused") else "not_stored"
+    if done is None:  # no tokens: nothing to store
         return "empty"
-    return "refused" if failure.reason.startswith("refused") else "not_stored"
+    return "computed" if done else "skipped"
 
 
 def summarize(rows: Iterable[dict[str, Any]], seconds: float) -> IngestSummary:

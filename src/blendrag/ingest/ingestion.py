@@ -16,14 +16,13 @@ longest filler is stored computed after the chunk prefix alone, as a request com
 them in ``failures`` and goes on. A strict run with nothing at all to ingest (no text, none
 with a token) raises ``ValueError`` saying so (``IngestCounts.nothing``; ``blendrag precompute``
 exits with 2). After each batch the computed chunks are looked up in the store's persistent
-tiers: one that no tier kept (a full or unusable disk) is not counted as computed and is listed
-in ``failures`` with the store's reason.
+tiers: one that no tier kept (a full or unusable disk) is not counted as computed, has no
+stored KV (None, as a refused text) and is listed in ``failures`` with the store's reason.
 
-An ``Ingestion`` may take its texts in several batches (``ingest``): with profiles
-(``profile=k``, ``engine/caches/profile.py``) the last k non-empty chunks of the earlier batches go
-in
-front of the next batch, stored already and therefore skipped, as the profile neighbours of its
-first chunks; so batch boundaries lose no neighbour. A text without any token has no KV: it is
+An ``Ingestion`` may take its texts in several batches (``ingest``): with profiles (``profile=k``,
+``engine/caches/profile.py``) the last k non-empty chunks of the earlier batches go in front of
+the next batch, stored already and therefore skipped, as the profile neighbours of its first
+chunks; so batch boundaries lose no neighbour. A text without any token has no KV: it is
 counted as empty and left out.
 
 This package sits below the engine: it uses an engine through ``IngestEngine`` and never imports
@@ -177,8 +176,9 @@ class Ingestion:
         self._previous: list[list[int]] = []
 
     def ingest(self, texts: Sequence[str]) -> list[bool | None]:
-        """Ingest one batch of texts; per text: True (KV computed now), False (already stored)
-        or None (no KV: no tokens, or refused, see ``failures``)."""
+        """Ingest one batch of texts; per text: True (KV computed and stored now), False (already
+        stored) or None (no stored KV: no tokens, refused or computed but kept by no persistent
+        tier, see ``failures``)."""
         if isinstance(texts, (str, bytes)):
             raise ValueError("texts must be a sequence of chunk texts, got a single "
                              f"{type(texts).__name__} (wrap it in a list)")
@@ -229,7 +229,10 @@ class Ingestion:
 
         if todo:
             self.engine.precompute(self.chunk_prefix_ids, batch, profile=self.depth, on_chunk=done)
-            self._check_stored([i for i in todo if result[i]], valid, texts, base, profiled)
+            lost = self._check_stored([i for i in todo if result[i]], valid, texts, base,
+                                      profiled)
+            for i in lost:  # computed, but nothing kept it: no stored KV, as for a refusal
+                result[i] = None
         self._previous = batch[-self.depth:] if self.depth else []
         if self.strict and counts.nothing is not None:  # the whole run so far, not this batch
             raise ValueError(counts.nothing)
@@ -256,14 +259,14 @@ class Ingestion:
         return {i for i, _ in found}
 
     def _check_stored(self, computed: list[int], chunks: dict[int, list[int]],
-                      texts: Sequence[str] | None, base: int, profiled: bool) -> None:
+                      texts: Sequence[str] | None, base: int, profiled: bool) -> list[int]:
         """Move the computed chunks that no persistent tier kept from ``computed`` to
-        ``not_stored``, with the store's reason, into ``failures``."""
+        ``not_stored``, with the store's reason, into ``failures``; returns their indexes."""
         store = self.engine.store
         keys = {self.engine.key(self.chunk_prefix_ids, chunks[i]): i for i in computed}
         lost = store.unpersisted(list(keys))
         if not lost:
-            return
+            return []
         problems = store.problems()
         reason = ("not stored: " + "; ".join(problems) if problems else
                   "not stored: no persistent tier kept it (larger than the tier's budget?)")
@@ -274,6 +277,7 @@ class Ingestion:
             self.counts.profiled -= profiled
             self.counts.not_stored += 1
             self.failures.append(ChunkFailure(base + i, reason, _preview(texts, i)))
+        return [keys[key] for key in lost]
 
 
 def _max_chunk_tokens(engine: IngestEngine, chunk_prefix_ids: Sequence[int]) -> int:

@@ -13,7 +13,7 @@ from blendrag import NO_CONTEXT
 from blendrag.cli.precompute_ray import check_ray_args, shared_store
 from blendrag.distributed import IngestSettings, combine, ingest_shard
 from blendrag.distributed.settings import shared_engine
-from blendrag.distributed.shard import text_of
+from blendrag.distributed.shard import ingest_rows, summarize, text_of
 from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig
 from helpers.tiny import PASSAGES, PREFIX
@@ -50,6 +50,38 @@ def test_shards_store_and_count_what_the_local_job_does(model_dir, tmp_path):
     keys = [shard_engine.key(shard_engine.prompts.chunk_prefix_ids(PREFIX),
                              shard_engine.prompts.encode(t)) for t in TEXTS[:12]]
     assert shard_engine.store.missing(keys) == [] and engine.store.missing(keys) == []
+
+
+class Recorder:
+    """A text index that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def record(self, texts):
+        self.texts += texts
+        return len(texts)
+
+
+def test_chunks_no_tier_kept_are_not_stored_in_rows_summary_and_text_index(
+        model_dir, tmp_path, monkeypatch):
+    from blendrag.store.disk import DiskTier
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    engine = _settings(model_dir, tmp_path).build_engine()
+    monkeypatch.setattr(DiskTier, "put", full)
+    index = Recorder()
+    rows = ingest_rows(engine, PASSAGES, prefix=PREFIX, indexes=range(4), text_index=index)
+    assert [r["status"] for r in rows] == ["not_stored"] * 4
+    assert [r["bytes"] for r in rows] == [0] * 4
+    assert all("No space left" in r["reason"] for r in rows)
+    assert index.texts == []  # no KV stored: no text recorded
+    summary = summarize(rows, 1.0)
+    assert (summary.computed, summary.not_stored, summary.tokens, summary.complete) == (
+        0, 4, 0, False)
+    assert [f.index for f in summary.failures] == [0, 1, 2, 3]
 
 
 def test_documents_and_nodes_give_their_text():

@@ -56,6 +56,32 @@ def test_full_disk_counts_only_what_was_persisted_and_names_the_rest(engine, mon
     assert on_disk.missing(keys) == keys[2:]  # exactly the two listed
 
 
+class Recorder:
+    """A text index that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def record(self, texts):
+        self.texts += texts
+        return len(texts)
+
+
+def test_a_chunk_not_stored_has_no_kv_and_its_text_is_not_recorded(engine, monkeypatch):
+    _full_disk_after(monkeypatch, 3)  # the prefix and two chunks fit
+    run = Ingestion(engine, PREFIX, strict=False)
+    assert run.ingest(PASSAGES) == [True, True, None, None]  # not True: no stored KV
+    assert (run.counts.computed, run.counts.not_stored) == (2, 2)
+
+
+def test_the_job_records_only_the_texts_whose_kv_was_stored(engine, monkeypatch):
+    _full_disk_after(monkeypatch, 3)
+    index = Recorder()
+    summary = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False, text_index=index)
+    assert (summary.computed, summary.not_stored) == (2, 2)
+    assert index.texts == PASSAGES[:2]
+
+
 def test_store_dir_that_is_a_file_is_refused_before_anything_is_computed(model_dir, tmp_path,
                                                                         make_store):
     blocker = tmp_path / "a-file"
