@@ -160,6 +160,8 @@ class ChunkActor:
                    else None)
         rows = ingest_rows(self.engine, texts, prefix=self.settings.prefix, indexes=indexes,
                            text_index=self.text_index)
+        if rows and rows[0]["text_index_error"]:  # reported in the rows; stop recording
+            self.text_index = None
         out = {name: [r[name] for r in rows] for name in ROW_FIELDS}
         out["started"] = [started] * len(rows)
         out["worker"] = [self.worker] * len(rows)

@@ -2,7 +2,8 @@
 
 ``ingest_rows`` runs one batch of texts through the one ingestion path on a worker's engine and
 returns, per chunk, only what the driver needs: its position, store key, token count, KV bytes
-and status (with the reason when it has no stored KV). The KVs themselves go straight into the
+and status (with the reason when it has no stored KV), and why the text index failed, if it did
+(the job goes on and reports it, as the local job does). The KVs themselves go straight into the
 shared tier from the worker. ``summarize`` turns the rows of a whole job into the local job's
 ``IngestSummary``, so a distributed job reports exactly what ``ingest_source`` would.
 
@@ -20,12 +21,14 @@ from typing import Any
 
 from blendrag.distributed.settings import IngestSettings, shared_engine
 from blendrag.ingest.ingestion import ChunkFailure, IngestEngine, Ingestion, kv_bytes_per_token
-from blendrag.ingest.job import IngestSummary, TextRecorder
+from blendrag.ingest.job import IngestSummary, TextRecorder, record_texts
 
-ROW_FIELDS = ("index", "key", "tokens", "bytes", "status", "reason", "preview")
+ROW_FIELDS = ("index", "key", "tokens", "bytes", "status", "reason", "preview",
+              "text_index_error")
 """What each chunk's row holds: position in the job (-1: unknown), store key ("" for a chunk
-with no tokens), tokens, KV bytes computed now (0 unless computed), status, and for a chunk
-without a stored KV the reason and the text's first characters."""
+with no tokens), tokens, KV bytes computed now (0 unless computed), status, for a chunk
+without a stored KV the reason and the text's first characters, and why the text index could
+not record its batch ("" when it could, or when there is none)."""
 STATUSES = ("computed", "skipped", "empty", "refused", "not_stored")
 
 
@@ -51,7 +54,9 @@ def ingest_rows(engine: IngestEngine, texts: Sequence[str], *, prefix: str | Non
                 text_index: TextRecorder | None = None) -> list[dict[str, Any]]:
     """Ingest one batch of ``texts`` on ``engine``; one row (``ROW_FIELDS``) per text.
     ``indexes``: each text's position in the whole job (default: -1, unknown). ``text_index``:
-    also record the texts that have a stored KV."""
+    also record the texts that have a stored KV; an index that fails (OSError, sqlite3.Error:
+    a full disk) is reported in every row's ``text_index_error``, not raised (the KVs are
+    stored)."""
     positions = list(indexes) if indexes is not None else [-1] * len(texts)
     if len(positions) != len(texts):
         raise ValueError(f"{len(positions)} indexes for {len(texts)} texts")
@@ -76,9 +81,12 @@ def ingest_rows(engine: IngestEngine, texts: Sequence[str], *, prefix: str | Non
                      "status": status,
                      "reason": failed[i].reason if i in failed else "",
                      "preview": failed[i].preview if i in failed else ""})
+    error = None
     if text_index is not None:
-        text_index.record([t for t, row in zip(texts, rows)  # the texts with a stored KV
-                           if row["status"] in ("computed", "skipped")])
+        error = record_texts(text_index, [t for t, row in zip(texts, rows)  # with a stored KV
+                                          if row["status"] in ("computed", "skipped")])
+    for row in rows:
+        row["text_index_error"] = error or ""
     return rows
 
 
@@ -96,7 +104,10 @@ def summarize(rows: Iterable[dict[str, Any]], seconds: float) -> IngestSummary:
     counts = dict.fromkeys(STATUSES, 0)
     tokens = size = 0
     failures = []
+    index_error = None
     for row in rows:
+        if index_error is None and row.get("text_index_error"):  # "" when it recorded them
+            index_error = str(row["text_index_error"])
         status = str(row["status"])
         counts[status] += 1
         if status == "computed":
@@ -109,7 +120,8 @@ def summarize(rows: Iterable[dict[str, Any]], seconds: float) -> IngestSummary:
     return IngestSummary(chunks=sum(counts.values()), computed=counts["computed"],
                          skipped=counts["skipped"], empty=counts["empty"], tokens=tokens,
                          bytes=size, seconds=seconds, refused=counts["refused"],
-                         not_stored=counts["not_stored"], failures=tuple(failures))
+                         not_stored=counts["not_stored"], failures=tuple(failures),
+                         text_index_error=index_error)
 
 
 def ingest_shard(settings: IngestSettings, texts: Iterable[Any],
@@ -117,16 +129,20 @@ def ingest_shard(settings: IngestSettings, texts: Iterable[Any],
     """Precompute one shard of a corpus in this process: the engine built from ``settings``
     once per process (later shards reuse it), the KVs written into ``settings.store``.
     ``texts``: chunk texts (or LangChain Documents, LlamaIndex nodes); ``first_index``: the
-    shard's first position in the corpus (failures are numbered from it). Merge the shards'
-    summaries with ``combine``."""
+    shard's first position in the corpus (failures are numbered from it). A text index that
+    fails stops recording and is reported (``text_index_error``). Merge the shards' summaries
+    with ``combine``."""
     t0 = time.perf_counter()
     engine, text_index = shared_engine(settings)
     items = [text_of(t) for t in texts]
     rows: list[dict[str, Any]] = []
     for start in range(0, len(items), settings.batch_size):
         batch = items[start:start + settings.batch_size]
-        rows += ingest_rows(engine, batch, prefix=settings.prefix, text_index=text_index,
-                            indexes=range(first_index + start, first_index + start + len(batch)))
+        done = ingest_rows(engine, batch, prefix=settings.prefix, text_index=text_index,
+                           indexes=range(first_index + start, first_index + start + len(batch)))
+        if done[0]["text_index_error"]:  # as the local job: stop recording, report it
+            text_index = None
+        rows += done
     return summarize(rows, time.perf_counter() - t0)
 
 

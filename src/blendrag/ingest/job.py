@@ -159,7 +159,7 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
             result = run.ingest(texts)
             bar.update(run.counts.empty + run.counts.refused - skipped)
             if text_index is not None and index_error is None:  # texts that have a KV
-                index_error = _record(text_index, [t for t, r in zip(texts, result)
+                index_error = record_texts(text_index, [t for t, r in zip(texts, result)
                                                    if r is not None])
     counts = run.counts
     # the chunk computed alone is stored too when the context keeps it for first passages
@@ -173,8 +173,9 @@ def ingest_source(engine: IngestEngine, chunks: Iterable[str], prefix: str | Non
                          failures=tuple(run.failures), text_index_error=index_error)
 
 
-def _record(text_index: TextRecorder, texts: list[str]) -> str | None:
-    """Record ``texts``; the reason when the index cannot (then the job stops recording)."""
+def record_texts(text_index: TextRecorder, texts: list[str]) -> str | None:
+    """Record ``texts``; the reason when the index cannot (a full disk: OSError,
+    sqlite3.Error), for ``IngestSummary.text_index_error`` (then a job stops recording)."""
     try:
         text_index.record(texts)
     except (OSError, sqlite3.Error) as exc:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import pickle
+import sqlite3
 import sys
 
 import pytest
 
 from blendrag import NO_CONTEXT
 from blendrag.cli.precompute_ray import check_ray_args, shared_store
-from blendrag.distributed import IngestSettings, combine, ingest_shard
+from blendrag.distributed import IngestSettings, combine, ingest_shard, shard
 from blendrag.distributed.settings import shared_engine
 from blendrag.distributed.shard import ingest_rows, summarize, text_of
 from blendrag.ingest import ingest_source
@@ -82,6 +83,35 @@ def test_chunks_no_tier_kept_are_not_stored_in_rows_summary_and_text_index(
     assert (summary.computed, summary.not_stored, summary.tokens, summary.complete) == (
         0, 4, 0, False)
     assert [f.index for f in summary.failures] == [0, 1, 2, 3]
+
+
+class FullIndex:
+    """A text index on a full disk."""
+
+    calls = 0
+
+    def record(self, texts):
+        self.calls += 1
+        raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_failing_text_index_is_reported_by_the_shard_not_raised(model_dir, tmp_path,
+                                                                   monkeypatch):
+    settings = _settings(model_dir, tmp_path, batch_size=2)
+    engine = settings.build_engine()
+    rows = ingest_rows(engine, PASSAGES, prefix=PREFIX, text_index=FullIndex())
+    assert [r["status"] for r in rows] == ["computed"] * 4  # the KVs are stored all the same
+    summary = summarize(rows, 1.0)
+    assert summary.computed == 4 and not summary.complete
+    assert summary.text_index_error == ("stopped recording texts: OperationalError: database "
+                                        "or disk is full")
+    assert combine([summary, summarize([], 0.0)]).text_index_error == summary.text_index_error
+
+    index = FullIndex()  # a shard of two batches: stops recording after the first failure
+    monkeypatch.setattr(shard, "shared_engine", lambda s: (settings.build_engine(), index))
+    whole = ingest_shard(settings, [p + " Again." for p in PASSAGES])
+    assert (whole.computed, index.calls) == (4, 1)
+    assert "database or disk is full" in whole.text_index_error
 
 
 def test_documents_and_nodes_give_their_text():
