@@ -27,6 +27,7 @@ Start it (docs/scale.md)::
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +122,9 @@ class BlendServer:
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
             if request.method == "POST" and path.endswith("/v1/completions"):
-                return JSONResponse(await self.complete(body))
+                return JSONResponse(_finite(await self.complete(body)))
             if request.method == "POST" and path.endswith("/v1/ingest"):
-                return JSONResponse(self.ingest(body.get("texts")))  # type: ignore[arg-type]
+                return JSONResponse(_finite(self.ingest(body.get("texts"))))  # type: ignore[arg-type]
             return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
         except QueueFull as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
@@ -133,6 +134,19 @@ class BlendServer:
         # past what the parser recurses into
         except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"[:500]}, status_code=400)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float as None (JSON's null): the stats say "not
+    predicted" with NaN (a request that ran full because chunks were missing), which strict
+    JSON cannot carry (the reply would fail as a 400)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _replica() -> str:

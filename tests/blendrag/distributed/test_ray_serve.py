@@ -24,11 +24,11 @@ pytestmark = [pytest.mark.processes]
 DOCS = [p.strip() for p in PASSAGES[:3]]
 
 
-def _prompt(question: str) -> str:
+def _prompt(question: str, docs: list[str] = DOCS) -> str:
     from blendrag.integration.chunks import ChunkFormat
 
     fmt = ChunkFormat()
-    return ("Answer from the passages.\n" + fmt.join([fmt.format(d) for d in DOCS])
+    return ("Answer from the passages.\n" + fmt.join([fmt.format(d) for d in docs])
             + f"\nQuestion: {question}\nAnswer:")
 
 
@@ -86,6 +86,20 @@ def test_http_route_answers_and_refuses_bad_bodies(served):
                      b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"):  # too deep
             assert http.post("/v1/completions", content=body).status_code == 400
         assert http.post("/v1/nowhere", json={}).status_code == 404
+
+
+def test_a_request_whose_passages_were_never_ingested_is_answered(served):
+    """It runs as a full prefill; the stats' predictions are then NaN (none made), sent as
+    null: strict JSON has no NaN."""
+    _, url = served
+    docs = [d + " Never ingested." for d in DOCS]
+    with httpx.Client(base_url=url, timeout=120) as http:
+        r = http.post("/v1/completions", json={"prompt": _prompt("who?", docs),
+                                               "documents": docs, "max_tokens": 1})
+        assert r.status_code == 200, r.text
+        stats = r.json()["blendrag"]
+        assert (stats["mode"], stats["chunk_hits"]) == ("full", 0)
+        assert stats["controller"]["mode"]["predicted_s"] is None
 
 
 def test_settings_need_a_shared_tier(model_dir):
