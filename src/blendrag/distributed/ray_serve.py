@@ -11,12 +11,20 @@ scales and restarts the replicas; nothing here schedules anything.
 HTTP (a small completions API in OpenAI's shape, plus ingestion):
 
 - ``POST /v1/completions`` ``{"prompt": str, "documents": [str, ...], "max_tokens": int,
-  "temperature": float, "mode": str, "ratio": float}``: the prompt spells each document in it
-  as the chunk format writes it (``ChunkFormat``, as LangChain's ``documents=``); the answer is
-  ``{"choices": [{"text", "finish_reason"}], "usage": {...}, "blendrag": stats, "replica"}``
-  (a full queue: 503; past its timeout: 504; a bad body: 400 that says what is wrong);
-- ``POST /v1/ingest`` ``{"texts": [str, ...]}``: precompute and store their KVs;
+  "temperature": float, "mode": str, "ratio": float, "namespace": str}``: the prompt spells
+  each document in it as the chunk format writes it (``ChunkFormat``, as LangChain's
+  ``documents=``); the answer is ``{"choices": [{"text", "finish_reason"}], "usage": {...},
+  "blendrag": stats, "replica"}`` (a full queue: 503; past its timeout: 504; a bad body: 400
+  that says what is wrong);
+- ``POST /v1/ingest`` ``{"texts": [str, ...], "namespace": str}``: precompute and store their
+  KVs;
 - ``GET /health``.
+
+Every key is optional but ``prompt`` and ``texts``; a key the route does not know (a misspelt
+``max_token``) is a 400 naming it, never ignored. ``namespace``: the tenant (or tenant/user)
+whose own KVs and text index the request reads and writes (``BlendClient.serving``; absent or
+null: the engine's own); whoever can reach the route chooses it, so put the tenant's
+authentication in front of the route and set it there, never from a user's text.
 
 Start it (docs/scale.md)::
 
@@ -37,6 +45,10 @@ from blendrag.integration.fallback import FallbackFixes
 from blendrag.serving import QueueFull, ServingConfig, scheduler_for
 from blendrag.spec import EngineSpec
 from blendrag.store.config import StoreConfig
+
+COMPLETION_KEYS = ("prompt", "documents", "max_tokens", "temperature", "mode", "ratio",
+                   "namespace")
+INGEST_KEYS = ("texts", "namespace")
 
 FIXES = FallbackFixes(
     empty_index="send the request's retrieved passages as \"documents\"",
@@ -83,6 +95,8 @@ class BlendServer:
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """One completion (the body of ``POST /v1/completions``)."""
+        _check_keys(body, COMPLETION_KEYS, "/v1/completions")
+        client = self._serving(body.get("namespace"))
         prompt, documents = body.get("prompt"), body.get("documents")
         if not isinstance(prompt, str) or not prompt:
             raise ValueError("\"prompt\" must be a non-empty string")
@@ -92,9 +106,9 @@ class BlendServer:
         blend = BlendConfig(**{k: body[k] for k in ("mode", "ratio") if k in body})
         generation = GenerationConfig(max_new_tokens=int(body.get("max_tokens", 64)),
                                       temperature=float(body.get("temperature", 0.0)))
-        request = self.client.start(prompt, blend, generation, texts=documents, served=True)
+        request = client.start(prompt, blend, generation, texts=documents, served=True)
         result = await request.served.wait_async()
-        info = self.client.finish(request)
+        info = client.finish(request)
         stats = result.stats
         return {"object": "text_completion", "model": self.client.engine.name,
                 "choices": [{"index": 0, "text": result.text,
@@ -104,11 +118,21 @@ class BlendServer:
                           "total_tokens": stats.prompt.tokens + stats.decode.new_tokens},
                 "blendrag": info["blendrag"], "replica": _replica()}
 
-    def ingest(self, texts: list[str]) -> dict[str, Any]:
-        """Precompute and store the KVs of ``texts`` (the body of ``POST /v1/ingest``)."""
+    def ingest(self, texts: list[str], namespace: str | None = None) -> dict[str, Any]:
+        """Precompute and store the KVs of ``texts`` in ``namespace`` (None: the engine's; the
+        body of ``POST /v1/ingest``)."""
+        client = self._serving(namespace)
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise ValueError("\"texts\" must be a list of strings")
-        return {**self.client.ingest(texts, progress=False).to_dict(), "replica": _replica()}
+        return {**client.ingest(texts, progress=False).to_dict(), "replica": _replica()}
+
+    def _serving(self, namespace: object) -> BlendClient:
+        """The client serving ``namespace`` (None: the engine's own); ValueError for a value
+        that is no namespace."""
+        if namespace is not None and not isinstance(namespace, str):
+            raise ValueError("\"namespace\" must be a string (a tenant, or tenant/user) or null, "
+                             f"got {type(namespace).__name__}")
+        return self.client.serving(namespace)
 
     async def __call__(self, request: Any) -> Any:
         """The HTTP route (a Starlette request, as Ray Serve hands it)."""
@@ -124,7 +148,9 @@ class BlendServer:
             if request.method == "POST" and path.endswith("/v1/completions"):
                 return JSONResponse(_finite(await self.complete(body)))
             if request.method == "POST" and path.endswith("/v1/ingest"):
-                return JSONResponse(_finite(self.ingest(body.get("texts"))))  # type: ignore[arg-type]
+                _check_keys(body, INGEST_KEYS, "/v1/ingest")
+                return JSONResponse(_finite(self.ingest(body.get("texts"),  # type: ignore[arg-type]
+                                                        body.get("namespace"))))
             return JSONResponse({"error": f"no route {request.method} {path}"}, status_code=404)
         except QueueFull as exc:
             return JSONResponse({"error": str(exc)}, status_code=503)
@@ -134,6 +160,14 @@ class BlendServer:
         # past what the parser recurses into
         except (ValueError, TypeError, OverflowError, RecursionError) as exc:
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"[:500]}, status_code=400)
+
+
+def _check_keys(body: dict[str, Any], known: tuple[str, ...], route: str) -> None:
+    """ValueError naming the keys of ``body`` that ``route`` does not take, and those it does."""
+    unknown = sorted(str(k) for k in body if k not in known)
+    if unknown:
+        raise ValueError(f"POST {route} takes no key {', '.join(map(repr, unknown))} (a "
+                         f"misspelling?); its keys: {', '.join(known)}")
 
 
 def _finite(value: Any) -> Any:

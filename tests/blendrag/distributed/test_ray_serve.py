@@ -1,6 +1,7 @@
 """Two Ray Serve replicas of one engine on a single-node Ray cluster on 127.0.0.1, sharing one
 Redis tier: a chunk ingested through one replica is served as a hit by the other; the HTTP
-route answers completions in OpenAI's shape and refuses bad bodies with a 400. Skipped, saying
+route answers completions in OpenAI's shape, keeps a namespace's passages to it and refuses
+bad bodies (unknown keys too) with a 400. Skipped, saying
 why, without Ray Serve (``pip install "blendrag[serve]"``)."""
 
 from __future__ import annotations
@@ -100,6 +101,37 @@ def test_a_request_whose_passages_were_never_ingested_is_answered(served):
         stats = r.json()["blendrag"]
         assert (stats["mode"], stats["chunk_hits"]) == ("full", 0)
         assert stats["controller"]["mode"]["predicted_s"] is None
+
+
+def test_a_namespace_keeps_a_tenants_passages_apart_and_unknown_keys_are_refused(served):
+    _, url = served
+    docs = [d + " Tenant A's copy." for d in DOCS]
+    with httpx.Client(base_url=url, timeout=120) as http:
+        r = http.post("/v1/ingest", json={"texts": docs, "namespace": "tenant-a"})
+        assert r.status_code == 200, r.text
+        assert r.json()["computed"] == len(docs)
+
+        def stats(namespace: str | None) -> dict:
+            body = {"prompt": _prompt("who?", docs), "documents": docs, "max_tokens": 1,
+                    **({"namespace": namespace} if namespace is not None else {})}
+            r = http.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["blendrag"]
+
+        # any replica: the tenant's KVs are in the shared tier, under its namespace only
+        tenant = stats("tenant-a")
+        assert tenant["chunk_hits"] >= len(docs) and tenant["chunk_misses"] == 0
+        for other in (None, "tenant-b"):  # the default namespace, another tenant
+            found = stats(other)
+            assert (found["chunk_hits"], found["mode"]) == (0, "full")
+        refused = http.post("/v1/ingest", json={"texts": docs, "tenant": "a"})
+        assert refused.status_code == 400
+        assert "'tenant'" in refused.json()["error"] and "namespace" in refused.json()["error"]
+        typo = http.post("/v1/completions", json={"prompt": "hi", "max_token": 1})
+        assert typo.status_code == 400
+        assert "'max_token'" in typo.json()["error"] and "max_tokens" in typo.json()["error"]
+        bad = http.post("/v1/ingest", json={"texts": docs, "namespace": 3})
+        assert bad.status_code == 400 and "\"namespace\" must be a string" in bad.json()["error"]
 
 
 def test_settings_need_a_shared_tier(model_dir):
