@@ -26,7 +26,7 @@ whose own KVs and text index the request reads and writes (``BlendClient.serving
 null: the engine's own); whoever can reach the route chooses it, so put the tenant's
 authentication in front of the route and set it there, never from a user's text.
 
-Start it (docs/scale.md)::
+Start it (docs/serving.md)::
 
     serve run blendrag.distributed.ray_serve:build_app model=smollm2-135m-instruct \\
         redis_url=redis://10.0.0.5:6379/0 replicas=2
