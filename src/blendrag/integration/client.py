@@ -17,6 +17,7 @@ canonical ``chunk_prefix`` (docs/architecture.md, "Chunk prefix").
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from blendrag.config import BlendConfig, GenerationConfig
 from blendrag.engine import BlendEngine, GenerationResult, GenerationStream, RequestStats
 from blendrag.engine.request.prefill import Prefill
+from blendrag.engine.views import MAX_VIEWS
 from blendrag.ingest import IngestCounts
 from blendrag.integration.chunks import ChunkFormat
 from blendrag.integration.default_index import default_text_index, namespaced_index
@@ -116,7 +118,8 @@ class BlendClient:
         self._ingestion = IngestionMonitor()
         self.last_stats: RequestStats | None = None
         self.last_prompt: FlatLayout | None = None
-        self._tenants: dict[str, BlendClient] = {}
+        self._tenants: dict[str, BlendClient] = {}  # by namespace, least recently served first
+        self._tenants_lock = threading.Lock()
 
     def fork(self, chunk_format: ChunkFormat | None = None) -> BlendClient:
         """The same engine, index and fixes (and format, unless given), with no request of its
@@ -132,17 +135,23 @@ class BlendClient:
     def serving(self, namespace: str | None) -> BlendClient:
         """This client, or the one serving ``namespace`` (per call: the application's choice)
         with the engine's view of that namespace and that namespace's own text index (its
-        default one; next to an index the application gave this client); made once per
-        namespace."""
+        default one; next to an index the application gave this client); kept for the
+        ``MAX_VIEWS`` namespaces most recently served."""
         if namespace is None or namespace == self.namespace:
             return self
-        if namespace not in self._tenants:
-            index = (namespaced_index(self.text_index, self.engine, namespace)
-                     if self._own_index else None)  # else the namespace's default one
-            self._tenants[namespace] = BlendClient(self.engine, index, self.chunk_format,
-                                                   fixes=self.fixes, name=self.name,
-                                                   namespace=namespace)
-        return self._tenants[namespace]
+        with self._tenants_lock:
+            client = self._tenants.pop(namespace, None)
+            if client is None:
+                index = (namespaced_index(self.text_index, self.engine, namespace)
+                         if self._own_index else None)  # else the namespace's default one
+                client = BlendClient(self.engine, index, self.chunk_format, fixes=self.fixes,
+                                     name=self.name, namespace=namespace)
+            # the most recently served only, as the engine keeps its views (a server with a
+            # namespace per user must not grow without end); a text index outlives its client
+            self._tenants[namespace] = client
+            while len(self._tenants) > MAX_VIEWS:
+                self._tenants.pop(next(iter(self._tenants)))
+        return client
 
     @property
     def fallbacks(self) -> int:

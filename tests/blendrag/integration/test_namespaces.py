@@ -113,3 +113,21 @@ def test_a_namespace_whose_index_file_is_hostile_still_serves_its_requests(spec,
         llm.invoke(PROMPT, namespace="tenant-b", documents=[lc_doc(c) for c in CHUNKS])
     assert "texts.sqlite3 cannot be used" in caplog.text and "in memory only" in caplog.text
     assert llm.last_prompt.matched == len(CHUNKS)
+
+
+def test_an_llm_keeps_the_clients_of_the_namespaces_most_recently_served(spec):
+    """A namespace per user must not grow an LLM without end: it keeps the clients of the
+    ``MAX_VIEWS`` namespaces most recently served, as the engine keeps its views; a namespace
+    served again gets its texts back (its text index outlives its client)."""
+    from blendrag.engine.views import MAX_VIEWS
+
+    engine = spec.build()
+    client = lc.BlendLLM(engine=engine, max_tokens=1).client
+    first = client.serving("user-0")
+    first.record(CHUNKS)
+    for i in range(1, MAX_VIEWS + 5):
+        client.serving(f"user-{i}")
+    assert len(client._tenants) == MAX_VIEWS and "user-0" not in client._tenants
+    again = client.serving("user-0")
+    assert again is not first and CHUNKS[0] in again.text_index
+    assert client.serving(f"user-{MAX_VIEWS + 4}") is client._tenants[f"user-{MAX_VIEWS + 4}"]
