@@ -123,6 +123,7 @@ def one_at_a_time(engine: BlendEngine, layouts: list[PromptLayout], blend: Blend
         served.tokens = stream.result.token_ids if stream.result else []
         served.work = stream.result.stats.timing.work_s if stream.result else 0.0
         out.append(served)
+        del stream  # its prefill's buffer back to the pool: the next request gets it
     return out, time.perf_counter() - t0
 
 

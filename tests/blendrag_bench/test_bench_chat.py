@@ -134,3 +134,25 @@ def test_the_command_lines_default_configs_are_the_benchs_own():
     from blendrag_bench.chat_config import CONFIGS
 
     assert CHAT_CONFIGS == tuple(CONFIGS)
+
+
+def test_the_exact_twin_prefills_every_turn_in_the_pooled_buffer(model_dir, monkeypatch):
+    """The twin's turns in the conditions of the config's: a turn whose Prefill the bench still
+    held made the twin's next turn allocate a buffer of its own, which slowed the exact side of
+    'vs exact' on every second turn."""
+    from blendrag_bench import chat_bench
+
+    pooled: list[bool] = []
+    forced = chat_bench.teacher_forced
+
+    def seen(engine, layout, config, *args, **kwargs):
+        pre = forced(engine, layout, config, *args, **kwargs)
+        if config.mode == "full":  # the twin's (the blend config's own turns are blend)
+            pooled.append(engine.runner._pool.lent(pre.fused))
+        return pre
+
+    monkeypatch.setattr(chat_bench, "teacher_forced", seen)
+    cfg = ChatBenchConfig(workloads=("random",), random=TINY, turns=4, answer_tokens=4,
+                          configs=("blend+prefix-cache",))
+    run(cfg)
+    assert len(pooled) == 4 and all(pooled[1:]), pooled  # turn 1: the twin's first buffer

@@ -88,3 +88,29 @@ def test_command_prints_the_table_and_json(tmp_path, capsys):
     assert "one at a time" in text and "2 users" in text and "same answer 2/2" in text
     assert "requests a step" in text
     assert [r["run"] for r in json.loads(out.read_text())] == ["one at a time", "2 users"]
+
+
+def test_the_one_at_a_time_baseline_prefills_every_request_in_the_pooled_buffer(monkeypatch):
+    """The baseline's requests in the same conditions: one whose stream the loop still held
+    made the next allocate a buffer of its own (every second one), which slowed the baseline
+    and flattered every 'x one at a time' figure."""
+    from blendrag import BlendConfig, GenerationConfig
+    from blendrag.engine.compute import fused_kv
+    from blendrag_bench.serve import one_at_a_time, prompts
+
+    engine = BlendEngine.from_pretrained("demo", device="cpu")
+    layouts = prompts(engine, ServeBenchConfig(**SMALL))
+    engine.prefill(layouts[0], BlendConfig(mode="full"))  # the pool holds a buffer
+    takes: list[bool] = []
+    take = fused_kv.BufferPool.take
+
+    def seen(pool, *args, **kwargs):
+        had = pool._kv
+        out = take(pool, *args, **kwargs)
+        takes.append(had is not None and out.base[0] is had[0])
+        return out
+
+    monkeypatch.setattr(fused_kv.BufferPool, "take", seen)
+    one_at_a_time(engine, layouts, BlendConfig(mode="full"),
+                  GenerationConfig(max_new_tokens=2, eos_token_ids=()))
+    assert len(takes) == len(layouts) and all(takes), takes

@@ -146,4 +146,5 @@ def compare_answers(engine: BlendEngine, layout: PromptLayout, configs: Sequence
                               first_token_agrees(ref.logits[0], pre.logits),
                               first_token_kl(ref.logits[0], pre.logits), pre.stats))
         reference = ref
+        del pre  # its buffer back to the pool: every config prefills in the pooled buffer
     return out
