@@ -201,9 +201,11 @@ def _records(cfg: TierBenchConfig, samples: dict[str, list], keys: list[str]) ->
             continue
         st = [stats for stats, _ in pres]
         mid = sorted(range(len(st)), key=lambda i: st[i].timing.ttft_s)[len(st) // 2]
-        s = st[mid]
-        rec = _record(cfg, name, s.selector, s.ratio, s.loading.pipelined, s.timing.ttft_s,
-                      s.loading.load_s, s.loading.compute_s)
+        s = st[mid]  # the middle call's stats; its times the medians, as load-only's
+        rec = _record(cfg, name, s.selector, s.ratio, s.loading.pipelined,
+                      statistics.median(x.timing.ttft_s for x in st),
+                      statistics.median(x.loading.load_s for x in st),
+                      statistics.median(x.loading.compute_s for x in st))
         rec.update(recompute_fraction=s.recompute_fraction,
                    controller=dataclasses.asdict(s.controller),
                    kl_vs_full=_kl(pres[mid][1], full_logits),

@@ -35,3 +35,24 @@ def test_every_timed_request_gets_the_pooled_buffer(monkeypatch, tmp_path):
     assert all(math.isfinite(r["kl_vs_full"]) and len(r["ratios"]) == TINY.repeats
                for r in records if r["mode"] != "load-only")
     assert "pipelined" in ttft_tiers.format_table(records, cfg)
+
+
+def test_every_row_is_the_median_of_its_calls(monkeypatch, tmp_path):
+    """With an even number of calls every row takes the mean of the middle two, as load-only
+    does (the engine rows took the slower one: the PASS/MISS lines compared unlike figures)."""
+    import statistics
+
+    samples: dict[str, list] = {}
+    real = ttft_tiers._records
+
+    def kept(cfg, got, keys):
+        samples.update(got)
+        return real(cfg, got, keys)
+
+    monkeypatch.setattr(ttft_tiers, "_records", kept)
+    records = ttft_tiers.run(ttft_tiers.TierBenchConfig(workload=TINY, tier="disk",
+                                                        directory=tmp_path))
+    for r in records:
+        if r["mode"] != "load-only":
+            times = [s.timing.ttft_s for s, _ in samples[r["mode"]]]
+            assert len(times) == 2 and r["ttft_s"] == statistics.median(times)
