@@ -25,7 +25,13 @@ from contextlib import ExitStack
 from blendrag.config import BlendConfig
 from blendrag.store import MemoryKVStore, StoreConfig, TieredKVStore
 from blendrag.store.auth import StoreKeys
-from blendrag_bench.ttft_tiers import TierBenchConfig, load_only, precomputed, tier_store
+from blendrag_bench.ttft_tiers import (
+    TierBenchConfig,
+    load_only,
+    precomputed,
+    throttled,
+    tier_store,
+)
 
 PROTECTIONS = ("plain", "signed", "encrypted")
 KEYS = StoreKeys({"bench": bytes(range(32))}, "bench")  # a fixed key: nothing here is secret
@@ -52,7 +58,8 @@ def run(cfg: TierBenchConfig, protections: tuple[str, ...] = PROTECTIONS) -> lis
         engine, layout, memory = precomputed(w)
         keys = memory.keys()
         base = tier_store(cfg, stack)
-        stores = {p: TieredKVStore(protection_config(base.config, p)) for p in protections}
+        stores = {p: TieredKVStore(protection_config(base.config, p), wrap=throttled(cfg))
+                  for p in protections}  # at the bench's bandwidth and latency, as base
         for store in stores.values():
             stack.callback(store.close)
         floor = BlendConfig(selector=cfg.selector, ratio=cfg.floor)

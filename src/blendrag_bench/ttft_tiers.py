@@ -25,6 +25,7 @@ import dataclasses
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from blendrag.engine import BlendEngine
 from blendrag.prompt import PromptLayout
 from blendrag.store import MemoryKVStore, StoreConfig, TieredKVStore
 from blendrag.store.throttle import Throttle, ThrottledTier
+from blendrag.store.tier import Tier
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 
 TIERS = ("ram", "disk", "redis", "redis_cluster", "s3")
@@ -71,10 +73,16 @@ class TierBenchConfig:
                                                                  self.latency_us)
 
 
+def throttled(cfg: TierBenchConfig) -> Callable[[Tier], Tier] | None:
+    """The ``wrap`` of a store whose tiers run at ``cfg``'s bandwidth and latency (None: as
+    they are)."""
+    throttle = cfg.throttle
+    return None if throttle is None else (lambda t: ThrottledTier(t, throttle))
+
+
 def tier_store(cfg: TierBenchConfig, stack: ExitStack) -> TieredKVStore:
     """A store whose only tier is ``cfg.tier`` (so no read is promoted into a faster one)."""
-    throttle = cfg.throttle
-    wrap = None if throttle is None else (lambda t: ThrottledTier(t, throttle))
+    wrap = throttled(cfg)
     kw = dict(ram_bytes=0, disk_dir=None)
     if cfg.tier == "ram":
         kw["ram_bytes"] = 16 << 30

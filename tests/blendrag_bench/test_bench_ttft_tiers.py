@@ -56,3 +56,14 @@ def test_every_row_is_the_median_of_its_calls(monkeypatch, tmp_path):
         if r["mode"] != "load-only":
             times = [s.timing.ttft_s for s, _ in samples[r["mode"]]]
             assert len(times) == 2 and r["ttft_s"] == statistics.median(times)
+
+
+def test_protection_rows_run_at_the_asked_bandwidth(tmp_path):
+    """`--protection` with `--bandwidth`: the protected stores are throttled as the plain tier
+    is (they read at full speed, six times the asked rate, as if the flag were not given)."""
+    from blendrag_bench import ttft_protection
+
+    cfg = ttft_tiers.TierBenchConfig(workload=TINY, tier="disk", directory=tmp_path,
+                                     bandwidth_gbps=0.005)
+    rows = {(r["protection"], r["row"]): r for r in ttft_protection.run(cfg, ("plain",))}
+    assert rows[("plain", "load-only")]["gbps"] <= 0.005 * 1.2
