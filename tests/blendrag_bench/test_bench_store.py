@@ -55,3 +55,36 @@ def test_page_cache_can_be_dropped_and_checked(tmp_path):
     assert resident_fraction(path) in (None, 1.0)
     if drop_page_cache(path):
         assert resident_fraction(path) == 0.0
+
+
+def test_the_hf_yardstick_computes_the_chunk_over_the_prefix_once_computed(monkeypatch):
+    """The precompute computes a chunk over a prefix it computed once; the HF forward it is
+    set against does the same (it ran the prefix again each time, credited with the chunk's
+    tokens only): the chunk's ids alone go in, after a copy of the prefix's cache, and give a
+    forward of prefix + chunk's logits."""
+    import torch
+
+    from blendrag_bench import store
+    from blendrag_bench.ttft import TTFTWorkload, build_engine
+
+    engine = build_engine(TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2,
+                                       intermediate=128, vocab=300, device="cpu"))
+    prefix, chunk = list(range(3, 13)), list(range(20, 52))
+    past = store._prefix_cache(engine, prefix)
+    seen: list[tuple] = []
+    forward = engine.model.forward
+
+    def recorded(ids, *args, past_key_values=None, **kwargs):
+        seen.append((ids.shape[1], past_key_values.get_seq_length()))
+        return forward(ids, *args, past_key_values=past_key_values, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", recorded)
+    for _ in range(2):  # the prefix's cache is copied: the second call starts from it too
+        store._hf_seconds(engine, [chunk], past)
+    assert seen == [(len(chunk), len(prefix))] * 2
+    monkeypatch.undo()
+    with torch.inference_mode():
+        whole = engine.model(torch.tensor([prefix + chunk])).logits[0, -1]
+        after = engine.model(torch.tensor([chunk]), past_key_values=store.copy.deepcopy(past)
+                             ).logits[0, -1]
+    assert torch.allclose(whole, after, atol=1e-4)
