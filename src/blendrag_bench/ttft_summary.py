@@ -69,16 +69,20 @@ HEADLINES = (
     Headline("full vs HF forward", _full_vs_hf, "%", "within ±5 %", lambda v: abs(v) <= 0.05),
     Headline("blend cacheblend@15% speedup", _speedup("cacheblend", 0.15), "x", ">= 4x",
              lambda v: v >= 4.0),
-    Headline("blend preview@20% (the default) speedup", _speedup("preview", 0.20), "x"),
+    Headline("blend preview@20% (the default) speedup", _speedup("preview", 0.20), "x",
+             ">= 3.3x", lambda v: v >= 3.3),
     Headline("blend profile@15% speedup", _speedup("profile", 0.15), "x"),
     Headline("blend epic@15% speedup", _speedup("epic", 0.15), "x"),
     Headline("fastest blend@15% speedup", _fastest_speedup, "x", ">= 5.4x",
              lambda v: v >= 5.4),
     Headline("fastest blend@15% share of its compute ideal", _share(_fastest_at_15), "share"),
-    Headline("reuse speedup", _speedup(None, None, mode="reuse"), "x", ">= 40x",
-             lambda v: v >= 40.0),
+    # no speed-up target for reuse: its compute ideal on this workload is about 37.6x (each of
+    # its 64 tokens attends to 3,168 keys), so a fixed multiple would ask for more than the
+    # FLOPs allow; its share of that ideal is held instead
+    Headline("reuse speedup", _speedup(None, None, mode="reuse"), "x"),
     Headline("reuse share of its compute ideal",
-             _share(lambda by: by.get(("reuse", None, None))), "share"),
+             _share(lambda by: by.get(("reuse", None, None))), "share", ">= 0.7",
+             lambda v: v >= 0.7),
     Headline("blend cacheblend@15% peak minus full's", _blend_peak_over_full, "MiB",
              "<= 0 MiB (no more memory than full)", lambda v: v <= 0.0),
 )

@@ -22,7 +22,7 @@ def test_a_miss_in_one_run_is_a_miss() -> None:
     assert (hf["pass"], hf["runs_meeting_target"]) == (False, 1)
     blend = by["blend cacheblend@15% speedup"]
     assert (blend["min"], blend["max"], blend["pass"]) == (1.0 / 0.3, 0.936 / 0.2, False)
-    assert by["reuse speedup"]["pass"] is False  # 18.7x and 20x against >= 40x
+    assert by["reuse speedup"]["pass"] is None  # no target: its share of the ideal has one
     assert by["blend cacheblend@15% peak minus full's"]["values"] == [-20.0, -20.0]
     lines = format_summary(summarize(runs))
     assert lines[0] == ("full vs HF forward: −3.2% (median of 2 runs, range −6.4% to +0.0%); "
@@ -48,3 +48,16 @@ def test_the_fastest_selector_at_15_percent_and_its_share_of_the_ideal() -> None
     assert "reuse share of its compute ideal" not in by  # reuse has no ideal in these records
     lines = format_summary(summarize([records]))
     assert "fastest blend@15% share of its compute ideal: 0.93" in lines
+
+
+def test_the_default_and_reuses_share_of_its_ideal_have_the_targets_the_docs_state() -> None:
+    """The default (preview@20 %) >= 3.3x and reuse's share of its compute ideal >= 0.7, as
+    docs/benchmarks.md holds them; reuse's speed-up has none (its ideal is below any fixed
+    multiple asked of it before: 40x against an ideal of 37.6x)."""
+    records = _records(1.0, 1.0, 0.25, 0.05)
+    records[2]["ideal_speedup"] = 37.6  # reuse: 20x of 37.6x
+    records.append({"mode": "blend", "selector": "preview", "ratio": 0.20, "ttft_s": 0.5,
+                    "speedup_vs_full": 2.0, "peak_extra_mib": 0.0})
+    by = {s["figure"]: s for s in summarize([records])}
+    assert by["blend preview@20% (the default) speedup"]["pass"] is False  # 2x
+    assert by["reuse share of its compute ideal"]["pass"] is False  # 0.53
