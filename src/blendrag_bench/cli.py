@@ -5,6 +5,7 @@ calibration (``calibration_cli``) in their own files."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from blendrag.cli.options import (
@@ -218,7 +219,8 @@ def _ttft(args: argparse.Namespace) -> int:
         tables.append(format_table(records, w))
     summary = summarize(runs)
     text = "\n\n".join(tables) + "\n\n" + "\n".join(format_summary(summary))
-    emit(args, {"threads": threads, "runs": runs, "summary": summary}, text)
+    emit(args, {"threads": threads, "torch": torch.__version__,
+                "workload": dataclasses.asdict(w), "runs": runs, "summary": summary}, text)
     return 0
 
 

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 DEFAULT_QUALITY = QualityConfig()
 RECORD_KEYS = ("mode", "selector", "ratio", "same_answer", "answer_kl", "quality", "exact_match",
                "first_token_agreement", "kl", "ttft_s", "speedup_vs_full", "recompute_fraction",
-               "compute_fraction", "n")
+               "compute_fraction", "n", "quality_by_kind")
 """Keys of one JSON record (``ConfigSummary.record``)."""
 NO_GOLD = float("nan")  # quality of an item without gold answers
 

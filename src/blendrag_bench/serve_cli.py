@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from blendrag.cli.options import (
@@ -88,5 +89,6 @@ def _serve(args: argparse.Namespace) -> int:
               f"{cfg.passages} x {cfg.passage_tokens}-token passages, {cfg.answer_tokens}-token "
               "answers; against one request at a time")
     rows = run(engine, cfg, on_row=None if quiet else lambda r: print(format_row(r), flush=True))
-    emit(args, rows, "")
+    emit(args, {"model": engine.name, "device": str(engine.device),
+                "workload": dataclasses.asdict(cfg), "rows": rows}, "")
     return 0

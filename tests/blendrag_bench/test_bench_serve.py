@@ -87,7 +87,9 @@ def test_command_prints_the_table_and_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "one at a time" in text and "2 users" in text and "same answer 2/2" in text
     assert "requests a step" in text
-    assert [r["run"] for r in json.loads(out.read_text())] == ["one at a time", "2 users"]
+    got = json.loads(out.read_text())  # the rows, and what they were measured on
+    assert [r["run"] for r in got["rows"]] == ["one at a time", "2 users"]
+    assert got["workload"]["answer_tokens"] == 3 and got["device"] == "cpu" and got["model"]
 
 
 def test_the_one_at_a_time_baseline_prefills_every_request_in_the_pooled_buffer(monkeypatch):

@@ -78,3 +78,20 @@ def test_with_a_device_tier_reuse_is_timed_from_it_and_from_the_ram_tier(monkeyp
     assert ram["reused_bytes"] == device["reused_bytes"] == (4 + 3 * 24) * row
     assert "load" in ram["phase_s"] and ram["ideal_speedup"] == device["ideal_speedup"]
     assert "reuse, RAM tier" in format_table(records, TINY)
+
+
+def test_the_json_says_what_the_runs_were_measured_on(tmp_path, capsys):
+    """The JSON holds the workload the text's header names (shape, tokens, dtype, device,
+    repeats), beside the runs and the summary."""
+    import json
+
+    from blendrag.cli import main
+
+    out = tmp_path / "ttft.json"
+    assert main(["bench", "ttft", "--layers", "2", "--hidden", "64", "--heads", "2",
+                 "--kv-heads", "1", "--intermediate", "128", "--chunks", "2", "--chunk-tokens",
+                 "16", "--suffix-tokens", "4", "--repeats", "1", "--no-progress", "--json",
+                 str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert {"threads", "torch", "workload", "runs", "summary"} <= set(got)
+    assert got["workload"]["layers"] == 2 and got["workload"]["chunk_tokens"] == 16

@@ -66,8 +66,12 @@ def test_json_records_have_exactly_the_keys(report, tmp_path: Path) -> None:
                                               "answer_kl", "quality", "exact_match",
                                               "first_token_agreement", "kl", "ttft_s",
                                               "speedup_vs_full",
-                                              "recompute_fraction", "compute_fraction", "n"}
+                                              "recompute_fraction", "compute_fraction", "n",
+                                              "quality_by_kind"}
                for r in loaded)
+    # the per-kind quality the Markdown and CSV show, in the JSON too
+    assert [r["quality_by_kind"] for r in loaded] == [s.quality_by_kind
+                                                      for s in report.summaries]
     assert [(r["mode"], r["selector"], r["ratio"]) for r in loaded] == [
         ("full", None, None), ("blend", "cacheblend", 0.2), ("blend", "cacheblend", 1.0)]
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
