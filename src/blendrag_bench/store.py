@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import json
 import statistics
 import tempfile
@@ -186,22 +187,30 @@ def _batched(engine: BlendEngine, layout: PromptLayout, prefix: list[int]) -> di
     return {"2": sum(len(c) for pair in pairs for c in pair) / seconds}
 
 
+def _cache_arg(model: torch.nn.Module) -> str:
+    """The name a model's forward takes its KV cache by (``cache`` since transformers 5.2x,
+    ``past_key_values`` before)."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else \
+        "past_key_values"
+
+
 def _prefix_cache(engine: BlendEngine, prefix: list[int]) -> object:
-    """HF's KV cache of ``prefix`` (what ``model(chunk, past_key_values=...)`` goes on from)."""
+    """HF's KV cache of ``prefix`` (what ``model(chunk, cache=...)`` goes on from)."""
     with torch.inference_mode():
         ids = torch.tensor([prefix], device=engine.device)
-        return engine.model(ids, use_cache=True, logits_to_keep=1).past_key_values
+        out = engine.model(ids, use_cache=True, logits_to_keep=1)
+    return getattr(out, _cache_arg(engine.model))
 
 
 def _hf_seconds(engine: BlendEngine, rows: list[list[int]], past: object = None) -> float:
     """A plain HF forward of ``rows``; after ``past`` (a copy, made before the clock starts:
     the forward appends to it) when given."""
     ids = torch.tensor(rows, device=engine.device)
-    cache = None if past is None else copy.deepcopy(past)
+    after = {} if past is None else {_cache_arg(engine.model): copy.deepcopy(past)}
 
     def forward() -> None:
         with torch.inference_mode():
-            engine.model(ids, past_key_values=cache, logits_to_keep=1)
+            engine.model(ids, logits_to_keep=1, **after)
 
     return _timed(engine.device, forward)
 

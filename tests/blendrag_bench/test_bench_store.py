@@ -74,9 +74,11 @@ def test_the_hf_yardstick_computes_the_chunk_over_the_prefix_once_computed(monke
     seen: list[tuple] = []
     forward = engine.model.forward
 
-    def recorded(ids, *args, past_key_values=None, **kwargs):
-        seen.append((ids.shape[1], past_key_values.get_seq_length()))
-        return forward(ids, *args, past_key_values=past_key_values, **kwargs)
+    name = store._cache_arg(engine.model)
+
+    def recorded(ids, *args, **kwargs):
+        seen.append((ids.shape[1], kwargs[name].get_seq_length()))
+        return forward(ids, *args, **kwargs)
 
     monkeypatch.setattr(engine.model, "forward", recorded)
     for _ in range(2):  # the prefix's cache is copied: the second call starts from it too
@@ -85,6 +87,6 @@ def test_the_hf_yardstick_computes_the_chunk_over_the_prefix_once_computed(monke
     monkeypatch.undo()
     with torch.inference_mode():
         whole = engine.model(torch.tensor([prefix + chunk])).logits[0, -1]
-        after = engine.model(torch.tensor([chunk]), past_key_values=store.copy.deepcopy(past)
+        after = engine.model(torch.tensor([chunk]), **{name: store.copy.deepcopy(past)}
                              ).logits[0, -1]
     assert torch.allclose(whole, after, atol=1e-4)
