@@ -141,6 +141,37 @@ class PromptBuilder:
         specials = first and not self.chat
         return list(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
 
+    def encode_cut(self, pieces: Sequence[str], first: bool = False) -> list[list[int]] | None:
+        """The ids of ``"".join(pieces)`` tokenized as one string, cut where each piece ends: a
+        token that spans a cut (a merge across it: " The" after "Context:") goes to the piece
+        before it, so the pieces' ids joined are exactly the whole string's, as a plain LLM
+        would run them. ``first``: as :meth:`encode`. None where the tokenizer gives no
+        character offsets (a slow tokenizer)."""
+        text = "".join(pieces)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"text is not valid Unicode: {exc.reason} at character "
+                             f"{exc.start}") from None
+        try:
+            enc = self.tokenizer(text, add_special_tokens=first and not self.chat,
+                                 return_offsets_mapping=True)
+        except (NotImplementedError, ValueError):  # no offsets from this tokenizer
+            return None
+        ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
+        lead = 0  # specials the tokenizer adds first (BOS: no characters) stay in the first piece
+        while lead < len(offsets) and tuple(offsets[lead]) == (0, 0) and text:
+            lead += 1
+        out, start, end, i = [], 0, 0, lead
+        for piece in pieces[:-1]:
+            end += len(piece)
+            while i < len(ids) and offsets[i][0] < end:
+                i += 1
+            out.append(ids[start:i])
+            start = i
+        out.append(ids[start:])
+        return out
+
     @property
     def template_parts(self) -> tuple[str, str]:
         """(head, tail) of the chat template around the user content; ("", "") without one."""
@@ -168,7 +199,8 @@ class PromptBuilder:
         known chunks. A layout needs a chunk and a suffix: the last token is the suffix, the
         rest one chunk (a full prefill does not depend on where pieces are cut)."""
         rendered = text if templated else self._head + text + self._tail
-        ids = self.encode(rendered, first=True)
+        # a rendered template spells its specials (BOS) out: none added to it
+        ids = self.encode(rendered, first=not templated)
         if len(ids) < 2:
             raise ValueError(f"the prompt is too short to run ({len(ids)} token(s)): {text!r}")
         return PromptLayout((), (tuple(ids[:-1]),), tuple(ids[-1:]))

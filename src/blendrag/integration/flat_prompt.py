@@ -2,8 +2,9 @@
 
 One path for every framework entry point: find the chunk texts in the prompt (the retrieved
 documents' texts when the caller passes them, else the ingested texts of a
-:class:`ChunkTextIndex`), cut the prompt there into prefix / chunks / suffix, and tokenize
-each piece on its own (docs/architecture.md, "Exactness rules"). Both sources use the same
+:class:`ChunkTextIndex`), cut the prompt there into prefix / chunks / suffix, and tokenize the
+prompt as one string, cut at the pieces (docs/architecture.md, "Exactness rules"): the layout's
+ids are the prompt's, as a plain LLM would run them. Both sources use the same
 splitter, so the same chunks give the same layout, hence the same answer. A prompt with no
 known chunk is run as a plain full prefill.
 """
@@ -112,21 +113,27 @@ def flat_layout(builder: PromptBuilder, prompt: str, index: ChunkTextIndex,
 
 def _layout(builder: PromptBuilder, split: PromptSplit, templated: bool,
             source: str) -> FlatLayout | None:
-    """Pieces tokenized one by one; None when no known chunk is left to reuse."""
+    """The prompt tokenized as one string and cut at its pieces (``PromptBuilder.encode_cut``:
+    the ids a plain LLM runs, so a full prefill of the layout is one of the prompt as sent);
+    None when no known chunk is left to reuse."""
     if not split.found:
         return None
     head, tail = ("", "") if templated else builder.template_parts
-    pieces = [(builder.encode(c), known) for c, known in zip(split.chunks, split.cached)]
-    pieces = [(ids, known) for ids, known in pieces if ids]  # e.g. whitespace a tokenizer drops
-    suffix = builder.encode(split.suffix + tail)
+    texts = [head + split.prefix, *split.chunks, split.suffix + tail]
+    cut = builder.encode_cut(texts, first=not templated)
+    if cut is None:  # no offsets: each piece on its own, the ids of a chunk wherever it is
+        cut = [builder.encode(texts[0], first=not templated),
+               *(builder.encode(t) for t in texts[1:])]
+    prefix, suffix = cut[0], cut[-1]
+    pieces = [(ids, known) for ids, known in zip(cut[1:-1], split.cached)
+              if ids]  # e.g. whitespace a tokenizer drops, or merged into the piece before
     if not suffix and pieces:  # the prompt ends with a chunk: it is computed, as the suffix
         suffix = pieces.pop()[0]
     matched = sum(known for _, known in pieces)
     if not matched:
         return None
     chunk_prefix_ids = builder.chunk_prefix_ids() if builder.chunk_prefix is not None else None
-    layout = PromptLayout(builder.encode(head + split.prefix, first=True),
-                          [ids for ids, _ in pieces], suffix,
+    layout = PromptLayout(prefix, [ids for ids, _ in pieces], suffix,
                           chunk_prefix_ids=chunk_prefix_ids)
     return FlatLayout(layout, source, matched, len(pieces),
                       known=tuple(known for _, known in pieces))

@@ -47,3 +47,62 @@ def test_rendered_chat_prompt_is_not_wrapped_twice(engine_for):
     full = engine.prefill(flat.layout, BlendConfig(mode="full")).logits
     blend = engine.prefill(flat.layout, BlendConfig(ratio=1.0)).logits
     assert (full - blend).abs().max() < 1e-4
+
+
+def _plain_ids(builder, prompt: str, templated: bool = False) -> list[int]:
+    """The ids a plain LLM runs for ``prompt``: the whole string through the tokenizer (the
+    chat template's text around it unless ``templated``)."""
+    head, tail = ("", "") if templated else builder.template_parts
+    specials = not templated and not builder.chat
+    return list(builder.tokenizer(head + prompt + tail, add_special_tokens=specials)["input_ids"])
+
+
+def _stock_prompts(docs: list[str]) -> list[str]:
+    """What stock chains write: a stuff chain's passages joined by blank lines after a prefix
+    that ends in a space, a newline or a blank line; a passage twice; CRLF."""
+    joined = "\n\n".join(docs)
+    return [f"Context: {joined}\n\nQuestion: who?\nAnswer:",
+            f"Use the passages.\n{joined}\nQ: who?",
+            f"Context information is below.\n---------------------\n{joined}\n-----\nQuery: x",
+            f"Context: {docs[0]}\n\n{docs[1]}\n\n{docs[0]}\n\nQ: who? A:",
+            f"Context:\r\n{docs[0]}\r\n\r\n{docs[1]}\r\nQ: who?"]
+
+
+def test_the_layout_runs_the_ids_a_plain_llm_runs_for_the_prompt(engine_for):
+    """A flat prompt's layout, joined, is the prompt tokenized as one string: the pieces are
+    cut from it (a token that spans a cut goes to the piece before), so a full prefill of the
+    layout is one of the prompt as sent (each piece tokenized on its own differed at every
+    blank line and after "Context: " with a BPE tokenizer)."""
+    engine = engine_for("qwen2")  # a byte-level BPE with a chat template
+    docs = [p.strip() for p in PASSAGES[:2]]
+    for prompt in _stock_prompts(docs):
+        flat = flat_layout(engine.prompts, prompt, ChunkTextIndex(), texts=docs)
+        assert flat.matched >= 2, prompt
+        assert flat.layout.ids == _plain_ids(engine.prompts, prompt), prompt
+
+
+def test_a_templated_prompt_gets_no_second_bos(engine_for):
+    """A prompt that spells the chat template (ChatBlend's) on an engine built with
+    ``chat=False``: the template's own BOS only, as HF's apply_chat_template gives it."""
+    from blendrag import BlendEngine
+
+    base = engine_for("llama")
+    engine = BlendEngine(base.model, base.tokenizer, chat=False, chunk_prefix="")
+    tok = engine.tokenizer
+    if not getattr(tok, "chat_template", None):
+        import pytest
+        pytest.skip("the tiny Llama tokenizer has no chat template")
+    docs = [p.strip() for p in PASSAGES[:2]]
+    rendered = tok.apply_chat_template(
+        [{"role": "user", "content": "Context: " + "\n\n".join(docs) + "\nQ: who?"}],
+        tokenize=False, add_generation_prompt=True)
+    want = tok.apply_chat_template(
+        [{"role": "user", "content": "Context: " + "\n\n".join(docs) + "\nQ: who?"}],
+        tokenize=True, add_generation_prompt=True)
+    want = list(want["input_ids"] if hasattr(want, "keys") else want)
+    for texts in (docs, None):
+        index = ChunkTextIndex()
+        index.record(docs)
+        flat = flat_layout(engine.prompts, rendered, index, texts=texts, templated=True)
+        assert flat.layout.ids == want
+    assert engine.prompts.whole(rendered, templated=True).ids == want
