@@ -19,13 +19,11 @@ same bytes from the same device. Workload: the TTFT benchmark's default (``TTFTW
 from __future__ import annotations
 
 import contextlib
-import copy
-import inspect
 import json
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +41,7 @@ from blendrag_bench.raw_io import (
     file_read_seconds,
     memcpy_seconds,
 )
+from blendrag_bench.store_compute import compute_throughput
 from blendrag_bench.ttft import TTFTWorkload, build_engine, random_layout
 from blendrag_bench.ttft_tiers import shared_tier
 from blendrag_servers.redis_server import RedisUnavailable
@@ -82,7 +81,7 @@ def run(cfg: StoreBenchConfig) -> dict:
     with _directory(cfg.directory) as directory:
         engine.store = TieredKVStore(_config(directory, layout, engine))
         report = {"workload": _describe(w, engine)}
-        report |= _compute_throughput(engine, layout)
+        report |= compute_throughput(engine, layout)
         key = engine.key(layout.prefix_ids, layout.chunk_ids[0])
         entry = _entry_path(directory, key)
         report |= _entry_size(engine, entry, len(layout.chunk_ids[0]))
@@ -158,71 +157,6 @@ def _entry_size(engine: BlendEngine, entry: Path, tokens: int) -> dict:
     size, formula = entry.stat().st_size, _formula(engine)
     return {"entry_bytes": size, "entry_tokens": tokens, "bytes_per_token": size / tokens,
             "bytes_per_token_formula": formula, "metadata_bytes": size - formula * tokens}
-
-
-# ---- precompute vs HF forward ----------------------------------------------------------------
-
-def _compute_throughput(engine: BlendEngine, layout: PromptLayout) -> dict:
-    prefix = list(layout.prefix_ids)
-    engine.cache.prefix(prefix)  # a job computes its prefix once
-    past = _prefix_cache(engine, prefix)  # and so does the yardstick: both compute the chunk
-    warm = torch.randint(3, engine.model.config.vocab_size, (len(layout.chunk_ids[0]),)).tolist()
-    _hf_seconds(engine, [warm], past)
-    engine.precompute(prefix, [warm])
-    hf_s = pre_s = 0.0
-    for chunk in layout.chunk_ids:  # alternated: noise hits both alike
-        hf_s += _hf_seconds(engine, [list(chunk)], past)
-        pre_s += _timed(engine.device, lambda c=chunk: engine.precompute(prefix, [c]))
-    tokens = sum(len(c) for c in layout.chunk_ids)
-    return {"precompute_tokens_per_s": tokens / pre_s, "hf_forward_tokens_per_s": tokens / hf_s,
-            "hf_forward_batched_tokens_per_s": _batched(engine, layout, prefix)}
-
-
-def _batched(engine: BlendEngine, layout: PromptLayout, prefix: list[int]) -> dict[str, float]:
-    """HF forward of chunks two at a time (does batching chunks pay on this device?)."""
-    pairs = [layout.chunk_ids[i:i + 2] for i in range(0, len(layout.chunk_ids) - 1, 2)]
-    if not pairs:
-        return {}
-    seconds = sum(_hf_seconds(engine, [prefix + list(c) for c in pair]) for pair in pairs)
-    return {"2": sum(len(c) for pair in pairs for c in pair) / seconds}
-
-
-def _cache_arg(model: torch.nn.Module) -> str:
-    """The name a model's forward takes its KV cache by (``cache`` since transformers 5.2x,
-    ``past_key_values`` before)."""
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else \
-        "past_key_values"
-
-
-def _prefix_cache(engine: BlendEngine, prefix: list[int]) -> object:
-    """HF's KV cache of ``prefix`` (what ``model(chunk, cache=...)`` goes on from)."""
-    with torch.inference_mode():
-        ids = torch.tensor([prefix], device=engine.device)
-        out = engine.model(ids, use_cache=True, logits_to_keep=1)
-    return getattr(out, _cache_arg(engine.model))
-
-
-def _hf_seconds(engine: BlendEngine, rows: list[list[int]], past: object = None) -> float:
-    """A plain HF forward of ``rows``; after ``past`` (a copy, made before the clock starts:
-    the forward appends to it) when given."""
-    ids = torch.tensor(rows, device=engine.device)
-    after = {} if past is None else {_cache_arg(engine.model): copy.deepcopy(past)}
-
-    def forward() -> None:
-        with torch.inference_mode():
-            engine.model(ids, logits_to_keep=1, **after)
-
-    return _timed(engine.device, forward)
-
-
-def _timed(device: torch.device, fn: Callable[[], object]) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t0
 
 
 # ---- loads per tier ----------------------------------------------------------------------------

@@ -64,17 +64,17 @@ def test_the_hf_yardstick_computes_the_chunk_over_the_prefix_once_computed(monke
     forward of prefix + chunk's logits."""
     import torch
 
-    from blendrag_bench import store
+    from blendrag_bench import store_compute as store
     from blendrag_bench.ttft import TTFTWorkload, build_engine
 
     engine = build_engine(TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2,
                                        intermediate=128, vocab=300, device="cpu"))
     prefix, chunk = list(range(3, 13)), list(range(20, 52))
-    past = store._prefix_cache(engine, prefix)
+    past = store.prefix_cache(engine, prefix)
     seen: list[tuple] = []
     forward = engine.model.forward
 
-    name = store._cache_arg(engine.model)
+    name = store.cache_arg(engine.model)
 
     def recorded(ids, *args, **kwargs):
         seen.append((ids.shape[1], kwargs[name].get_seq_length()))
@@ -82,7 +82,7 @@ def test_the_hf_yardstick_computes_the_chunk_over_the_prefix_once_computed(monke
 
     monkeypatch.setattr(engine.model, "forward", recorded)
     for _ in range(2):  # the prefix's cache is copied: the second call starts from it too
-        store._hf_seconds(engine, [chunk], past)
+        store.hf_seconds(engine, [chunk], past)
     assert seen == [(len(chunk), len(prefix))] * 2
     monkeypatch.undo()
     with torch.inference_mode():
