@@ -66,7 +66,8 @@ def register(bench: argparse._SubParsersAction) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from blendrag.engine.engine import BlendEngine
-    from blendrag_bench.serve import ServeBenchConfig, format_row, run
+    from blendrag_bench.serve import ServeBenchConfig, run
+    from blendrag_bench.serve_report import format_row
 
     try:
         cfg = ServeBenchConfig(users=args.users, rates=args.rates, requests=args.requests,

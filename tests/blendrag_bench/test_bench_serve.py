@@ -8,7 +8,8 @@ import json
 import pytest
 
 from blendrag import BlendEngine
-from blendrag_bench.serve import ServeBenchConfig, format_row, run
+from blendrag_bench.serve import ServeBenchConfig, run
+from blendrag_bench.serve_report import format_row
 
 SMALL = dict(requests=3, passages=2, passage_tokens=30, answer_tokens=4)
 
@@ -57,7 +58,7 @@ def test_rounds_serve_the_requests_again_past_each_users_first():
 def test_answers_that_part_say_where():
     """An answer unlike alone's is reported with the first tokens and the leading tokens
     shared (bf16 on a GPU parts answers where a batch rounds otherwise)."""
-    from blendrag_bench.serve import _agreeing
+    from blendrag_bench.serve_report import _agreeing
 
     assert _agreeing([1, 2, 3, 4], [1, 2, 9, 4]) == 2
     assert _agreeing([5, 2], [1, 2]) == 0 and _agreeing([1, 2], [1, 2]) == 2

@@ -18,7 +18,8 @@ from blendrag.serving.config import DEFAULT_PACK_TOKENS, DEFAULT_SLOT_TOKENS
 from blendrag_bench.gpu.shapes import sync, workload
 from blendrag_bench.gpu.speed import Emit
 from blendrag_bench.gpu.summary import Headlines
-from blendrag_bench.serve import ServeBenchConfig, format_row, run
+from blendrag_bench.serve import ServeBenchConfig, run
+from blendrag_bench.serve_report import format_row
 from blendrag_bench.timing import median_time
 from blendrag_bench.ttft import build_engine, random_layout
 
