@@ -26,6 +26,11 @@ chunk's key (the ids a chunk is computed after), which must not change at midnig
 fallback date.) A model that must know the date is told in the system message."""
 
 
+PASSAGE_START = "The"
+"""Text a passage typically begins with: what a prompt's first piece is tokenized before
+(``PromptBuilder.prefix_ids``)."""
+
+
 @dataclass(frozen=True, init=False)
 class PromptLayout:
     """Token ids of one request, piece by piece.
@@ -188,7 +193,7 @@ class PromptBuilder:
                 raise ValueError(f"chunk {i} is empty or not a string: {c!r}")
         head, tail = ("", "") if templated else (self._head, self._tail)
         return PromptLayout(
-            prefix_ids=self.encode(head + prefix, first=True),
+            prefix_ids=self.prefix_ids(head + prefix),
             chunk_ids=[self.encode(c) for c in chunks],
             suffix_ids=self.encode(suffix + tail),
             chunk_prefix_ids=None if self.chunk_prefix is None else self.chunk_prefix_ids(),
@@ -212,7 +217,19 @@ class PromptBuilder:
         if text is None:
             raise ValueError("no chunk prefix: pass the prompt prefix or set "
                              "PromptBuilder(chunk_prefix=...)")
-        return self.encode(self._head + text, first=True)
+        return self.prefix_ids(self._head + text)
+
+    def prefix_ids(self, text: str) -> list[int]:
+        """Ids of a prompt's first piece as it is tokenized before a passage: a prompt
+        tokenized as one string (a framework's flat prompt) cuts them so, and its chunks'
+        stored KVs must follow those very ids (SmolLM2 tokenizes a blank line alone as one
+        token, before text as two). Each piece on its own where the tokenizer gives no
+        character offsets, or where a token spans the cut (a prefix ending in a space: no
+        passage's stored KV can follow what the prompt then holds)."""
+        cut = self.encode_cut([text, PASSAGE_START], first=True)
+        if cut is None or cut[1] != self.encode(PASSAGE_START):
+            return self.encode(text, first=True)
+        return cut[0]
 
     def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
         """The prompt as one string (for display and for plain-text baselines)."""
