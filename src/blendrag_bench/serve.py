@@ -107,23 +107,26 @@ def one_at_a_time(engine: BlendEngine, layouts: list[PromptLayout], blend: Blend
 def closed_loop(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLayout],
                 blend: BlendConfig, gen: GenerationConfig,
                 users: int) -> tuple[list[Served], float]:
-    """``users`` users sending ``layouts`` in turn, each its next once its answer is done."""
+    """``users`` users sending ``layouts`` in turn, each its next once its answer is done;
+    each user's first request is its own from the start (all users open at once: a user whose
+    first answer came back before another user's thread ran took that user's request)."""
     queue = list(enumerate(layouts))
+    firsts = [queue.pop(0) for _ in range(min(users, len(queue)))]
     lock = threading.Lock()
     out: list[Served | None] = [None] * len(layouts)
 
-    def user() -> None:
+    def user(k: int) -> None:
+        task = firsts[k] if k < len(firsts) else None
         first = True
-        while True:
-            with lock:
-                if not queue:
-                    return
-                j, layout = queue.pop(0)
+        while task is not None:
+            j, layout = task
             served = _serve(scheduler, engine, layout, blend, gen)
             served.opening, first = first, False
             out[j] = served
+            with lock:
+                task = queue.pop(0) if queue else None
 
-    return _timed(lambda: _in_threads(user for _ in range(users)), out)
+    return _timed(lambda: _in_threads(partial(user, k) for k in range(users)), out)
 
 
 def poisson(scheduler: Scheduler, engine: BlendEngine, layouts: list[PromptLayout],
