@@ -29,6 +29,7 @@ fallback date.) A model that must know the date is told in the system message.""
 PASSAGE_START = "The"
 """Text a passage typically begins with: what a prompt's first piece is tokenized before
 (``PromptBuilder.prefix_ids``)."""
+PREFIXES_KEPT = 16  # prefix texts whose ids a builder keeps
 
 
 @dataclass(frozen=True, init=False)
@@ -108,6 +109,10 @@ class PromptBuilder:
         self.system = system
         self.chunk_prefix = chunk_prefix
         self._head, self._tail = self._template_parts() if self.chat else ("", "")
+        # ``prefix_ids`` of the texts last asked for (the chunk prefix, prompt prefixes), and
+        # the ids of ``PASSAGE_START`` alone
+        self._prefixes: dict[str, tuple[int, ...]] = {}
+        self._start: tuple[int, ...] | None = None
 
     def _template_parts(self) -> tuple[str, str]:
         template = str(getattr(self.tokenizer, "chat_template", "") or "")
@@ -136,13 +141,7 @@ class PromptBuilder:
         """Ids of one piece. ``first``: the piece that starts the prompt, which gets the
         tokenizer's own specials (BOS) unless a chat template is used: a rendered template
         already spells its specials out as text."""
-        if not isinstance(text, str):
-            raise ValueError(f"text must be a str, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")  # the tokenizers library raises TypeError on a lone surrogate
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"text is not valid Unicode: {exc.reason} at character "
-                             f"{exc.start}") from None
+        _check_text(text)
         specials = first and not self.chat
         return list(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
 
@@ -153,11 +152,7 @@ class PromptBuilder:
         would run them. ``first``: as :meth:`encode`. None where the tokenizer gives no
         character offsets (a slow tokenizer)."""
         text = "".join(pieces)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ValueError(f"text is not valid Unicode: {exc.reason} at character "
-                             f"{exc.start}") from None
+        _check_text(text)
         try:
             enc = self.tokenizer(text, add_special_tokens=first and not self.chat,
                                  return_offsets_mapping=True)
@@ -226,10 +221,17 @@ class PromptBuilder:
         token, before text as two). Each piece on its own where the tokenizer gives no
         character offsets, or where a token spans the cut (a prefix ending in a space: no
         passage's stored KV can follow what the prompt then holds)."""
-        cut = self.encode_cut([text, PASSAGE_START], first=True)
-        if cut is None or cut[1] != self.encode(PASSAGE_START):
-            return self.encode(text, first=True)
-        return cut[0]
+        known = self._prefixes.get(text)
+        if known is None:  # tokenizing twice more than a piece: once per text, not per request
+            cut = self.encode_cut([text, PASSAGE_START], first=True)
+            if self._start is None:
+                self._start = tuple(self.encode(PASSAGE_START))
+            known = tuple(self.encode(text, first=True)
+                          if cut is None or tuple(cut[1]) != self._start else cut[0])
+            if len(self._prefixes) >= PREFIXES_KEPT:  # many prompt prefixes: start afresh
+                self._prefixes = {}  # (a new dict: a request on another thread reads the old)
+            self._prefixes[text] = known
+        return list(known)
 
     def render(self, prefix: str, chunks: Sequence[str], suffix: str) -> str:
         """The prompt as one string (for display and for plain-text baselines)."""
@@ -239,7 +241,19 @@ class PromptBuilder:
 def _token_ids(ids: Sequence[int]) -> tuple[int, ...]:
     """``ids`` as ints; ValueError for a negative id or a bool (``True`` is not token 1).
     The engine checks them against its model's vocabulary (``BlendEngine.check_length``)."""
-    out = tuple(int(t) for t in ids)
-    if (out and min(out) < 0) or any(isinstance(t, bool) for t in ids):
+    out = tuple(map(int, ids))  # both passes in C: every layout of every request comes here
+    if (out and min(out) < 0) or bool in set(map(type, ids)):
         raise ValueError(f"token ids must be integers >= 0, got {[t for t in ids][:8]!r}...")
     return out
+
+
+def _check_text(text: object) -> None:
+    """ValueError unless ``text`` is a str of valid Unicode (the tokenizers library raises a
+    TypeError on a lone surrogate)."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: {exc.reason} at character "
+                         f"{exc.start}") from None

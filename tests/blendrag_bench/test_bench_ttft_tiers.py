@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from blendrag.engine.engine import BlendEngine
 from blendrag_bench import ttft_tiers
 from blendrag_bench.ttft import TTFTWorkload
+from helpers.recorders import pooled_prefills
 
 TINY = TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=300,
                     chunks=3, chunk_tokens=24, prefix_tokens=4, suffix_tokens=6, ratios=(0.2,),
@@ -16,19 +16,11 @@ TINY = TTFTWorkload(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, 
 
 
 def test_every_timed_request_gets_the_pooled_buffer(monkeypatch, tmp_path):
-    pooled: list[tuple[str, bool]] = []
-    prefill = BlendEngine.prefill
-
-    def seen(self, layout, config=None, *args, **kwargs):
-        pre = prefill(self, layout, config, *args, **kwargs)
-        pooled.append((config.label, self.runner._pool.lent(pre.fused)))
-        return pre
-
-    monkeypatch.setattr(BlendEngine, "prefill", seen)
+    pooled = pooled_prefills(monkeypatch)
     cfg = ttft_tiers.TierBenchConfig(workload=TINY, tier="disk", directory=tmp_path)
     records = ttft_tiers.run(cfg)
     assert len(pooled) == 5 * (TINY.repeats + 1)
-    assert all(lent for _, lent in pooled), pooled
+    assert all(pooled), pooled
     by = {r["mode"]: r for r in records}
     assert list(by) == ["full", "sequential", "pipelined", "auto", "compute-only", "load-only"]
     assert by["full"]["kl_vs_full"] == 0.0 and by["pipelined"]["pipelined"]

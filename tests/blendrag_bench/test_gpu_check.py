@@ -219,18 +219,10 @@ def test_the_history_check_lets_each_turn_go_before_the_next(monkeypatch):
     import torch
 
     from blendrag.engine.compute.runner import ComputeConfig
-    from blendrag.engine.engine import BlendEngine
     from blendrag_bench.gpu import exactness
+    from helpers.recorders import pooled_prefills
 
-    pooled: list[bool] = []
-    prefill = BlendEngine.prefill
-
-    def seen(self, *args, **kwargs):
-        pre = prefill(self, *args, **kwargs)
-        pooled.append(self.runner._pool.lent(pre.fused))
-        return pre
-
-    monkeypatch.setattr(BlendEngine, "prefill", seen)
+    pooled = pooled_prefills(monkeypatch)
     report = exactness.Report(lambda line: None)
     exactness._history(report, "llama", exactness._model("llama", torch.float32, "cpu"),
                        ComputeConfig())

@@ -14,7 +14,7 @@ import stat
 from dataclasses import fields
 from pathlib import Path
 
-from blendrag.checks import check_at_least, is_finite_number
+from blendrag.checks import check_at_least, check_count, is_finite_number
 from blendrag.store.auth import StoreKeys
 
 FORMAT = 1
@@ -163,6 +163,3 @@ def check_fraction(label: str, value: object) -> None:
         raise ValueError(f"{label} must be a number in [0, 1], got {value!r}")
 
 
-def check_count(label: str, value: object, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{label} must be an integer >= {low}, got {str(value)[:40]!r}")

@@ -17,6 +17,7 @@ from blendrag.distributed.settings import shared_engine
 from blendrag.distributed.shard import ingest_rows, summarize, text_of
 from blendrag.ingest import ingest_source
 from blendrag.store import StoreConfig
+from helpers.recorders import RecordingIndex
 from helpers.tiny import PASSAGES, PREFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,17 +54,6 @@ def test_shards_store_and_count_what_the_local_job_does(model_dir, tmp_path):
     assert shard_engine.store.missing(keys) == [] and engine.store.missing(keys) == []
 
 
-class Recorder:
-    """A text index that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def record(self, texts):
-        self.texts += texts
-        return len(texts)
-
-
 def test_chunks_no_tier_kept_are_not_stored_in_rows_summary_and_text_index(
         model_dir, tmp_path, monkeypatch):
     from blendrag.store.disk import DiskTier
@@ -73,7 +63,7 @@ def test_chunks_no_tier_kept_are_not_stored_in_rows_summary_and_text_index(
 
     engine = _settings(model_dir, tmp_path).build_engine()
     monkeypatch.setattr(DiskTier, "put", full)
-    index = Recorder()
+    index = RecordingIndex()
     rows = ingest_rows(engine, PASSAGES, prefix=PREFIX, indexes=range(4), text_index=index)
     assert [r["status"] for r in rows] == ["not_stored"] * 4
     assert [r["bytes"] for r in rows] == [0] * 4

@@ -132,17 +132,9 @@ def test_every_config_prefills_in_the_pooled_buffer(engine, layout, monkeypatch)
     """Each config's TTFT is taken in the same conditions: a config whose Prefill the loop
     still held made the next one allocate a buffer of its own (every second config's TTFT,
     in bench quality, fidelity and calibration)."""
-    from blendrag.engine.engine import BlendEngine
+    from helpers.recorders import pooled_prefills
 
-    pooled: list[bool] = []
-    prefill = BlendEngine.prefill
-
-    def seen(self, *args, **kwargs):
-        pre = prefill(self, *args, **kwargs)
-        pooled.append(self.runner._pool.lent(pre.fused))
-        return pre
-
-    monkeypatch.setattr(BlendEngine, "prefill", seen)
+    pooled = pooled_prefills(monkeypatch)
     configs = [FULL, BlendConfig(mode="reuse"), BlendConfig(ratio=0.3),
                BlendConfig(selector="epic", ratio=0.3)]
     compare_answers(engine, layout, configs, max_new_tokens=3)

@@ -14,6 +14,7 @@ import pytest
 from blendrag import NO_CONTEXT, BlendConfig, BlendEngine, MemoryKVStore
 from blendrag.ingest import Ingestion, chunks_from_folder, chunks_from_jsonl, ingest_source
 from blendrag.store import disk_files
+from helpers.recorders import RecordingIndex
 from helpers.tiny import PASSAGES, PREFIX, SUFFIX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,17 +57,6 @@ def test_full_disk_counts_only_what_was_persisted_and_names_the_rest(engine, mon
     assert on_disk.missing(keys) == keys[2:]  # exactly the two listed
 
 
-class Recorder:
-    """A text index that keeps what it is given."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-
-    def record(self, texts):
-        self.texts += texts
-        return len(texts)
-
-
 def test_a_chunk_not_stored_has_no_kv_and_its_text_is_not_recorded(engine, monkeypatch):
     _full_disk_after(monkeypatch, 3)  # the prefix and two chunks fit
     run = Ingestion(engine, PREFIX, strict=False)
@@ -76,7 +66,7 @@ def test_a_chunk_not_stored_has_no_kv_and_its_text_is_not_recorded(engine, monke
 
 def test_the_job_records_only_the_texts_whose_kv_was_stored(engine, monkeypatch):
     _full_disk_after(monkeypatch, 3)
-    index = Recorder()
+    index = RecordingIndex()
     summary = ingest_source(engine, PASSAGES, prefix=PREFIX, progress=False, text_index=index)
     assert (summary.computed, summary.not_stored) == (2, 2)
     assert index.texts == PASSAGES[:2]
